@@ -1,0 +1,329 @@
+//! Translation to and from OpenAI-compatible Chat Completions, normalising what real servers send.
+
+use std::collections::HashSet;
+
+use serde_json::{json, Map, Value};
+
+use crate::context::outputs_by_call_id;
+use crate::items::{parts_text, ContentPart, Item, MessageContent, Role};
+use crate::request::{FunctionTool, ResponseParams};
+use crate::steps::{AssistantMessage, Finish, ModelOutput, ToolCall, Usage};
+
+/// Builds the Chat Completions request body for one model call.
+pub fn build_request(
+    upstream_model: &str,
+    params: &ResponseParams,
+    conversation: &[Item],
+    tools: &[FunctionTool],
+) -> Value {
+    let mut body = Map::new();
+    body.insert("model".into(), json!(upstream_model));
+    body.insert(
+        "messages".into(),
+        Value::Array(messages(params.instructions.as_deref(), conversation)),
+    );
+    if !tools.is_empty() {
+        body.insert(
+            "tools".into(),
+            Value::Array(tools.iter().map(chat_tool).collect()),
+        );
+        body.insert("tool_choice".into(), chat_tool_choice(&params.tool_choice));
+        body.insert(
+            "parallel_tool_calls".into(),
+            json!(params.parallel_tool_calls),
+        );
+    }
+    if let Some(t) = params.temperature {
+        body.insert("temperature".into(), json!(t));
+    }
+    if let Some(p) = params.top_p {
+        body.insert("top_p".into(), json!(p));
+    }
+    if let Some(n) = params.max_output_tokens {
+        body.insert("max_tokens".into(), json!(n));
+    }
+    if let Some(effort) = params
+        .reasoning
+        .as_ref()
+        .and_then(|r| r.get("effort"))
+        .filter(|e| e.is_string())
+    {
+        body.insert("reasoning_effort".into(), effort.clone());
+    }
+    if let Some(format) = params.text.get("format") {
+        match format.get("type").and_then(Value::as_str) {
+            Some("json_object") => {
+                body.insert("response_format".into(), json!({"type": "json_object"}));
+            }
+            Some("json_schema") => {
+                let mut schema = Map::new();
+                for key in ["name", "schema", "description", "strict"] {
+                    if let Some(v) = format.get(key) {
+                        schema.insert(key.into(), v.clone());
+                    }
+                }
+                body.insert(
+                    "response_format".into(),
+                    json!({"type": "json_schema", "json_schema": schema}),
+                );
+            }
+            _ => {}
+        }
+    }
+    Value::Object(body)
+}
+
+fn chat_tool(tool: &FunctionTool) -> Value {
+    let mut function = Map::new();
+    function.insert("name".into(), json!(tool.name));
+    if let Some(d) = tool.description.as_deref().filter(|d| !d.is_empty()) {
+        function.insert("description".into(), json!(d));
+    }
+    let parameters = match &tool.parameters {
+        Some(p) if p.is_object() => p.clone(),
+        _ => json!({"type": "object", "properties": {}}),
+    };
+    function.insert("parameters".into(), parameters);
+    if let Some(strict) = tool.strict {
+        function.insert("strict".into(), json!(strict));
+    }
+    json!({"type": "function", "function": function})
+}
+
+fn chat_tool_choice(choice: &Value) -> Value {
+    match choice {
+        Value::Object(map) => match map.get("type").and_then(Value::as_str) {
+            Some("function") => {
+                json!({"type": "function", "function": {"name": map.get("name").cloned().unwrap_or(Value::Null)}})
+            }
+            // Chat Completions has no allowed_tools; its mode is the closest faithful choice.
+            Some("allowed_tools") => map.get("mode").cloned().unwrap_or_else(|| json!("auto")),
+            _ => json!("auto"),
+        },
+        other => other.clone(),
+    }
+}
+
+/// The chat messages for a conversation. Consecutive tool calls (with any assistant text just before them)
+/// become one assistant message, immediately followed by one `tool` message per call, paired by `call_id`.
+fn messages(instructions: Option<&str>, conversation: &[Item]) -> Vec<Value> {
+    let outputs = outputs_by_call_id(conversation);
+    let mut messages = Vec::new();
+    if let Some(instructions) = instructions {
+        messages.push(json!({"role": "system", "content": instructions}));
+    }
+    let mut emitted_calls: HashSet<&str> = HashSet::new();
+    let mut index = 0;
+    while index < conversation.len() {
+        match &conversation[index] {
+            Item::Message(message) => {
+                let role = match message.role {
+                    Role::User => "user",
+                    Role::Assistant => "assistant",
+                    Role::System | Role::Developer => "system",
+                };
+                messages.push(
+                    json!({"role": role, "content": chat_content(&message.content, message.role)}),
+                );
+                index += 1;
+            }
+            Item::FunctionCall(_) | Item::McpCall(_) => {
+                let mut calls: Vec<(&str, &str, &str)> = Vec::new();
+                while let Some(item) = conversation.get(index) {
+                    let call = match item {
+                        Item::FunctionCall(c) => {
+                            (c.call_id.as_str(), c.name.as_str(), c.arguments.as_str())
+                        }
+                        Item::McpCall(c) => match c.pairing_id() {
+                            Some(id) => (id, c.name.as_str(), c.arguments.as_str()),
+                            None => {
+                                index += 1;
+                                continue;
+                            }
+                        },
+                        _ => break,
+                    };
+                    index += 1;
+                    if emitted_calls.insert(call.0) {
+                        calls.push(call);
+                    }
+                }
+                if calls.is_empty() {
+                    continue;
+                }
+                let tool_calls: Vec<Value> = calls
+                    .iter()
+                    .map(|(id, name, arguments)| {
+                        json!({"id": id, "type": "function", "function": {"name": name, "arguments": arguments}})
+                    })
+                    .collect();
+                attach_tool_calls(&mut messages, tool_calls);
+                for (id, _, _) in &calls {
+                    let content = outputs.get(id).cloned().unwrap_or_default();
+                    messages.push(json!({"role": "tool", "tool_call_id": id, "content": content}));
+                }
+            }
+            // Outputs were placed right after their calls; reasoning is not sent to chat upstreams.
+            Item::FunctionCallOutput(_) | Item::Reasoning(_) => index += 1,
+        }
+    }
+    messages
+}
+
+/// Adds tool calls to the assistant message just emitted, or emits a new assistant message for them.
+fn attach_tool_calls(messages: &mut Vec<Value>, tool_calls: Vec<Value>) {
+    if let Some(last) = messages.last_mut() {
+        let is_plain_assistant = last.get("role").and_then(Value::as_str) == Some("assistant")
+            && last.get("tool_calls").is_none();
+        if is_plain_assistant {
+            last["tool_calls"] = Value::Array(tool_calls);
+            return;
+        }
+    }
+    messages.push(json!({"role": "assistant", "content": null, "tool_calls": tool_calls}));
+}
+
+fn chat_content(content: &MessageContent, role: Role) -> Value {
+    match content {
+        MessageContent::Text(text) => json!(text),
+        MessageContent::Parts(parts) => {
+            let has_media = parts.iter().any(|p| {
+                matches!(
+                    p,
+                    ContentPart::InputImage { .. } | ContentPart::InputFile { .. }
+                )
+            });
+            if !has_media || role == Role::Assistant {
+                return json!(parts_text(parts));
+            }
+            let mut chat_parts = Vec::new();
+            for part in parts {
+                match part {
+                    ContentPart::InputText { text } | ContentPart::OutputText { text, .. } => {
+                        chat_parts.push(json!({"type": "text", "text": text}))
+                    }
+                    ContentPart::Refusal { refusal } => {
+                        chat_parts.push(json!({"type": "text", "text": refusal}))
+                    }
+                    ContentPart::InputImage {
+                        image_url: Some(url),
+                        detail,
+                        ..
+                    } => {
+                        let mut image = json!({"url": url});
+                        if let Some(detail) = detail {
+                            image["detail"] = json!(detail);
+                        }
+                        chat_parts.push(json!({"type": "image_url", "image_url": image}));
+                    }
+                    ContentPart::InputImage { .. } | ContentPart::InputFile { .. } => {}
+                }
+            }
+            Value::Array(chat_parts)
+        }
+    }
+}
+
+/// A Chat Completions answer that cannot be read.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unreadable upstream answer: {0}")]
+pub struct ParseError(pub String);
+
+/// Ids the parser needs; the caller draws them (the core has no randomness).
+pub trait IdSource {
+    /// A new output-item id with this prefix (`msg`, `fc`).
+    fn item_id(&mut self, prefix: &str) -> String;
+    /// A tool call id for a call the upstream left without one (index within the answer).
+    fn call_id(&mut self, index: usize) -> String;
+}
+
+/// Reads a non-streaming Chat Completions answer into the normalised model output.
+pub fn parse_response(body: &Value, ids: &mut dyn IdSource) -> Result<ModelOutput, ParseError> {
+    let choice = body
+        .get("choices")
+        .and_then(Value::as_array)
+        .and_then(|choices| choices.first())
+        .ok_or_else(|| ParseError("no 'choices' in the answer".into()))?;
+    let message = choice
+        .get("message")
+        .ok_or_else(|| ParseError("no 'message' in the first choice".into()))?;
+    let text = match message.get("content") {
+        Some(Value::String(text)) => text.clone(),
+        Some(Value::Array(parts)) => parts
+            .iter()
+            .filter_map(|p| p.get("text").and_then(Value::as_str))
+            .collect(),
+        _ => String::new(),
+    };
+    let mut tool_calls = Vec::new();
+    if let Some(calls) = message.get("tool_calls").and_then(Value::as_array) {
+        for (index, call) in calls.iter().enumerate() {
+            let function = call.get("function").unwrap_or(&Value::Null);
+            let name = function
+                .get("name")
+                .and_then(Value::as_str)
+                .unwrap_or_default();
+            if name.is_empty() {
+                return Err(ParseError(format!(
+                    "tool call {index} has no function name"
+                )));
+            }
+            tool_calls.push(ToolCall {
+                item_id: ids.item_id("fc"),
+                call_id: match call.get("id").and_then(Value::as_str) {
+                    Some(id) if !id.is_empty() => id.to_owned(),
+                    _ => ids.call_id(index),
+                },
+                name: name.to_owned(),
+                arguments: normalise_arguments(function.get("arguments")),
+            });
+        }
+    }
+    let finish = match choice.get("finish_reason").and_then(Value::as_str) {
+        Some("length") => Finish::Length,
+        Some("content_filter") => Finish::ContentFilter,
+        Some("tool_calls") | Some("function_call") => Finish::ToolCalls,
+        _ => Finish::Stop,
+    };
+    Ok(ModelOutput {
+        message: (!text.is_empty()).then(|| AssistantMessage {
+            item_id: ids.item_id("msg"),
+            text,
+        }),
+        tool_calls,
+        usage: body.get("usage").and_then(parse_usage),
+        finish,
+    })
+}
+
+/// Tool-call arguments as a JSON string: objects are serialised, null or missing becomes `{}`.
+pub fn normalise_arguments(arguments: Option<&Value>) -> String {
+    match arguments {
+        Some(Value::String(s)) if !s.trim().is_empty() => s.clone(),
+        Some(Value::String(_)) | Some(Value::Null) | None => "{}".into(),
+        Some(other) => other.to_string(),
+    }
+}
+
+/// Reads Chat Completions usage; `None` when absent or not an object.
+pub fn parse_usage(usage: &Value) -> Option<Usage> {
+    let usage = usage.as_object()?;
+    let number = |v: Option<&Value>| v.and_then(Value::as_u64).unwrap_or(0);
+    Some(Usage {
+        input_tokens: number(usage.get("prompt_tokens")),
+        output_tokens: number(usage.get("completion_tokens")),
+        cached_tokens: number(
+            usage
+                .get("prompt_tokens_details")
+                .and_then(|d| d.get("cached_tokens")),
+        ),
+        reasoning_tokens: number(
+            usage
+                .get("completion_tokens_details")
+                .and_then(|d| d.get("reasoning_tokens")),
+        ),
+    })
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,336 @@
+//! Responses API items (messages, function calls and outputs, server tool calls) as the gateway stores them.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// One conversation item, in the Responses API's wire shape.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum Item {
+    Message(MessageItem),
+    FunctionCall(FunctionCallItem),
+    FunctionCallOutput(FunctionCallOutputItem),
+    McpCall(McpCallItem),
+    Reasoning(ReasoningItem),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Role {
+    User,
+    Assistant,
+    System,
+    Developer,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct MessageItem {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    pub role: Role,
+    pub content: MessageContent,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<String>,
+}
+
+/// Message content: clients may send a bare string or a list of parts.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum MessageContent {
+    Text(String),
+    Parts(Vec<ContentPart>),
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum ContentPart {
+    InputText {
+        text: String,
+    },
+    OutputText {
+        text: String,
+        #[serde(default)]
+        annotations: Vec<Value>,
+        #[serde(default)]
+        logprobs: Vec<Value>,
+    },
+    Refusal {
+        refusal: String,
+    },
+    InputImage {
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        image_url: Option<String>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        file_id: Option<String>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        detail: Option<String>,
+    },
+    InputFile {
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        file_id: Option<String>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        file_url: Option<String>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        file_data: Option<String>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        filename: Option<String>,
+    },
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FunctionCallItem {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    pub call_id: String,
+    pub name: String,
+    pub arguments: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FunctionCallOutputItem {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    pub call_id: String,
+    pub output: FunctionOutput,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<String>,
+}
+
+/// A tool's output: a string, or (from clients) a list of content parts.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum FunctionOutput {
+    Text(String),
+    Parts(Vec<ContentPart>),
+}
+
+impl FunctionOutput {
+    /// The output flattened to text, as chat upstreams take it.
+    pub fn to_text(&self) -> String {
+        match self {
+            FunctionOutput::Text(text) => text.clone(),
+            FunctionOutput::Parts(parts) => parts_text(parts),
+        }
+    }
+}
+
+/// A server tool call that the gateway ran, shown to clients as OpenAI's hosted `mcp_call` item.
+///
+/// `call_id` is the gateway's addition: it pairs the call with the model's tool call id, so a client that
+/// replays history keeps calls and results together.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct McpCallItem {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub call_id: Option<String>,
+    #[serde(default)]
+    pub server_label: String,
+    pub name: String,
+    pub arguments: String,
+    #[serde(default)]
+    pub output: Option<String>,
+    /// OpenAI's error object (`http_error`, `mcp_tool_execution_error`, ...); older clients send a string.
+    #[serde(default)]
+    pub error: Option<Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<String>,
+}
+
+impl McpCallItem {
+    /// The error as text for a model: its `message`, its content's text, or the string it is.
+    pub fn error_text(&self) -> Option<String> {
+        let error = self.error.as_ref().filter(|e| !e.is_null())?;
+        if let Some(text) = error.as_str() {
+            return Some(text.to_owned());
+        }
+        if let Some(message) = error.get("message").and_then(Value::as_str) {
+            return Some(message.to_owned());
+        }
+        let content_text: Vec<&str> = error
+            .get("content")
+            .and_then(Value::as_array)
+            .map(|parts| {
+                parts
+                    .iter()
+                    .filter_map(|p| p.get("text").and_then(Value::as_str))
+                    .collect()
+            })
+            .unwrap_or_default();
+        if !content_text.is_empty() {
+            return Some(content_text.join(""));
+        }
+        Some(error.to_string())
+    }
+
+    /// The id that pairs this call with its result upstream.
+    pub fn pairing_id(&self) -> Option<&str> {
+        self.call_id.as_deref().or(self.id.as_deref())
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ReasoningItem {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    #[serde(default)]
+    pub summary: Vec<Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub encrypted_content: Option<String>,
+}
+
+impl Item {
+    /// The item's id, when it has one.
+    pub fn id(&self) -> Option<&str> {
+        match self {
+            Item::Message(m) => m.id.as_deref(),
+            Item::FunctionCall(c) => c.id.as_deref(),
+            Item::FunctionCallOutput(o) => o.id.as_deref(),
+            Item::McpCall(c) => c.id.as_deref(),
+            Item::Reasoning(r) => r.id.as_deref(),
+        }
+    }
+
+    /// Sets the item's id.
+    pub fn set_id(&mut self, id: String) {
+        let slot = match self {
+            Item::Message(m) => &mut m.id,
+            Item::FunctionCall(c) => &mut c.id,
+            Item::FunctionCallOutput(o) => &mut o.id,
+            Item::McpCall(c) => &mut c.id,
+            Item::Reasoning(r) => &mut r.id,
+        };
+        *slot = Some(id);
+    }
+
+    /// The prefix of ids the gateway issues for this kind of item.
+    pub fn id_prefix(&self) -> &'static str {
+        match self {
+            Item::Message(_) => "msg",
+            Item::FunctionCall(_) => "fc",
+            Item::FunctionCallOutput(_) => "fco",
+            Item::McpCall(_) => "mcp",
+            Item::Reasoning(_) => "rs",
+        }
+    }
+
+    /// A user message holding plain text.
+    pub fn user_text(text: impl Into<String>) -> Item {
+        Item::Message(MessageItem {
+            id: None,
+            role: Role::User,
+            content: MessageContent::Text(text.into()),
+            status: None,
+        })
+    }
+}
+
+/// The text of a list of parts, joined as a chat upstream would read it.
+pub fn parts_text(parts: &[ContentPart]) -> String {
+    let mut texts = Vec::new();
+    for part in parts {
+        match part {
+            ContentPart::InputText { text } | ContentPart::OutputText { text, .. } => {
+                texts.push(text.as_str())
+            }
+            ContentPart::Refusal { refusal } => texts.push(refusal.as_str()),
+            ContentPart::InputImage { .. } | ContentPart::InputFile { .. } => {}
+        }
+    }
+    texts.join("")
+}
+
+/// Why an input item could not be read.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("{message}")]
+pub struct ItemError {
+    pub message: String,
+}
+
+/// Reads one input item as clients send it: messages may omit `type`.
+pub fn parse_input_item(value: Value) -> Result<Item, ItemError> {
+    let value = match value {
+        Value::Object(mut map) => {
+            if !map.contains_key("type") && map.contains_key("role") {
+                map.insert("type".into(), Value::String("message".into()));
+            }
+            Value::Object(map)
+        }
+        other => {
+            return Err(ItemError {
+                message: format!("expected an object, got {}", json_kind(&other)),
+            })
+        }
+    };
+    let kind = value
+        .get("type")
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_owned();
+    match kind.as_str() {
+        "message" | "function_call" | "function_call_output" | "mcp_call" | "reasoning" => {
+            serde_json::from_value(value).map_err(|e| ItemError {
+                message: format!("invalid '{kind}' item: {e}"),
+            })
+        }
+        "" => Err(ItemError {
+            message: "an input item needs a 'type' (or a 'role' for a message)".into(),
+        }),
+        other => Err(ItemError {
+            message: format!("input items of type '{other}' are not supported by this gateway"),
+        }),
+    }
+}
+
+/// The JSON kind of a value, for error messages.
+pub fn json_kind(value: &Value) -> &'static str {
+    match value {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn message_without_type_is_read_as_a_message() {
+        let item = parse_input_item(json!({"role": "user", "content": "hi"}));
+        assert_eq!(item, Ok(Item::user_text("hi")));
+    }
+
+    #[test]
+    fn replayed_function_call_keeps_its_ids() {
+        let item = parse_input_item(
+            json!({"type": "function_call", "id": "fc_1", "call_id": "call_1",
+            "name": "f", "arguments": "{}", "status": "completed"}),
+        );
+        let Ok(Item::FunctionCall(call)) = item else {
+            unreachable!("not a function call: {item:?}")
+        };
+        assert_eq!(call.id.as_deref(), Some("fc_1"));
+        assert_eq!(call.call_id, "call_1");
+    }
+
+    #[test]
+    fn unknown_item_type_is_named_in_the_error() {
+        let err = parse_input_item(json!({"type": "computer_call"})).unwrap_err();
+        assert!(err.message.contains("computer_call"), "{}", err.message);
+    }
+
+    #[test]
+    fn output_parts_flatten_to_text() {
+        let output: FunctionOutput = serde_json::from_value(json!([
+            {"type": "input_text", "text": "a"}, {"type": "input_text", "text": "b"}]))
+        .unwrap();
+        assert_eq!(output.to_text(), "ab");
+    }
+}

@@ -1,0 +1,18 @@
+//! Pure domain of the gateway: items, steps, the loop's decision, provider translation and output assembly.
+//!
+//! Nothing here performs IO, reads a clock or draws random numbers: ids and timestamps are passed in,
+//! so every function is deterministic and tested by tables.
+
+pub mod chat;
+pub mod chat_stream;
+pub mod context;
+pub mod decide;
+pub mod events;
+pub mod items;
+pub mod output;
+pub mod request;
+pub mod steps;
+
+pub use decide::{decide_next_action, IncompleteReason, Limits, NextAction};
+pub use items::Item;
+pub use steps::{ModelOutput, Step, StepBody, StepState, ToolCall, ToolOutcome};

@@ -1,0 +1,278 @@
+//! Assembly of the Responses API `Response` object from a response's stored record and steps.
+
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Map, Value};
+
+use crate::items::{
+    ContentPart, FunctionCallItem, Item, McpCallItem, MessageContent, MessageItem, Role,
+};
+use crate::request::ResponseParams;
+use crate::steps::{Step, StepBody, ToolCall, ToolOutcome, ToolStep, Usage};
+
+/// `server_label` of the `mcp_call` items that show server tool calls.
+pub const SERVER_LABEL: &str = "gateway";
+
+/// A response's lifecycle status, as the API names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ResponseStatus {
+    Queued,
+    InProgress,
+    Completed,
+    Incomplete,
+    Failed,
+    Cancelled,
+}
+
+impl ResponseStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ResponseStatus::Queued => "queued",
+            ResponseStatus::InProgress => "in_progress",
+            ResponseStatus::Completed => "completed",
+            ResponseStatus::Incomplete => "incomplete",
+            ResponseStatus::Failed => "failed",
+            ResponseStatus::Cancelled => "cancelled",
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<ResponseStatus> {
+        [
+            ResponseStatus::Queued,
+            ResponseStatus::InProgress,
+            ResponseStatus::Completed,
+            ResponseStatus::Incomplete,
+            ResponseStatus::Failed,
+            ResponseStatus::Cancelled,
+        ]
+        .into_iter()
+        .find(|s| s.as_str() == text)
+    }
+
+    pub fn is_terminal(self) -> bool {
+        !matches!(self, ResponseStatus::Queued | ResponseStatus::InProgress)
+    }
+}
+
+/// The output items of a response, in the order they happened.
+///
+/// Server tool calls that ran show as `mcp_call` items. Calls of the last batch show as `function_call`
+/// items only when that batch was handed back to the client; calls never run (a limit was reached) are left out.
+pub fn render_output(steps: &[Step], handed_back: bool) -> Vec<Item> {
+    let last_model = steps.iter().rposition(|s| s.model().is_some());
+    let mut items = Vec::new();
+    for (index, step) in steps.iter().enumerate() {
+        match &step.body {
+            StepBody::Model(model) => {
+                let Some(output) = &model.output else {
+                    continue;
+                };
+                if let Some(message) = &output.message {
+                    items.push(assistant_message(&message.item_id, &message.text));
+                }
+                if handed_back && Some(index) == last_model {
+                    for call in &output.tool_calls {
+                        items.push(function_call_item(call, "completed"));
+                    }
+                }
+            }
+            StepBody::Tool(tool) => items.push(mcp_call_item(tool)),
+        }
+    }
+    items
+}
+
+/// A handed-back call as a `function_call` item with `status`.
+pub fn function_call_item(call: &ToolCall, status: &str) -> Item {
+    Item::FunctionCall(FunctionCallItem {
+        id: Some(call.item_id.clone()),
+        call_id: call.call_id.clone(),
+        name: call.name.clone(),
+        arguments: call.arguments.clone(),
+        status: Some(status.into()),
+    })
+}
+
+/// A server tool step as an `mcp_call` item: in progress until its outcome is known.
+pub fn mcp_call_item(tool: &ToolStep) -> Item {
+    let (output, error, status) = match &tool.outcome {
+        Some(ToolOutcome::Output { text }) => (Some(text.clone()), None, "completed"),
+        Some(failure @ ToolOutcome::Error { .. }) => (None, failure.mcp_error(), "failed"),
+        None => (None, None, "in_progress"),
+    };
+    Item::McpCall(McpCallItem {
+        id: Some(tool.item_id.clone()),
+        call_id: Some(tool.call.call_id.clone()),
+        server_label: SERVER_LABEL.into(),
+        name: tool.call.name.clone(),
+        arguments: tool.call.arguments.clone(),
+        output,
+        error,
+        status: Some(status.into()),
+    })
+}
+
+/// An assistant message item holding one `output_text` part.
+pub fn assistant_message(id: &str, text: &str) -> Item {
+    Item::Message(MessageItem {
+        id: Some(id.into()),
+        role: Role::Assistant,
+        content: MessageContent::Parts(vec![ContentPart::OutputText {
+            text: text.into(),
+            annotations: Vec::new(),
+            logprobs: Vec::new(),
+        }]),
+        status: Some("completed".into()),
+    })
+}
+
+/// What a stored response says about itself, apart from its items.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ResponseRecord {
+    pub id: String,
+    pub created_at: i64,
+    pub completed_at: Option<i64>,
+    pub status: ResponseStatus,
+    pub model: String,
+    pub params: ResponseParams,
+    pub previous_response_id: Option<String>,
+    pub store: bool,
+    pub background: bool,
+    /// `(code, message)` of a failed response.
+    pub error: Option<(String, String)>,
+    pub incomplete_reason: Option<String>,
+    pub usage: Option<Usage>,
+}
+
+/// The `Response` object, with every field OpenAI returns.
+pub fn response_object(record: &ResponseRecord, output: &[Item]) -> Value {
+    let params = &record.params;
+    let tools: Vec<Value> = params
+        .tools
+        .iter()
+        .map(|t| json!({"type": "function", "name": t.name, "description": t.description, "parameters": t.parameters, "strict": t.strict}))
+        .collect();
+    let output_text: String = output
+        .iter()
+        .filter_map(|item| match item {
+            Item::Message(MessageItem {
+                content: MessageContent::Parts(parts),
+                ..
+            }) => Some(parts),
+            _ => None,
+        })
+        .flatten()
+        .filter_map(|part| match part {
+            ContentPart::OutputText { text, .. } => Some(text.as_str()),
+            _ => None,
+        })
+        .collect();
+    let mut object = Map::new();
+    object.insert("id".into(), json!(record.id));
+    object.insert("object".into(), json!("response"));
+    object.insert("created_at".into(), json!(record.created_at));
+    object.insert("completed_at".into(), json!(record.completed_at));
+    object.insert("status".into(), json!(record.status.as_str()));
+    object.insert("background".into(), json!(record.background));
+    object.insert(
+        "error".into(),
+        match &record.error {
+            Some((code, message)) => json!({"code": code, "message": message}),
+            None => Value::Null,
+        },
+    );
+    object.insert(
+        "incomplete_details".into(),
+        match &record.incomplete_reason {
+            Some(reason) => json!({"reason": reason}),
+            None => Value::Null,
+        },
+    );
+    object.insert("instructions".into(), json!(params.instructions));
+    object.insert("max_output_tokens".into(), json!(params.max_output_tokens));
+    object.insert("max_tool_calls".into(), json!(params.max_tool_calls));
+    object.insert("model".into(), json!(record.model));
+    object.insert(
+        "output".into(),
+        serde_json::to_value(output).unwrap_or(Value::Array(Vec::new())),
+    );
+    object.insert("output_text".into(), json!(output_text));
+    object.insert(
+        "parallel_tool_calls".into(),
+        json!(params.parallel_tool_calls),
+    );
+    object.insert(
+        "previous_response_id".into(),
+        json!(record.previous_response_id),
+    );
+    object.insert("prompt_cache_key".into(), json!(params.prompt_cache_key));
+    object.insert(
+        "reasoning".into(),
+        echoed_reasoning(params.reasoning.as_ref()),
+    );
+    object.insert("safety_identifier".into(), json!(params.safety_identifier));
+    object.insert(
+        "service_tier".into(),
+        json!(params.service_tier.as_deref().unwrap_or("default")),
+    );
+    object.insert("store".into(), json!(record.store));
+    object.insert(
+        "temperature".into(),
+        json!(params.temperature.unwrap_or(1.0)),
+    );
+    object.insert("text".into(), echoed_text(&params.text));
+    object.insert("tool_choice".into(), params.tool_choice.clone());
+    object.insert("tools".into(), Value::Array(tools));
+    object.insert("top_logprobs".into(), json!(0));
+    object.insert("top_p".into(), json!(params.top_p.unwrap_or(1.0)));
+    object.insert("truncation".into(), json!(params.truncation));
+    object.insert("presence_penalty".into(), json!(0.0));
+    object.insert("frequency_penalty".into(), json!(0.0));
+    object.insert(
+        "usage".into(),
+        record
+            .usage
+            .as_ref()
+            .map(usage_object)
+            .unwrap_or(Value::Null),
+    );
+    object.insert("user".into(), json!(params.user));
+    object.insert("metadata".into(), json!(params.metadata));
+    Value::Object(object)
+}
+
+/// `reasoning` as echoed: `effort` and `summary` always present (Open Responses requires both keys, even
+/// when the client sent only one), with the client's values kept.
+fn echoed_reasoning(reasoning: Option<&Value>) -> Value {
+    let mut echoed = json!({"effort": null, "summary": null});
+    if let (Some(Value::Object(given)), Value::Object(target)) = (reasoning, &mut echoed) {
+        for (key, value) in given {
+            target.insert(key.clone(), value.clone());
+        }
+    }
+    echoed
+}
+
+/// `text` as echoed: a client may send only `verbosity`, but the response must name a `format`.
+fn echoed_text(text: &Value) -> Value {
+    let mut echoed = text.clone();
+    if let Value::Object(map) = &mut echoed {
+        map.entry("format")
+            .or_insert_with(|| json!({"type": "text"}));
+    }
+    echoed
+}
+
+/// The Responses API `usage` object. OpenAI's schema requires `cache_write_tokens`; upstreams do not report it.
+pub fn usage_object(usage: &Usage) -> Value {
+    json!({
+        "input_tokens": usage.input_tokens,
+        "input_tokens_details": {"cached_tokens": usage.cached_tokens, "cache_write_tokens": 0},
+        "output_tokens": usage.output_tokens,
+        "output_tokens_details": {"reasoning_tokens": usage.reasoning_tokens},
+        "total_tokens": usage.total_tokens(),
+    })
+}
+
+#[cfg(test)]
+mod tests;

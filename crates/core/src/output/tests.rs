@@ -1,0 +1,661 @@
+//! Golden tests for the output items and the `Response` object.
+
+use std::collections::BTreeMap;
+
+use super::*;
+use crate::request::FunctionTool;
+use crate::steps::{
+    AssistantMessage, Finish, ModelOutput, ModelStep, StepState, ToolCall, ToolStep,
+    UpstreamFailure,
+};
+
+// ---- step builders -------------------------------------------------------------------------------
+
+fn call(call_id: &str, name: &str) -> ToolCall {
+    ToolCall {
+        item_id: format!("fc_{call_id}"),
+        call_id: call_id.into(),
+        name: name.into(),
+        arguments: format!("{{\"q\":\"{call_id}\"}}"),
+    }
+}
+
+/// A model call that said `text` (if any) and asked for these `(call_id, name)` calls.
+fn model(seq: u32, text: Option<&str>, calls: &[(&str, &str)]) -> Step {
+    let output = ModelOutput {
+        message: text.map(|t| AssistantMessage {
+            item_id: format!("msg_{seq}"),
+            text: t.into(),
+        }),
+        tool_calls: calls.iter().map(|(id, name)| call(id, name)).collect(),
+        usage: None,
+        finish: if calls.is_empty() {
+            Finish::Stop
+        } else {
+            Finish::ToolCalls
+        },
+    };
+    Step {
+        seq,
+        state: StepState::Succeeded,
+        body: StepBody::Model(ModelStep {
+            output: Some(output),
+            failure: None,
+        }),
+    }
+}
+
+fn tool(seq: u32, batch: Option<u32>, call_id: &str, outcome: Option<ToolOutcome>) -> Step {
+    let state = match &outcome {
+        Some(ToolOutcome::Output { .. }) => StepState::Succeeded,
+        Some(ToolOutcome::Error { .. }) => StepState::Failed,
+        None => StepState::Running,
+    };
+    Step {
+        seq,
+        state,
+        body: StepBody::Tool(ToolStep {
+            item_id: format!("mcp_{call_id}"),
+            call: call(call_id, "search"),
+            batch,
+            outcome,
+        }),
+    }
+}
+
+fn ok(seq: u32, batch: Option<u32>, call_id: &str) -> Step {
+    tool(
+        seq,
+        batch,
+        call_id,
+        Some(ToolOutcome::Output {
+            text: format!("out_{call_id}"),
+        }),
+    )
+}
+
+fn err(seq: u32, batch: Option<u32>, call_id: &str) -> Step {
+    tool(
+        seq,
+        batch,
+        call_id,
+        Some(ToolOutcome::error(format!("{call_id} failed"))),
+    )
+}
+
+fn rendered(steps: &[Step], handed_back: bool) -> Value {
+    serde_json::to_value(render_output(steps, handed_back)).unwrap()
+}
+
+// ---- expected items ------------------------------------------------------------------------------
+
+fn message_json(id: &str, text: &str) -> Value {
+    json!({"type": "message", "id": id, "role": "assistant", "status": "completed",
+        "content": [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}]})
+}
+
+/// An `mcp_call` item; a failure is OpenAI's `mcp_tool_execution_error` object holding the message.
+fn mcp_json(call_id: &str, output: Option<&str>, error: Option<&str>, status: &str) -> Value {
+    let error = error.map(|message| {
+        json!({"type": "mcp_tool_execution_error", "content": [{"type": "text", "text": message}]})
+    });
+    json!({"type": "mcp_call", "id": format!("mcp_{call_id}"), "call_id": call_id, "server_label": "gateway",
+        "name": "search", "arguments": format!("{{\"q\":\"{call_id}\"}}"), "output": output, "error": error, "status": status})
+}
+
+fn function_call_json(call_id: &str, name: &str) -> Value {
+    json!({"type": "function_call", "id": format!("fc_{call_id}"), "call_id": call_id, "name": name,
+        "arguments": format!("{{\"q\":\"{call_id}\"}}"), "status": "completed"})
+}
+
+/// The ids of rendered items, in order.
+fn ids(steps: &[Step], handed_back: bool) -> Vec<String> {
+    render_output(steps, handed_back)
+        .iter()
+        .map(|i| i.id().unwrap_or("<none>").to_owned())
+        .collect()
+}
+
+// ---- render_output -------------------------------------------------------------------------------
+
+#[test]
+fn model_text_renders_as_an_assistant_message() {
+    assert_eq!(
+        rendered(&[model(0, Some("Hi there"), &[])], false),
+        json!([message_json("msg_0", "Hi there")])
+    );
+}
+
+#[test]
+fn server_calls_render_as_mcp_calls_with_output_error_or_in_progress() {
+    let steps = [
+        model(
+            0,
+            None,
+            &[("a", "search"), ("b", "search"), ("c", "search")],
+        ),
+        ok(1, Some(0), "a"),
+        err(2, Some(0), "b"),
+        tool(3, Some(0), "c", None),
+    ];
+    assert_eq!(
+        rendered(&steps, false),
+        json!([
+            mcp_json("a", Some("out_a"), None, "completed"),
+            mcp_json("b", None, Some("b failed"), "failed"),
+            mcp_json("c", None, None, "in_progress"),
+        ])
+    );
+}
+
+#[test]
+fn a_handed_back_batch_renders_as_function_calls_after_its_text() {
+    let steps = [model(
+        0,
+        Some("Checking."),
+        &[("a", "search"), ("b", "client_fn")],
+    )];
+    assert_eq!(
+        rendered(&steps, true),
+        json!([
+            message_json("msg_0", "Checking."),
+            function_call_json("a", "search"),
+            function_call_json("b", "client_fn")
+        ])
+    );
+}
+
+#[test]
+fn only_the_last_batch_is_handed_back() {
+    let steps = [
+        model(0, None, &[("a", "search")]),
+        ok(1, Some(0), "a"),
+        model(2, None, &[("b", "client_fn")]),
+    ];
+    assert_eq!(
+        rendered(&steps, true),
+        json!([
+            mcp_json("a", Some("out_a"), None, "completed"),
+            function_call_json("b", "client_fn")
+        ])
+    );
+}
+
+#[test]
+fn calls_of_a_batch_that_never_ran_are_left_out() {
+    // A limit was reached before dispatch: neither function_call nor mcp_call items.
+    let steps = [model(
+        0,
+        Some("Let me search."),
+        &[("a", "search"), ("b", "search")],
+    )];
+    assert_eq!(
+        rendered(&steps, false),
+        json!([message_json("msg_0", "Let me search.")])
+    );
+
+    // Partly recorded: only the recorded call shows.
+    let steps = [
+        model(0, None, &[("a", "search"), ("b", "search")]),
+        ok(1, Some(0), "a"),
+    ];
+    assert_eq!(ids(&steps, false), ["mcp_a"]);
+}
+
+#[test]
+fn items_appear_in_the_order_they_happened_across_model_calls() {
+    let steps = [
+        model(0, Some("first"), &[("a", "search")]),
+        ok(1, Some(0), "a"),
+        model(2, Some("second"), &[("b", "search"), ("c", "search")]),
+        ok(3, Some(2), "c"),
+        err(4, Some(2), "b"),
+        model(5, Some("done"), &[]),
+    ];
+    assert_eq!(
+        ids(&steps, false),
+        ["msg_0", "mcp_a", "msg_2", "mcp_c", "mcp_b", "msg_5"]
+    );
+    // handed_back only concerns the last model call, which asked for nothing here.
+    assert_eq!(
+        ids(&steps, true),
+        ["msg_0", "mcp_a", "msg_2", "mcp_c", "mcp_b", "msg_5"]
+    );
+}
+
+#[test]
+fn carried_tool_steps_render_before_the_first_model_text() {
+    let steps = [
+        ok(0, None, "x"),
+        err(1, None, "y"),
+        model(2, Some("answer"), &[]),
+    ];
+    assert_eq!(
+        rendered(&steps, false),
+        json!([
+            mcp_json("x", Some("out_x"), None, "completed"),
+            mcp_json("y", None, Some("y failed"), "failed"),
+            message_json("msg_2", "answer"),
+        ])
+    );
+}
+
+#[test]
+fn failed_or_unended_model_calls_render_nothing() {
+    let failed = Step {
+        seq: 2,
+        state: StepState::Failed,
+        body: StepBody::Model(ModelStep {
+            output: None,
+            failure: Some(UpstreamFailure {
+                message: "503".into(),
+            }),
+        }),
+    };
+    let running = Step {
+        seq: 2,
+        state: StepState::Running,
+        body: StepBody::Model(ModelStep::default()),
+    };
+    for last in [failed, running] {
+        let steps = [
+            model(0, None, &[("a", "search")]),
+            ok(1, Some(0), "a"),
+            last,
+        ];
+        assert_eq!(ids(&steps, false), ["mcp_a"]);
+    }
+}
+
+#[test]
+fn rendered_items_read_back_as_input_items() {
+    let steps = [
+        model(0, Some("t"), &[("a", "search")]),
+        ok(1, Some(0), "a"),
+        model(2, None, &[("b", "client_fn")]),
+    ];
+    let items = render_output(&steps, true);
+    for item in &items {
+        let value = serde_json::to_value(item).unwrap();
+        assert_eq!(crate::items::parse_input_item(value).as_ref(), Ok(item));
+    }
+}
+
+// ---- response_object -----------------------------------------------------------------------------
+
+fn params() -> ResponseParams {
+    ResponseParams {
+        instructions: None,
+        tools: Vec::new(),
+        tool_choice: json!("auto"),
+        parallel_tool_calls: true,
+        max_tool_calls: None,
+        temperature: None,
+        top_p: None,
+        max_output_tokens: None,
+        truncation: "disabled".into(),
+        text: json!({"format": {"type": "text"}}),
+        reasoning: None,
+        metadata: BTreeMap::new(),
+        user: None,
+        safety_identifier: None,
+        prompt_cache_key: None,
+        service_tier: None,
+    }
+}
+
+fn record() -> ResponseRecord {
+    ResponseRecord {
+        id: "resp_1".into(),
+        created_at: 1_741_476_777,
+        completed_at: Some(1_741_476_778),
+        status: ResponseStatus::Completed,
+        model: "m".into(),
+        params: params(),
+        previous_response_id: None,
+        store: true,
+        background: false,
+        error: None,
+        incomplete_reason: None,
+        usage: Some(Usage {
+            input_tokens: 5,
+            output_tokens: 3,
+            cached_tokens: 0,
+            reasoning_tokens: 0,
+        }),
+    }
+}
+
+#[test]
+fn a_minimal_response_has_every_key_with_its_default() {
+    let output = render_output(&[model(0, Some("Hi"), &[])], false);
+    assert_eq!(
+        response_object(&record(), &output),
+        json!({
+            "id": "resp_1", "object": "response", "created_at": 1_741_476_777, "completed_at": 1_741_476_778,
+            "status": "completed", "background": false, "error": null, "incomplete_details": null,
+            "instructions": null, "max_output_tokens": null, "max_tool_calls": null, "model": "m",
+            "output": [message_json("msg_0", "Hi")], "output_text": "Hi",
+            "parallel_tool_calls": true, "previous_response_id": null,
+            "presence_penalty": 0.0, "frequency_penalty": 0.0, "top_logprobs": 0,
+            "reasoning": {"effort": null, "summary": null},
+            "safety_identifier": null, "prompt_cache_key": null, "service_tier": "default",
+            "store": true, "temperature": 1.0, "text": {"format": {"type": "text"}}, "tool_choice": "auto",
+            "tools": [], "top_p": 1.0, "truncation": "disabled",
+            "usage": {"input_tokens": 5, "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0}, "output_tokens": 3,
+                      "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": 8},
+            "user": null, "metadata": {},
+        })
+    );
+}
+
+#[test]
+fn every_request_parameter_is_echoed() {
+    let mut r = record();
+    r.previous_response_id = Some("resp_0".into());
+    r.background = true;
+    r.completed_at = None;
+    r.status = ResponseStatus::InProgress;
+    r.usage = None;
+    r.params = ResponseParams {
+        instructions: Some("Be terse.".into()),
+        tools: vec![
+            FunctionTool {
+                name: "get_weather".into(),
+                description: Some("Weather".into()),
+                parameters: Some(json!({"type": "object"})),
+                strict: Some(true),
+            },
+            FunctionTool {
+                name: "bare".into(),
+                description: None,
+                parameters: None,
+                strict: None,
+            },
+        ],
+        tool_choice: json!({"type": "function", "name": "get_weather"}),
+        parallel_tool_calls: false,
+        max_tool_calls: Some(4),
+        temperature: Some(0.2),
+        top_p: Some(0.5),
+        max_output_tokens: Some(500),
+        truncation: "auto".into(),
+        text: json!({"format": {"type": "json_object"}}),
+        reasoning: Some(json!({"effort": "low", "summary": "auto"})),
+        metadata: BTreeMap::from([("team".to_string(), "search".to_string())]),
+        user: Some("u1".into()),
+        safety_identifier: Some("s1".into()),
+        prompt_cache_key: Some("k1".into()),
+        service_tier: Some("flex".into()),
+    };
+    let object = response_object(&r, &[]);
+    let expected = [
+        ("status", json!("in_progress")),
+        ("completed_at", Value::Null),
+        ("background", json!(true)),
+        ("previous_response_id", json!("resp_0")),
+        ("instructions", json!("Be terse.")),
+        ("max_output_tokens", json!(500)),
+        ("max_tool_calls", json!(4)),
+        ("parallel_tool_calls", json!(false)),
+        ("temperature", json!(0.2)),
+        ("top_p", json!(0.5)),
+        ("truncation", json!("auto")),
+        ("text", json!({"format": {"type": "json_object"}})),
+        ("reasoning", json!({"effort": "low", "summary": "auto"})),
+        (
+            "tool_choice",
+            json!({"type": "function", "name": "get_weather"}),
+        ),
+        ("metadata", json!({"team": "search"})),
+        ("user", json!("u1")),
+        ("safety_identifier", json!("s1")),
+        ("prompt_cache_key", json!("k1")),
+        ("service_tier", json!("flex")),
+        ("usage", Value::Null),
+        ("output", json!([])),
+        ("output_text", json!("")),
+        (
+            "tools",
+            json!([
+                {"type": "function", "name": "get_weather", "description": "Weather", "parameters": {"type": "object"}, "strict": true},
+                {"type": "function", "name": "bare", "description": null, "parameters": null, "strict": null},
+            ]),
+        ),
+    ];
+    for (key, value) in expected {
+        assert_eq!(object.get(key), Some(&value), "{key}");
+    }
+}
+
+#[test]
+fn echoed_tools_always_carry_description_parameters_and_strict() {
+    let mut r = record();
+    r.params.tools = vec![FunctionTool {
+        name: "bare".into(),
+        description: None,
+        parameters: None,
+        strict: None,
+    }];
+    let object = response_object(&r, &[]);
+    let tool = object["tools"][0].as_object().unwrap();
+    for key in ["type", "name", "description", "parameters", "strict"] {
+        assert!(tool.contains_key(key), "tool lacks '{key}': {object}");
+    }
+}
+
+#[test]
+fn every_key_required_by_openai_and_open_responses_is_present() {
+    let object = response_object(&record(), &[]);
+    let keys = [
+        "id",
+        "object",
+        "created_at",
+        "completed_at",
+        "status",
+        "background",
+        "error",
+        "incomplete_details",
+        "instructions",
+        "max_output_tokens",
+        "max_tool_calls",
+        "model",
+        "output",
+        "parallel_tool_calls",
+        "previous_response_id",
+        "reasoning",
+        "store",
+        "temperature",
+        "text",
+        "tool_choice",
+        "tools",
+        "top_p",
+        "truncation",
+        "usage",
+        "metadata",
+        "presence_penalty",
+        "frequency_penalty",
+        "top_logprobs",
+        "service_tier",
+        "safety_identifier",
+        "prompt_cache_key",
+    ];
+    for key in keys {
+        assert!(object.get(key).is_some(), "missing '{key}'");
+    }
+    assert!(object["created_at"].is_i64());
+}
+
+#[test]
+fn a_failed_response_carries_its_error_and_no_incomplete_details() {
+    let mut r = record();
+    r.status = ResponseStatus::Failed;
+    r.error = Some(("server_error".into(), "The upstream model failed.".into()));
+    let object = response_object(&r, &[]);
+    assert_eq!(object["status"], "failed");
+    assert_eq!(
+        object["error"],
+        json!({"code": "server_error", "message": "The upstream model failed."})
+    );
+    assert_eq!(object["incomplete_details"], Value::Null);
+}
+
+#[test]
+fn an_incomplete_response_names_its_reason() {
+    let mut r = record();
+    r.status = ResponseStatus::Incomplete;
+    r.incomplete_reason = Some(
+        crate::decide::IncompleteReason::MaxToolCalls
+            .as_str()
+            .into(),
+    );
+    let object = response_object(&r, &[]);
+    assert_eq!(object["status"], "incomplete");
+    assert_eq!(
+        object["incomplete_details"],
+        json!({"reason": "max_tool_calls"})
+    );
+    assert_eq!(object["error"], Value::Null);
+}
+
+#[test]
+fn usage_reports_details_and_the_total() {
+    let mut r = record();
+    r.usage = Some(Usage {
+        input_tokens: 120,
+        output_tokens: 45,
+        cached_tokens: 100,
+        reasoning_tokens: 30,
+    });
+    assert_eq!(
+        response_object(&r, &[])["usage"],
+        json!({"input_tokens": 120, "input_tokens_details": {"cached_tokens": 100, "cache_write_tokens": 0}, "output_tokens": 45,
+               "output_tokens_details": {"reasoning_tokens": 30}, "total_tokens": 165})
+    );
+}
+
+#[test]
+fn usage_of_several_model_calls_is_summed() {
+    let with_usage = |seq: u32, input: u64, output: u64, cached: u64| {
+        let mut step = model(seq, Some("x"), &[]);
+        if let StepBody::Model(ModelStep {
+            output: Some(o), ..
+        }) = &mut step.body
+        {
+            o.usage = Some(Usage {
+                input_tokens: input,
+                output_tokens: output,
+                cached_tokens: cached,
+                reasoning_tokens: 1,
+            });
+        }
+        step
+    };
+    let steps = [
+        with_usage(0, 10, 2, 4),
+        ok(1, Some(0), "a"),
+        with_usage(2, 20, 3, 0),
+    ];
+    let mut r = record();
+    r.usage = Some(crate::steps::total_usage(&steps));
+    assert_eq!(
+        response_object(&r, &[])["usage"],
+        json!({"input_tokens": 30, "input_tokens_details": {"cached_tokens": 4, "cache_write_tokens": 0}, "output_tokens": 5,
+               "output_tokens_details": {"reasoning_tokens": 2}, "total_tokens": 35})
+    );
+}
+
+#[test]
+fn output_text_joins_the_text_of_every_message_only() {
+    let steps = [
+        model(0, Some("Let me check. "), &[("a", "search")]),
+        ok(1, Some(0), "a"),
+        model(2, Some("It is sunny."), &[]),
+    ];
+    let object = response_object(&record(), &render_output(&steps, false));
+    assert_eq!(object["output_text"], "Let me check. It is sunny.");
+    assert_eq!(object["output"].as_array().map(Vec::len), Some(3));
+}
+
+#[test]
+fn statuses_round_trip_through_their_wire_names() {
+    let statuses = [
+        (ResponseStatus::Queued, "queued", false),
+        (ResponseStatus::InProgress, "in_progress", false),
+        (ResponseStatus::Completed, "completed", true),
+        (ResponseStatus::Incomplete, "incomplete", true),
+        (ResponseStatus::Failed, "failed", true),
+        (ResponseStatus::Cancelled, "cancelled", true),
+    ];
+    for (status, name, terminal) in statuses {
+        assert_eq!(status.as_str(), name);
+        assert_eq!(ResponseStatus::parse(name), Some(status));
+        assert_eq!(status.is_terminal(), terminal, "{name}");
+    }
+    assert_eq!(ResponseStatus::parse("done"), None);
+}
+
+#[test]
+fn echoed_reasoning_always_has_effort_and_summary() {
+    let cases = [
+        (None, json!({"effort": null, "summary": null})),
+        (
+            Some(json!({"effort": "low"})),
+            json!({"effort": "low", "summary": null}),
+        ),
+        (
+            Some(json!({"summary": "auto"})),
+            json!({"effort": null, "summary": "auto"}),
+        ),
+        (
+            Some(json!({"effort": "high", "summary": "detailed"})),
+            json!({"effort": "high", "summary": "detailed"}),
+        ),
+    ];
+    for (reasoning, expected) in cases {
+        let mut r = record();
+        r.params.reasoning = reasoning.clone();
+        assert_eq!(
+            response_object(&r, &[])["reasoning"],
+            expected,
+            "reasoning {reasoning:?}"
+        );
+    }
+}
+
+#[test]
+fn echoed_text_always_names_a_format() {
+    let cases = [
+        (
+            json!({"verbosity": "low"}),
+            json!({"format": {"type": "text"}, "verbosity": "low"}),
+        ),
+        (json!({}), json!({"format": {"type": "text"}})),
+        (
+            json!({"format": {"type": "json_object"}, "verbosity": "high"}),
+            json!({"format": {"type": "json_object"}, "verbosity": "high"}),
+        ),
+    ];
+    for (text, expected) in cases {
+        let mut r = record();
+        r.params.text = text.clone();
+        assert_eq!(response_object(&r, &[])["text"], expected, "text {text}");
+    }
+}
+
+#[test]
+fn a_tool_that_answered_non_2xx_renders_an_http_error() {
+    let mut step = tool(0, Some(0), "h", None);
+    if let StepBody::Tool(tool) = &mut step.body {
+        tool.outcome = Some(ToolOutcome::Error {
+            message: "Tool answered HTTP 503".into(),
+            http_status: Some(503),
+        });
+    }
+    let items = rendered(&[step], false);
+    assert_eq!(
+        items[0]["error"],
+        json!({"type": "http_error", "code": 503, "message": "Tool answered HTTP 503"})
+    );
+    assert_eq!(items[0]["status"], "failed");
+}

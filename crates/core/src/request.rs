@@ -1,0 +1,481 @@
+//! The `POST /v1/responses` body: wire shape, validation, and the normalised parameters the loop runs with.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::items::{json_kind, parse_input_item, Item};
+
+/// A client's mistake, rendered by the API as a 400 in OpenAI's error shape.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("{message}")]
+pub struct InvalidRequest {
+    pub message: String,
+    pub param: Option<String>,
+    pub code: Option<String>,
+}
+
+impl InvalidRequest {
+    pub fn new(message: impl Into<String>, param: impl Into<String>) -> InvalidRequest {
+        InvalidRequest {
+            message: message.into(),
+            param: Some(param.into()),
+            code: None,
+        }
+    }
+
+    pub fn with_code(mut self, code: &str) -> InvalidRequest {
+        self.code = Some(code.into());
+        self
+    }
+}
+
+/// The body as clients send it. Fields the gateway does not use are accepted and ignored.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct CreateResponseBody {
+    pub model: Option<String>,
+    pub input: Option<Value>,
+    pub instructions: Option<String>,
+    pub tools: Option<Vec<Value>>,
+    pub tool_choice: Option<Value>,
+    pub parallel_tool_calls: Option<bool>,
+    pub max_tool_calls: Option<i64>,
+    pub previous_response_id: Option<String>,
+    pub store: Option<bool>,
+    pub stream: Option<bool>,
+    pub background: Option<bool>,
+    pub metadata: Option<BTreeMap<String, String>>,
+    pub temperature: Option<f64>,
+    pub top_p: Option<f64>,
+    pub max_output_tokens: Option<i64>,
+    pub truncation: Option<String>,
+    pub text: Option<Value>,
+    pub reasoning: Option<Value>,
+    pub include: Option<Vec<String>>,
+    pub user: Option<String>,
+    pub safety_identifier: Option<String>,
+    pub prompt_cache_key: Option<String>,
+    pub service_tier: Option<String>,
+    pub conversation: Option<Value>,
+    pub top_logprobs: Option<i64>,
+}
+
+/// A function tool, as the client declares it or as a tool source defines it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FunctionTool {
+    pub name: String,
+    #[serde(default)]
+    pub description: Option<String>,
+    #[serde(default)]
+    pub parameters: Option<Value>,
+    #[serde(default)]
+    pub strict: Option<bool>,
+}
+
+/// The parameters a response runs with, normalised; stored with the response and echoed in it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ResponseParams {
+    pub instructions: Option<String>,
+    /// The client's own (function) tools.
+    pub tools: Vec<FunctionTool>,
+    pub tool_choice: Value,
+    pub parallel_tool_calls: bool,
+    pub max_tool_calls: Option<u32>,
+    pub temperature: Option<f64>,
+    pub top_p: Option<f64>,
+    pub max_output_tokens: Option<u32>,
+    pub truncation: String,
+    pub text: Value,
+    pub reasoning: Option<Value>,
+    pub metadata: BTreeMap<String, String>,
+    pub user: Option<String>,
+    pub safety_identifier: Option<String>,
+    pub prompt_cache_key: Option<String>,
+    pub service_tier: Option<String>,
+}
+
+/// A request that passed validation.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ValidRequest {
+    pub model: String,
+    pub input: Vec<Item>,
+    pub params: ResponseParams,
+    pub previous_response_id: Option<String>,
+    pub store: bool,
+    pub stream: bool,
+    pub background: bool,
+}
+
+/// Validates a parsed body; every error names the offending `param`.
+pub fn validate(body: CreateResponseBody) -> Result<ValidRequest, InvalidRequest> {
+    let model = match body.model {
+        Some(model) if !model.trim().is_empty() => model,
+        Some(_) => return Err(InvalidRequest::new("'model' must not be empty.", "model")),
+        None => {
+            return Err(
+                InvalidRequest::new("Missing required parameter: 'model'.", "model")
+                    .with_code("missing_required_parameter"),
+            )
+        }
+    };
+    if body.conversation.is_some() {
+        let message = if body.previous_response_id.is_some() {
+            "'previous_response_id' cannot be used together with 'conversation'."
+        } else {
+            "'conversation' is not supported by this gateway; use 'previous_response_id'."
+        };
+        return Err(InvalidRequest::new(message, "conversation"));
+    }
+    let input = parse_input(body.input)?;
+    if input.is_empty() && body.previous_response_id.is_none() {
+        return Err(InvalidRequest::new("'input' must not be empty.", "input"));
+    }
+    if let Some(t) = body.temperature {
+        if !(0.0..=2.0).contains(&t) {
+            return Err(
+                range_error("temperature", t, "0", "2").with_code("decimal_above_max_value")
+            );
+        }
+    }
+    if let Some(p) = body.top_p {
+        if !(0.0..=1.0).contains(&p) {
+            return Err(range_error("top_p", p, "0", "1").with_code("decimal_above_max_value"));
+        }
+    }
+    let max_output_tokens = match body.max_output_tokens {
+        Some(n) if !(16..=u32::MAX as i64).contains(&n) => {
+            return Err(InvalidRequest::new(
+                format!("Invalid 'max_output_tokens': integer below minimum value. Expected a value >= 16, but got {n} instead."),
+                "max_output_tokens",
+            )
+            .with_code("integer_below_min_value"))
+        }
+        other => other.map(|n| n as u32),
+    };
+    let max_tool_calls = match body.max_tool_calls {
+        Some(n) if !(1..=u32::MAX as i64).contains(&n) => {
+            return Err(InvalidRequest::new(
+                format!("Invalid 'max_tool_calls': expected a value >= 1, but got {n} instead."),
+                "max_tool_calls",
+            )
+            .with_code("integer_below_min_value"))
+        }
+        other => other.map(|n| n as u32),
+    };
+    if let Some(n) = body.top_logprobs {
+        if !(0..=20).contains(&n) {
+            return Err(InvalidRequest::new(
+                "'top_logprobs' must be between 0 and 20.",
+                "top_logprobs",
+            ));
+        }
+    }
+    let truncation = body.truncation.unwrap_or_else(|| "disabled".into());
+    if truncation != "auto" && truncation != "disabled" {
+        return Err(InvalidRequest::new(
+            format!("Invalid value for 'truncation': '{truncation}'. Supported values are: 'auto' and 'disabled'."),
+            "truncation",
+        ));
+    }
+    let metadata = body.metadata.unwrap_or_default();
+    validate_metadata(&metadata)?;
+    let tools = parse_tools(body.tools.unwrap_or_default())?;
+    let tool_choice = body
+        .tool_choice
+        .unwrap_or_else(|| Value::String("auto".into()));
+    validate_tool_choice(&tool_choice)?;
+    let text = body
+        .text
+        .unwrap_or_else(|| serde_json::json!({"format": {"type": "text"}}));
+    validate_text(&text)?;
+    if let Some(id) = &body.previous_response_id {
+        if id.is_empty() {
+            return Err(InvalidRequest::new(
+                "'previous_response_id' must not be empty.",
+                "previous_response_id",
+            ));
+        }
+    }
+    let background = body.background.unwrap_or(false);
+    let store = body.store.unwrap_or(true);
+    if background && !store {
+        return Err(InvalidRequest::new(
+            "Background responses must be stored: 'store' cannot be false.",
+            "store",
+        ));
+    }
+    Ok(ValidRequest {
+        model,
+        input,
+        params: ResponseParams {
+            instructions: body.instructions,
+            tools,
+            tool_choice,
+            parallel_tool_calls: body.parallel_tool_calls.unwrap_or(true),
+            max_tool_calls,
+            temperature: body.temperature,
+            top_p: body.top_p,
+            max_output_tokens,
+            truncation,
+            text,
+            reasoning: body.reasoning,
+            metadata,
+            user: body.user,
+            safety_identifier: body.safety_identifier,
+            prompt_cache_key: body.prompt_cache_key,
+            service_tier: body.service_tier,
+        },
+        previous_response_id: body.previous_response_id,
+        store,
+        stream: body.stream.unwrap_or(false),
+        background,
+    })
+}
+
+fn range_error(param: &str, value: f64, min: &str, max: &str) -> InvalidRequest {
+    InvalidRequest::new(
+        format!(
+            "Invalid '{param}': expected a value between {min} and {max}, but got {value} instead."
+        ),
+        param,
+    )
+}
+
+fn parse_input(input: Option<Value>) -> Result<Vec<Item>, InvalidRequest> {
+    match input {
+        None | Some(Value::Null) => Ok(Vec::new()),
+        Some(Value::String(text)) => Ok(vec![Item::user_text(text)]),
+        Some(Value::Array(values)) => values
+            .into_iter()
+            .enumerate()
+            .map(|(i, value)| {
+                parse_input_item(value).map_err(|e| {
+                    InvalidRequest::new(format!("Invalid 'input[{i}]': {}", e.message), format!("input[{i}]"))
+                })
+            })
+            .collect(),
+        Some(other) => Err(InvalidRequest::new(
+            format!("Invalid type for 'input': expected a string or an array of items, but got {} instead.", json_kind(&other)),
+            "input",
+        )
+        .with_code("invalid_type")),
+    }
+}
+
+/// Whether a function name is one the OpenAI API accepts.
+pub fn is_valid_tool_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 64
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+}
+
+fn parse_tools(values: Vec<Value>) -> Result<Vec<FunctionTool>, InvalidRequest> {
+    let mut tools: Vec<FunctionTool> = Vec::with_capacity(values.len());
+    for (i, value) in values.into_iter().enumerate() {
+        let kind = value
+            .get("type")
+            .and_then(Value::as_str)
+            .unwrap_or_default();
+        if kind != "function" {
+            let message = if kind.is_empty() {
+                format!("Missing required parameter: 'tools[{i}].type'.")
+            } else {
+                format!("Tools of type '{kind}' are not supported by this gateway; only 'function' tools are.")
+            };
+            return Err(InvalidRequest::new(message, format!("tools[{i}].type")));
+        }
+        let tool: FunctionTool = serde_json::from_value(value).map_err(|e| {
+            InvalidRequest::new(format!("Invalid 'tools[{i}]': {e}"), format!("tools[{i}]"))
+        })?;
+        if !is_valid_tool_name(&tool.name) {
+            return Err(InvalidRequest::new(
+                format!(
+                    "Invalid 'tools[{i}].name': '{}' must match ^[a-zA-Z0-9_-]{{1,64}}$.",
+                    tool.name
+                ),
+                format!("tools[{i}].name"),
+            ));
+        }
+        if let Some(params) = &tool.parameters {
+            if !params.is_object() && !params.is_null() {
+                return Err(InvalidRequest::new(
+                    format!("Invalid 'tools[{i}].parameters': expected a JSON Schema object."),
+                    format!("tools[{i}].parameters"),
+                ));
+            }
+        }
+        if tools.iter().any(|t| t.name == tool.name) {
+            return Err(InvalidRequest::new(
+                format!("Duplicate tool name '{}' in 'tools'.", tool.name),
+                format!("tools[{i}].name"),
+            ));
+        }
+        tools.push(tool);
+    }
+    Ok(tools)
+}
+
+fn validate_tool_choice(choice: &Value) -> Result<(), InvalidRequest> {
+    let valid = match choice {
+        Value::String(s) => matches!(s.as_str(), "none" | "auto" | "required"),
+        Value::Object(map) => match map.get("type").and_then(Value::as_str) {
+            Some("function") => map.get("name").and_then(Value::as_str).is_some(),
+            Some("allowed_tools") => map.get("tools").is_some_and(Value::is_array),
+            _ => false,
+        },
+        _ => false,
+    };
+    if valid {
+        Ok(())
+    } else {
+        Err(InvalidRequest::new(
+            "Invalid 'tool_choice': expected 'none', 'auto', 'required', {\"type\":\"function\",\"name\":...} or {\"type\":\"allowed_tools\",...}.",
+            "tool_choice",
+        ))
+    }
+}
+
+fn validate_text(text: &Value) -> Result<(), InvalidRequest> {
+    let Some(format) = text.get("format") else {
+        return if text.is_object() {
+            Ok(())
+        } else {
+            Err(InvalidRequest::new(
+                "Invalid 'text': expected an object.",
+                "text",
+            ))
+        };
+    };
+    match format.get("type").and_then(Value::as_str) {
+        Some("text") | Some("json_object") => Ok(()),
+        Some("json_schema")
+            if format.get("schema").is_some_and(Value::is_object)
+                && format.get("name").is_some() =>
+        {
+            Ok(())
+        }
+        Some("json_schema") => Err(InvalidRequest::new(
+            "Invalid 'text.format': a json_schema format needs 'name' and an object 'schema'.",
+            "text.format",
+        )),
+        _ => Err(InvalidRequest::new(
+            "Invalid 'text.format.type': expected 'text', 'json_object' or 'json_schema'.",
+            "text.format.type",
+        )),
+    }
+}
+
+fn validate_metadata(metadata: &BTreeMap<String, String>) -> Result<(), InvalidRequest> {
+    if metadata.len() > 16 {
+        return Err(InvalidRequest::new(
+            "Invalid 'metadata': at most 16 keys are allowed.",
+            "metadata",
+        ));
+    }
+    for (key, value) in metadata {
+        if key.chars().count() > 64 {
+            return Err(InvalidRequest::new(
+                format!("Invalid 'metadata': key '{key}' is longer than 64 characters."),
+                "metadata",
+            ));
+        }
+        if value.chars().count() > 512 {
+            return Err(InvalidRequest::new(
+                format!("Invalid 'metadata': the value of '{key}' is longer than 512 characters."),
+                "metadata",
+            ));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn body(value: Value) -> CreateResponseBody {
+        serde_json::from_value(value).unwrap()
+    }
+
+    fn param_of(value: Value) -> Option<String> {
+        validate(body(value)).unwrap_err().param
+    }
+
+    #[test]
+    fn string_input_becomes_one_user_message() {
+        let valid = validate(body(json!({"model": "m", "input": "hi"}))).unwrap();
+        assert_eq!(valid.input, vec![Item::user_text("hi")]);
+        assert!(valid.store);
+        assert!(!valid.stream);
+    }
+
+    #[test]
+    fn each_invalid_field_is_named_as_param() {
+        let cases = [
+            (json!({}), "model"),
+            (
+                json!({"model": "m", "input": "x", "temperature": 2.5}),
+                "temperature",
+            ),
+            (json!({"model": "m", "input": "x", "top_p": -0.1}), "top_p"),
+            (
+                json!({"model": "m", "input": "x", "max_output_tokens": 3}),
+                "max_output_tokens",
+            ),
+            (
+                json!({"model": "m", "input": "x", "max_tool_calls": 0}),
+                "max_tool_calls",
+            ),
+            (json!({"model": "m", "input": 5}), "input"),
+            (
+                json!({"model": "m", "input": [{"type": "bogus"}]}),
+                "input[0]",
+            ),
+            (
+                json!({"model": "m", "input": "x", "tools": [{"type": "web_search"}]}),
+                "tools[0].type",
+            ),
+            (
+                json!({"model": "m", "input": "x", "tools": [{"type": "function", "name": "a b"}]}),
+                "tools[0].name",
+            ),
+            (
+                json!({"model": "m", "input": "x", "tool_choice": "sometimes"}),
+                "tool_choice",
+            ),
+            (
+                json!({"model": "m", "input": "x", "truncation": "maybe"}),
+                "truncation",
+            ),
+            (
+                json!({"model": "m", "input": "x", "previous_response_id": ""}),
+                "previous_response_id",
+            ),
+            (
+                json!({"model": "m", "input": "x", "conversation": "conv_1"}),
+                "conversation",
+            ),
+            (
+                json!({"model": "m", "input": "x", "background": true, "store": false}),
+                "store",
+            ),
+        ];
+        for (value, param) in cases {
+            assert_eq!(param_of(value.clone()).as_deref(), Some(param), "{value}");
+        }
+    }
+
+    #[test]
+    fn duplicate_client_tool_names_are_rejected() {
+        let tool = json!({"type": "function", "name": "f", "parameters": {"type": "object"}});
+        let err = validate(body(
+            json!({"model": "m", "input": "x", "tools": [tool.clone(), tool]}),
+        ))
+        .unwrap_err();
+        assert_eq!(err.param.as_deref(), Some("tools[1].name"));
+    }
+}

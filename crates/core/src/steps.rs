@@ -1,0 +1,250 @@
+//! Stored steps of a response: model calls and server tool calls, with explicit states.
+
+use serde::{Deserialize, Serialize};
+
+/// Where a step stands. A step is written before its side effect and updated after it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StepState {
+    /// Recorded, not started.
+    Pending,
+    /// The side effect was started (an upstream request or a tool request may be in flight).
+    Running,
+    /// Ended with a usable result.
+    Succeeded,
+    /// Ended with an error; for a tool step the error is still the model's result.
+    Failed,
+}
+
+impl StepState {
+    /// Whether the step has ended, one way or the other.
+    pub fn is_ended(self) -> bool {
+        matches!(self, StepState::Succeeded | StepState::Failed)
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StepState::Pending => "pending",
+            StepState::Running => "running",
+            StepState::Succeeded => "succeeded",
+            StepState::Failed => "failed",
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<StepState> {
+        match text {
+            "pending" => Some(StepState::Pending),
+            "running" => Some(StepState::Running),
+            "succeeded" => Some(StepState::Succeeded),
+            "failed" => Some(StepState::Failed),
+            _ => None,
+        }
+    }
+}
+
+/// One step of a response's loop, in order.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Step {
+    /// Position in the response, from 0.
+    pub seq: u32,
+    pub state: StepState,
+    pub body: StepBody,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum StepBody {
+    Model(ModelStep),
+    Tool(ToolStep),
+}
+
+/// A call to the upstream model: what came back, normalised, or why it failed.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ModelStep {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output: Option<ModelOutput>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failure: Option<UpstreamFailure>,
+}
+
+/// A model call's normalised result, whatever the provider.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ModelOutput {
+    /// Assistant text, if any, with the id of the message item that shows it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<AssistantMessage>,
+    #[serde(default)]
+    pub tool_calls: Vec<ToolCall>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage: Option<Usage>,
+    pub finish: Finish,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AssistantMessage {
+    pub item_id: String,
+    pub text: String,
+}
+
+/// Why the model stopped, normalised. Tool calls are decided from `tool_calls`, never from this.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Finish {
+    #[default]
+    Stop,
+    ToolCalls,
+    Length,
+    ContentFilter,
+}
+
+/// A tool call the model asked for. `call_id` is never empty: missing upstream ids are synthesised.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ToolCall {
+    /// Id of the output item that shows this call (`fc_...` or `mcp_...`).
+    pub item_id: String,
+    pub call_id: String,
+    pub name: String,
+    /// JSON text of the arguments, as the model produced it.
+    pub arguments: String,
+}
+
+/// Token usage of one model call (or of a whole response, summed).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Usage {
+    pub input_tokens: u64,
+    pub output_tokens: u64,
+    #[serde(default)]
+    pub cached_tokens: u64,
+    #[serde(default)]
+    pub reasoning_tokens: u64,
+}
+
+impl Usage {
+    pub fn add(&mut self, other: &Usage) {
+        self.input_tokens += other.input_tokens;
+        self.output_tokens += other.output_tokens;
+        self.cached_tokens += other.cached_tokens;
+        self.reasoning_tokens += other.reasoning_tokens;
+    }
+
+    pub fn total_tokens(&self) -> u64 {
+        self.input_tokens + self.output_tokens
+    }
+}
+
+/// Why an upstream call failed for good (after the adapter's retries).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct UpstreamFailure {
+    pub message: String,
+}
+
+/// One server tool call: the model's call, and its outcome once it ended.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ToolStep {
+    /// Id of the `mcp_call` item that shows this run to the client.
+    pub item_id: String,
+    pub call: ToolCall,
+    /// The model step whose batch this call belongs to; `None` for calls carried over from a
+    /// previous response's passed-through batch.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub batch: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub outcome: Option<ToolOutcome>,
+}
+
+/// What a tool call produced. Both variants are results the model sees.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum ToolOutcome {
+    Output {
+        text: String,
+    },
+    Error {
+        message: String,
+        /// The status of a tool that answered non-2xx.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        http_status: Option<u16>,
+    },
+}
+
+impl ToolOutcome {
+    /// An error that is not an HTTP answer (timeout, bad arguments, unreachable tool...).
+    pub fn error(message: impl Into<String>) -> ToolOutcome {
+        ToolOutcome::Error {
+            message: message.into(),
+            http_status: None,
+        }
+    }
+
+    /// The `function_call_output` text the model sees: the output, or `{"error": {...}}`.
+    pub fn model_text(&self) -> String {
+        match self {
+            ToolOutcome::Output { text } => text.clone(),
+            ToolOutcome::Error {
+                message,
+                http_status,
+            } => {
+                let mut error = serde_json::json!({"message": message});
+                if let Some(status) = http_status {
+                    error["status"] = serde_json::json!(status);
+                }
+                serde_json::json!({ "error": error }).to_string()
+            }
+        }
+    }
+
+    /// The `error` of an `mcp_call` item: OpenAI's `http_error` or `mcp_tool_execution_error` object.
+    pub fn mcp_error(&self) -> Option<serde_json::Value> {
+        match self {
+            ToolOutcome::Output { .. } => None,
+            ToolOutcome::Error {
+                message,
+                http_status: Some(status),
+            } => {
+                Some(serde_json::json!({"type": "http_error", "code": status, "message": message}))
+            }
+            ToolOutcome::Error {
+                message,
+                http_status: None,
+            } => Some(serde_json::json!({
+                "type": "mcp_tool_execution_error",
+                "content": [{"type": "text", "text": message}],
+            })),
+        }
+    }
+
+    pub fn is_error(&self) -> bool {
+        matches!(self, ToolOutcome::Error { .. })
+    }
+}
+
+impl Step {
+    pub fn model(&self) -> Option<&ModelStep> {
+        match &self.body {
+            StepBody::Model(model) => Some(model),
+            StepBody::Tool(_) => None,
+        }
+    }
+
+    pub fn tool(&self) -> Option<&ToolStep> {
+        match &self.body {
+            StepBody::Tool(tool) => Some(tool),
+            StepBody::Model(_) => None,
+        }
+    }
+}
+
+/// The summed usage of every model call among `steps`.
+pub fn total_usage(steps: &[Step]) -> Usage {
+    let mut usage = Usage::default();
+    for step in steps {
+        if let Some(u) = step
+            .model()
+            .and_then(|m| m.output.as_ref())
+            .and_then(|o| o.usage.as_ref())
+        {
+            usage.add(u);
+        }
+    }
+    usage
+}

@@ -1,0 +1,121 @@
+//! `ApiError`: every non-2xx answer, rendered in OpenAI's `{"error": {...}}` shape.
+
+use axum::http::{HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use gateway_core::request::InvalidRequest;
+use serde_json::json;
+
+use crate::store::StoreError;
+
+/// An error answer: status, OpenAI error fields, and whether SDKs may retry it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ApiError {
+    pub status: StatusCode,
+    pub kind: &'static str,
+    pub message: String,
+    pub param: Option<String>,
+    pub code: Option<String>,
+    /// Whether an SDK may retry the same request (`x-should-retry`).
+    pub retryable: bool,
+}
+
+impl ApiError {
+    pub fn invalid(
+        message: impl Into<String>,
+        param: Option<&str>,
+        code: Option<&str>,
+    ) -> ApiError {
+        ApiError {
+            status: StatusCode::BAD_REQUEST,
+            kind: "invalid_request_error",
+            message: message.into(),
+            param: param.map(str::to_owned),
+            code: code.map(str::to_owned),
+            retryable: false,
+        }
+    }
+
+    pub fn not_found(message: impl Into<String>) -> ApiError {
+        ApiError {
+            status: StatusCode::NOT_FOUND,
+            ..ApiError::invalid(message, None, None)
+        }
+    }
+
+    pub fn response_not_found(id: &str) -> ApiError {
+        ApiError::not_found(format!("Response with id '{id}' not found."))
+    }
+
+    pub fn unauthorized(message: impl Into<String>, code: Option<&str>) -> ApiError {
+        ApiError {
+            status: StatusCode::UNAUTHORIZED,
+            ..ApiError::invalid(message, None, code)
+        }
+    }
+
+    pub fn conflict(message: impl Into<String>) -> ApiError {
+        ApiError {
+            status: StatusCode::CONFLICT,
+            ..ApiError::invalid(message, None, Some("conflict"))
+        }
+    }
+
+    pub fn payload_too_large(limit: usize) -> ApiError {
+        ApiError {
+            status: StatusCode::PAYLOAD_TOO_LARGE,
+            ..ApiError::invalid(
+                format!("The request body is larger than the limit of {limit} bytes."),
+                None,
+                Some("request_too_large"),
+            )
+        }
+    }
+
+    /// A fault of ours or of the upstream; the detail is logged where it happened, never returned.
+    pub fn server(message: impl Into<String>) -> ApiError {
+        ApiError {
+            status: StatusCode::INTERNAL_SERVER_ERROR,
+            kind: "server_error",
+            message: message.into(),
+            param: None,
+            code: Some("server_error".into()),
+            retryable: false,
+        }
+    }
+}
+
+impl From<InvalidRequest> for ApiError {
+    fn from(e: InvalidRequest) -> ApiError {
+        ApiError::invalid(e.message, e.param.as_deref(), e.code.as_deref())
+    }
+}
+
+impl From<StoreError> for ApiError {
+    fn from(e: StoreError) -> ApiError {
+        match e {
+            StoreError::NotFound => ApiError::not_found("Not found."),
+            StoreError::Conflict(what) => ApiError::conflict(what),
+            other => {
+                tracing::error!(error = %other, "store failed");
+                ApiError {
+                    retryable: true,
+                    ..ApiError::server("The gateway's store failed; please try again.")
+                }
+            }
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let body = json!({"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}});
+        let mut response = (self.status, axum::Json(body)).into_response();
+        // SDKs retry 408/409/429/5xx; a repeated create could run server tools twice, so errors say
+        // explicitly whether a retry is safe.
+        let retry = if self.retryable { "true" } else { "false" };
+        response
+            .headers_mut()
+            .insert("x-should-retry", HeaderValue::from_static(retry));
+        response
+    }
+}

@@ -1,0 +1,102 @@
+//! Extractors that turn every malformed request into an OpenAI-shaped error.
+
+use axum::body::Bytes;
+use axum::extract::{FromRequest, FromRequestParts, Request};
+use axum::http::request::Parts;
+use axum::http::StatusCode;
+use serde::de::DeserializeOwned;
+
+use super::error::ApiError;
+use super::AppState;
+
+/// A JSON body: empty, malformed, too large or mistyped bodies become 400/413 with the offending `param`.
+pub struct ApiJson<T>(pub T);
+
+impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for ApiJson<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
+        let bytes = Bytes::from_request(req, state).await.map_err(|rejection| {
+            if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+                ApiError {
+                    status: StatusCode::PAYLOAD_TOO_LARGE,
+                    ..ApiError::invalid(rejection.body_text(), None, Some("request_too_large"))
+                }
+            } else {
+                ApiError::invalid(
+                    format!("Could not read the request body: {}", rejection.body_text()),
+                    None,
+                    None,
+                )
+            }
+        })?;
+        if bytes.iter().all(u8::is_ascii_whitespace) {
+            return Err(ApiError::invalid(
+                "The request body is empty; expected a JSON object.",
+                None,
+                Some("empty_body"),
+            ));
+        }
+        let deserializer = &mut serde_json::Deserializer::from_slice(&bytes);
+        serde_path_to_error::deserialize(deserializer)
+            .map(ApiJson)
+            .map_err(|error| {
+                let path = error.path().to_string();
+                let inner = error.into_inner();
+                if inner.is_syntax() || inner.is_eof() {
+                    ApiError::invalid(
+                        format!("We could not parse the JSON body of your request: {inner}."),
+                        None,
+                        Some("invalid_json"),
+                    )
+                } else if path == "." || path.is_empty() {
+                    ApiError::invalid(
+                        format!("Invalid request body: {inner}."),
+                        None,
+                        Some("invalid_type"),
+                    )
+                } else {
+                    ApiError::invalid(
+                        format!("Invalid type for '{path}': {inner}."),
+                        Some(&path),
+                        Some("invalid_type"),
+                    )
+                }
+            })
+    }
+}
+
+/// The project behind a valid gateway API key (`Authorization: Bearer sk-...`).
+pub struct ProjectKey(pub String);
+
+impl FromRequestParts<AppState> for ProjectKey {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
+        let Some(key) = bearer(parts) else {
+            return Err(ApiError::unauthorized(
+                "You didn't provide an API key. Send it as 'Authorization: Bearer sk-...'.",
+                None,
+            ));
+        };
+        match state.store.project_for_key(key).await? {
+            Some(project) => Ok(ProjectKey(project)),
+            None => Err(ApiError::unauthorized(
+                "Incorrect API key provided.",
+                Some("invalid_api_key"),
+            )),
+        }
+    }
+}
+
+/// The bearer token of a request, if it has one.
+pub fn bearer(parts: &Parts) -> Option<&str> {
+    let value = parts
+        .headers
+        .get(axum::http::header::AUTHORIZATION)?
+        .to_str()
+        .ok()?;
+    let (scheme, token) = value.split_once(' ')?;
+    let token = token.trim();
+    (scheme.eq_ignore_ascii_case("bearer") && !token.is_empty()).then_some(token)
+}

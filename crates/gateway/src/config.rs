@@ -1,0 +1,171 @@
+//! Typed configuration: `config/default.toml` (or a given file), then `GATEWAY__SECTION__KEY` variables.
+
+use std::net::SocketAddr;
+use std::path::Path;
+
+use figment::providers::{Env, Format, Serialized, Toml};
+use figment::Figment;
+use secrecy::SecretString;
+use serde::{Deserialize, Serialize};
+
+/// The whole configuration, loaded once at start-up.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    pub server: ServerConfig,
+    pub admin: AdminConfig,
+    pub database: DatabaseConfig,
+    pub limits: LimitsConfig,
+    pub upstream: UpstreamConfig,
+    pub tools: ToolsConfig,
+    pub log: LogConfig,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ServerConfig {
+    /// Listen address; port 0 picks a free port.
+    pub bind: SocketAddr,
+    /// Largest request body accepted, in bytes; larger bodies get 413.
+    pub body_limit_bytes: usize,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            bind: SocketAddr::from(([127, 0, 0, 1], 8080)),
+            body_limit_bytes: 8 * 1024 * 1024,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AdminConfig {
+    /// Bearer token of the admin API; without one the admin API refuses every request.
+    pub token: Option<SecretString>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DatabaseConfig {
+    /// `postgres://...`; `DATABASE_URL` is honoured too.
+    pub url: Option<SecretString>,
+    pub max_connections: u32,
+}
+
+impl Default for DatabaseConfig {
+    fn default() -> Self {
+        DatabaseConfig {
+            url: None,
+            max_connections: 16,
+        }
+    }
+}
+
+/// Operator ceilings of the loop; a request may lower them, never raise them.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LimitsConfig {
+    pub max_model_calls: u32,
+    pub max_tool_calls: u32,
+    pub max_failing_batches: u32,
+    /// Tool calls of one batch that run at the same time.
+    pub tool_concurrency: usize,
+    /// Whole-response deadline.
+    pub response_deadline_ms: u64,
+}
+
+impl Default for LimitsConfig {
+    fn default() -> Self {
+        LimitsConfig {
+            max_model_calls: 16,
+            max_tool_calls: 64,
+            max_failing_batches: 3,
+            tool_concurrency: 8,
+            response_deadline_ms: 10 * 60 * 1000,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct UpstreamConfig {
+    /// Timeout of one upstream request.
+    pub timeout_ms: u64,
+    /// Retries after the first attempt, for 429, 5xx and connection errors.
+    pub max_retries: u32,
+    /// Base of the exponential backoff between retries (with jitter).
+    pub backoff_ms: u64,
+}
+
+impl Default for UpstreamConfig {
+    fn default() -> Self {
+        UpstreamConfig {
+            timeout_ms: 120_000,
+            max_retries: 2,
+            backoff_ms: 200,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ToolsConfig {
+    /// Timeout of a tool source that sets none.
+    pub default_timeout_ms: u64,
+    /// Retries of a tool request whose connection failed before anything was sent.
+    pub max_retries: u32,
+}
+
+impl Default for ToolsConfig {
+    fn default() -> Self {
+        ToolsConfig {
+            default_timeout_ms: 30_000,
+            max_retries: 2,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LogConfig {
+    /// `pretty` or `json`.
+    pub format: String,
+    /// A `tracing` filter, e.g. `info,gateway=debug`.
+    pub filter: String,
+}
+
+impl Default for LogConfig {
+    fn default() -> Self {
+        LogConfig {
+            format: "pretty".into(),
+            filter: "info".into(),
+        }
+    }
+}
+
+impl Config {
+    /// Loads the defaults, then `file` when it exists, then `GATEWAY__*` variables and `DATABASE_URL`.
+    pub fn load(file: &Path) -> Result<Config, Box<figment::Error>> {
+        let mut figment =
+            Figment::from(Serialized::defaults(DefaultsShim::default())).merge(Toml::file(file));
+        if let Ok(url) = std::env::var("DATABASE_URL") {
+            figment = figment.merge(("database.url", url));
+        }
+        figment
+            .merge(Env::prefixed("GATEWAY__").split("__"))
+            .extract()
+            .map_err(Box::new)
+    }
+}
+
+/// Serialisable defaults for the sections that have them, so figment reports unknown keys against them.
+#[derive(Default, Serialize)]
+struct DefaultsShim {
+    server: ServerConfig,
+    limits: LimitsConfig,
+    upstream: UpstreamConfig,
+    tools: ToolsConfig,
+    log: LogConfig,
+}

@@ -1,0 +1,456 @@
+//! The driver of the loop: load steps, ask `decide_next_action`, persist, execute, repeat.
+
+use std::collections::{BTreeSet, HashSet};
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use gateway_core::context::{make_call_ids_unique, model_conversation, pair_calls, PairingError};
+use gateway_core::decide::LoopInput;
+use gateway_core::output::{render_output, response_object, ResponseRecord, ResponseStatus};
+use gateway_core::request::{FunctionTool, ValidRequest};
+use gateway_core::steps::{
+    total_usage, ModelStep, Step, StepBody, StepState, ToolCall, ToolStep, UpstreamFailure,
+};
+use gateway_core::{chat, decide_next_action, Item, Limits, NextAction};
+use serde_json::Value;
+
+use crate::api::error::ApiError;
+use crate::config::LimitsConfig;
+use crate::store::responses::{Ending, NewResponse};
+use crate::store::tenancy::{Deployment, ToolSource};
+use crate::store::{new_id, now, Store, StoreError};
+use crate::tools::{CallRef, ToolExecutor};
+use crate::upstream::Upstream;
+
+/// Runs responses: creation, validation against the context, and the loop itself.
+#[derive(Debug, Clone)]
+pub struct Engine {
+    pub store: Store,
+    pub upstream: Upstream,
+    pub tools: ToolExecutor,
+    pub limits: LimitsConfig,
+}
+
+/// One response being driven: everything the loop needs, held in memory while it runs.
+struct Run {
+    record: ResponseRecord,
+    deployment: Deployment,
+    server_tools: Vec<ToolSource>,
+    registered: BTreeSet<String>,
+    context: Vec<Item>,
+    steps: Vec<Step>,
+    limits: Limits,
+    deadline: Instant,
+    /// `store: false` responses run entirely in memory.
+    persist: bool,
+}
+
+/// A response that ended; `record` carries its final status.
+pub struct Finished {
+    pub record: ResponseRecord,
+    pub output: Vec<Item>,
+}
+
+impl Finished {
+    pub fn object(&self) -> Value {
+        response_object(&self.record, &self.output)
+    }
+}
+
+impl Engine {
+    /// Validates `request` against the project's deployments, tools and stored responses, stores the new
+    /// response, and runs its loop to the end. Nothing is stored when validation fails.
+    pub async fn create(
+        &self,
+        project_id: &str,
+        request: ValidRequest,
+    ) -> Result<Finished, ApiError> {
+        let resolution = self
+            .store
+            .resolve(project_id, &request.model)
+            .await?
+            .ok_or_else(|| ApiError {
+                status: axum::http::StatusCode::NOT_FOUND,
+                ..ApiError::invalid(
+                    format!(
+                        "The model '{}' does not exist or you do not have access to it.",
+                        request.model
+                    ),
+                    Some("model"),
+                    Some("model_not_found"),
+                )
+            })?;
+        let registered: BTreeSet<String> =
+            resolution.tools.iter().map(|t| t.name.clone()).collect();
+        if let Some(index) = request
+            .params
+            .tools
+            .iter()
+            .position(|t| registered.contains(&t.name))
+        {
+            let name = &request.params.tools[index].name;
+            return Err(ApiError::invalid(
+                format!("Tool '{name}' clashes with a server tool of the same name that this key may use; rename the client tool."),
+                Some(&format!("tools[{index}].name")),
+                Some("tool_name_conflict"),
+            ));
+        }
+
+        let mut context = match &request.previous_response_id {
+            Some(previous_id) => self.previous_context(project_id, previous_id).await?,
+            None => Vec::new(),
+        };
+        let mut taken: HashSet<String> = context
+            .iter()
+            .filter_map(|i| i.id().map(str::to_owned))
+            .collect();
+        let first_new = context.len();
+        for mut item in request.input {
+            let keep = item
+                .id()
+                .is_some_and(|id| !id.is_empty() && !taken.contains(id));
+            if !keep {
+                item.set_id(new_id(item.id_prefix()));
+            }
+            taken.insert(item.id().unwrap_or_default().to_owned());
+            context.push(item);
+        }
+        let carried = pair_calls(&context, &registered).map_err(|e| pairing_error(e, first_new))?;
+
+        let limits = Limits {
+            max_tool_calls: Some(
+                request
+                    .params
+                    .max_tool_calls
+                    .map_or(self.limits.max_tool_calls, |n| {
+                        n.min(self.limits.max_tool_calls)
+                    }),
+            ),
+            max_model_calls: self.limits.max_model_calls,
+            max_failing_batches: self.limits.max_failing_batches,
+        };
+        let steps: Vec<Step> = carried
+            .into_iter()
+            .enumerate()
+            .map(|(seq, call)| Step {
+                seq: seq as u32,
+                state: StepState::Pending,
+                body: StepBody::Tool(ToolStep {
+                    item_id: new_id("mcp"),
+                    call,
+                    batch: None,
+                    outcome: None,
+                }),
+            })
+            .collect();
+        let record = ResponseRecord {
+            id: new_id("resp"),
+            created_at: now(),
+            completed_at: None,
+            status: ResponseStatus::InProgress,
+            model: request.model,
+            params: request.params,
+            previous_response_id: request.previous_response_id,
+            store: request.store,
+            background: request.background,
+            error: None,
+            incomplete_reason: None,
+            usage: None,
+        };
+        if request.store {
+            self.store
+                .create_response(&NewResponse {
+                    record: &record,
+                    project_id,
+                    deployment_id: &resolution.deployment.id,
+                    server_tools: &resolution.tools,
+                    context: &context,
+                    carried_steps: &steps,
+                })
+                .await?;
+        }
+        let mut run = Run {
+            record,
+            deployment: resolution.deployment,
+            server_tools: resolution.tools,
+            registered,
+            context,
+            steps,
+            limits,
+            deadline: Instant::now() + Duration::from_millis(self.limits.response_deadline_ms),
+            persist: request.store,
+        };
+        self.drive(&mut run).await.map_err(|e| {
+            tracing::error!(response.id = %run.record.id, error = %e, "store failed while running a response");
+            ApiError::server(format!(
+                "The gateway's store failed while running response '{}'; it was left unfinished.",
+                run.record.id
+            ))
+        })
+    }
+
+    /// The context a chained response starts from: the previous response's context, then its output.
+    async fn previous_context(
+        &self,
+        project_id: &str,
+        previous_id: &str,
+    ) -> Result<Vec<Item>, ApiError> {
+        let not_found = || {
+            ApiError::invalid(
+                format!("Previous response with id '{previous_id}' not found."),
+                Some("previous_response_id"),
+                Some("previous_response_not_found"),
+            )
+        };
+        let previous = self
+            .store
+            .load_response(project_id, previous_id)
+            .await?
+            .ok_or_else(not_found)?;
+        if !previous.record.status.is_terminal() {
+            return Err(ApiError::invalid(
+                format!(
+                    "Previous response with id '{previous_id}' is still {}; wait until it ends.",
+                    previous.record.status.as_str()
+                ),
+                Some("previous_response_id"),
+                Some("previous_response_in_progress"),
+            ));
+        }
+        let mut context = self.store.load_context(previous_id).await?;
+        let steps = self.store.load_steps(previous_id).await?;
+        context.extend(render_output(&steps, previous.handed_back));
+        Ok(context)
+    }
+
+    async fn drive(&self, run: &mut Run) -> Result<Finished, StoreError> {
+        loop {
+            let action = decide_next_action(&LoopInput {
+                steps: &run.steps,
+                registered: &run.registered,
+                limits: run.limits,
+                deadline_passed: Instant::now() >= run.deadline,
+            });
+            tracing::debug!(response.id = %run.record.id, ?action, "next action");
+            let ending = match action {
+                NextAction::CallModel => {
+                    let seq = run.steps.len() as u32;
+                    let step = Step {
+                        seq,
+                        state: StepState::Running,
+                        body: StepBody::Model(ModelStep::default()),
+                    };
+                    if run.persist {
+                        self.store
+                            .insert_steps(&run.record.id, std::slice::from_ref(&step))
+                            .await?;
+                    }
+                    run.steps.push(step);
+                    self.call_model(run, seq as usize).await?;
+                    continue;
+                }
+                NextAction::ResumeModelCall { seq } => {
+                    self.call_model(run, seq as usize).await?;
+                    continue;
+                }
+                NextAction::DispatchBatch { batch, calls } => {
+                    let first = run.steps.len() as u32;
+                    let new_steps: Vec<Step> = calls
+                        .into_iter()
+                        .enumerate()
+                        .map(|(i, call)| Step {
+                            seq: first + i as u32,
+                            state: StepState::Pending,
+                            body: StepBody::Tool(ToolStep {
+                                item_id: new_id("mcp"),
+                                call,
+                                batch,
+                                outcome: None,
+                            }),
+                        })
+                        .collect();
+                    if run.persist {
+                        self.store.insert_steps(&run.record.id, &new_steps).await?;
+                    }
+                    run.steps.extend(new_steps);
+                    continue;
+                }
+                NextAction::RunTools { seqs } => {
+                    self.run_tools(run, &seqs).await?;
+                    continue;
+                }
+                NextAction::Complete => Ending::simple(ResponseStatus::Completed),
+                NextAction::HandBack { .. } => Ending {
+                    handed_back: true,
+                    ..Ending::simple(ResponseStatus::Completed)
+                },
+                NextAction::Incomplete { reason } => Ending {
+                    incomplete_reason: Some(reason.as_str().into()),
+                    ..Ending::simple(ResponseStatus::Incomplete)
+                },
+                NextAction::Fail { message } => Ending {
+                    error: Some(("server_error".into(), message)),
+                    ..Ending::simple(ResponseStatus::Failed)
+                },
+            };
+            return self.finish(run, ending).await;
+        }
+    }
+
+    async fn finish(&self, run: &mut Run, mut ending: Ending) -> Result<Finished, StoreError> {
+        let usage = total_usage(&run.steps);
+        ending.usage = Some(usage);
+        let completed_at = now();
+        if run.persist {
+            self.store
+                .finish_response(&run.record.id, &ending, completed_at)
+                .await?;
+        }
+        let record = &mut run.record;
+        record.status = ending.status;
+        record.usage = ending.usage;
+        record.error = ending.error;
+        record.incomplete_reason = ending.incomplete_reason;
+        record.completed_at = Some(completed_at);
+        Ok(Finished {
+            record: record.clone(),
+            output: render_output(&run.steps, ending.handed_back),
+        })
+    }
+
+    /// Calls the model for step `index` (already recorded as running) and records what came back.
+    async fn call_model(&self, run: &mut Run, index: usize) -> Result<(), StoreError> {
+        let conversation = model_conversation(&run.context, &run.steps[..index]);
+        let mut tools: Vec<FunctionTool> = run.record.params.tools.clone();
+        tools.extend(run.server_tools.iter().map(|t| FunctionTool {
+            name: t.name.clone(),
+            description: Some(t.description.clone()),
+            parameters: Some(t.parameters.clone()),
+            strict: Some(t.strict),
+        }));
+        let body = chat::build_request(
+            &run.deployment.upstream_model,
+            &run.record.params,
+            &conversation,
+            &tools,
+        );
+        let result = self.upstream.complete(&run.deployment, &body).await;
+        let step = &mut run.steps[index];
+        match result {
+            Ok(mut output) => {
+                // Upstreams that number calls per answer reuse ids; pairing by call_id needs them unique.
+                make_call_ids_unique(&mut output.tool_calls, &conversation, || new_id("call"));
+                step.state = StepState::Succeeded;
+                step.body = StepBody::Model(ModelStep {
+                    output: Some(output),
+                    failure: None,
+                });
+            }
+            Err(e) => {
+                tracing::warn!(response.id = %run.record.id, deployment = %run.deployment.name, error = %e, "model call failed");
+                step.state = StepState::Failed;
+                step.body = StepBody::Model(ModelStep {
+                    output: None,
+                    failure: Some(UpstreamFailure {
+                        message: e.public_message(),
+                    }),
+                });
+            }
+        }
+        if run.persist {
+            self.store
+                .update_step(&run.record.id, &run.steps[index])
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// Runs the tool steps `seqs` concurrently (bounded), recording each result as it arrives.
+    async fn run_tools(&self, run: &mut Run, seqs: &[u32]) -> Result<(), StoreError> {
+        if run.persist {
+            self.store.mark_running(&run.record.id, seqs).await?;
+        }
+        let mut jobs: Vec<(usize, ToolCall, Option<ToolSource>, String)> = Vec::new();
+        for &seq in seqs {
+            let index = seq as usize;
+            let step = &mut run.steps[index];
+            step.state = StepState::Running;
+            let Some(tool) = step.tool() else { continue };
+            let source = run
+                .server_tools
+                .iter()
+                .find(|s| s.name == tool.call.name)
+                .cloned();
+            jobs.push((
+                index,
+                tool.call.clone(),
+                source,
+                format!("{}:{}", run.record.id, seq),
+            ));
+        }
+        let response_id = run.record.id.clone();
+        let mut results = futures::stream::iter(jobs)
+            .map(|(index, call, source, key)| {
+                let response_id = &response_id;
+                async move {
+                    let outcome = match &source {
+                        Some(source) => {
+                            let at = CallRef {
+                                response_id,
+                                idempotency_key: &key,
+                            };
+                            self.tools.execute(source, &call, at).await
+                        }
+                        None => gateway_core::ToolOutcome::error(format!(
+                            "Tool '{}' is no longer available.",
+                            call.name
+                        )),
+                    };
+                    (index, outcome)
+                }
+            })
+            .buffer_unordered(self.limits.tool_concurrency.max(1));
+        while let Some((index, outcome)) = results.next().await {
+            let step = &mut run.steps[index];
+            step.state = if outcome.is_error() {
+                StepState::Failed
+            } else {
+                StepState::Succeeded
+            };
+            if let StepBody::Tool(tool) = &mut step.body {
+                tracing::info!(response.id = %response_id, tool.name = %tool.call.name, failed = outcome.is_error(), "tool call ended");
+                tool.outcome = Some(outcome);
+            }
+            if run.persist {
+                self.store.update_step(&response_id, step).await?;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Ending {
+    fn simple(status: ResponseStatus) -> Ending {
+        Ending {
+            status,
+            usage: None,
+            handed_back: false,
+            error: None,
+            incomplete_reason: None,
+        }
+    }
+}
+
+fn pairing_error(error: PairingError, first_new: usize) -> ApiError {
+    let param = match &error {
+        PairingError::OrphanOutput { index, .. } if *index >= first_new => {
+            format!("input[{}]", index - first_new)
+        }
+        _ => "input".to_owned(),
+    };
+    let code = match &error {
+        PairingError::OrphanOutput { .. } => "function_call_output_without_call",
+        PairingError::UnansweredCall { .. } => "function_call_output_missing",
+    };
+    ApiError::invalid(error.to_string(), Some(&param), Some(code))
+}

@@ -1,0 +1,13 @@
+//! The gateway: an OpenAI Responses-compatible server that runs server-side tools in a stored-step loop.
+
+pub mod api;
+pub mod app;
+pub mod config;
+pub mod engine;
+pub mod store;
+pub mod telemetry;
+pub mod tools;
+pub mod upstream;
+
+pub use app::Application;
+pub use config::Config;

@@ -1,0 +1,78 @@
+//! The `gateway` binary: `gateway serve` runs the server, `gateway migrate` applies migrations.
+
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand};
+use gateway::store::Store;
+use gateway::{Application, Config};
+use secrecy::ExposeSecret;
+
+#[derive(Parser)]
+#[command(
+    name = "gateway",
+    version,
+    about = "OpenAI Responses-compatible gateway with server-side tools"
+)]
+struct Cli {
+    /// Configuration file; `GATEWAY__SECTION__KEY` variables override it.
+    #[arg(long, global = true, default_value = "config/default.toml")]
+    config: PathBuf,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the server.
+    Serve,
+    /// Apply database migrations and exit.
+    Migrate,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    let config =
+        Config::load(&cli.config).map_err(|e| anyhow::anyhow!("invalid configuration: {e}"))?;
+    gateway::telemetry::init(&config.log);
+    match cli.command {
+        Command::Serve => {
+            let app = Application::build(config).await?;
+            tracing::info!(address = %app.local_addr()?, "gateway listening");
+            app.run_until(shutdown_signal()).await?;
+            tracing::info!("gateway stopped");
+        }
+        Command::Migrate => {
+            let url = config
+                .database
+                .url
+                .as_ref()
+                .map(|u| u.expose_secret().to_owned());
+            let url = url.ok_or_else(|| anyhow::anyhow!("no database URL: set DATABASE_URL"))?;
+            Store::connect(&url, 1).await?.migrate().await?;
+            tracing::info!("migrations applied");
+        }
+    }
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {},
+        () = terminate => {},
+    }
+}

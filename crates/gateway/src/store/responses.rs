@@ -1,0 +1,348 @@
+//! Stored responses: the response row, the context items it saw, and its steps.
+
+use gateway_core::output::{ResponseRecord, ResponseStatus};
+use gateway_core::request::ResponseParams;
+use gateway_core::steps::{Step, StepBody, StepState, Usage};
+use gateway_core::Item;
+use serde_json::Value;
+use sqlx::postgres::PgRow;
+use sqlx::{Postgres, Row, Transaction};
+
+use super::tenancy::ToolSource;
+use super::{now, Store, StoreError};
+
+/// A response to create, with the context it starts from.
+#[derive(Debug, Clone)]
+pub struct NewResponse<'a> {
+    pub record: &'a ResponseRecord,
+    pub project_id: &'a str,
+    pub deployment_id: &'a str,
+    pub server_tools: &'a [ToolSource],
+    /// The whole context, every item with its id.
+    pub context: &'a [Item],
+    /// Tool steps to run before the first model call (calls carried over from a passed-through batch).
+    pub carried_steps: &'a [Step],
+}
+
+/// A stored response and what is needed to continue or show it.
+#[derive(Debug, Clone)]
+pub struct StoredResponse {
+    pub record: ResponseRecord,
+    pub handed_back: bool,
+    pub deployment_id: Option<String>,
+}
+
+/// How a response ended.
+#[derive(Debug, Clone)]
+pub struct Ending {
+    pub status: ResponseStatus,
+    pub usage: Option<Usage>,
+    pub handed_back: bool,
+    pub error: Option<(String, String)>,
+    pub incomplete_reason: Option<String>,
+}
+
+/// Listing order of `input_items`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Order {
+    Asc,
+    Desc,
+}
+
+impl Store {
+    /// Writes a new response, its context items and carried steps in one transaction.
+    pub async fn create_response(&self, new: &NewResponse<'_>) -> Result<(), StoreError> {
+        let record = new.record;
+        let params =
+            serde_json::to_value(&record.params).map_err(|e| StoreError::Corrupt(e.to_string()))?;
+        let tools = serde_json::to_value(new.server_tools)
+            .map_err(|e| StoreError::Corrupt(e.to_string()))?;
+        let mut tx = self.pool().begin().await?;
+        sqlx::query(
+            "INSERT INTO responses (id, project_id, deployment_id, model, status, params, server_tools,
+                previous_response_id, store, background, created_at, updated_at)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $11)",
+        )
+        .bind(&record.id)
+        .bind(new.project_id)
+        .bind(new.deployment_id)
+        .bind(&record.model)
+        .bind(record.status.as_str())
+        .bind(params)
+        .bind(tools)
+        .bind(&record.previous_response_id)
+        .bind(record.store)
+        .bind(record.background)
+        .bind(record.created_at)
+        .execute(&mut *tx)
+        .await?;
+        let mut positions = Vec::with_capacity(new.context.len());
+        let mut ids = Vec::with_capacity(new.context.len());
+        let mut items = Vec::with_capacity(new.context.len());
+        for (position, item) in new.context.iter().enumerate() {
+            positions.push(position as i32);
+            ids.push(item.id().unwrap_or_default().to_owned());
+            items.push(serde_json::to_value(item).map_err(|e| StoreError::Corrupt(e.to_string()))?);
+        }
+        sqlx::query(
+            "INSERT INTO response_input_items (response_id, position, item_id, item)
+             SELECT $1, * FROM UNNEST($2::int4[], $3::text[], $4::jsonb[])",
+        )
+        .bind(&record.id)
+        .bind(&positions)
+        .bind(&ids)
+        .bind(&items)
+        .execute(&mut *tx)
+        .await?;
+        insert_steps_in(&mut tx, &record.id, new.carried_steps).await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    /// A live response of `project_id`; another project's response is `None`, exactly like a missing one.
+    pub async fn load_response(
+        &self,
+        project_id: &str,
+        id: &str,
+    ) -> Result<Option<StoredResponse>, StoreError> {
+        let row = sqlx::query(
+            "SELECT id, deployment_id, model, status, params, previous_response_id, store, background, handed_back,
+                    error_code, error_message, incomplete_reason, usage, created_at, completed_at
+             FROM responses WHERE id = $1 AND project_id = $2 AND deleted_at IS NULL",
+        )
+        .bind(id)
+        .bind(project_id)
+        .fetch_optional(self.pool())
+        .await?;
+        row.map(|r| stored_response(&r)).transpose()
+    }
+
+    /// Deletes a response with its items and steps; `false` when there was none for this project.
+    pub async fn delete_response(&self, project_id: &str, id: &str) -> Result<bool, StoreError> {
+        let done = sqlx::query("DELETE FROM responses WHERE id = $1 AND project_id = $2")
+            .bind(id)
+            .bind(project_id)
+            .execute(self.pool())
+            .await?;
+        Ok(done.rows_affected() > 0)
+    }
+
+    /// Every context item of a response, in order.
+    pub async fn load_context(&self, response_id: &str) -> Result<Vec<Item>, StoreError> {
+        let rows = sqlx::query(
+            "SELECT item FROM response_input_items WHERE response_id = $1 ORDER BY position",
+        )
+        .bind(response_id)
+        .fetch_all(self.pool())
+        .await?;
+        rows.iter()
+            .map(|r| {
+                serde_json::from_value(r.get::<Value, _>("item"))
+                    .map_err(|e| StoreError::Corrupt(e.to_string()))
+            })
+            .collect()
+    }
+
+    /// One page of context items: `limit` items after the item `after` (in the listing's order),
+    /// and whether more follow. `Ok(None)` when `after` names no item of this response.
+    pub async fn input_items_page(
+        &self,
+        response_id: &str,
+        after: Option<&str>,
+        limit: i64,
+        order: Order,
+    ) -> Result<Option<(Vec<Value>, bool)>, StoreError> {
+        let start = match after {
+            None => None,
+            Some(item_id) => {
+                let row = sqlx::query("SELECT position FROM response_input_items WHERE response_id = $1 AND item_id = $2")
+                    .bind(response_id)
+                    .bind(item_id)
+                    .fetch_optional(self.pool())
+                    .await?;
+                match row {
+                    Some(r) => Some(r.get::<i32, _>("position")),
+                    None => return Ok(None),
+                }
+            }
+        };
+        let query = match order {
+            Order::Asc => "SELECT item FROM response_input_items WHERE response_id = $1 AND position > COALESCE($2, -1)
+                 ORDER BY position ASC LIMIT $3",
+            Order::Desc => "SELECT item FROM response_input_items WHERE response_id = $1 AND position < COALESCE($2, 2147483647)
+                 ORDER BY position DESC LIMIT $3",
+        };
+        let rows = sqlx::query(query)
+            .bind(response_id)
+            .bind(start)
+            .bind(limit + 1)
+            .fetch_all(self.pool())
+            .await?;
+        let has_more = rows.len() as i64 > limit;
+        let items = rows
+            .iter()
+            .take(limit as usize)
+            .map(|r| r.get::<Value, _>("item"))
+            .collect();
+        Ok(Some((items, has_more)))
+    }
+
+    /// Every step of a response, in order.
+    pub async fn load_steps(&self, response_id: &str) -> Result<Vec<Step>, StoreError> {
+        let rows =
+            sqlx::query("SELECT seq, state, body FROM steps WHERE response_id = $1 ORDER BY seq")
+                .bind(response_id)
+                .fetch_all(self.pool())
+                .await?;
+        rows.iter()
+            .map(|r| {
+                let state: String = r.get("state");
+                Ok(Step {
+                    seq: r.get::<i32, _>("seq") as u32,
+                    state: StepState::parse(&state)
+                        .ok_or_else(|| StoreError::Corrupt(format!("step state '{state}'")))?,
+                    body: serde_json::from_value(r.get::<Value, _>("body"))
+                        .map_err(|e| StoreError::Corrupt(e.to_string()))?,
+                })
+            })
+            .collect()
+    }
+
+    /// Records new steps (one transaction for all of them).
+    pub async fn insert_steps(&self, response_id: &str, steps: &[Step]) -> Result<(), StoreError> {
+        let mut tx = self.pool().begin().await?;
+        insert_steps_in(&mut tx, response_id, steps).await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    /// Writes a step's new state and body.
+    pub async fn update_step(&self, response_id: &str, step: &Step) -> Result<(), StoreError> {
+        let body =
+            serde_json::to_value(&step.body).map_err(|e| StoreError::Corrupt(e.to_string()))?;
+        sqlx::query("UPDATE steps SET state = $3, body = $4, updated_at = $5 WHERE response_id = $1 AND seq = $2")
+            .bind(response_id)
+            .bind(step.seq as i32)
+            .bind(step.state.as_str())
+            .bind(body)
+            .bind(now())
+            .execute(self.pool())
+            .await?;
+        Ok(())
+    }
+
+    /// Marks steps as started (their side effect may now be in flight) and counts the attempt.
+    pub async fn mark_running(&self, response_id: &str, seqs: &[u32]) -> Result<(), StoreError> {
+        let seqs: Vec<i32> = seqs.iter().map(|s| *s as i32).collect();
+        sqlx::query(
+            "UPDATE steps SET state = 'running', attempts = attempts + 1, updated_at = $3
+             WHERE response_id = $1 AND seq = ANY($2)",
+        )
+        .bind(response_id)
+        .bind(&seqs)
+        .bind(now())
+        .execute(self.pool())
+        .await?;
+        Ok(())
+    }
+
+    /// Records how a response ended.
+    pub async fn finish_response(
+        &self,
+        response_id: &str,
+        ending: &Ending,
+        completed_at: i64,
+    ) -> Result<(), StoreError> {
+        let usage = ending
+            .usage
+            .map(|u| serde_json::to_value(u).unwrap_or(Value::Null));
+        sqlx::query(
+            "UPDATE responses SET status = $2, usage = $3, handed_back = $4, error_code = $5, error_message = $6,
+                incomplete_reason = $7, completed_at = $8, updated_at = $8
+             WHERE id = $1",
+        )
+        .bind(response_id)
+        .bind(ending.status.as_str())
+        .bind(usage)
+        .bind(ending.handed_back)
+        .bind(ending.error.as_ref().map(|e| &e.0))
+        .bind(ending.error.as_ref().map(|e| &e.1))
+        .bind(&ending.incomplete_reason)
+        .bind(completed_at)
+        .execute(self.pool())
+        .await?;
+        Ok(())
+    }
+}
+
+async fn insert_steps_in(
+    tx: &mut Transaction<'_, Postgres>,
+    response_id: &str,
+    steps: &[Step],
+) -> Result<(), StoreError> {
+    let created = now();
+    for step in steps {
+        let (kind, call_id, tool_name) = match &step.body {
+            StepBody::Model(_) => ("model", None, None),
+            StepBody::Tool(tool) => (
+                "tool",
+                Some(tool.call.call_id.as_str()),
+                Some(tool.call.name.as_str()),
+            ),
+        };
+        let body =
+            serde_json::to_value(&step.body).map_err(|e| StoreError::Corrupt(e.to_string()))?;
+        sqlx::query(
+            "INSERT INTO steps (response_id, seq, kind, state, body, call_id, tool_name, created_at, updated_at)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $8)",
+        )
+        .bind(response_id)
+        .bind(step.seq as i32)
+        .bind(kind)
+        .bind(step.state.as_str())
+        .bind(body)
+        .bind(call_id)
+        .bind(tool_name)
+        .bind(created)
+        .execute(&mut **tx)
+        .await?;
+    }
+    Ok(())
+}
+
+fn stored_response(row: &PgRow) -> Result<StoredResponse, StoreError> {
+    let status: String = row.get("status");
+    let params: ResponseParams = serde_json::from_value(row.get::<Value, _>("params"))
+        .map_err(|e| StoreError::Corrupt(e.to_string()))?;
+    let usage: Option<Usage> = row
+        .get::<Option<Value>, _>("usage")
+        .map(serde_json::from_value)
+        .transpose()
+        .map_err(|e| StoreError::Corrupt(e.to_string()))?;
+    let error = match (
+        row.get::<Option<String>, _>("error_code"),
+        row.get::<Option<String>, _>("error_message"),
+    ) {
+        (Some(code), Some(message)) => Some((code, message)),
+        _ => None,
+    };
+    Ok(StoredResponse {
+        record: ResponseRecord {
+            id: row.get("id"),
+            created_at: row.get("created_at"),
+            completed_at: row.get("completed_at"),
+            status: ResponseStatus::parse(&status)
+                .ok_or_else(|| StoreError::Corrupt(format!("status '{status}'")))?,
+            model: row.get("model"),
+            params,
+            previous_response_id: row.get("previous_response_id"),
+            store: row.get("store"),
+            background: row.get("background"),
+            error,
+            incomplete_reason: row.get("incomplete_reason"),
+            usage,
+        },
+        handed_back: row.get("handed_back"),
+        deployment_id: row.get("deployment_id"),
+    })
+}

@@ -1,0 +1,117 @@
+//! Who a key belongs to, and which deployment and server tools a project may use for a model.
+
+use secrecy::SecretString;
+use sha2::{Digest, Sha256};
+use sqlx::Row;
+
+use super::{Store, StoreError};
+
+/// A deployment: the model name clients send, bound to an upstream provider.
+#[derive(Debug, Clone)]
+pub struct Deployment {
+    pub id: String,
+    pub name: String,
+    pub provider_kind: String,
+    pub base_url: String,
+    pub upstream_model: String,
+    pub api_key: Option<SecretString>,
+}
+
+/// One server tool, as its source defines it.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct ToolSource {
+    pub id: String,
+    pub name: String,
+    pub description: String,
+    pub parameters: serde_json::Value,
+    pub url: String,
+    pub timeout_ms: u64,
+    /// Sent as `Authorization: Bearer`; never serialised, logged or shown.
+    #[serde(skip)]
+    pub secret: Option<SecretString>,
+    pub strict: bool,
+}
+
+/// What a project may use when it names a model.
+#[derive(Debug, Clone)]
+pub struct Resolution {
+    pub deployment: Deployment,
+    pub tools: Vec<ToolSource>,
+}
+
+/// SHA-256 hex of an API key: what the store keeps instead of the key.
+pub fn hash_key(key: &str) -> String {
+    hex::encode(Sha256::digest(key.as_bytes()))
+}
+
+impl Store {
+    /// The project of a live (unrevoked) key, if any.
+    pub async fn project_for_key(&self, key: &str) -> Result<Option<String>, StoreError> {
+        let row = sqlx::query(
+            "SELECT project_id FROM api_keys WHERE key_hash = $1 AND revoked_at IS NULL",
+        )
+        .bind(hash_key(key))
+        .fetch_optional(self.pool())
+        .await?;
+        Ok(row.map(|r| r.get("project_id")))
+    }
+
+    /// The deployment named `model` if some group the project may use contains it, with the union of the
+    /// tool sources attached to every such group.
+    pub async fn resolve(
+        &self,
+        project_id: &str,
+        model: &str,
+    ) -> Result<Option<Resolution>, StoreError> {
+        let row = sqlx::query(
+            "SELECT d.id, d.name, d.provider_kind, d.base_url, d.upstream_model, d.api_key
+             FROM deployments d
+             WHERE d.name = $2 AND EXISTS (
+                SELECT 1 FROM group_deployments gd
+                JOIN group_projects gp ON gp.group_id = gd.group_id
+                WHERE gd.deployment_id = d.id AND gp.project_id = $1)",
+        )
+        .bind(project_id)
+        .bind(model)
+        .fetch_optional(self.pool())
+        .await?;
+        let Some(row) = row else { return Ok(None) };
+        let deployment = Deployment {
+            id: row.get("id"),
+            name: row.get("name"),
+            provider_kind: row.get("provider_kind"),
+            base_url: row.get("base_url"),
+            upstream_model: row.get("upstream_model"),
+            api_key: row
+                .get::<Option<String>, _>("api_key")
+                .map(SecretString::from),
+        };
+        let rows = sqlx::query(
+            "SELECT DISTINCT t.id, t.name, t.description, t.parameters, t.url, t.timeout_ms, t.secret, t.strict
+             FROM tool_sources t
+             JOIN group_tool_sources gt ON gt.tool_source_id = t.id
+             JOIN group_deployments gd ON gd.group_id = gt.group_id
+             JOIN group_projects gp ON gp.group_id = gt.group_id
+             WHERE gd.deployment_id = $2 AND gp.project_id = $1
+             ORDER BY t.name",
+        )
+        .bind(project_id)
+        .bind(&deployment.id)
+        .fetch_all(self.pool())
+        .await?;
+        let tools = rows
+            .into_iter()
+            .map(|r| ToolSource {
+                id: r.get("id"),
+                name: r.get("name"),
+                description: r.get("description"),
+                parameters: r.get("parameters"),
+                url: r.get("url"),
+                timeout_ms: r.get::<i64, _>("timeout_ms").max(0) as u64,
+                secret: r.get::<Option<String>, _>("secret").map(SecretString::from),
+                strict: r.get("strict"),
+            })
+            .collect();
+        Ok(Some(Resolution { deployment, tools }))
+    }
+}

@@ -1,0 +1,175 @@
+//! The live event stream of one response: turns the loop's progress into Responses SSE events with
+//! contiguous sequence numbers and output indices that match the final `output` array.
+
+use std::collections::HashMap;
+
+use gateway_core::events::{Event, EventSequence};
+use gateway_core::output::{assistant_message, function_call_item, mcp_call_item};
+use gateway_core::steps::{ModelOutput, Step, ToolCall, ToolOutcome, ToolStep};
+use gateway_core::Item;
+use serde_json::{json, Value};
+use tokio::sync::mpsc;
+
+/// Frames waiting for a slow client: the loop waits when this many are queued (backpressure).
+pub const STREAM_BUFFER: usize = 64;
+
+/// Where a response's events go while its loop runs.
+pub struct StreamSink {
+    events: EventSequence,
+    tx: mpsc::Sender<Event>,
+    next_output_index: usize,
+    /// The message item being streamed: id, output index, text so far.
+    open_message: Option<(String, usize, String)>,
+    /// Output index of each server tool step, by step seq.
+    tool_items: HashMap<u32, usize>,
+    closed: bool,
+}
+
+impl StreamSink {
+    pub fn new(tx: mpsc::Sender<Event>) -> StreamSink {
+        StreamSink {
+            events: EventSequence::new(),
+            tx,
+            next_output_index: 0,
+            open_message: None,
+            tool_items: HashMap::new(),
+            closed: false,
+        }
+    }
+
+    /// Whether the client went away.
+    pub fn is_closed(&self) -> bool {
+        self.closed || self.tx.is_closed()
+    }
+
+    async fn send(&mut self, event: Event) {
+        if self.closed {
+            return;
+        }
+        if self.tx.send(event).await.is_err() {
+            self.closed = true;
+        }
+    }
+
+    /// `response.created` then `response.in_progress`, each with the response as it starts.
+    pub async fn started(&mut self, response: &Value) {
+        let created = self.events.response("response.created", response);
+        self.send(created).await;
+        let in_progress = self.events.response("response.in_progress", response);
+        self.send(in_progress).await;
+    }
+
+    /// A piece of model text, as it arrives; opens the message item on the first piece.
+    pub async fn text_delta(&mut self, message_id: &str, delta: &str) {
+        if self.open_message.is_none() {
+            let index = self.take_index();
+            let item = json!({"id": message_id, "type": "message", "status": "in_progress", "role": "assistant", "content": []});
+            let added = self.events.item_added(index, &item);
+            self.send(added).await;
+            let part = self.events.content_part_added(message_id, index);
+            self.send(part).await;
+            self.open_message = Some((message_id.to_owned(), index, String::new()));
+        }
+        let Some((id, index, text)) = self.open_message.as_mut() else { return };
+        text.push_str(delta);
+        let event = self.events.text_delta(id, *index, delta);
+        self.send(event).await;
+    }
+
+    /// The model call ended: closes the streamed message (or emits it whole if it was not streamed).
+    pub async fn model_ended(&mut self, output: &ModelOutput) {
+        let Some(message) = &output.message else {
+            self.open_message = None;
+            return;
+        };
+        if self.open_message.is_none() {
+            self.text_delta(&message.item_id, &message.text).await;
+        }
+        let Some((id, index, _)) = self.open_message.take() else { return };
+        let text = &message.text;
+        let done = self.events.text_done(&id, index, text);
+        self.send(done).await;
+        let part = self.events.content_part_done(&id, index, text);
+        self.send(part).await;
+        let item = item_json(&assistant_message(&id, text));
+        let done = self.events.item_done(index, &item);
+        self.send(done).await;
+    }
+
+    /// Server tool steps started: one `mcp_call` item each, in progress.
+    pub async fn tools_started(&mut self, steps: &[&Step]) {
+        for step in steps {
+            let Some(tool) = step.tool() else { continue };
+            if self.tool_items.contains_key(&step.seq) {
+                continue;
+            }
+            let index = self.take_index();
+            self.tool_items.insert(step.seq, index);
+            let item = item_json(&mcp_call_item(&ToolStep { outcome: None, ..tool.clone() }));
+            let added = self.events.item_added(index, &item);
+            self.send(added).await;
+            let progress = self.events.event("response.mcp_call.in_progress", json!({"item_id": tool.item_id, "output_index": index}));
+            self.send(progress).await;
+        }
+    }
+
+    /// A server tool step ended: its `mcp_call` item is done, with output or error.
+    pub async fn tool_ended(&mut self, step: &Step) {
+        let (Some(tool), Some(&index)) = (step.tool(), self.tool_items.get(&step.seq)) else { return };
+        let kind = if tool.outcome.as_ref().is_some_and(ToolOutcome::is_error) {
+            "response.mcp_call.failed"
+        } else {
+            "response.mcp_call.completed"
+        };
+        let status = self.events.event(kind, json!({"item_id": tool.item_id, "output_index": index}));
+        self.send(status).await;
+        let item = item_json(&mcp_call_item(tool));
+        let done = self.events.item_done(index, &item);
+        self.send(done).await;
+    }
+
+    /// A batch handed back to the client: one `function_call` item each, arguments streamed whole.
+    pub async fn handed_back(&mut self, calls: &[ToolCall]) {
+        for call in calls {
+            let index = self.take_index();
+            let item = item_json(&function_call_item(&ToolCall { arguments: String::new(), ..call.clone() }, "in_progress"));
+            let added = self.events.item_added(index, &item);
+            self.send(added).await;
+            let delta = self.events.arguments_delta(&call.item_id, index, &call.arguments);
+            self.send(delta).await;
+            let done = self.events.arguments_done(&call.item_id, index, &call.name, &call.arguments);
+            self.send(done).await;
+            let item = item_json(&function_call_item(call, "completed"));
+            let done = self.events.item_done(index, &item);
+            self.send(done).await;
+        }
+    }
+
+    /// An error inside the stream (before `response.failed`).
+    pub async fn error(&mut self, code: &str, message: &str) {
+        let event = self.events.error(code, message);
+        self.send(event).await;
+    }
+
+    /// The one terminal event, chosen by the response's status, carrying the full response.
+    pub async fn finished(&mut self, response: &Value) {
+        let kind = match response.get("status").and_then(Value::as_str) {
+            Some("completed") => "response.completed",
+            Some("incomplete") => "response.incomplete",
+            Some("cancelled") => "response.cancelled",
+            _ => "response.failed",
+        };
+        let event = self.events.response(kind, response);
+        self.send(event).await;
+    }
+
+    fn take_index(&mut self) -> usize {
+        let index = self.next_output_index;
+        self.next_output_index += 1;
+        index
+    }
+}
+
+fn item_json(item: &Item) -> Value {
+    serde_json::to_value(item).unwrap_or(Value::Null)
+}

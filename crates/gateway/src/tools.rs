@@ -1,0 +1,163 @@
+//! The HTTP tool executor: runs one server tool call on its source's endpoint (SPEC section 7).
+
+use std::time::Duration;
+
+use gateway_core::steps::{ToolCall, ToolOutcome};
+use secrecy::ExposeSecret;
+use serde_json::Value;
+
+use crate::config::ToolsConfig;
+use crate::store::tenancy::ToolSource;
+
+/// Runs server tool calls; every failure becomes an error outcome that the model sees.
+#[derive(Debug, Clone)]
+pub struct ToolExecutor {
+    http: reqwest::Client,
+    config: ToolsConfig,
+}
+
+/// Identifies one tool step across retries and restarts.
+#[derive(Debug, Clone, Copy)]
+pub struct CallRef<'a> {
+    pub response_id: &'a str,
+    /// Stable key of the tool step, sent as `Idempotency-Key`.
+    pub idempotency_key: &'a str,
+}
+
+const MAX_OUTPUT_BYTES: usize = 1024 * 1024;
+
+impl ToolExecutor {
+    pub fn new(config: ToolsConfig) -> Result<ToolExecutor, reqwest::Error> {
+        let http = reqwest::Client::builder()
+            .pool_max_idle_per_host(256)
+            .build()?;
+        Ok(ToolExecutor { http, config })
+    }
+
+    /// Runs `call` on `source`. Never fails: errors are outcomes.
+    pub async fn execute(
+        &self,
+        source: &ToolSource,
+        call: &ToolCall,
+        at: CallRef<'_>,
+    ) -> ToolOutcome {
+        let arguments = match parse_arguments(source, &call.arguments) {
+            Ok(arguments) => arguments,
+            Err(message) => return ToolOutcome::error(message),
+        };
+        let timeout_ms = if source.timeout_ms == 0 {
+            self.config.default_timeout_ms
+        } else {
+            source.timeout_ms
+        };
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let mut request = self
+                .http
+                .post(&source.url)
+                .timeout(Duration::from_millis(timeout_ms))
+                .header("Idempotency-Key", at.idempotency_key)
+                .header("X-Gateway-Tool-Name", &source.name)
+                .header("X-Gateway-Call-Id", &call.call_id)
+                .header("X-Gateway-Response-Id", at.response_id)
+                .json(&arguments);
+            if let Some(secret) = &source.secret {
+                request = request.bearer_auth(secret.expose_secret());
+            }
+            match request.send().await {
+                Ok(response) => return read_answer(&source.name, response).await,
+                // A refused connection sent nothing, so trying again cannot run the tool twice.
+                Err(e) if e.is_connect() && attempt <= self.config.max_retries => {
+                    tokio::time::sleep(Duration::from_millis(50 * u64::from(attempt))).await;
+                }
+                Err(e) if e.is_timeout() => {
+                    return ToolOutcome::error(format!(
+                        "Tool '{}' timed out after {timeout_ms} ms.",
+                        source.name
+                    ))
+                }
+                Err(e) => {
+                    tracing::warn!(tool.name = %source.name, error = %e, "tool request failed");
+                    return ToolOutcome::error(format!(
+                        "Tool '{}' could not be reached.",
+                        source.name
+                    ));
+                }
+            }
+        }
+    }
+}
+
+/// The call's arguments as a JSON object, checked against the tool's schema.
+fn parse_arguments(source: &ToolSource, arguments: &str) -> Result<Value, String> {
+    let value: Value = serde_json::from_str(arguments).map_err(|e| {
+        format!(
+            "The arguments for tool '{}' are not valid JSON: {e}.",
+            source.name
+        )
+    })?;
+    if !value.is_object() {
+        return Err(format!(
+            "The arguments for tool '{}' must be a JSON object.",
+            source.name
+        ));
+    }
+    if source.parameters.is_object() {
+        match jsonschema::validator_for(&source.parameters) {
+            Ok(validator) => {
+                let problems: Vec<String> = validator
+                    .iter_errors(&value)
+                    .map(|e| e.to_string())
+                    .take(5)
+                    .collect();
+                if !problems.is_empty() {
+                    return Err(format!(
+                        "The arguments for tool '{}' do not match its schema: {}.",
+                        source.name,
+                        problems.join("; ")
+                    ));
+                }
+            }
+            Err(e) => {
+                tracing::warn!(tool.name = %source.name, error = %e, "tool schema does not compile; arguments not checked")
+            }
+        }
+    }
+    Ok(value)
+}
+
+async fn read_answer(tool: &str, response: reqwest::Response) -> ToolOutcome {
+    let status = response.status();
+    let is_json = response
+        .headers()
+        .get(reqwest::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.contains("json"));
+    let body = match response.bytes().await {
+        Ok(body) => body,
+        Err(e) if e.is_timeout() => {
+            return ToolOutcome::error(format!("Tool '{tool}' timed out while answering."))
+        }
+        Err(_) => return ToolOutcome::error(format!("Tool '{tool}' broke off its answer.")),
+    };
+    let text = String::from_utf8_lossy(&body[..body.len().min(MAX_OUTPUT_BYTES)]).into_owned();
+    if !status.is_success() {
+        let detail: String = text.chars().take(1000).collect();
+        return ToolOutcome::Error {
+            message: format!("Tool '{tool}' answered HTTP {}: {detail}", status.as_u16()),
+            http_status: Some(status.as_u16()),
+        };
+    }
+    if is_json {
+        // Compact, valid JSON text; a body that claims JSON but is not passes through as text.
+        match serde_json::from_str::<Value>(&text) {
+            Ok(value) => ToolOutcome::Output {
+                text: value.to_string(),
+            },
+            Err(_) => ToolOutcome::Output { text },
+        }
+    } else {
+        ToolOutcome::Output { text }
+    }
+}

@@ -1,0 +1,279 @@
+//! Scripted mock of the OpenAI Chat Completions API (the upstream model provider).
+//!
+//! Start it with [`MockModel::start`], point the gateway at [`MockModel::base_url`], queue
+//! answers with [`MockModel::push`] and inspect what the gateway sent with
+//! [`MockModel::requests`] and [`MockModel::request_headers`]. Each request to
+//! `POST {base_url}/chat/completions` pops one scripted [`Reply`]; when the script is empty the
+//! server answers by rule (see the `rules` section below), so the `mock-model` binary is usable
+//! for demos.
+//!
+//! # Rules (empty script)
+//!
+//! * last message has role `tool` → text `"Tool results: "` + the contents of the trailing tool
+//!   messages joined by `"; "`;
+//! * the last user message contains `!call NAME {json args}` directives (arguments optional) and
+//!   the request has `tools` → those tool calls;
+//! * otherwise → text `"Echo: "` + the last user message's text.
+//!
+//! # Control surface (for out-of-process tests)
+//!
+//! * `POST /_mock/script` — a JSON array of [`ReplySpec`]s, appended to the script (FIFO);
+//!   answers `{"pending": N}`, or 400 naming the bad spec (then nothing is appended);
+//! * `GET /_mock/requests` — a JSON array of every chat completion request body received;
+//! * `POST /_mock/reset` — clears the script and the recorded requests.
+//!
+//! Also served: `GET /v1/models` (lists `mock-model`) and `GET /health`. Other routes get a
+//! 404 JSON error.
+
+mod reply;
+mod rules;
+mod spec;
+
+use std::collections::VecDeque;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use axum::body::{Body, Bytes};
+use axum::extract::{DefaultBodyLimit, State};
+use axum::http::{header, HeaderMap, StatusCode, Uri};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use futures::StreamExt;
+use serde_json::{json, Value};
+
+pub use reply::{Call, Reply, StreamMode};
+pub use spec::{CallSpec, ErrorSpec, ReplySpec};
+
+use crate::server::{self, header_pairs, lock, ServerGuard};
+use reply::{error_body, Envelope, Frame};
+
+/// The model id listed by `GET /v1/models` and used when a request names no model.
+pub const MODEL_ID: &str = "mock-model";
+
+/// Largest request body accepted (long conversations are large).
+const BODY_LIMIT: usize = 64 * 1024 * 1024;
+
+/// Headers as `(lower-case name, value)` pairs.
+type Headers = Vec<(String, String)>;
+
+#[derive(Debug, Default)]
+struct Shared {
+    script: Mutex<VecDeque<Reply>>,
+    /// Every request received: body (Null if not JSON) and headers.
+    received: Mutex<Vec<(Value, Headers)>>,
+    next_call: AtomicU64,
+    next_completion: AtomicU64,
+}
+
+impl Shared {
+    fn reset(&self) {
+        lock(&self.script).clear();
+        lock(&self.received).clear();
+    }
+}
+
+/// Handle to a running mock model server. Clones share the same server and script.
+///
+/// The server stops when the last handle is dropped, so keep one alive for as long as it is
+/// needed (`let _ = MockModel::start()…` would stop it at once).
+#[derive(Debug, Clone)]
+pub struct MockModel {
+    shared: Arc<Shared>,
+    guard: ServerGuard,
+}
+
+impl MockModel {
+    /// Starts a server on `127.0.0.1` with a free port.
+    pub async fn start() -> anyhow::Result<MockModel> {
+        MockModel::start_on(SocketAddr::from(([127, 0, 0, 1], 0))).await
+    }
+
+    /// Starts a server on `addr`.
+    pub async fn start_on(addr: SocketAddr) -> anyhow::Result<MockModel> {
+        let shared = Arc::new(Shared::default());
+        let router = Router::new()
+            .route("/v1/chat/completions", post(chat_completions))
+            .route("/v1/models", get(models))
+            .route("/health", get(health))
+            .route("/_mock/script", post(push_script))
+            .route("/_mock/requests", get(recorded_requests))
+            .route("/_mock/reset", post(reset))
+            .fallback(not_found)
+            .layer(DefaultBodyLimit::max(BODY_LIMIT))
+            .with_state(Arc::clone(&shared));
+        let guard = server::spawn("mock-model", addr, router).await?;
+        Ok(MockModel { shared, guard })
+    }
+
+    /// The address the server listens on.
+    pub fn addr(&self) -> SocketAddr {
+        self.guard.addr()
+    }
+
+    /// `http://HOST:PORT/v1`; the server answers `POST {base_url}/chat/completions`.
+    pub fn base_url(&self) -> String {
+        format!("http://{}/v1", self.addr())
+    }
+
+    /// Appends a reply to the script (FIFO); each chat completion request pops one.
+    pub fn push(&self, reply: Reply) {
+        lock(&self.shared.script).push_back(reply);
+    }
+
+    /// How many scripted replies have not been used yet.
+    pub fn pending(&self) -> usize {
+        lock(&self.shared.script).len()
+    }
+
+    /// Every chat completion request body received, in order (`Null` for a body that is not JSON).
+    pub fn requests(&self) -> Vec<Value> {
+        lock(&self.shared.received)
+            .iter()
+            .map(|(body, _)| body.clone())
+            .collect()
+    }
+
+    /// Forgets the script and the recorded requests (call ids keep counting, so they stay unique).
+    pub fn reset(&self) {
+        self.shared.reset();
+    }
+
+    /// The headers of every chat completion request, in order, as `(lower-case name, value)`.
+    pub fn request_headers(&self) -> Vec<Vec<(String, String)>> {
+        lock(&self.shared.received)
+            .iter()
+            .map(|(_, headers)| headers.clone())
+            .collect()
+    }
+}
+
+fn json_error(status: u16, message: &str) -> Response {
+    let code = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    (code, Json(error_body(code.as_u16(), message))).into_response()
+}
+
+fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+async fn chat_completions(
+    State(shared): State<Arc<Shared>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let parsed = serde_json::from_slice::<Value>(&body).ok();
+    lock(&shared.received).push((
+        parsed.clone().unwrap_or(Value::Null),
+        header_pairs(&headers),
+    ));
+    let Some(request) = parsed.filter(Value::is_object) else {
+        return json_error(400, "request body must be a JSON object");
+    };
+    tracing::debug!(request = %request, "chat completion request");
+
+    let scripted = lock(&shared.script).pop_front();
+    let reply = scripted.unwrap_or_else(|| rules::rule_reply(&request));
+    if let Some(d) = reply.delay() {
+        tokio::time::sleep(d).await;
+    }
+    let resolved = match reply.resolve(|| {
+        format!(
+            "call_{}",
+            shared.next_call.fetch_add(1, Ordering::Relaxed) + 1
+        )
+    }) {
+        Ok(r) => r,
+        Err((status, message)) => return json_error(status, &message),
+    };
+    let envelope = Envelope {
+        id: format!(
+            "chatcmpl-mock-{}",
+            shared.next_completion.fetch_add(1, Ordering::Relaxed) + 1
+        ),
+        created: unix_now(),
+        model: request
+            .get("model")
+            .and_then(Value::as_str)
+            .unwrap_or(MODEL_ID)
+            .to_owned(),
+        include_usage: request
+            .pointer("/stream_options/include_usage")
+            .and_then(Value::as_bool)
+            .unwrap_or(false),
+    };
+
+    if request.get("stream").and_then(Value::as_bool) != Some(true) {
+        return Json(resolved.completion_json(&envelope)).into_response();
+    }
+
+    let frames = resolved.stream_frames(&envelope);
+    let stream = futures::stream::iter(frames).then(|frame| async move {
+        match frame {
+            Frame::Data(payload) => Ok(Bytes::from(format!("data: {payload}\n\n"))),
+            Frame::Abort => {
+                // Let the server flush what was already sent before the connection is dropped.
+                tokio::task::yield_now().await;
+                Err(std::io::Error::new(
+                    std::io::ErrorKind::ConnectionAborted,
+                    "mock model cut the stream",
+                ))
+            }
+        }
+    });
+    (
+        [
+            (header::CONTENT_TYPE, "text/event-stream"),
+            (header::CACHE_CONTROL, "no-cache"),
+        ],
+        Body::from_stream(stream),
+    )
+        .into_response()
+}
+
+/// `POST /_mock/script`: appends every reply of a JSON array of [`ReplySpec`]s, or none.
+async fn push_script(State(shared): State<Arc<Shared>>, body: Bytes) -> Response {
+    match spec::parse_script(&body) {
+        Ok(replies) => {
+            let mut script = lock(&shared.script);
+            script.extend(replies);
+            Json(json!({"pending": script.len()})).into_response()
+        }
+        Err(message) => json_error(400, &message),
+    }
+}
+
+/// `GET /_mock/requests`: every chat completion request body received, in order.
+async fn recorded_requests(State(shared): State<Arc<Shared>>) -> Json<Value> {
+    let bodies = lock(&shared.received)
+        .iter()
+        .map(|(body, _)| body.clone())
+        .collect();
+    Json(Value::Array(bodies))
+}
+
+/// `POST /_mock/reset`: clears the script and the recorded requests.
+async fn reset(State(shared): State<Arc<Shared>>) -> Json<Value> {
+    shared.reset();
+    Json(json!({"pending": 0}))
+}
+
+async fn models() -> Json<Value> {
+    Json(json!({
+        "object": "list",
+        "data": [{"id": MODEL_ID, "object": "model", "created": 0, "owned_by": "gateway-testkit"}],
+    }))
+}
+
+async fn health() -> Json<Value> {
+    Json(json!({"status": "ok"}))
+}
+
+async fn not_found(uri: Uri) -> Response {
+    json_error(404, &format!("unknown route: {}", uri.path()))
+}

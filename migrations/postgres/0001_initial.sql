@@ -1,0 +1,121 @@
+-- Tenancy, upstream deployments, server tool sources, and stored responses with their steps.
+-- Times are Unix seconds (BIGINT) so the embedded store can share the same shapes.
+
+CREATE TABLE projects (
+    id          TEXT PRIMARY KEY,
+    name        TEXT NOT NULL UNIQUE,
+    created_at  BIGINT NOT NULL
+);
+
+CREATE TABLE api_keys (
+    id          TEXT PRIMARY KEY,
+    project_id  TEXT NOT NULL REFERENCES projects (id) ON DELETE CASCADE,
+    name        TEXT NOT NULL,
+    -- SHA-256 of the whole key, hex; the key itself is never stored.
+    key_hash    TEXT NOT NULL UNIQUE,
+    -- First characters of the key, to tell keys apart in listings.
+    key_prefix  TEXT NOT NULL,
+    created_at  BIGINT NOT NULL,
+    revoked_at  BIGINT
+);
+CREATE INDEX api_keys_project ON api_keys (project_id);
+
+CREATE TABLE deployments (
+    id              TEXT PRIMARY KEY,
+    name            TEXT NOT NULL UNIQUE,
+    provider_kind   TEXT NOT NULL CHECK (provider_kind IN ('openai_chat', 'anthropic', 'openai_responses')),
+    base_url        TEXT NOT NULL,
+    upstream_model  TEXT NOT NULL,
+    api_key         TEXT,
+    created_at      BIGINT NOT NULL
+);
+
+CREATE TABLE deployment_groups (
+    id          TEXT PRIMARY KEY,
+    name        TEXT NOT NULL UNIQUE,
+    created_at  BIGINT NOT NULL
+);
+
+CREATE TABLE tool_sources (
+    id          TEXT PRIMARY KEY,
+    name        TEXT NOT NULL UNIQUE,
+    description TEXT NOT NULL DEFAULT '',
+    parameters  JSONB NOT NULL,
+    url         TEXT NOT NULL,
+    timeout_ms  BIGINT NOT NULL,
+    secret      TEXT,
+    strict      BOOLEAN NOT NULL DEFAULT FALSE,
+    created_at  BIGINT NOT NULL
+);
+
+CREATE TABLE group_deployments (
+    group_id      TEXT NOT NULL REFERENCES deployment_groups (id) ON DELETE CASCADE,
+    deployment_id TEXT NOT NULL REFERENCES deployments (id) ON DELETE CASCADE,
+    PRIMARY KEY (group_id, deployment_id)
+);
+
+CREATE TABLE group_projects (
+    group_id    TEXT NOT NULL REFERENCES deployment_groups (id) ON DELETE CASCADE,
+    project_id  TEXT NOT NULL REFERENCES projects (id) ON DELETE CASCADE,
+    PRIMARY KEY (group_id, project_id)
+);
+CREATE INDEX group_projects_project ON group_projects (project_id);
+
+CREATE TABLE group_tool_sources (
+    group_id        TEXT NOT NULL REFERENCES deployment_groups (id) ON DELETE CASCADE,
+    tool_source_id  TEXT NOT NULL REFERENCES tool_sources (id) ON DELETE CASCADE,
+    PRIMARY KEY (group_id, tool_source_id)
+);
+
+-- One row per response. `params` holds the normalised request (instructions, client tools, sampling...);
+-- `server_tools` the tool sources resolved when it was created, so a resumed loop runs what it started with.
+CREATE TABLE responses (
+    id                    TEXT PRIMARY KEY,
+    project_id            TEXT NOT NULL REFERENCES projects (id) ON DELETE CASCADE,
+    deployment_id         TEXT REFERENCES deployments (id) ON DELETE SET NULL,
+    model                 TEXT NOT NULL,
+    status                TEXT NOT NULL CHECK (status IN ('queued', 'in_progress', 'completed', 'incomplete', 'failed', 'cancelled')),
+    params                JSONB NOT NULL,
+    server_tools          JSONB NOT NULL,
+    previous_response_id  TEXT,
+    store                 BOOLEAN NOT NULL,
+    background            BOOLEAN NOT NULL,
+    handed_back           BOOLEAN NOT NULL DEFAULT FALSE,
+    error_code            TEXT,
+    error_message         TEXT,
+    incomplete_reason     TEXT,
+    usage                 JSONB,
+    created_at            BIGINT NOT NULL,
+    updated_at            BIGINT NOT NULL,
+    completed_at          BIGINT,
+    deleted_at            BIGINT
+);
+CREATE INDEX responses_project ON responses (project_id, created_at);
+CREATE INDEX responses_unfinished ON responses (status) WHERE status IN ('queued', 'in_progress');
+
+-- The full context a response saw (previous context and outputs, then its own input), in order.
+CREATE TABLE response_input_items (
+    response_id TEXT NOT NULL REFERENCES responses (id) ON DELETE CASCADE,
+    position    INTEGER NOT NULL,
+    item_id     TEXT NOT NULL,
+    item        JSONB NOT NULL,
+    PRIMARY KEY (response_id, position)
+);
+CREATE UNIQUE INDEX response_input_items_id ON response_input_items (response_id, item_id);
+
+-- The loop's steps: written before their side effect, updated after it.
+CREATE TABLE steps (
+    response_id TEXT NOT NULL REFERENCES responses (id) ON DELETE CASCADE,
+    seq         INTEGER NOT NULL,
+    kind        TEXT NOT NULL CHECK (kind IN ('model', 'tool')),
+    state       TEXT NOT NULL CHECK (state IN ('pending', 'running', 'succeeded', 'failed')),
+    -- The step's data (model output, or tool call and outcome) as the core's types serialise it.
+    body        JSONB NOT NULL,
+    -- Tool steps: the call id and tool name, for audits and idempotency.
+    call_id     TEXT,
+    tool_name   TEXT,
+    attempts    INTEGER NOT NULL DEFAULT 0,
+    created_at  BIGINT NOT NULL,
+    updated_at  BIGINT NOT NULL,
+    PRIMARY KEY (response_id, seq)
+);

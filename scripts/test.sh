@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Runs the whole test suite: Rust unit, store and end-to-end tests against the local Postgres.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+export TEST_DATABASE_URL="${TEST_DATABASE_URL:-postgres://postgres@127.0.0.1:5432/postgres}"
+
+# Postgres must answer; on the project's machines it is installed but may be stopped.
+if ! pg_isready -h 127.0.0.1 -p 5432 -q 2>/dev/null; then
+  if command -v pg_ctlcluster >/dev/null 2>&1 && [ -d /etc/postgresql ]; then
+    pg_ctlcluster --skip-systemctl-redirect "$(ls /etc/postgresql | head -n 1)" main start
+  fi
+  for _ in $(seq 1 30); do pg_isready -h 127.0.0.1 -p 5432 -q && break; sleep 1; done
+fi
+
+if cargo nextest --version >/dev/null 2>&1; then
+  cargo nextest run --workspace --no-fail-fast
+else
+  cargo test --workspace --no-fail-fast
+fi
+tests/clients/run.sh

@@ -1,0 +1,249 @@
+//! Helpers shared by the end-to-end test files: error-shape checks, store counts, and readers of the
+//! Chat Completions requests the mock model received.
+#![allow(dead_code, clippy::expect_used, clippy::unwrap_used, clippy::panic)]
+
+use gateway_e2e::{Answer, Tenant, TestGateway};
+use reqwest::Method;
+use serde_json::{json, Value};
+
+/// A gateway with one tenant (`acme`) that may use the `mock` deployment.
+pub async fn gateway() -> (TestGateway, Tenant) {
+    let gw = TestGateway::start().await;
+    let tenant = gw.tenant("acme").await;
+    (gw, tenant)
+}
+
+/// A gateway with one tenant whose group has these server tools attached.
+pub async fn gateway_with_tools(tools: &[&str]) -> (TestGateway, Tenant) {
+    let (gw, tenant) = gateway().await;
+    for tool in tools {
+        gw.attach_tool(&tenant.group_id, tool).await;
+    }
+    (gw, tenant)
+}
+
+/// Rows in the response tables: `(responses, response_input_items, steps)`.
+pub async fn stored_rows(gw: &TestGateway) -> (i64, i64, i64) {
+    let count = |table: &'static str| async move {
+        sqlx::query_scalar::<_, i64>(&format!("SELECT count(*) FROM {table}"))
+            .fetch_one(gw.store.pool())
+            .await
+            .expect("count rows")
+    };
+    (
+        count("responses").await,
+        count("response_input_items").await,
+        count("steps").await,
+    )
+}
+
+/// `(id, status)` of every stored response.
+pub async fn stored_statuses(gw: &TestGateway) -> Vec<(String, String)> {
+    sqlx::query_as::<_, (String, String)>(
+        "SELECT id, status FROM responses ORDER BY created_at, id",
+    )
+    .fetch_all(gw.store.pool())
+    .await
+    .expect("stored responses")
+}
+
+/// Asserts an OpenAI error answer: status, exactly the four error keys, a message, the type, `param` and `code`.
+pub fn assert_error(answer: &Answer, status: u16, param: Option<&str>, code: Option<&str>) {
+    assert_eq!(
+        answer.status.as_u16(),
+        status,
+        "unexpected status; body: {:#}",
+        answer.body
+    );
+    let error = answer.body["error"]
+        .as_object()
+        .unwrap_or_else(|| panic!("no error object in {:#}", answer.body));
+    let mut keys: Vec<&str> = error.keys().map(String::as_str).collect();
+    keys.sort_unstable();
+    assert_eq!(
+        keys,
+        ["code", "message", "param", "type"],
+        "error keys of {:#}",
+        answer.body
+    );
+    let message = error["message"].as_str().unwrap_or_default();
+    assert!(
+        !message.is_empty(),
+        "empty error message: {:#}",
+        answer.body
+    );
+    let expected_type = if status >= 500 {
+        "server_error"
+    } else {
+        "invalid_request_error"
+    };
+    assert_eq!(error["type"], expected_type, "{:#}", answer.body);
+    assert_eq!(error["param"], json!(param), "param of {:#}", answer.body);
+    if let Some(code) = code {
+        assert_eq!(error["code"], code, "code of {:#}", answer.body);
+    } else {
+        assert!(
+            error["code"].is_null() || error["code"].is_string(),
+            "{:#}",
+            answer.body
+        );
+    }
+}
+
+/// `GET /v1/responses/{id}` with `key`.
+pub async fn get_response(gw: &TestGateway, key: &str, id: &str) -> Answer {
+    gw.call(gw.public(Method::GET, &format!("/responses/{id}"), key))
+        .await
+}
+
+/// `DELETE /v1/responses/{id}` with `key`.
+pub async fn delete_response(gw: &TestGateway, key: &str, id: &str) -> Answer {
+    gw.call(gw.public(Method::DELETE, &format!("/responses/{id}"), key))
+        .await
+}
+
+/// `GET /v1/responses/{id}/input_items{query}` with `key`.
+pub async fn input_items(gw: &TestGateway, key: &str, id: &str, query: &str) -> Answer {
+    gw.call(gw.public(
+        Method::GET,
+        &format!("/responses/{id}/input_items{query}"),
+        key,
+    ))
+    .await
+}
+
+/// Creates a response that must succeed with HTTP 200; returns its body.
+pub async fn create_ok(gw: &TestGateway, key: &str, body: Value) -> Value {
+    let answer = gw.create(key, body).await;
+    assert_eq!(
+        answer.status.as_u16(),
+        200,
+        "create failed: {:#}",
+        answer.body
+    );
+    answer.body
+}
+
+/// The `id` of a JSON object, as a string.
+pub fn id_of(value: &Value) -> String {
+    value["id"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no id in {value:#}"))
+        .to_owned()
+}
+
+/// The `messages` of a Chat Completions request.
+pub fn messages(request: &Value) -> &Vec<Value> {
+    request["messages"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no messages in {request:#}"))
+}
+
+/// Every `tool` message of a request, as `(tool_call_id, content)`, in order.
+pub fn tool_messages(request: &Value) -> Vec<(String, String)> {
+    messages(request)
+        .iter()
+        .filter(|m| m["role"] == "tool")
+        .map(|m| {
+            (
+                m["tool_call_id"].as_str().unwrap_or_default().to_owned(),
+                m["content"].as_str().unwrap_or_default().to_owned(),
+            )
+        })
+        .collect()
+}
+
+/// The content of the `tool` message answering `call_id`; fails when there is not exactly one.
+pub fn tool_result(request: &Value, call_id: &str) -> String {
+    let found: Vec<String> = tool_messages(request)
+        .into_iter()
+        .filter(|(id, _)| id == call_id)
+        .map(|(_, content)| content)
+        .collect();
+    assert_eq!(
+        found.len(),
+        1,
+        "expected one tool message for {call_id} in {:#}",
+        request["messages"]
+    );
+    found.into_iter().next().unwrap_or_default()
+}
+
+/// Every tool call of every assistant message of a request, as `(id, name, arguments)`, in order.
+pub fn assistant_tool_calls(request: &Value) -> Vec<(String, String, String)> {
+    messages(request)
+        .iter()
+        .filter(|m| m["role"] == "assistant")
+        .filter_map(|m| m["tool_calls"].as_array())
+        .flatten()
+        .map(|c| {
+            assert_eq!(c["type"], "function", "{c:#}");
+            (
+                c["id"].as_str().unwrap_or_default().to_owned(),
+                c["function"]["name"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned(),
+                c["function"]["arguments"]
+                    .as_str()
+                    .unwrap_or_else(|| panic!("arguments not a string: {c:#}"))
+                    .to_owned(),
+            )
+        })
+        .collect()
+}
+
+/// Asserts that each assistant message with tool calls is immediately followed by exactly one `tool`
+/// message per call, with the same ids (the pairing Chat Completions upstreams demand).
+pub fn assert_calls_paired(request: &Value) {
+    let messages = messages(request);
+    for (index, message) in messages.iter().enumerate() {
+        let Some(calls) = message["tool_calls"].as_array() else {
+            continue;
+        };
+        let mut call_ids: Vec<&str> = calls
+            .iter()
+            .map(|c| c["id"].as_str().unwrap_or_default())
+            .collect();
+        let mut answered: Vec<&str> = messages[index + 1..]
+            .iter()
+            .take_while(|m| m["role"] == "tool")
+            .map(|m| m["tool_call_id"].as_str().unwrap_or_default())
+            .collect();
+        call_ids.sort_unstable();
+        answered.sort_unstable();
+        assert_eq!(
+            call_ids, answered,
+            "tool calls and tool messages do not pair in {messages:#?}"
+        );
+    }
+}
+
+/// The names of the tools offered in a request.
+pub fn offered_tools(request: &Value) -> Vec<String> {
+    request["tools"]
+        .as_array()
+        .map(|tools| {
+            tools
+                .iter()
+                .filter_map(|t| t["function"]["name"].as_str().map(str::to_owned))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The text of the last message of a request whose role is `role`.
+pub fn last_text_of(request: &Value, role: &str) -> String {
+    messages(request)
+        .iter()
+        .rev()
+        .find(|m| m["role"] == role)
+        .and_then(|m| m["content"].as_str())
+        .unwrap_or_default()
+        .to_owned()
+}
+
+/// Parses a JSON text (a tool output) into a value.
+pub fn parse(text: &str) -> Value {
+    serde_json::from_str(text).unwrap_or_else(|e| panic!("not JSON ({e}): {text}"))
+}
