@@ -88,9 +88,12 @@ CREATE TABLE responses (
     created_at            BIGINT NOT NULL,
     updated_at            BIGINT NOT NULL,
     completed_at          BIGINT,
-    deleted_at            BIGINT
+    deleted_at            BIGINT,
+    -- The client's `Idempotency-Key` header, if it sent one: a repeated create answers this response.
+    idempotency_key       TEXT
 );
 CREATE INDEX responses_project ON responses (project_id, created_at);
+CREATE UNIQUE INDEX responses_idempotency ON responses (project_id, idempotency_key) WHERE idempotency_key IS NOT NULL;
 CREATE INDEX responses_unfinished ON responses (status) WHERE status IN ('queued', 'in_progress');
 
 -- The full context a response saw (previous context and outputs, then its own input), in order.

@@ -418,15 +418,16 @@ def test_a_create_cut_off_before_reaching_the_gateway_is_retried_and_runs_once(s
     assert len(stack.tool_calls("add")) == 1
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="no idempotent create: openai-python sends no Idempotency-Key (only x-stainless-retry-count), so a "
-    "create whose answer was lost is run again in full, server tools included",
-)
 def test_a_create_whose_answer_was_lost_is_retried_without_running_its_tools_again(stack: Stack) -> None:
     with CuttingProxy(stack.gateway_url, ["cut_after"]) as proxy:
         with openai.OpenAI(base_url=f"{proxy.url}/v1", api_key=stack.key, max_retries=2, timeout=60) as sdk:
-            response = sdk.responses.create(model="mock-tools", input='!call add {"a": 6, "b": 7}')
+            # openai-python sends no Idempotency-Key of its own for responses; a client that wants retried
+            # creates to run once sets one, and the gateway answers the retry with the first response.
+            response = sdk.responses.create(
+                model="mock-tools",
+                input='!call add {"a": 6, "b": 7}',
+                extra_headers={"Idempotency-Key": "lost-answer-1"},
+            )
 
     assert [r["step"] for r in proxy.requests] == ["cut_after", "forward"]
     assert json.loads(response.output[0].output) == {"sum": 13}

@@ -13,12 +13,14 @@ use gateway_core::steps::{
 };
 use gateway_core::{chat, decide_next_action, Item, Limits, NextAction};
 use serde_json::Value;
+use tokio::sync::mpsc;
 
 use crate::api::error::ApiError;
 use crate::config::LimitsConfig;
 use crate::store::responses::{Ending, NewResponse};
 use crate::store::tenancy::{Deployment, ToolSource};
 use crate::store::{new_id, now, Store, StoreError};
+use crate::stream::{StreamSink, STREAM_BUFFER};
 use crate::tools::{CallRef, ToolExecutor};
 use crate::upstream::Upstream;
 
@@ -32,7 +34,7 @@ pub struct Engine {
 }
 
 /// One response being driven: everything the loop needs, held in memory while it runs.
-struct Run {
+pub struct Run {
     record: ResponseRecord,
     deployment: Deployment,
     server_tools: Vec<ToolSource>,
@@ -57,14 +59,39 @@ impl Finished {
     }
 }
 
+impl Run {
+    pub fn response_id(&self) -> &str {
+        &self.record.id
+    }
+}
+
 impl Engine {
-    /// Validates `request` against the project's deployments, tools and stored responses, stores the new
-    /// response, and runs its loop to the end. Nothing is stored when validation fails.
+    /// Prepares and runs a response to its end. The loop runs on its own task, so a client that goes away
+    /// does not abandon the response halfway.
     pub async fn create(
         &self,
         project_id: &str,
         request: ValidRequest,
+        idempotency_key: Option<&str>,
     ) -> Result<Finished, ApiError> {
+        let run = self.prepare(project_id, request, idempotency_key).await?;
+        let engine = self.clone();
+        tokio::spawn(async move { engine.run(run, None).await })
+            .await
+            .map_err(|e| {
+                tracing::error!(error = %e, "response task failed");
+                ApiError::server("The response's task failed.")
+            })?
+    }
+
+    /// Validates `request` against the project's deployments, tools and stored responses, and stores the
+    /// new response with its context. Nothing is stored when validation fails.
+    pub async fn prepare(
+        &self,
+        project_id: &str,
+        request: ValidRequest,
+        idempotency_key: Option<&str>,
+    ) -> Result<Run, ApiError> {
         let resolution = self
             .store
             .resolve(project_id, &request.model)
@@ -166,10 +193,16 @@ impl Engine {
                     server_tools: &resolution.tools,
                     context: &context,
                     carried_steps: &steps,
+                    idempotency_key,
                 })
-                .await?;
+                .await
+                .map_err(|e| match e {
+                    // Two creates with one Idempotency-Key raced: the other one is running it.
+                    StoreError::Conflict(_) => ApiError::idempotency_in_progress(),
+                    other => other.into(),
+                })?;
         }
-        let mut run = Run {
+        Ok(Run {
             record,
             deployment: resolution.deployment,
             server_tools: resolution.tools,
@@ -179,13 +212,27 @@ impl Engine {
             limits,
             deadline: Instant::now() + Duration::from_millis(self.limits.response_deadline_ms),
             persist: request.store,
-        };
-        self.drive(&mut run).await.map_err(|e| {
+        })
+    }
+
+    /// Runs a prepared response to its end, streaming its events into `sink` when there is one.
+    pub async fn run(
+        &self,
+        mut run: Run,
+        mut sink: Option<StreamSink>,
+    ) -> Result<Finished, ApiError> {
+        let result = self.drive(&mut run, &mut sink).await;
+        result.map_err(|e| {
             tracing::error!(response.id = %run.record.id, error = %e, "store failed while running a response");
-            ApiError::server(format!(
+            let message = format!(
                 "The gateway's store failed while running response '{}'; it was left unfinished.",
                 run.record.id
-            ))
+            );
+            if let Some(sink) = sink.as_mut() {
+                // Best effort: the client learns why its stream ends here.
+                let _ = futures::FutureExt::now_or_never(sink.error("server_error", &message));
+            }
+            ApiError::server(message)
         })
     }
 
@@ -223,8 +270,23 @@ impl Engine {
         Ok(context)
     }
 
-    async fn drive(&self, run: &mut Run) -> Result<Finished, StoreError> {
+    async fn drive(
+        &self,
+        run: &mut Run,
+        sink: &mut Option<StreamSink>,
+    ) -> Result<Finished, StoreError> {
+        if let Some(sink) = sink.as_mut() {
+            sink.started(&response_object(&run.record, &[])).await;
+        }
         loop {
+            if sink.as_ref().is_some_and(StreamSink::is_closed) {
+                // The client of a stream went away: stop at this step boundary and say why.
+                let ending = Ending {
+                    incomplete_reason: Some("client_disconnected".into()),
+                    ..Ending::simple(ResponseStatus::Incomplete)
+                };
+                return self.finish(run, ending, sink).await;
+            }
             let action = decide_next_action(&LoopInput {
                 steps: &run.steps,
                 registered: &run.registered,
@@ -246,11 +308,11 @@ impl Engine {
                             .await?;
                     }
                     run.steps.push(step);
-                    self.call_model(run, seq as usize).await?;
+                    self.call_model(run, seq as usize, sink).await?;
                     continue;
                 }
                 NextAction::ResumeModelCall { seq } => {
-                    self.call_model(run, seq as usize).await?;
+                    self.call_model(run, seq as usize, sink).await?;
                     continue;
                 }
                 NextAction::DispatchBatch { batch, calls } => {
@@ -276,28 +338,43 @@ impl Engine {
                     continue;
                 }
                 NextAction::RunTools { seqs } => {
-                    self.run_tools(run, &seqs).await?;
+                    self.run_tools(run, &seqs, sink).await?;
                     continue;
                 }
                 NextAction::Complete => Ending::simple(ResponseStatus::Completed),
-                NextAction::HandBack { .. } => Ending {
-                    handed_back: true,
-                    ..Ending::simple(ResponseStatus::Completed)
-                },
+                NextAction::HandBack { calls } => {
+                    if let Some(sink) = sink.as_mut() {
+                        sink.handed_back(&calls).await;
+                    }
+                    Ending {
+                        handed_back: true,
+                        ..Ending::simple(ResponseStatus::Completed)
+                    }
+                }
                 NextAction::Incomplete { reason } => Ending {
                     incomplete_reason: Some(reason.as_str().into()),
                     ..Ending::simple(ResponseStatus::Incomplete)
                 },
-                NextAction::Fail { message } => Ending {
-                    error: Some(("server_error".into(), message)),
-                    ..Ending::simple(ResponseStatus::Failed)
-                },
+                NextAction::Fail { message } => {
+                    if let Some(sink) = sink.as_mut() {
+                        sink.error("server_error", &message).await;
+                    }
+                    Ending {
+                        error: Some(("server_error".into(), message)),
+                        ..Ending::simple(ResponseStatus::Failed)
+                    }
+                }
             };
-            return self.finish(run, ending).await;
+            return self.finish(run, ending, sink).await;
         }
     }
 
-    async fn finish(&self, run: &mut Run, mut ending: Ending) -> Result<Finished, StoreError> {
+    async fn finish(
+        &self,
+        run: &mut Run,
+        mut ending: Ending,
+        sink: &mut Option<StreamSink>,
+    ) -> Result<Finished, StoreError> {
         let usage = total_usage(&run.steps);
         ending.usage = Some(usage);
         let completed_at = now();
@@ -312,14 +389,23 @@ impl Engine {
         record.error = ending.error;
         record.incomplete_reason = ending.incomplete_reason;
         record.completed_at = Some(completed_at);
-        Ok(Finished {
+        let finished = Finished {
             record: record.clone(),
             output: render_output(&run.steps, ending.handed_back),
-        })
+        };
+        if let Some(sink) = sink.as_mut() {
+            sink.finished(&finished.object()).await;
+        }
+        Ok(finished)
     }
 
     /// Calls the model for step `index` (already recorded as running) and records what came back.
-    async fn call_model(&self, run: &mut Run, index: usize) -> Result<(), StoreError> {
+    async fn call_model(
+        &self,
+        run: &mut Run,
+        index: usize,
+        sink: &mut Option<StreamSink>,
+    ) -> Result<(), StoreError> {
         let conversation = model_conversation(&run.context, &run.steps[..index]);
         let mut tools: Vec<FunctionTool> = run.record.params.tools.clone();
         tools.extend(run.server_tools.iter().map(|t| FunctionTool {
@@ -334,12 +420,36 @@ impl Engine {
             &conversation,
             &tools,
         );
-        let result = self.upstream.complete(&run.deployment, &body).await;
+        let result = match sink.as_mut() {
+            None => self.upstream.complete(&run.deployment, &body).await,
+            Some(sink) => {
+                // Text is passed on as the model produces it; the driver keeps the upstream call and the
+                // client's stream moving together, so a slow client slows the upstream read (backpressure).
+                let message_id = new_id("msg");
+                let (text_tx, mut text_rx) = mpsc::channel::<String>(STREAM_BUFFER);
+                let call =
+                    self.upstream
+                        .complete_streaming(&run.deployment, &body, &message_id, text_tx);
+                let forward = async {
+                    while let Some(delta) = text_rx.recv().await {
+                        sink.text_delta(&message_id, &delta).await;
+                    }
+                };
+                let (result, ()) = tokio::join!(call, forward);
+                if result.is_err() {
+                    sink.abandon_message().await;
+                }
+                result
+            }
+        };
         let step = &mut run.steps[index];
         match result {
             Ok(mut output) => {
                 // Upstreams that number calls per answer reuse ids; pairing by call_id needs them unique.
                 make_call_ids_unique(&mut output.tool_calls, &conversation, || new_id("call"));
+                if let Some(sink) = sink.as_mut() {
+                    sink.model_ended(&output).await;
+                }
                 step.state = StepState::Succeeded;
                 step.body = StepBody::Model(ModelStep {
                     output: Some(output),
@@ -366,9 +476,21 @@ impl Engine {
     }
 
     /// Runs the tool steps `seqs` concurrently (bounded), recording each result as it arrives.
-    async fn run_tools(&self, run: &mut Run, seqs: &[u32]) -> Result<(), StoreError> {
+    async fn run_tools(
+        &self,
+        run: &mut Run,
+        seqs: &[u32],
+        sink: &mut Option<StreamSink>,
+    ) -> Result<(), StoreError> {
         if run.persist {
             self.store.mark_running(&run.record.id, seqs).await?;
+        }
+        if let Some(sink) = sink.as_mut() {
+            let started: Vec<&Step> = seqs
+                .iter()
+                .filter_map(|s| run.steps.get(*s as usize))
+                .collect();
+            sink.tools_started(&started).await;
         }
         let mut jobs: Vec<(usize, ToolCall, Option<ToolSource>, String)> = Vec::new();
         for &seq in seqs {
@@ -420,6 +542,9 @@ impl Engine {
             if let StepBody::Tool(tool) = &mut step.body {
                 tracing::info!(response.id = %response_id, tool.name = %tool.call.name, failed = outcome.is_error(), "tool call ended");
                 tool.outcome = Some(outcome);
+            }
+            if let Some(sink) = sink.as_mut() {
+                sink.tool_ended(step).await;
             }
             if run.persist {
                 self.store.update_step(&response_id, step).await?;

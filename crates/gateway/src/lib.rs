@@ -5,6 +5,7 @@ pub mod app;
 pub mod config;
 pub mod engine;
 pub mod store;
+pub mod stream;
 pub mod telemetry;
 pub mod tools;
 pub mod upstream;

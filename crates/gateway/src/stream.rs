@@ -96,6 +96,15 @@ impl StreamSink {
         self.send(done).await;
     }
 
+    /// The model call failed after some text was streamed: the message item ends `incomplete`.
+    pub async fn abandon_message(&mut self) {
+        let Some((id, index, text)) = self.open_message.take() else { return };
+        let mut item = item_json(&assistant_message(&id, &text));
+        item["status"] = json!("incomplete");
+        let done = self.events.item_done(index, &item);
+        self.send(done).await;
+    }
+
     /// Server tool steps started: one `mcp_call` item each, in progress.
     pub async fn tools_started(&mut self, steps: &[&Step]) {
         for step in steps {

@@ -163,7 +163,8 @@ impl Upstream {
         &self,
         deployment: &Deployment,
         body: &Value,
-        on_text: &mut (dyn FnMut(&str) + Send),
+        message_id: &str,
+        text: tokio::sync::mpsc::Sender<String>,
     ) -> Result<ModelOutput, UpstreamError> {
         if deployment.provider_kind != "openai_chat" {
             return Err(UpstreamError::UnsupportedProvider(
@@ -210,14 +211,15 @@ impl Upstream {
             tracing::warn!(attempt, deployment = %deployment.name, error = %failure, "upstream call failed; retrying");
             tokio::time::sleep(backoff(self.config.backoff_ms, attempt)).await;
         };
-        read_chat_stream(response, on_text).await
+        read_chat_stream(response, message_id, text).await
     }
 }
 
 /// Reads a Chat Completions SSE body (`data: {...}` lines, ending with `data: [DONE]`).
 async fn read_chat_stream(
     response: reqwest::Response,
-    on_text: &mut (dyn FnMut(&str) + Send),
+    message_id: &str,
+    text: tokio::sync::mpsc::Sender<String>,
 ) -> Result<ModelOutput, UpstreamError> {
     use futures::StreamExt;
     use gateway_core::chat_stream::{ChatStream, StreamDelta};
@@ -249,8 +251,9 @@ async fn read_chat_stream(
             let value: Value = serde_json::from_str(data)
                 .map_err(|e| UpstreamError::Parse(format!("bad chunk: {e}")))?;
             let deltas = stream.push(&value).map_err(|e| UpstreamError::Parse(e.0))?;
-            for StreamDelta::Text(text) in deltas {
-                on_text(&text);
+            for StreamDelta::Text(delta) in deltas {
+                // A closed receiver means the client left; the answer is still read to its end and stored.
+                let _ = text.send(delta).await;
             }
         }
     }
@@ -259,6 +262,25 @@ async fn read_chat_stream(
         tracing::debug!("upstream stream ended without [DONE]");
     }
     stream
-        .finish(&mut RandomIds)
+        .finish(&mut StreamIds { message_id })
         .map_err(|e| UpstreamError::Parse(e.0))
+}
+
+/// Ids for a streamed answer: its message keeps the id its events already used.
+struct StreamIds<'a> {
+    message_id: &'a str,
+}
+
+impl IdSource for StreamIds<'_> {
+    fn item_id(&mut self, prefix: &str) -> String {
+        if prefix == "msg" {
+            self.message_id.to_owned()
+        } else {
+            new_id(prefix)
+        }
+    }
+
+    fn call_id(&mut self, _index: usize) -> String {
+        new_id("call")
+    }
 }

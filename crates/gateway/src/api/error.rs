@@ -60,6 +60,16 @@ impl ApiError {
         }
     }
 
+    /// A create whose `Idempotency-Key` is still being answered: SDKs retry 409, which is what we want.
+    pub fn idempotency_in_progress() -> ApiError {
+        ApiError {
+            retryable: true,
+            ..ApiError::conflict(
+                "A request with this Idempotency-Key is still running; retry shortly.",
+            )
+        }
+    }
+
     pub fn payload_too_large(limit: usize) -> ApiError {
         ApiError {
             status: StatusCode::PAYLOAD_TOO_LARGE,

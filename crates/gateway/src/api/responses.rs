@@ -1,8 +1,13 @@
 //! Handlers of `/v1/responses`: create, read, delete, and list input items.
 
+use std::convert::Infallible;
+
+use axum::body::{Body, Bytes};
 use axum::extract::{Path, Query, State};
+use axum::http::{header, HeaderMap};
+use axum::response::{IntoResponse, Response};
 use axum::Json;
-use gateway_core::output::{render_output, response_object};
+use gateway_core::output::{render_output, response_object, ResponseRecord};
 use gateway_core::request::{validate, CreateResponseBody};
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -10,21 +15,31 @@ use serde_json::{json, Value};
 use super::error::ApiError;
 use super::extract::{ApiJson, ProjectKey};
 use super::AppState;
+use crate::engine::{Engine, Run};
 use crate::store::responses::Order;
+use crate::stream::{StreamSink, STREAM_BUFFER};
+use tokio::sync::mpsc;
 
-/// `POST /v1/responses`.
+/// `POST /v1/responses`: a JSON answer, or with `stream: true` the Responses event stream.
+///
+/// A non-streaming create that carries an `Idempotency-Key` header runs once per project and key: a repeat
+/// answers what the first one answered (409, which SDKs retry, while the first is still running).
 pub async fn create_response(
     State(state): State<AppState>,
     ProjectKey(project): ProjectKey,
+    headers: HeaderMap,
     ApiJson(body): ApiJson<CreateResponseBody>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Response, ApiError> {
     let request = validate(body)?;
-    if request.stream {
-        return Err(ApiError::invalid(
-            "Streaming ('stream': true) is not supported yet.",
-            Some("stream"),
-            None,
-        ));
+    let idempotency_key = idempotency_key(&headers)?.filter(|_| !request.stream);
+    if let Some(key) = idempotency_key {
+        if let Some(id) = state
+            .store
+            .response_for_idempotency_key(&project, key)
+            .await?
+        {
+            return replay(&state, &project, &id).await;
+        }
     }
     if request.background {
         return Err(ApiError::invalid(
@@ -33,14 +48,83 @@ pub async fn create_response(
             None,
         ));
     }
-    let finished = state.engine.create(&project, request).await?;
-    if let Some((_, message)) = &finished.record.error {
+    if request.stream {
+        // Errors found before the stream starts are plain JSON errors (from `prepare`).
+        let run = state.engine.prepare(&project, request, None).await?;
+        return Ok(event_stream(state.engine.clone(), run));
+    }
+    let finished = state
+        .engine
+        .create(&project, request, idempotency_key)
+        .await?;
+    answer(&finished.record, finished.object())
+}
+
+/// The answer to a finished create: the response, or, when it failed upstream, a 500 naming it that SDKs
+/// must not retry (server tools may already have run).
+fn answer(record: &ResponseRecord, object: Value) -> Result<Response, ApiError> {
+    if let Some((_, message)) = &record.error {
         return Err(ApiError::server(format!(
             "{message} The response '{}' failed.",
-            finished.record.id
+            record.id
         )));
     }
-    Ok(Json(finished.object()))
+    Ok(Json(object).into_response())
+}
+
+/// Answers a repeated create with what the first one answered.
+async fn replay(state: &AppState, project: &str, id: &str) -> Result<Response, ApiError> {
+    let stored = state
+        .store
+        .load_response(project, id)
+        .await?
+        .ok_or_else(|| ApiError::response_not_found(id))?;
+    if !stored.record.status.is_terminal() {
+        return Err(ApiError::idempotency_in_progress());
+    }
+    let steps = state.store.load_steps(id).await?;
+    let output = render_output(&steps, stored.handed_back);
+    answer(&stored.record, response_object(&stored.record, &output))
+}
+
+/// The `Idempotency-Key` header, when present: 1 to 255 visible ASCII characters.
+fn idempotency_key(headers: &HeaderMap) -> Result<Option<&str>, ApiError> {
+    let Some(value) = headers.get("idempotency-key") else {
+        return Ok(None);
+    };
+    match value.to_str() {
+        Ok(key)
+            if !key.is_empty() && key.len() <= 255 && key.bytes().all(|b| b.is_ascii_graphic()) =>
+        {
+            Ok(Some(key))
+        }
+        _ => Err(ApiError::invalid(
+            "The Idempotency-Key header must be 1 to 255 visible ASCII characters.",
+            None,
+            Some("invalid_idempotency_key"),
+        )),
+    }
+}
+
+/// Runs `run` on its own task and answers with its events as they come (`text/event-stream`).
+fn event_stream(engine: Engine, run: Run) -> Response {
+    let (tx, rx) = mpsc::channel(STREAM_BUFFER);
+    tokio::spawn(async move {
+        // Errors are told to the client inside the stream and logged by the engine.
+        let _ = engine.run(run, Some(StreamSink::new(tx))).await;
+    });
+    let frames = futures::stream::unfold(rx, |mut rx| async move {
+        let event = rx.recv().await?;
+        Some((Ok::<_, Infallible>(Bytes::from(event.to_sse())), rx))
+    });
+    (
+        [
+            (header::CONTENT_TYPE, "text/event-stream"),
+            (header::CACHE_CONTROL, "no-cache"),
+        ],
+        Body::from_stream(frames),
+    )
+        .into_response()
 }
 
 /// `GET /v1/responses/{id}`.

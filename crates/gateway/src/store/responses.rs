@@ -22,6 +22,8 @@ pub struct NewResponse<'a> {
     pub context: &'a [Item],
     /// Tool steps to run before the first model call (calls carried over from a passed-through batch).
     pub carried_steps: &'a [Step],
+    /// The client's `Idempotency-Key`, unique per project.
+    pub idempotency_key: Option<&'a str>,
 }
 
 /// A stored response and what is needed to continue or show it.
@@ -60,8 +62,8 @@ impl Store {
         let mut tx = self.pool().begin().await?;
         sqlx::query(
             "INSERT INTO responses (id, project_id, deployment_id, model, status, params, server_tools,
-                previous_response_id, store, background, created_at, updated_at)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $11)",
+                previous_response_id, store, background, created_at, updated_at, idempotency_key)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $11, $12)",
         )
         .bind(&record.id)
         .bind(new.project_id)
@@ -74,8 +76,9 @@ impl Store {
         .bind(record.store)
         .bind(record.background)
         .bind(record.created_at)
+        .bind(new.idempotency_key)
         .execute(&mut *tx)
-        .await?;
+        .await.map_err(|e| StoreError::from_write(e, "a response with this Idempotency-Key is being created"))?;
         let mut positions = Vec::with_capacity(new.context.len());
         let mut ids = Vec::with_capacity(new.context.len());
         let mut items = Vec::with_capacity(new.context.len());
@@ -115,6 +118,21 @@ impl Store {
         .fetch_optional(self.pool())
         .await?;
         row.map(|r| stored_response(&r)).transpose()
+    }
+
+    /// The id of the response that `project_id` created with this `Idempotency-Key`, if any.
+    pub async fn response_for_idempotency_key(
+        &self,
+        project_id: &str,
+        key: &str,
+    ) -> Result<Option<String>, StoreError> {
+        let row =
+            sqlx::query("SELECT id FROM responses WHERE project_id = $1 AND idempotency_key = $2")
+                .bind(project_id)
+                .bind(key)
+                .fetch_optional(self.pool())
+                .await?;
+        Ok(row.map(|r| r.get("id")))
     }
 
     /// Deletes a response with its items and steps; `false` when there was none for this project.

@@ -1,0 +1,125 @@
+//! Creates carrying an `Idempotency-Key` run once: a repeat answers what the first answered.
+
+mod common;
+
+use common::*;
+use gateway_testkit::{Call, Reply};
+use reqwest::Method;
+use serde_json::json;
+
+#[tokio::test]
+async fn a_repeated_create_with_the_same_key_answers_the_first_response_without_running_again() {
+    let (gw, tenant) = gateway_with_tools(&["add"]).await;
+    gw.model.push(Reply::tool_calls(vec![Call::new(
+        "add",
+        json!({"a": 2, "b": 3}),
+    )]));
+    gw.model.push(Reply::text("five"));
+    let body = json!({"model": "mock", "input": "add"});
+    let send = || {
+        gw.call(
+            gw.public(Method::POST, "/responses", &tenant.key)
+                .header("Idempotency-Key", "order-17")
+                .json(&body),
+        )
+    };
+
+    let first = send().await;
+    let second = send().await;
+
+    assert_eq!(first.status, 200, "{:#}", first.body);
+    assert_eq!(second.status, 200, "{:#}", second.body);
+    assert_eq!(first.body, second.body);
+    assert_eq!(gw.tools.calls().len(), 1);
+    assert_eq!(gw.model.requests().len(), 2);
+    assert_eq!(stored_rows(&gw).await.0, 1);
+}
+
+#[tokio::test]
+async fn the_same_key_in_another_project_is_another_request() {
+    let (gw, tenant) = gateway().await;
+    let other = gw.tenant("other").await;
+    gw.model.push(Reply::text("one"));
+    gw.model.push(Reply::text("two"));
+    let create = |key: &str| {
+        gw.call(
+            gw.public(Method::POST, "/responses", key)
+                .header("Idempotency-Key", "shared")
+                .json(&json!({"model": "mock", "input": "hi"})),
+        )
+    };
+
+    let mine = create(&tenant.key).await;
+    let theirs = create(&other.key).await;
+
+    assert_eq!(mine.body["output_text"], "one");
+    assert_eq!(theirs.body["output_text"], "two");
+    assert_ne!(mine.body["id"], theirs.body["id"]);
+}
+
+#[tokio::test]
+async fn a_repeated_create_of_a_failed_response_answers_the_same_error_without_calling_upstream() {
+    let (gw, tenant) = gateway().await;
+    for _ in 0..3 {
+        gw.model.push(Reply::error(500, "upstream down"));
+    }
+    let send = || {
+        gw.call(
+            gw.public(Method::POST, "/responses", &tenant.key)
+                .header("Idempotency-Key", "k-1")
+                .json(&json!({"model": "mock", "input": "hi"})),
+        )
+    };
+
+    let first = send().await;
+    let calls_after_first = gw.model.requests().len();
+    let second = send().await;
+
+    assert_eq!(first.status, 500);
+    assert_eq!(second.status, 500);
+    assert_eq!(first.body, second.body);
+    assert_eq!(second.headers["x-should-retry"], "false");
+    assert_eq!(gw.model.requests().len(), calls_after_first);
+}
+
+#[tokio::test]
+async fn a_key_that_is_not_visible_ascii_is_a_400_and_stores_nothing() {
+    let (gw, tenant) = gateway().await;
+
+    let answer = gw
+        .call(
+            gw.public(Method::POST, "/responses", &tenant.key)
+                .header("Idempotency-Key", "has space")
+                .json(&json!({"model": "mock", "input": "hi"})),
+        )
+        .await;
+
+    assert_error(&answer, 400, None, Some("invalid_idempotency_key"));
+    assert_eq!(stored_rows(&gw).await.0, 0);
+    assert!(gw.model.requests().is_empty());
+}
+
+#[tokio::test]
+async fn a_repeat_while_the_first_still_runs_is_a_retryable_409() {
+    let (gw, tenant) = gateway().await;
+    gw.model.push(Reply::text("done"));
+    let send = || {
+        gw.call(
+            gw.public(Method::POST, "/responses", &tenant.key)
+                .header("Idempotency-Key", "slow-one")
+                .json(&json!({"model": "mock", "input": "hi"})),
+        )
+    };
+    let first = send().await;
+    // Stand in for a create that is still running, as a crashed or slow one would be.
+    sqlx::query("UPDATE responses SET status = 'in_progress' WHERE id = $1")
+        .bind(first.body["id"].as_str().expect("id"))
+        .execute(gw.store.pool())
+        .await
+        .expect("update");
+
+    let second = send().await;
+
+    assert_error(&second, 409, None, Some("conflict"));
+    assert_eq!(second.headers["x-should-retry"], "true");
+}
