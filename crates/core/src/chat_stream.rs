@@ -144,6 +144,11 @@ impl ChatStream {
         &self.text
     }
 
+    /// Whether a chunk named a `finish_reason`: a complete answer does, a cut one may not.
+    pub fn has_finish_reason(&self) -> bool {
+        self.finish.is_some()
+    }
+
     /// The normalised output once the stream has ended.
     pub fn finish(self, ids: &mut dyn IdSource) -> Result<ModelOutput, ParseError> {
         let mut tool_calls = Vec::with_capacity(self.calls.len());

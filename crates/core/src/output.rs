@@ -7,7 +7,7 @@ use crate::items::{
     ContentPart, FunctionCallItem, Item, McpCallItem, MessageContent, MessageItem, Role,
 };
 use crate::request::ResponseParams;
-use crate::steps::{Step, StepBody, ToolCall, ToolOutcome, ToolStep, Usage};
+use crate::steps::{Step, StepBody, StepState, ToolCall, ToolOutcome, ToolStep, Usage};
 
 /// `server_label` of the `mcp_call` items that show server tool calls.
 pub const SERVER_LABEL: &str = "gateway";
@@ -57,13 +57,22 @@ impl ResponseStatus {
 /// The output items of a response, in the order they happened.
 ///
 /// Server tool calls that ran show as `mcp_call` items. Calls of the last batch show as `function_call`
-/// items only when that batch was handed back to the client; calls never run (a limit was reached) are left out.
+/// items only when that batch was handed back to the client; calls never run (a limit was reached, or the
+/// tool step was recorded but never started) are left out. A model call that broke off after streaming
+/// some text shows that text as an `incomplete` message.
 pub fn render_output(steps: &[Step], handed_back: bool) -> Vec<Item> {
     let last_model = steps.iter().rposition(|s| s.model().is_some());
     let mut items = Vec::new();
     for (index, step) in steps.iter().enumerate() {
         match &step.body {
             StepBody::Model(model) => {
+                if let Some(partial) = model.failure.as_ref().and_then(|f| f.partial.as_ref()) {
+                    items.push(message_with_status(
+                        &partial.item_id,
+                        &partial.text,
+                        "incomplete",
+                    ));
+                }
                 let Some(output) = &model.output else {
                     continue;
                 };
@@ -76,6 +85,7 @@ pub fn render_output(steps: &[Step], handed_back: bool) -> Vec<Item> {
                     }
                 }
             }
+            StepBody::Tool(_) if step.state == StepState::Pending => {}
             StepBody::Tool(tool) => items.push(mcp_call_item(tool)),
         }
     }
@@ -114,6 +124,11 @@ pub fn mcp_call_item(tool: &ToolStep) -> Item {
 
 /// An assistant message item holding one `output_text` part.
 pub fn assistant_message(id: &str, text: &str) -> Item {
+    message_with_status(id, text, "completed")
+}
+
+/// An assistant message item holding one `output_text` part, with `status`.
+pub fn message_with_status(id: &str, text: &str, status: &str) -> Item {
     Item::Message(MessageItem {
         id: Some(id.into()),
         role: Role::Assistant,
@@ -122,7 +137,7 @@ pub fn assistant_message(id: &str, text: &str) -> Item {
             annotations: Vec::new(),
             logprobs: Vec::new(),
         }]),
-        status: Some("completed".into()),
+        status: Some(status.into()),
     })
 }
 

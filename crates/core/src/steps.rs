@@ -136,6 +136,10 @@ impl Usage {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct UpstreamFailure {
     pub message: String,
+    /// Text a streaming client had already been shown when the call broke off: it stays in the
+    /// response's output as an `incomplete` message, as the client saw it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub partial: Option<AssistantMessage>,
 }
 
 /// One server tool call: the model's call, and its outcome once it ended.

@@ -3,6 +3,7 @@
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use secrecy::ExposeSecret;
 use tokio::net::TcpListener;
@@ -19,26 +20,23 @@ pub struct Application {
     listener: TcpListener,
     router: axum::Router,
     store: Store,
+    shutdown_grace: Duration,
 }
 
 impl Application {
-    /// Connects to the store, applies migrations and binds the listener (port 0 picks a free port).
+    /// Connects to the store (the embedded one at `store::DEFAULT_URL` when no URL is configured), applies
+    /// migrations and binds the listener (port 0 picks a free port).
     pub async fn build(config: Config) -> anyhow::Result<Application> {
-        let url = config
-            .database
-            .url
-            .as_ref()
-            .map(|u| u.expose_secret().to_owned())
-            .ok_or_else(|| {
-                anyhow::anyhow!("no database URL: set DATABASE_URL or GATEWAY__DATABASE__URL")
-            })?;
-        let store = Store::connect(&url, config.database.max_connections).await?;
+        let url = config.database.url.as_ref().map(|u| u.expose_secret());
+        let store = Store::connect_or_default(url, config.database.max_connections).await?;
         Application::build_with_store(config, store).await
     }
 
     /// Like `build`, on an existing store.
     pub async fn build_with_store(config: Config, store: Store) -> anyhow::Result<Application> {
+        crate::metrics::install();
         store.migrate().await?;
+        crate::seed::apply(&store, &config.seed).await?;
         let engine = Engine {
             store: store.clone(),
             upstream: Upstream::new(config.upstream.clone())?,
@@ -50,13 +48,14 @@ impl Application {
             engine,
             admin_token: config.admin.token.clone().map(Arc::new),
         };
-        let router = router(state, config.server.body_limit_bytes)
-            .layer(crate::telemetry::request_span_layer());
+        let router =
+            crate::telemetry::with_request_ids(router(state, config.server.body_limit_bytes));
         let listener = TcpListener::bind(config.server.bind).await?;
         Ok(Application {
             listener,
             router,
             store,
+            shutdown_grace: Duration::from_millis(config.server.shutdown_grace_ms),
         })
     }
 
@@ -72,13 +71,33 @@ impl Application {
         &self.store
     }
 
-    /// Serves until `shutdown` resolves, then lets in-flight requests finish.
+    /// Serves until `shutdown` resolves, stops accepting, then lets in-flight requests finish for at most
+    /// `server.shutdown_grace_ms`.
     pub async fn run_until(
         self,
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> std::io::Result<()> {
-        axum::serve(self.listener, self.router)
-            .with_graceful_shutdown(shutdown)
-            .await
+        let (stopping_tx, stopping_rx) = tokio::sync::oneshot::channel::<()>();
+        let signal = async move {
+            shutdown.await;
+            tracing::info!("shutting down: no new connections; finishing requests in flight");
+            let _ = stopping_tx.send(());
+        };
+        let server = axum::serve(self.listener, self.router).with_graceful_shutdown(signal);
+        let grace = self.shutdown_grace;
+        let deadline = async move {
+            if stopping_rx.await.is_ok() {
+                tokio::time::sleep(grace).await;
+            } else {
+                std::future::pending::<()>().await;
+            }
+        };
+        tokio::select! {
+            result = server => result,
+            () = deadline => {
+                tracing::warn!(grace_ms = grace.as_millis() as u64, "shutdown grace period over; stopping with requests in flight");
+                Ok(())
+            }
+        }
     }
 }

@@ -1,5 +1,6 @@
 //! Typed configuration: `config/default.toml` (or a given file), then `GATEWAY__SECTION__KEY` variables.
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::Path;
 
@@ -19,6 +20,8 @@ pub struct Config {
     pub upstream: UpstreamConfig,
     pub tools: ToolsConfig,
     pub log: LogConfig,
+    /// Entities created or updated at start-up, idempotently.
+    pub seed: SeedConfig,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -28,6 +31,8 @@ pub struct ServerConfig {
     pub bind: SocketAddr,
     /// Largest request body accepted, in bytes; larger bodies get 413.
     pub body_limit_bytes: usize,
+    /// After SIGTERM/SIGINT, how long requests in flight may take to finish.
+    pub shutdown_grace_ms: u64,
 }
 
 impl Default for ServerConfig {
@@ -35,6 +40,7 @@ impl Default for ServerConfig {
         ServerConfig {
             bind: SocketAddr::from(([127, 0, 0, 1], 8080)),
             body_limit_bytes: 8 * 1024 * 1024,
+            shutdown_grace_ms: 30_000,
         }
     }
 }
@@ -49,7 +55,8 @@ pub struct AdminConfig {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct DatabaseConfig {
-    /// `postgres://...`; `DATABASE_URL` is honoured too.
+    /// `postgres://...` selects Postgres, `sqlite:...` (or none: `data/gateway.db`) the embedded store;
+    /// `DATABASE_URL` is honoured too.
     pub url: Option<SecretString>,
     pub max_connections: u32,
 }
@@ -168,4 +175,60 @@ struct DefaultsShim {
     upstream: UpstreamConfig,
     tools: ToolsConfig,
     log: LogConfig,
+}
+
+/// What start-up creates or brings up to date, each entity keyed by its name. Maps (not lists) so that one
+/// field can be overridden by a variable, e.g. `GATEWAY__SEED__DEPLOYMENTS__UPSTREAM__BASE_URL`.
+/// Entities missing from the seed are left alone; nothing is deleted.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SeedConfig {
+    pub projects: BTreeMap<String, SeedProject>,
+    pub deployments: BTreeMap<String, SeedDeployment>,
+    pub tool_sources: BTreeMap<String, SeedToolSource>,
+    pub deployment_groups: BTreeMap<String, SeedGroup>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SeedProject {
+    /// API keys by name: the key itself (`sk-...`), stored hashed. A seeded key that was revoked stays revoked.
+    pub api_keys: BTreeMap<String, SecretString>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SeedDeployment {
+    /// `openai_chat`, `anthropic` or `openai_responses`.
+    pub kind: String,
+    pub base_url: String,
+    /// The upstream's model name.
+    pub model: String,
+    #[serde(default)]
+    pub api_key: Option<SecretString>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SeedToolSource {
+    #[serde(default)]
+    pub description: String,
+    /// JSON Schema of the arguments.
+    pub parameters: serde_json::Value,
+    pub url: String,
+    #[serde(default)]
+    pub timeout_ms: Option<i64>,
+    #[serde(default)]
+    pub secret: Option<SecretString>,
+    #[serde(default)]
+    pub strict: bool,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SeedGroup {
+    /// Names of seeded or existing deployments, projects and tool sources to attach.
+    pub deployments: Vec<String>,
+    pub projects: Vec<String>,
+    pub tool_sources: Vec<String>,
 }

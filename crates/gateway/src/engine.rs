@@ -76,12 +76,15 @@ impl Engine {
     ) -> Result<Finished, ApiError> {
         let run = self.prepare(project_id, request, idempotency_key).await?;
         let engine = self.clone();
-        tokio::spawn(async move { engine.run(run, None).await })
-            .await
-            .map_err(|e| {
-                tracing::error!(error = %e, "response task failed");
-                ApiError::server("The response's task failed.")
-            })?
+        // The task keeps the request's span, so its log lines carry the request id.
+        tokio::spawn(tracing::Instrument::in_current_span(async move {
+            engine.run(run, None).await
+        }))
+        .await
+        .map_err(|e| {
+            tracing::error!(error = %e, "response task failed");
+            ApiError::server("The response's task failed.")
+        })?
     }
 
     /// Validates `request` against the project's deployments, tools and stored responses, and stores the
@@ -222,18 +225,29 @@ impl Engine {
         mut sink: Option<StreamSink>,
     ) -> Result<Finished, ApiError> {
         let result = self.drive(&mut run, &mut sink).await;
-        result.map_err(|e| {
-            tracing::error!(response.id = %run.record.id, error = %e, "store failed while running a response");
-            let message = format!(
-                "The gateway's store failed while running response '{}'; it was left unfinished.",
-                run.record.id
-            );
-            if let Some(sink) = sink.as_mut() {
-                // Best effort: the client learns why its stream ends here.
-                let _ = futures::FutureExt::now_or_never(sink.error("server_error", &message));
+        match result {
+            Ok(finished) => Ok(finished),
+            Err(e) => {
+                tracing::error!(response.id = %run.record.id, error = %e, "store failed while running a response");
+                let message = format!(
+                    "The gateway's store failed while running response '{}'; it was left unfinished.",
+                    run.record.id
+                );
+                if let Some(sink) = sink.as_mut() {
+                    // Best effort, bounded for a client that reads nothing: the client learns why its
+                    // stream ends here, and the stream still ends with its one terminal event.
+                    run.record.status = ResponseStatus::Failed;
+                    run.record.error = Some(("server_error".into(), message.clone()));
+                    let failed = response_object(&run.record, &render_output(&run.steps, false));
+                    let tell = async {
+                        sink.error("server_error", &message).await;
+                        sink.finished(&failed).await;
+                    };
+                    let _ = tokio::time::timeout(Duration::from_secs(5), tell).await;
+                }
+                Err(ApiError::server(message))
             }
-            ApiError::server(message)
-        })
+        }
     }
 
     /// The context a chained response starts from: the previous response's context, then its output.
@@ -279,14 +293,6 @@ impl Engine {
             sink.started(&response_object(&run.record, &[])).await;
         }
         loop {
-            if sink.as_ref().is_some_and(StreamSink::is_closed) {
-                // The client of a stream went away: stop at this step boundary and say why.
-                let ending = Ending {
-                    incomplete_reason: Some("client_disconnected".into()),
-                    ..Ending::simple(ResponseStatus::Incomplete)
-                };
-                return self.finish(run, ending, sink).await;
-            }
             let action = decide_next_action(&LoopInput {
                 steps: &run.steps,
                 registered: &run.registered,
@@ -294,6 +300,23 @@ impl Engine {
                 deadline_passed: Instant::now() >= run.deadline,
             });
             tracing::debug!(response.id = %run.record.id, ?action, "next action");
+            // The client of a stream went away: stop before starting new work and say why. A response
+            // whose work is done ends as it would have; tool steps already recorded are run first, so that
+            // none is left pending.
+            let starts_work = matches!(
+                action,
+                NextAction::CallModel
+                    | NextAction::ResumeModelCall { .. }
+                    | NextAction::DispatchBatch { .. }
+            );
+            if starts_work && sink.as_ref().is_some_and(StreamSink::is_closed) {
+                tracing::info!(response.id = %run.record.id, "stream client disconnected; stopping");
+                let ending = Ending {
+                    incomplete_reason: Some("client_disconnected".into()),
+                    ..Ending::simple(ResponseStatus::Incomplete)
+                };
+                return self.finish(run, ending, sink).await;
+            }
             let ending = match action {
                 NextAction::CallModel => {
                     let seq = run.steps.len() as u32;
@@ -393,6 +416,7 @@ impl Engine {
             record: record.clone(),
             output: render_output(&run.steps, ending.handed_back),
         };
+        crate::metrics::response_finished(record.status.as_str(), &run.steps);
         if let Some(sink) = sink.as_mut() {
             sink.finished(&finished.object()).await;
         }
@@ -420,6 +444,9 @@ impl Engine {
             &conversation,
             &tools,
         );
+        // Text a streaming client already saw when the call failed.
+        let mut partial = None;
+        let started = Instant::now();
         let result = match sink.as_mut() {
             None => self.upstream.complete(&run.deployment, &body).await,
             Some(sink) => {
@@ -437,11 +464,12 @@ impl Engine {
                 };
                 let (result, ()) = tokio::join!(call, forward);
                 if result.is_err() {
-                    sink.abandon_message().await;
+                    partial = sink.abandon_message().await;
                 }
                 result
             }
         };
+        crate::metrics::upstream_call(&run.deployment.name, started, result.is_ok());
         let step = &mut run.steps[index];
         match result {
             Ok(mut output) => {
@@ -463,6 +491,7 @@ impl Engine {
                     output: None,
                     failure: Some(UpstreamFailure {
                         message: e.public_message(),
+                        partial,
                     }),
                 });
             }

@@ -3,7 +3,11 @@
 pub mod api;
 pub mod app;
 pub mod config;
+#[cfg(feature = "demo")]
+pub mod demo;
 pub mod engine;
+pub mod metrics;
+pub mod seed;
 pub mod store;
 pub mod stream;
 pub mod telemetry;

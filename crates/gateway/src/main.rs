@@ -27,6 +27,10 @@ enum Command {
     Serve,
     /// Apply database migrations and exit.
     Migrate,
+    /// Run a self-contained demo: the embedded store (unless a database is configured), the testkit's mock
+    /// model and example tools in-process, and a seeded demo project, key, deployment and tools.
+    #[cfg(feature = "demo")]
+    Demo,
 }
 
 #[tokio::main]
@@ -42,14 +46,11 @@ async fn main() -> anyhow::Result<()> {
             app.run_until(shutdown_signal()).await?;
             tracing::info!("gateway stopped");
         }
+        #[cfg(feature = "demo")]
+        Command::Demo => gateway::demo::run(config, shutdown_signal()).await?,
         Command::Migrate => {
-            let url = config
-                .database
-                .url
-                .as_ref()
-                .map(|u| u.expose_secret().to_owned());
-            let url = url.ok_or_else(|| anyhow::anyhow!("no database URL: set DATABASE_URL"))?;
-            Store::connect(&url, 1).await?.migrate().await?;
+            let url = config.database.url.as_ref().map(|u| u.expose_secret());
+            Store::connect_or_default(url, 1).await?.migrate().await?;
             tracing::info!("migrations applied");
         }
     }

@@ -4,8 +4,10 @@
 use std::collections::HashMap;
 
 use gateway_core::events::{Event, EventSequence};
-use gateway_core::output::{assistant_message, function_call_item, mcp_call_item};
-use gateway_core::steps::{ModelOutput, Step, ToolCall, ToolOutcome, ToolStep};
+use gateway_core::output::{
+    assistant_message, function_call_item, mcp_call_item, message_with_status,
+};
+use gateway_core::steps::{AssistantMessage, ModelOutput, Step, ToolCall, ToolOutcome, ToolStep};
 use gateway_core::Item;
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
@@ -70,7 +72,9 @@ impl StreamSink {
             self.send(part).await;
             self.open_message = Some((message_id.to_owned(), index, String::new()));
         }
-        let Some((id, index, text)) = self.open_message.as_mut() else { return };
+        let Some((id, index, text)) = self.open_message.as_mut() else {
+            return;
+        };
         text.push_str(delta);
         let event = self.events.text_delta(id, *index, delta);
         self.send(event).await;
@@ -85,7 +89,9 @@ impl StreamSink {
         if self.open_message.is_none() {
             self.text_delta(&message.item_id, &message.text).await;
         }
-        let Some((id, index, _)) = self.open_message.take() else { return };
+        let Some((id, index, _)) = self.open_message.take() else {
+            return;
+        };
         let text = &message.text;
         let done = self.events.text_done(&id, index, text);
         self.send(done).await;
@@ -96,13 +102,18 @@ impl StreamSink {
         self.send(done).await;
     }
 
-    /// The model call failed after some text was streamed: the message item ends `incomplete`.
-    pub async fn abandon_message(&mut self) {
-        let Some((id, index, text)) = self.open_message.take() else { return };
-        let mut item = item_json(&assistant_message(&id, &text));
-        item["status"] = json!("incomplete");
+    /// The model call failed after some text was streamed: the message item ends `incomplete`, with the
+    /// text the client saw, which is returned so that the stored response shows the same item.
+    pub async fn abandon_message(&mut self) -> Option<AssistantMessage> {
+        let (id, index, text) = self.open_message.take()?;
+        let done = self.events.text_done(&id, index, &text);
+        self.send(done).await;
+        let part = self.events.content_part_done(&id, index, &text);
+        self.send(part).await;
+        let item = item_json(&message_with_status(&id, &text, "incomplete"));
         let done = self.events.item_done(index, &item);
         self.send(done).await;
+        Some(AssistantMessage { item_id: id, text })
     }
 
     /// Server tool steps started: one `mcp_call` item each, in progress.
@@ -114,23 +125,34 @@ impl StreamSink {
             }
             let index = self.take_index();
             self.tool_items.insert(step.seq, index);
-            let item = item_json(&mcp_call_item(&ToolStep { outcome: None, ..tool.clone() }));
+            let item = item_json(&mcp_call_item(&ToolStep {
+                outcome: None,
+                ..tool.clone()
+            }));
             let added = self.events.item_added(index, &item);
             self.send(added).await;
-            let progress = self.events.event("response.mcp_call.in_progress", json!({"item_id": tool.item_id, "output_index": index}));
+            let progress = self.events.event(
+                "response.mcp_call.in_progress",
+                json!({"item_id": tool.item_id, "output_index": index}),
+            );
             self.send(progress).await;
         }
     }
 
     /// A server tool step ended: its `mcp_call` item is done, with output or error.
     pub async fn tool_ended(&mut self, step: &Step) {
-        let (Some(tool), Some(&index)) = (step.tool(), self.tool_items.get(&step.seq)) else { return };
+        let (Some(tool), Some(&index)) = (step.tool(), self.tool_items.get(&step.seq)) else {
+            return;
+        };
         let kind = if tool.outcome.as_ref().is_some_and(ToolOutcome::is_error) {
             "response.mcp_call.failed"
         } else {
             "response.mcp_call.completed"
         };
-        let status = self.events.event(kind, json!({"item_id": tool.item_id, "output_index": index}));
+        let status = self.events.event(
+            kind,
+            json!({"item_id": tool.item_id, "output_index": index}),
+        );
         self.send(status).await;
         let item = item_json(&mcp_call_item(tool));
         let done = self.events.item_done(index, &item);
@@ -141,12 +163,22 @@ impl StreamSink {
     pub async fn handed_back(&mut self, calls: &[ToolCall]) {
         for call in calls {
             let index = self.take_index();
-            let item = item_json(&function_call_item(&ToolCall { arguments: String::new(), ..call.clone() }, "in_progress"));
+            let item = item_json(&function_call_item(
+                &ToolCall {
+                    arguments: String::new(),
+                    ..call.clone()
+                },
+                "in_progress",
+            ));
             let added = self.events.item_added(index, &item);
             self.send(added).await;
-            let delta = self.events.arguments_delta(&call.item_id, index, &call.arguments);
+            let delta = self
+                .events
+                .arguments_delta(&call.item_id, index, &call.arguments);
             self.send(delta).await;
-            let done = self.events.arguments_done(&call.item_id, index, &call.name, &call.arguments);
+            let done =
+                self.events
+                    .arguments_done(&call.item_id, index, &call.name, &call.arguments);
             self.send(done).await;
             let item = item_json(&function_call_item(call, "completed"));
             let done = self.events.item_done(index, &item);
@@ -181,4 +213,82 @@ impl StreamSink {
 
 fn item_json(item: &Item) -> Value {
     serde_json::to_value(item).unwrap_or(Value::Null)
+}
+
+#[cfg(test)]
+mod tests {
+    use futures::FutureExt;
+
+    use super::*;
+
+    #[tokio::test]
+    async fn a_sink_whose_client_reads_nothing_waits_once_its_buffer_is_full() {
+        let (tx, mut rx) = mpsc::channel(STREAM_BUFFER);
+        let mut sink = StreamSink::new(tx);
+        sink.started(&json!({})).await;
+        // created, in_progress, then output_item.added, content_part.added and the first delta.
+        sink.text_delta("msg_1", "a").await;
+        for _ in 5..STREAM_BUFFER {
+            assert!(
+                sink.text_delta("msg_1", "a").now_or_never().is_some(),
+                "room left"
+            );
+        }
+        assert!(
+            sink.text_delta("msg_1", "b").now_or_never().is_none(),
+            "the sink waits instead of queueing without bound"
+        );
+        assert_eq!(rx.recv().await.map(|e| e.kind), Some("response.created"));
+        assert!(sink.text_delta("msg_1", "c").now_or_never().is_some());
+        assert!(!sink.is_closed());
+    }
+
+    #[tokio::test]
+    async fn a_sink_whose_client_went_away_is_closed_and_drops_events() {
+        let (tx, rx) = mpsc::channel(STREAM_BUFFER);
+        let mut sink = StreamSink::new(tx);
+        drop(rx);
+        assert!(sink.is_closed());
+        // Nothing blocks, however many events follow.
+        for _ in 0..STREAM_BUFFER * 2 {
+            assert!(sink.text_delta("msg_1", "a").now_or_never().is_some());
+        }
+    }
+
+    #[tokio::test]
+    async fn an_abandoned_message_ends_with_its_text_and_status_incomplete() {
+        let (tx, mut rx) = mpsc::channel(STREAM_BUFFER);
+        let mut sink = StreamSink::new(tx);
+        sink.text_delta("msg_1", "Hel").await;
+        sink.text_delta("msg_1", "lo").await;
+        let partial = sink.abandon_message().await;
+        assert_eq!(
+            partial,
+            Some(AssistantMessage {
+                item_id: "msg_1".into(),
+                text: "Hello".into()
+            })
+        );
+        drop(sink);
+        let mut kinds = Vec::new();
+        let mut last = Value::Null;
+        while let Some(event) = rx.recv().await {
+            kinds.push(event.kind);
+            last = event.data;
+        }
+        assert_eq!(
+            kinds,
+            [
+                "response.output_item.added",
+                "response.content_part.added",
+                "response.output_text.delta",
+                "response.output_text.delta",
+                "response.output_text.done",
+                "response.content_part.done",
+                "response.output_item.done",
+            ]
+        );
+        assert_eq!(last["item"]["status"], "incomplete");
+        assert_eq!(last["item"]["content"][0]["text"], "Hello");
+    }
 }

@@ -1,6 +1,10 @@
 //! Logging set-up and the per-request span (with a request id) that every log line of a request carries.
 
-use axum::http::Request;
+use axum::http::{HeaderName, Request};
+use axum::Router;
+use tower_http::request_id::{
+    MakeRequestUuid, PropagateRequestIdLayer, RequestId, SetRequestIdLayer,
+};
 use tower_http::trace::TraceLayer;
 use tracing_subscriber::EnvFilter;
 
@@ -17,17 +21,26 @@ pub fn init(config: &LogConfig) {
     };
 }
 
-/// A span per request with its method, path and a fresh request id; bodies and headers are never logged.
-pub fn request_span_layer() -> TraceLayer<
-    tower_http::classify::SharedClassifier<tower_http::classify::ServerErrorsAsFailures>,
-    impl Fn(&Request<axum::body::Body>) -> tracing::Span + Clone,
-> {
-    TraceLayer::new_for_http().make_span_with(|request: &Request<axum::body::Body>| {
+/// Gives every request an `x-request-id` (the client's, or a new UUID), returns it in the answer, and opens a
+/// span carrying it, with the method and path; bodies and headers are never logged.
+pub fn with_request_ids(router: Router) -> Router {
+    let header = HeaderName::from_static("x-request-id");
+    let trace = TraceLayer::new_for_http().make_span_with(|request: &Request<axum::body::Body>| {
+        let id = request
+            .extensions()
+            .get::<RequestId>()
+            .and_then(|id| id.header_value().to_str().ok())
+            .unwrap_or_default();
         tracing::info_span!(
             "request",
-            request.id = %uuid::Uuid::new_v4().simple(),
+            request.id = %id,
             http.method = %request.method(),
             http.path = %request.uri().path(),
         )
-    })
+    });
+    // The last layer added runs first: set the id, then trace, and copy the id to the answer.
+    router
+        .layer(trace)
+        .layer(PropagateRequestIdLayer::new(header.clone()))
+        .layer(SetRequestIdLayer::new(header, MakeRequestUuid))
 }

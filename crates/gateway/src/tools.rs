@@ -41,6 +41,16 @@ impl ToolExecutor {
         call: &ToolCall,
         at: CallRef<'_>,
     ) -> ToolOutcome {
+        let started = std::time::Instant::now();
+        let outcome = self.run(source, call, at).await;
+        let result = if outcome.is_error() { "error" } else { "ok" };
+        metrics::counter!("gateway_tool_calls_total", "tool" => source.name.clone(), "outcome" => result).increment(1);
+        metrics::histogram!("gateway_tool_call_duration_seconds", "tool" => source.name.clone())
+            .record(started.elapsed().as_secs_f64());
+        outcome
+    }
+
+    async fn run(&self, source: &ToolSource, call: &ToolCall, at: CallRef<'_>) -> ToolOutcome {
         let arguments = match parse_arguments(source, &call.arguments) {
             Ok(arguments) => arguments,
             Err(message) => return ToolOutcome::error(message),

@@ -23,6 +23,10 @@ pub enum UpstreamError {
     },
     #[error("upstream unreachable after {attempts} attempt(s): {detail}")]
     Transport { attempts: u32, detail: String },
+    /// A streamed answer that broke off: the connection dropped, an `{"error": ...}` chunk came, or the
+    /// body ended before the answer did.
+    #[error("upstream stream broke off after {attempts} attempt(s): {detail}")]
+    Broken { attempts: u32, detail: String },
     #[error("upstream answer unreadable: {0}")]
     Parse(String),
     #[error("provider kind '{0}' is not supported yet")]
@@ -40,6 +44,9 @@ impl UpstreamError {
             }
             UpstreamError::Transport { attempts, .. } => {
                 format!("The upstream model could not be reached (after {attempts} attempt(s)).")
+            }
+            UpstreamError::Broken { attempts, .. } => {
+                format!("The upstream model's stream broke off (after {attempts} attempt(s)).")
             }
             UpstreamError::Parse(_) => "The upstream model's answer could not be read.".into(),
             UpstreamError::UnsupportedProvider(kind) => {
@@ -157,8 +164,10 @@ fn truncate(text: &str) -> String {
 }
 
 impl Upstream {
-    /// One streamed model call: text deltas go to `on_text` as they arrive; the accumulated answer is
-    /// normalised at the end. Retries happen only before any delta was passed on.
+    /// One streamed model call: text deltas go to `text` as they arrive; the accumulated answer is
+    /// normalised at the end. A failed attempt (429/5xx, connection error, or a stream that broke off) is
+    /// retried, bounded, only while no text has been passed on: once the client saw text, a new attempt
+    /// could not take it back.
     pub async fn complete_streaming(
         &self,
         deployment: &Deployment,
@@ -179,51 +188,85 @@ impl Upstream {
             deployment.base_url.trim_end_matches('/')
         );
         let mut attempt = 0;
-        let response = loop {
+        loop {
             attempt += 1;
-            let mut request = self.http.post(&url).json(&body);
-            if let Some(key) = &deployment.api_key {
-                request = request.bearer_auth(key.expose_secret());
-            }
-            let failure = match request.send().await {
-                Ok(response) if response.status().is_success() => break response,
-                Ok(response) => {
-                    let status = response.status();
-                    let detail = response.text().await.unwrap_or_default();
-                    let failure = UpstreamError::Status {
-                        status: status.as_u16(),
-                        attempts: attempt,
-                        detail: truncate(&detail),
-                    };
-                    if status.as_u16() != 429 && !status.is_server_error() {
-                        return Err(failure);
-                    }
-                    failure
-                }
-                Err(e) => UpstreamError::Transport {
-                    attempts: attempt,
-                    detail: e.to_string(),
-                },
+            let mut out = TextOut {
+                message_id,
+                tx: &text,
+                forwarded: false,
             };
-            if attempt > self.config.max_retries {
+            let failure = match self
+                .stream_attempt(&url, deployment, &body, attempt, &mut out)
+                .await
+            {
+                Ok(output) => return Ok(output),
+                Err(failure) => failure,
+            };
+            let forwarded = out.forwarded;
+            let retryable = match &failure {
+                UpstreamError::Status { status, .. } => *status == 429 || *status >= 500,
+                UpstreamError::Transport { .. } | UpstreamError::Broken { .. } => true,
+                UpstreamError::Parse(_) | UpstreamError::UnsupportedProvider(_) => false,
+            };
+            if !retryable || forwarded || attempt > self.config.max_retries {
                 return Err(failure);
             }
             tracing::warn!(attempt, deployment = %deployment.name, error = %failure, "upstream call failed; retrying");
             tokio::time::sleep(backoff(self.config.backoff_ms, attempt)).await;
-        };
-        read_chat_stream(response, message_id, text).await
+        }
     }
+
+    /// One attempt of a streamed call.
+    async fn stream_attempt(
+        &self,
+        url: &str,
+        deployment: &Deployment,
+        body: &Value,
+        attempt: u32,
+        out: &mut TextOut<'_>,
+    ) -> Result<ModelOutput, UpstreamError> {
+        let mut request = self.http.post(url).json(body);
+        if let Some(key) = &deployment.api_key {
+            request = request.bearer_auth(key.expose_secret());
+        }
+        let response = request.send().await.map_err(|e| UpstreamError::Transport {
+            attempts: attempt,
+            detail: e.to_string(),
+        })?;
+        let status = response.status();
+        if !status.is_success() {
+            let detail = response.text().await.unwrap_or_default();
+            return Err(UpstreamError::Status {
+                status: status.as_u16(),
+                attempts: attempt,
+                detail: truncate(&detail),
+            });
+        }
+        read_chat_stream(response, attempt, out).await
+    }
+}
+
+/// Where the text of a streamed call goes, and whether any was passed on yet.
+struct TextOut<'a> {
+    /// The id of the message item the text is shown in.
+    message_id: &'a str,
+    tx: &'a tokio::sync::mpsc::Sender<String>,
+    forwarded: bool,
 }
 
 /// Reads a Chat Completions SSE body (`data: {...}` lines, ending with `data: [DONE]`).
 async fn read_chat_stream(
     response: reqwest::Response,
-    message_id: &str,
-    text: tokio::sync::mpsc::Sender<String>,
+    attempt: u32,
+    out: &mut TextOut<'_>,
 ) -> Result<ModelOutput, UpstreamError> {
     use futures::StreamExt;
     use gateway_core::chat_stream::{ChatStream, StreamDelta};
 
+    let broken = |detail: String| UpstreamError::Broken {
+        attempts: attempt,
+        detail,
+    };
     let mut stream = ChatStream::new();
     let mut body = response.bytes_stream();
     let mut buffer: Vec<u8> = Vec::new();
@@ -232,10 +275,7 @@ async fn read_chat_stream(
         let Some(chunk) = body.next().await else {
             break;
         };
-        let chunk = chunk.map_err(|e| UpstreamError::Transport {
-            attempts: 1,
-            detail: format!("stream broken: {e}"),
-        })?;
+        let chunk = chunk.map_err(|e| broken(format!("body error: {e}")))?;
         buffer.extend_from_slice(&chunk);
         while let Some(end) = buffer.iter().position(|b| *b == b'\n') {
             let line: Vec<u8> = buffer.drain(..=end).collect();
@@ -250,19 +290,23 @@ async fn read_chat_stream(
             }
             let value: Value = serde_json::from_str(data)
                 .map_err(|e| UpstreamError::Parse(format!("bad chunk: {e}")))?;
-            let deltas = stream.push(&value).map_err(|e| UpstreamError::Parse(e.0))?;
+            // The only chunk `push` refuses is an `{"error": ...}` chunk: the upstream gave up mid-answer.
+            let deltas = stream.push(&value).map_err(|e| broken(e.0))?;
             for StreamDelta::Text(delta) in deltas {
+                out.forwarded = true;
                 // A closed receiver means the client left; the answer is still read to its end and stored.
-                let _ = text.send(delta).await;
+                let _ = out.tx.send(delta).await;
             }
         }
     }
-    if !done && stream.text().is_empty() {
-        // Some servers end without [DONE]; a body that carried nothing at all is a broken stream.
-        tracing::debug!("upstream stream ended without [DONE]");
+    if !done && !stream.has_finish_reason() {
+        // Some servers end without [DONE], but every complete answer names a finish reason.
+        return Err(broken("the body ended before the answer did".into()));
     }
     stream
-        .finish(&mut StreamIds { message_id })
+        .finish(&mut StreamIds {
+            message_id: out.message_id,
+        })
         .map_err(|e| UpstreamError::Parse(e.0))
 }
 

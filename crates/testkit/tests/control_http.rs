@@ -102,6 +102,38 @@ async fn a_posted_error_spec_answers_with_its_status_and_an_openai_error_body() 
 }
 
 #[tokio::test]
+async fn a_posted_delay_ms_holds_the_answer_back_that_long() -> TestResult {
+    let model = MockModel::start().await?;
+    let (status, _) = script(
+        &model,
+        json!([{"text": "late", "delay_ms": 300}, {"text": "prompt"}]),
+    )
+    .await?;
+    assert_eq!(status, 200);
+
+    let started = std::time::Instant::now();
+    let (status, body) = complete(&model, &chat("a")).await?;
+    assert_eq!(status, 200);
+    assert_eq!(body["choices"][0]["message"]["content"], "late");
+    assert!(
+        started.elapsed() >= std::time::Duration::from_millis(300),
+        "answered after {:?}",
+        started.elapsed()
+    );
+
+    // The delay belongs to that one reply: the next one answers at once.
+    let started = std::time::Instant::now();
+    let (_, body) = complete(&model, &chat("b")).await?;
+    assert_eq!(body["choices"][0]["message"]["content"], "prompt");
+    assert!(
+        started.elapsed() < std::time::Duration::from_millis(300),
+        "answered after {:?}",
+        started.elapsed()
+    );
+    Ok(())
+}
+
+#[tokio::test]
 async fn an_invalid_script_is_a_400_and_appends_nothing() -> TestResult {
     let model = MockModel::start().await?;
     for bad in [

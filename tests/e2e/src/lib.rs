@@ -1,5 +1,8 @@
-//! Harness of the end-to-end tests: a fresh Postgres database per test, the testkit's mock model and
-//! tool server, and the real gateway on port 0, all talking real HTTP.
+//! Harness of the end-to-end tests: a fresh Postgres database (or embedded SQLite file) per test, the
+//! testkit's mock model and tool server, and the real gateway on port 0, all talking real HTTP.
+//!
+//! `TestGateway::start` runs on Postgres unless `GATEWAY_TEST_STORE=sqlite`, which runs the whole suite on the
+//! embedded store; `TestGateway::start_embedded` always uses the embedded store.
 //!
 //! Test-support code: a setup step that fails must fail the test at once, so `expect` is the right tool here.
 #![allow(clippy::expect_used, clippy::unwrap_used, clippy::panic)]
@@ -8,7 +11,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use gateway::config::Config;
-use gateway::store::Store;
+use gateway::store::{Backend, Store};
 use gateway::Application;
 use gateway_testkit::mock_model::MockModel;
 use gateway_testkit::tool_server::{tool_definitions, ToolServer};
@@ -70,6 +73,40 @@ impl Drop for TestDatabase {
     }
 }
 
+/// A directory holding one test's embedded store, deleted after the test.
+pub struct TestSqliteFile {
+    dir: std::path::PathBuf,
+}
+
+impl TestSqliteFile {
+    /// A fresh directory name under the system's temp dir; the gateway creates it with its database.
+    pub fn create() -> TestSqliteFile {
+        TestSqliteFile {
+            dir: std::env::temp_dir().join(format!("gw_test_{}", uuid::Uuid::new_v4().simple())),
+        }
+    }
+
+    /// The `sqlite:` URL of the database file.
+    pub fn url(&self) -> String {
+        format!(
+            "sqlite://{}?mode=rwc",
+            self.dir.join("gateway.db").display()
+        )
+    }
+}
+
+impl Drop for TestSqliteFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// The database a test gateway runs on, removed after the test.
+enum Scratch {
+    Postgres(TestDatabase),
+    Sqlite(TestSqliteFile),
+}
+
 /// A running gateway with its mock upstream, tool server and database.
 pub struct TestGateway {
     pub base_url: String,
@@ -79,7 +116,7 @@ pub struct TestGateway {
     pub tools: ToolServer,
     pub store: Store,
     _server: tokio::task::JoinHandle<()>,
-    _db: TestDatabase,
+    _db: Scratch,
 }
 
 /// A project with a key that may use the `mock` deployment.
@@ -114,7 +151,25 @@ impl TestGateway {
 
     /// Starts everything, letting the test adjust the gateway's config first.
     pub async fn start_with(adjust: impl FnOnce(&mut Config)) -> TestGateway {
+        if std::env::var("GATEWAY_TEST_STORE").is_ok_and(|store| store == "sqlite") {
+            return TestGateway::start_embedded_with(adjust).await;
+        }
         let db = TestDatabase::create().await.expect("test database");
+        TestGateway::launch(Scratch::Postgres(db), adjust).await
+    }
+
+    /// Starts everything on the embedded store: a fresh SQLite file in a temp dir, which the gateway finds
+    /// through the database URL of its config, as a deployment would.
+    pub async fn start_embedded() -> TestGateway {
+        TestGateway::start_embedded_with(|_| {}).await
+    }
+
+    /// Like `start_embedded`, letting the test adjust the gateway's config first.
+    pub async fn start_embedded_with(adjust: impl FnOnce(&mut Config)) -> TestGateway {
+        TestGateway::launch(Scratch::Sqlite(TestSqliteFile::create()), adjust).await
+    }
+
+    async fn launch(db: Scratch, adjust: impl FnOnce(&mut Config)) -> TestGateway {
         let model = MockModel::start().await.expect("mock model");
         let tools = ToolServer::start().await.expect("tool server");
         let admin_token = format!("admin-{}", uuid::Uuid::new_v4().simple());
@@ -123,13 +178,21 @@ impl TestGateway {
         config.admin.token = Some(admin_token.clone().into());
         config.database.max_connections = 5;
         config.upstream.backoff_ms = 1;
+        if let Scratch::Sqlite(file) = &db {
+            config.database.url = Some(file.url().into());
+        }
         adjust(&mut config);
-        let store = Store::connect(&db.url, config.database.max_connections)
-            .await
-            .expect("connect store");
-        let app = Application::build_with_store(config, store.clone())
-            .await
-            .expect("build gateway");
+        let app = match &db {
+            Scratch::Postgres(database) => {
+                let store = Store::connect(&database.url, config.database.max_connections)
+                    .await
+                    .expect("connect store");
+                Application::build_with_store(config, store).await
+            }
+            Scratch::Sqlite(_) => Application::build(config).await,
+        }
+        .expect("build gateway");
+        let store = app.store().clone();
         let base_url = format!("http://127.0.0.1:{}", app.port());
         let server = tokio::spawn(async move {
             let _ = app.run_until(std::future::pending()).await;
@@ -148,6 +211,42 @@ impl TestGateway {
             _server: server,
             _db: db,
         }
+    }
+
+    /// Runs a fixture statement with one text parameter (`$1`) on whichever database the gateway uses;
+    /// returns the rows it changed. For tests that stage a state the API cannot reach.
+    pub async fn execute(&self, sql: &str, param: &str) -> u64 {
+        let done = match self.store.backend() {
+            Backend::Postgres(pool) => sqlx::query(sql)
+                .bind(param)
+                .execute(pool)
+                .await
+                .map(|d| d.rows_affected()),
+            Backend::Sqlite(pool) => sqlx::query(sql)
+                .bind(param)
+                .execute(pool)
+                .await
+                .map(|d| d.rows_affected()),
+        };
+        done.expect("fixture statement")
+    }
+
+    /// The single integer a query answers (e.g. a `count(*)`), on whichever database the gateway uses.
+    pub async fn fetch_i64(&self, sql: &str) -> i64 {
+        let value = match self.store.backend() {
+            Backend::Postgres(pool) => sqlx::query_scalar(sql).fetch_one(pool).await,
+            Backend::Sqlite(pool) => sqlx::query_scalar(sql).fetch_one(pool).await,
+        };
+        value.expect("integer query")
+    }
+
+    /// The rows of a query that answers two text columns, on whichever database the gateway uses.
+    pub async fn fetch_text_pairs(&self, sql: &str) -> Vec<(String, String)> {
+        let rows = match self.store.backend() {
+            Backend::Postgres(pool) => sqlx::query_as(sql).fetch_all(pool).await,
+            Backend::Sqlite(pool) => sqlx::query_as(sql).fetch_all(pool).await,
+        };
+        rows.expect("text pairs query")
     }
 
     /// A request to the admin API, authenticated.

@@ -112,11 +112,11 @@ async fn a_repeat_while_the_first_still_runs_is_a_retryable_409() {
     };
     let first = send().await;
     // Stand in for a create that is still running, as a crashed or slow one would be.
-    sqlx::query("UPDATE responses SET status = 'in_progress' WHERE id = $1")
-        .bind(first.body["id"].as_str().expect("id"))
-        .execute(gw.store.pool())
-        .await
-        .expect("update");
+    gw.execute(
+        "UPDATE responses SET status = 'in_progress' WHERE id = $1",
+        first.body["id"].as_str().expect("id"),
+    )
+    .await;
 
     let second = send().await;
 

@@ -608,11 +608,11 @@ async fn a_previous_response_still_in_progress_is_a_400() {
     gw.model.push(Reply::text("first"));
     let first = create_ok(&gw, &tenant.key, json!({"model": "mock", "input": "hi"})).await;
     // Simulates a response another request (or replica) is still running.
-    sqlx::query("UPDATE responses SET status = 'in_progress', completed_at = NULL WHERE id = $1")
-        .bind(id_of(&first))
-        .execute(gw.store.pool())
-        .await
-        .expect("update");
+    gw.execute(
+        "UPDATE responses SET status = 'in_progress', completed_at = NULL WHERE id = $1",
+        &id_of(&first),
+    )
+    .await;
     let before = stored_rows(&gw).await;
 
     let answer = gw

@@ -76,7 +76,10 @@ fn model_unended(seq: u32, state: StepState) -> Step {
 
 /// A model call that failed for good.
 fn upstream_failed(seq: u32, message: Option<&str>) -> Step {
-    let failure = message.map(|m| UpstreamFailure { message: m.into() });
+    let failure = message.map(|m| UpstreamFailure {
+        message: m.into(),
+        partial: None,
+    });
     model_step(
         seq,
         StepState::Failed,

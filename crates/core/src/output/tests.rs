@@ -249,6 +249,7 @@ fn failed_or_unended_model_calls_render_nothing() {
             output: None,
             failure: Some(UpstreamFailure {
                 message: "503".into(),
+                partial: None,
             }),
         }),
     };
@@ -265,6 +266,47 @@ fn failed_or_unended_model_calls_render_nothing() {
         ];
         assert_eq!(ids(&steps, false), ["mcp_a"]);
     }
+}
+
+#[test]
+fn a_model_call_that_broke_off_after_streaming_text_renders_that_text_as_an_incomplete_message() {
+    let broken = Step {
+        seq: 2,
+        state: StepState::Failed,
+        body: StepBody::Model(ModelStep {
+            output: None,
+            failure: Some(UpstreamFailure {
+                message: "stream broke".into(),
+                partial: Some(AssistantMessage {
+                    item_id: "msg_partial".into(),
+                    text: "The answer is".into(),
+                }),
+            }),
+        }),
+    };
+    let steps = [
+        model(0, None, &[("a", "search")]),
+        ok(1, Some(0), "a"),
+        broken,
+    ];
+    let mut partial = message_json("msg_partial", "The answer is");
+    partial["status"] = json!("incomplete");
+    assert_eq!(
+        rendered(&steps, false),
+        json!([mcp_json("a", Some("out_a"), None, "completed"), partial])
+    );
+}
+
+#[test]
+fn tool_steps_recorded_but_never_started_are_left_out() {
+    let mut pending = tool(2, Some(0), "b", None);
+    pending.state = StepState::Pending;
+    let steps = [
+        model(0, None, &[("a", "search"), ("b", "search")]),
+        ok(1, Some(0), "a"),
+        pending,
+    ];
+    assert_eq!(ids(&steps, false), ["mcp_a"]);
 }
 
 #[test]

@@ -38,6 +38,8 @@ pub fn router(state: AppState, body_limit_bytes: usize) -> Router {
         .nest("/admin/v1", admin::routes())
         .route("/healthz", get(health))
         .route("/readyz", get(ready))
+        .route("/metrics", get(crate::metrics::render))
+        .route_layer(axum::middleware::from_fn(crate::metrics::track_requests))
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(body_limit_bytes))
         .with_state(state)
@@ -47,10 +49,16 @@ async fn health() -> &'static str {
     "ok"
 }
 
+/// Ready when the store answers and its migrations are applied.
 async fn ready(
     axum::extract::State(state): axum::extract::State<AppState>,
 ) -> Result<&'static str, error::ApiError> {
-    state.store.ping().await?;
+    if !state.store.migrations_applied().await? {
+        return Err(error::ApiError {
+            status: axum::http::StatusCode::SERVICE_UNAVAILABLE,
+            ..error::ApiError::server("The store's migrations are not all applied.")
+        });
+    }
     Ok("ready")
 }
 

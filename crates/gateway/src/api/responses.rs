@@ -109,10 +109,11 @@ fn idempotency_key(headers: &HeaderMap) -> Result<Option<&str>, ApiError> {
 /// Runs `run` on its own task and answers with its events as they come (`text/event-stream`).
 fn event_stream(engine: Engine, run: Run) -> Response {
     let (tx, rx) = mpsc::channel(STREAM_BUFFER);
-    tokio::spawn(async move {
+    tokio::spawn(tracing::Instrument::in_current_span(async move {
         // Errors are told to the client inside the stream and logged by the engine.
+        let _open = crate::metrics::ActiveStream::open();
         let _ = engine.run(run, Some(StreamSink::new(tx))).await;
-    });
+    }));
     let frames = futures::stream::unfold(rx, |mut rx| async move {
         let event = rx.recv().await?;
         Some((Ok::<_, Infallible>(Bytes::from(event.to_sse())), rx))

@@ -4,11 +4,9 @@
 //! Row structs never carry a secret: deployment API keys and tool-source secrets are written here but only
 //! ever read back as `has_api_key` / `has_secret`, so no admin answer can leak them by accident.
 
+use super::backend::Fields;
+use super::{new_id, now, Backend, Store, StoreError};
 use serde_json::Value;
-use sqlx::postgres::PgRow;
-use sqlx::Row;
-
-use super::{new_id, now, Store, StoreError};
 
 /// A project (tenant).
 #[derive(Debug, Clone, PartialEq)]
@@ -189,31 +187,37 @@ impl Store {
 
     /// Creates a project; `Conflict` when the name is taken.
     pub async fn create_project(&self, name: &str) -> Result<ProjectRow, StoreError> {
-        let row = sqlx::query("INSERT INTO projects (id, name, created_at) VALUES ($1, $2, $3) RETURNING id, name, created_at")
-            .bind(new_id("proj"))
-            .bind(name)
-            .bind(now())
-            .fetch_one(self.pool())
-            .await
-            .map_err(|e| StoreError::from_write(e, &format!("A project named '{name}' already exists.")))?;
-        Ok(project(&row)?)
+        with_pool!(self, |pool| {
+            let row = sqlx::query("INSERT INTO projects (id, name, created_at) VALUES ($1, $2, $3) RETURNING id, name, created_at")
+                .bind(new_id("proj"))
+                .bind(name)
+                .bind(now())
+                .fetch_one(pool)
+                .await
+                .map_err(|e| StoreError::from_write(e, &format!("A project named '{name}' already exists.")))?;
+            Ok(project(&row)?)
+        })
     }
 
     /// Every project, by name.
     pub async fn list_projects(&self) -> Result<Vec<ProjectRow>, StoreError> {
-        let rows = sqlx::query("SELECT id, name, created_at FROM projects ORDER BY name")
-            .fetch_all(self.pool())
-            .await?;
-        Ok(rows.iter().map(project).collect::<Result<_, _>>()?)
+        with_pool!(self, |pool| {
+            let rows = sqlx::query("SELECT id, name, created_at FROM projects ORDER BY name")
+                .fetch_all(pool)
+                .await?;
+            Ok(rows.iter().map(project).collect::<Result<_, _>>()?)
+        })
     }
 
     /// One project.
     pub async fn get_project(&self, id: &str) -> Result<Option<ProjectRow>, StoreError> {
-        let row = sqlx::query("SELECT id, name, created_at FROM projects WHERE id = $1")
-            .bind(id)
-            .fetch_optional(self.pool())
-            .await?;
-        Ok(row.as_ref().map(project).transpose()?)
+        with_pool!(self, |pool| {
+            let row = sqlx::query("SELECT id, name, created_at FROM projects WHERE id = $1")
+                .bind(id)
+                .fetch_optional(pool)
+                .await?;
+            Ok(row.as_ref().map(project).transpose()?)
+        })
     }
 
     /// Renames a project (`None` keeps the name); `Ok(None)` when there is no such project.
@@ -222,22 +226,27 @@ impl Store {
         id: &str,
         name: Option<&str>,
     ) -> Result<Option<ProjectRow>, StoreError> {
-        let row = sqlx::query("UPDATE projects SET name = COALESCE($2, name) WHERE id = $1 RETURNING id, name, created_at")
-            .bind(id)
-            .bind(name)
-            .fetch_optional(self.pool())
-            .await
-            .map_err(|e| StoreError::from_write(e, &format!("A project named '{}' already exists.", name.unwrap_or_default())))?;
-        Ok(row.as_ref().map(project).transpose()?)
+        with_pool!(self, |pool| {
+            let row = sqlx::query("UPDATE projects SET name = COALESCE($2, name) WHERE id = $1 RETURNING id, name, created_at")
+                .bind(id)
+                .bind(name)
+                .fetch_optional(pool)
+                .await
+                .map_err(|e| StoreError::from_write(e, &format!("A project named '{}' already exists.", name.unwrap_or_default())))?;
+            Ok(row.as_ref().map(project).transpose()?)
+        })
     }
 
     /// Deletes a project with its keys, responses and group grants; `false` when there was none.
     pub async fn delete_project(&self, id: &str) -> Result<bool, StoreError> {
-        let done = sqlx::query("DELETE FROM projects WHERE id = $1")
-            .bind(id)
-            .execute(self.pool())
-            .await?;
-        Ok(done.rows_affected() > 0)
+        let deleted = with_pool!(self, |pool| sqlx::query(
+            "DELETE FROM projects WHERE id = $1"
+        )
+        .bind(id)
+        .execute(pool)
+        .await?
+        .rows_affected());
+        Ok(deleted > 0)
     }
 
     // ---- api keys ----
@@ -247,21 +256,23 @@ impl Store {
         &self,
         new: &NewApiKey<'_>,
     ) -> Result<Option<ApiKeyRow>, StoreError> {
-        let row = sqlx::query(
-            "INSERT INTO api_keys (id, project_id, name, key_hash, key_prefix, created_at)
-             SELECT $1, p.id, $3, $4, $5, $6 FROM projects p WHERE p.id = $2
-             RETURNING id, project_id, name, key_prefix, created_at, revoked_at",
-        )
-        .bind(new_id("key"))
-        .bind(new.project_id)
-        .bind(new.name)
-        .bind(new.key_hash)
-        .bind(new.key_prefix)
-        .bind(now())
-        .fetch_optional(self.pool())
-        .await
-        .map_err(|e| StoreError::from_write(e, "A key with the same hash already exists."))?;
-        Ok(row.as_ref().map(api_key).transpose()?)
+        with_pool!(self, |pool| {
+            let row = sqlx::query(
+                "INSERT INTO api_keys (id, project_id, name, key_hash, key_prefix, created_at)
+                 SELECT $1, p.id, $3, $4, $5, $6 FROM projects p WHERE p.id = $2
+                 RETURNING id, project_id, name, key_prefix, created_at, revoked_at",
+            )
+            .bind(new_id("key"))
+            .bind(new.project_id)
+            .bind(new.name)
+            .bind(new.key_hash)
+            .bind(new.key_prefix)
+            .bind(now())
+            .fetch_optional(pool)
+            .await
+            .map_err(|e| StoreError::from_write(e, "A key with the same hash already exists."))?;
+            Ok(row.as_ref().map(api_key).transpose()?)
+        })
     }
 
     /// Every key of a project (revoked ones too), oldest first; `Ok(None)` when the project does not exist.
@@ -272,23 +283,27 @@ impl Store {
         if self.get_project(project_id).await?.is_none() {
             return Ok(None);
         }
-        let rows = sqlx::query(
-            "SELECT id, project_id, name, key_prefix, created_at, revoked_at
-             FROM api_keys WHERE project_id = $1 ORDER BY created_at, id",
-        )
-        .bind(project_id)
-        .fetch_all(self.pool())
-        .await?;
-        Ok(Some(rows.iter().map(api_key).collect::<Result<_, _>>()?))
+        with_pool!(self, |pool| {
+            let rows = sqlx::query(
+                "SELECT id, project_id, name, key_prefix, created_at, revoked_at
+                 FROM api_keys WHERE project_id = $1 ORDER BY created_at, id",
+            )
+            .bind(project_id)
+            .fetch_all(pool)
+            .await?;
+            Ok(Some(rows.iter().map(api_key).collect::<Result<_, _>>()?))
+        })
     }
 
     /// One key.
     pub async fn get_api_key(&self, id: &str) -> Result<Option<ApiKeyRow>, StoreError> {
-        let row = sqlx::query("SELECT id, project_id, name, key_prefix, created_at, revoked_at FROM api_keys WHERE id = $1")
-            .bind(id)
-            .fetch_optional(self.pool())
-            .await?;
-        Ok(row.as_ref().map(api_key).transpose()?)
+        with_pool!(self, |pool| {
+            let row = sqlx::query("SELECT id, project_id, name, key_prefix, created_at, revoked_at FROM api_keys WHERE id = $1")
+                .bind(id)
+                .fetch_optional(pool)
+                .await?;
+            Ok(row.as_ref().map(api_key).transpose()?)
+        })
     }
 
     /// Renames a key (`None` keeps the name).
@@ -297,29 +312,33 @@ impl Store {
         id: &str,
         name: Option<&str>,
     ) -> Result<Option<ApiKeyRow>, StoreError> {
-        let row = sqlx::query(
-            "UPDATE api_keys SET name = COALESCE($2, name) WHERE id = $1
-             RETURNING id, project_id, name, key_prefix, created_at, revoked_at",
-        )
-        .bind(id)
-        .bind(name)
-        .fetch_optional(self.pool())
-        .await?;
-        Ok(row.as_ref().map(api_key).transpose()?)
+        with_pool!(self, |pool| {
+            let row = sqlx::query(
+                "UPDATE api_keys SET name = COALESCE($2, name) WHERE id = $1
+                 RETURNING id, project_id, name, key_prefix, created_at, revoked_at",
+            )
+            .bind(id)
+            .bind(name)
+            .fetch_optional(pool)
+            .await?;
+            Ok(row.as_ref().map(api_key).transpose()?)
+        })
     }
 
     /// Revokes a key at once (authentication reads `revoked_at` per request). Revoking again keeps the
     /// first revocation time.
     pub async fn revoke_api_key(&self, id: &str) -> Result<Option<ApiKeyRow>, StoreError> {
-        let row = sqlx::query(
-            "UPDATE api_keys SET revoked_at = COALESCE(revoked_at, $2) WHERE id = $1
-             RETURNING id, project_id, name, key_prefix, created_at, revoked_at",
-        )
-        .bind(id)
-        .bind(now())
-        .fetch_optional(self.pool())
-        .await?;
-        Ok(row.as_ref().map(api_key).transpose()?)
+        with_pool!(self, |pool| {
+            let row = sqlx::query(
+                "UPDATE api_keys SET revoked_at = COALESCE(revoked_at, $2) WHERE id = $1
+                 RETURNING id, project_id, name, key_prefix, created_at, revoked_at",
+            )
+            .bind(id)
+            .bind(now())
+            .fetch_optional(pool)
+            .await?;
+            Ok(row.as_ref().map(api_key).transpose()?)
+        })
     }
 
     // ---- deployments ----
@@ -329,45 +348,51 @@ impl Store {
         &self,
         new: &NewDeployment<'_>,
     ) -> Result<DeploymentRow, StoreError> {
-        let row = sqlx::query(
-            "INSERT INTO deployments (id, name, provider_kind, base_url, upstream_model, api_key, created_at)
-             VALUES ($1, $2, $3, $4, $5, $6, $7)
-             RETURNING id, name, provider_kind, base_url, upstream_model, (api_key IS NOT NULL) AS has_api_key, created_at",
-        )
-        .bind(new_id("dep"))
-        .bind(new.name)
-        .bind(new.provider_kind)
-        .bind(new.base_url)
-        .bind(new.upstream_model)
-        .bind(new.api_key)
-        .bind(now())
-        .fetch_one(self.pool())
-        .await
-        .map_err(|e| StoreError::from_write(e, &format!("A deployment named '{}' already exists.", new.name)))?;
-        Ok(deployment(&row)?)
+        with_pool!(self, |pool| {
+            let row = sqlx::query(
+                "INSERT INTO deployments (id, name, provider_kind, base_url, upstream_model, api_key, created_at)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7)
+                 RETURNING id, name, provider_kind, base_url, upstream_model, (api_key IS NOT NULL) AS has_api_key, created_at",
+            )
+            .bind(new_id("dep"))
+            .bind(new.name)
+            .bind(new.provider_kind)
+            .bind(new.base_url)
+            .bind(new.upstream_model)
+            .bind(new.api_key)
+            .bind(now())
+            .fetch_one(pool)
+            .await
+            .map_err(|e| StoreError::from_write(e, &format!("A deployment named '{}' already exists.", new.name)))?;
+            Ok(deployment(&row)?)
+        })
     }
 
     /// Every deployment, by name.
     pub async fn list_deployments(&self) -> Result<Vec<DeploymentRow>, StoreError> {
-        let rows = sqlx::query(
-            "SELECT id, name, provider_kind, base_url, upstream_model, (api_key IS NOT NULL) AS has_api_key, created_at
-             FROM deployments ORDER BY name",
-        )
-        .fetch_all(self.pool())
-        .await?;
-        Ok(rows.iter().map(deployment).collect::<Result<_, _>>()?)
+        with_pool!(self, |pool| {
+            let rows = sqlx::query(
+                "SELECT id, name, provider_kind, base_url, upstream_model, (api_key IS NOT NULL) AS has_api_key, created_at
+                 FROM deployments ORDER BY name",
+            )
+            .fetch_all(pool)
+            .await?;
+            Ok(rows.iter().map(deployment).collect::<Result<_, _>>()?)
+        })
     }
 
     /// One deployment.
     pub async fn get_deployment(&self, id: &str) -> Result<Option<DeploymentRow>, StoreError> {
-        let row = sqlx::query(
-            "SELECT id, name, provider_kind, base_url, upstream_model, (api_key IS NOT NULL) AS has_api_key, created_at
-             FROM deployments WHERE id = $1",
-        )
-        .bind(id)
-        .fetch_optional(self.pool())
-        .await?;
-        Ok(row.as_ref().map(deployment).transpose()?)
+        with_pool!(self, |pool| {
+            let row = sqlx::query(
+                "SELECT id, name, provider_kind, base_url, upstream_model, (api_key IS NOT NULL) AS has_api_key, created_at
+                 FROM deployments WHERE id = $1",
+            )
+            .bind(id)
+            .fetch_optional(pool)
+            .await?;
+            Ok(row.as_ref().map(deployment).transpose()?)
+        })
     }
 
     /// Applies changes to a deployment; `Ok(None)` when there is no such deployment.
@@ -376,90 +401,130 @@ impl Store {
         id: &str,
         changes: &DeploymentChanges<'_>,
     ) -> Result<Option<DeploymentRow>, StoreError> {
-        let row = sqlx::query(
-            "UPDATE deployments SET
-                name = COALESCE($2, name),
-                provider_kind = COALESCE($3, provider_kind),
-                base_url = COALESCE($4, base_url),
-                upstream_model = COALESCE($5, upstream_model),
-                api_key = CASE WHEN $6 THEN $7 ELSE api_key END
-             WHERE id = $1
-             RETURNING id, name, provider_kind, base_url, upstream_model, (api_key IS NOT NULL) AS has_api_key, created_at",
-        )
-        .bind(id)
-        .bind(changes.name)
-        .bind(changes.provider_kind)
-        .bind(changes.base_url)
-        .bind(changes.upstream_model)
-        .bind(changes.api_key.is_some())
-        .bind(changes.api_key.flatten())
-        .fetch_optional(self.pool())
-        .await
-        .map_err(|e| {
-            StoreError::from_write(e, &format!("A deployment named '{}' already exists.", changes.name.unwrap_or_default()))
-        })?;
-        Ok(row.as_ref().map(deployment).transpose()?)
+        with_pool!(self, |pool| {
+            let row = sqlx::query(
+                "UPDATE deployments SET
+                    name = COALESCE($2, name),
+                    provider_kind = COALESCE($3, provider_kind),
+                    base_url = COALESCE($4, base_url),
+                    upstream_model = COALESCE($5, upstream_model),
+                    api_key = CASE WHEN $6 THEN $7 ELSE api_key END
+                 WHERE id = $1
+                 RETURNING id, name, provider_kind, base_url, upstream_model, (api_key IS NOT NULL) AS has_api_key, created_at",
+            )
+            .bind(id)
+            .bind(changes.name)
+            .bind(changes.provider_kind)
+            .bind(changes.base_url)
+            .bind(changes.upstream_model)
+            .bind(changes.api_key.is_some())
+            .bind(changes.api_key.flatten())
+            .fetch_optional(pool)
+            .await
+            .map_err(|e| {
+                StoreError::from_write(e, &format!("A deployment named '{}' already exists.", changes.name.unwrap_or_default()))
+            })?;
+            Ok(row.as_ref().map(deployment).transpose()?)
+        })
     }
 
     /// Deletes a deployment and its group memberships; `false` when there was none.
     pub async fn delete_deployment(&self, id: &str) -> Result<bool, StoreError> {
-        let done = sqlx::query("DELETE FROM deployments WHERE id = $1")
-            .bind(id)
-            .execute(self.pool())
-            .await?;
-        Ok(done.rows_affected() > 0)
+        let deleted = with_pool!(self, |pool| sqlx::query(
+            "DELETE FROM deployments WHERE id = $1"
+        )
+        .bind(id)
+        .execute(pool)
+        .await?
+        .rows_affected());
+        Ok(deleted > 0)
     }
 
     // ---- deployment groups ----
 
     /// Creates an empty group; `Conflict` when the name is taken.
     pub async fn create_group(&self, name: &str) -> Result<GroupRow, StoreError> {
-        let row = sqlx::query(
-            "INSERT INTO deployment_groups (id, name, created_at) VALUES ($1, $2, $3) RETURNING id, name, created_at",
-        )
-        .bind(new_id("grp"))
-        .bind(name)
-        .bind(now())
-        .fetch_one(self.pool())
-        .await
-        .map_err(|e| StoreError::from_write(e, &format!("A deployment group named '{name}' already exists.")))?;
-        Ok(GroupRow {
-            id: row.try_get("id")?,
-            name: row.try_get("name")?,
-            created_at: row.try_get("created_at")?,
-            deployment_ids: Vec::new(),
-            project_ids: Vec::new(),
-            tool_source_ids: Vec::new(),
+        with_pool!(self, |pool| {
+            let row = sqlx::query(
+                "INSERT INTO deployment_groups (id, name, created_at) VALUES ($1, $2, $3) RETURNING id, name, created_at",
+            )
+            .bind(new_id("grp"))
+            .bind(name)
+            .bind(now())
+            .fetch_one(pool)
+            .await
+            .map_err(|e| StoreError::from_write(e, &format!("A deployment group named '{name}' already exists.")))?;
+            Ok(GroupRow {
+                id: row.field("id")?,
+                name: row.field("name")?,
+                created_at: row.field("created_at")?,
+                deployment_ids: Vec::new(),
+                project_ids: Vec::new(),
+                tool_source_ids: Vec::new(),
+            })
         })
     }
 
     /// Every group with its members, by name.
     pub async fn list_groups(&self) -> Result<Vec<GroupRow>, StoreError> {
-        let rows = sqlx::query(
-            "SELECT g.id, g.name, g.created_at,
-                ARRAY(SELECT deployment_id FROM group_deployments WHERE group_id = g.id ORDER BY deployment_id) AS deployment_ids,
-                ARRAY(SELECT project_id FROM group_projects WHERE group_id = g.id ORDER BY project_id) AS project_ids,
-                ARRAY(SELECT tool_source_id FROM group_tool_sources WHERE group_id = g.id ORDER BY tool_source_id) AS tool_source_ids
-             FROM deployment_groups g ORDER BY g.name",
-        )
-        .fetch_all(self.pool())
-        .await?;
-        Ok(rows.iter().map(group).collect::<Result<_, _>>()?)
+        match &self.backend {
+            Backend::Postgres(pool) => {
+                let rows = sqlx::query(
+                    "SELECT g.id, g.name, g.created_at,
+                        ARRAY(SELECT deployment_id FROM group_deployments WHERE group_id = g.id ORDER BY deployment_id) AS deployment_ids,
+                        ARRAY(SELECT project_id FROM group_projects WHERE group_id = g.id ORDER BY project_id) AS project_ids,
+                        ARRAY(SELECT tool_source_id FROM group_tool_sources WHERE group_id = g.id ORDER BY tool_source_id) AS tool_source_ids
+                     FROM deployment_groups g ORDER BY g.name",
+                )
+                .fetch_all(pool)
+                .await?;
+                Ok(rows.iter().map(group).collect::<Result<_, _>>()?)
+            }
+            Backend::Sqlite(pool) => {
+                let rows = sqlx::query(
+                    "SELECT g.id, g.name, g.created_at,
+                        (SELECT json_group_array(deployment_id ORDER BY deployment_id) FROM group_deployments WHERE group_id = g.id) AS deployment_ids,
+                        (SELECT json_group_array(project_id ORDER BY project_id) FROM group_projects WHERE group_id = g.id) AS project_ids,
+                        (SELECT json_group_array(tool_source_id ORDER BY tool_source_id) FROM group_tool_sources WHERE group_id = g.id) AS tool_source_ids
+                     FROM deployment_groups g ORDER BY g.name",
+                )
+                .fetch_all(pool)
+                .await?;
+                Ok(rows.iter().map(group).collect::<Result<_, _>>()?)
+            }
+        }
     }
 
     /// One group with its members.
     pub async fn get_group(&self, id: &str) -> Result<Option<GroupRow>, StoreError> {
-        let row = sqlx::query(
-            "SELECT g.id, g.name, g.created_at,
-                ARRAY(SELECT deployment_id FROM group_deployments WHERE group_id = g.id ORDER BY deployment_id) AS deployment_ids,
-                ARRAY(SELECT project_id FROM group_projects WHERE group_id = g.id ORDER BY project_id) AS project_ids,
-                ARRAY(SELECT tool_source_id FROM group_tool_sources WHERE group_id = g.id ORDER BY tool_source_id) AS tool_source_ids
-             FROM deployment_groups g WHERE g.id = $1",
-        )
-        .bind(id)
-        .fetch_optional(self.pool())
-        .await?;
-        Ok(row.as_ref().map(group).transpose()?)
+        match &self.backend {
+            Backend::Postgres(pool) => {
+                let row = sqlx::query(
+                    "SELECT g.id, g.name, g.created_at,
+                        ARRAY(SELECT deployment_id FROM group_deployments WHERE group_id = g.id ORDER BY deployment_id) AS deployment_ids,
+                        ARRAY(SELECT project_id FROM group_projects WHERE group_id = g.id ORDER BY project_id) AS project_ids,
+                        ARRAY(SELECT tool_source_id FROM group_tool_sources WHERE group_id = g.id ORDER BY tool_source_id) AS tool_source_ids
+                     FROM deployment_groups g WHERE g.id = $1",
+                )
+                .bind(id)
+                .fetch_optional(pool)
+                .await?;
+                Ok(row.as_ref().map(group).transpose()?)
+            }
+            Backend::Sqlite(pool) => {
+                let row = sqlx::query(
+                    "SELECT g.id, g.name, g.created_at,
+                        (SELECT json_group_array(deployment_id ORDER BY deployment_id) FROM group_deployments WHERE group_id = g.id) AS deployment_ids,
+                        (SELECT json_group_array(project_id ORDER BY project_id) FROM group_projects WHERE group_id = g.id) AS project_ids,
+                        (SELECT json_group_array(tool_source_id ORDER BY tool_source_id) FROM group_tool_sources WHERE group_id = g.id) AS tool_source_ids
+                     FROM deployment_groups g WHERE g.id = $1",
+                )
+                .bind(id)
+                .fetch_optional(pool)
+                .await?;
+                Ok(row.as_ref().map(group).transpose()?)
+            }
+        }
     }
 
     /// Renames a group (`None` keeps the name); `Ok(None)` when there is no such group.
@@ -468,22 +533,24 @@ impl Store {
         id: &str,
         name: Option<&str>,
     ) -> Result<Option<GroupRow>, StoreError> {
-        let done =
-            sqlx::query("UPDATE deployment_groups SET name = COALESCE($2, name) WHERE id = $1")
-                .bind(id)
-                .bind(name)
-                .execute(self.pool())
-                .await
-                .map_err(|e| {
-                    StoreError::from_write(
-                        e,
-                        &format!(
-                            "A deployment group named '{}' already exists.",
-                            name.unwrap_or_default()
-                        ),
-                    )
-                })?;
-        if done.rows_affected() == 0 {
+        let updated = with_pool!(self, |pool| sqlx::query(
+            "UPDATE deployment_groups SET name = COALESCE($2, name) WHERE id = $1"
+        )
+        .bind(id)
+        .bind(name)
+        .execute(pool)
+        .await
+        .map_err(|e| {
+            StoreError::from_write(
+                e,
+                &format!(
+                    "A deployment group named '{}' already exists.",
+                    name.unwrap_or_default()
+                ),
+            )
+        })?
+        .rows_affected());
+        if updated == 0 {
             return Ok(None);
         }
         self.get_group(id).await
@@ -491,11 +558,14 @@ impl Store {
 
     /// Deletes a group and its memberships (not the members); `false` when there was none.
     pub async fn delete_group(&self, id: &str) -> Result<bool, StoreError> {
-        let done = sqlx::query("DELETE FROM deployment_groups WHERE id = $1")
-            .bind(id)
-            .execute(self.pool())
-            .await?;
-        Ok(done.rows_affected() > 0)
+        let deleted = with_pool!(self, |pool| sqlx::query(
+            "DELETE FROM deployment_groups WHERE id = $1"
+        )
+        .bind(id)
+        .execute(pool)
+        .await?
+        .rows_affected());
+        Ok(deleted > 0)
     }
 
     /// Adds a member to a group; attaching twice is not an error.
@@ -509,12 +579,13 @@ impl Store {
             return Ok(missing);
         }
         // A delete racing with this insert fails its foreign key, which `from_write` maps to `NotFound`.
-        sqlx::query(kind.attach_sql())
+        with_pool!(self, |pool| sqlx::query(kind.attach_sql())
             .bind(group_id)
             .bind(member_id)
-            .execute(self.pool())
+            .execute(pool)
             .await
-            .map_err(|e| StoreError::from_write(e, "The membership already exists."))?;
+            .map_err(|e| StoreError::from_write(e, "The membership already exists."))?
+            .rows_affected());
         Ok(Membership::Done)
     }
 
@@ -525,12 +596,13 @@ impl Store {
         kind: Member,
         member_id: &str,
     ) -> Result<Membership, StoreError> {
-        let done = sqlx::query(kind.detach_sql())
+        let detached = with_pool!(self, |pool| sqlx::query(kind.detach_sql())
             .bind(group_id)
             .bind(member_id)
-            .execute(self.pool())
-            .await?;
-        if done.rows_affected() > 0 {
+            .execute(pool)
+            .await?
+            .rows_affected());
+        if detached > 0 {
             return Ok(Membership::Done);
         }
         Ok(self
@@ -546,18 +618,19 @@ impl Store {
         kind: Member,
         member_id: &str,
     ) -> Result<Option<Membership>, StoreError> {
-        let group: bool =
-            sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM deployment_groups WHERE id = $1)")
-                .bind(group_id)
-                .fetch_one(self.pool())
-                .await?;
+        let group: bool = with_pool!(self, |pool| sqlx::query_scalar(
+            "SELECT EXISTS (SELECT 1 FROM deployment_groups WHERE id = $1)"
+        )
+        .bind(group_id)
+        .fetch_one(pool)
+        .await?);
         if !group {
             return Ok(Some(Membership::GroupMissing));
         }
-        let member: bool = sqlx::query_scalar(kind.exists_sql())
+        let member: bool = with_pool!(self, |pool| sqlx::query_scalar(kind.exists_sql())
             .bind(member_id)
-            .fetch_one(self.pool())
-            .await?;
+            .fetch_one(pool)
+            .await?);
         Ok((!member).then_some(Membership::MemberMissing))
     }
 
@@ -568,47 +641,53 @@ impl Store {
         &self,
         new: &NewToolSource<'_>,
     ) -> Result<ToolSourceRow, StoreError> {
-        let row = sqlx::query(
-            "INSERT INTO tool_sources (id, name, description, parameters, url, timeout_ms, secret, strict, created_at)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
-             RETURNING id, name, description, parameters, url, timeout_ms, strict, (secret IS NOT NULL) AS has_secret, created_at",
-        )
-        .bind(new_id("tool"))
-        .bind(new.name)
-        .bind(new.description)
-        .bind(new.parameters)
-        .bind(new.url)
-        .bind(new.timeout_ms)
-        .bind(new.secret)
-        .bind(new.strict)
-        .bind(now())
-        .fetch_one(self.pool())
-        .await
-        .map_err(|e| StoreError::from_write(e, &format!("A tool source named '{}' already exists.", new.name)))?;
-        Ok(tool_source(&row)?)
+        with_pool!(self, |pool| {
+            let row = sqlx::query(
+                "INSERT INTO tool_sources (id, name, description, parameters, url, timeout_ms, secret, strict, created_at)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
+                 RETURNING id, name, description, parameters, url, timeout_ms, strict, (secret IS NOT NULL) AS has_secret, created_at",
+            )
+            .bind(new_id("tool"))
+            .bind(new.name)
+            .bind(new.description)
+            .bind(new.parameters)
+            .bind(new.url)
+            .bind(new.timeout_ms)
+            .bind(new.secret)
+            .bind(new.strict)
+            .bind(now())
+            .fetch_one(pool)
+            .await
+            .map_err(|e| StoreError::from_write(e, &format!("A tool source named '{}' already exists.", new.name)))?;
+            Ok(tool_source(&row)?)
+        })
     }
 
     /// Every tool source, by name.
     pub async fn list_tool_sources(&self) -> Result<Vec<ToolSourceRow>, StoreError> {
-        let rows = sqlx::query(
-            "SELECT id, name, description, parameters, url, timeout_ms, strict, (secret IS NOT NULL) AS has_secret, created_at
-             FROM tool_sources ORDER BY name",
-        )
-        .fetch_all(self.pool())
-        .await?;
-        Ok(rows.iter().map(tool_source).collect::<Result<_, _>>()?)
+        with_pool!(self, |pool| {
+            let rows = sqlx::query(
+                "SELECT id, name, description, parameters, url, timeout_ms, strict, (secret IS NOT NULL) AS has_secret, created_at
+                 FROM tool_sources ORDER BY name",
+            )
+            .fetch_all(pool)
+            .await?;
+            Ok(rows.iter().map(tool_source).collect::<Result<_, _>>()?)
+        })
     }
 
     /// One tool source.
     pub async fn get_tool_source(&self, id: &str) -> Result<Option<ToolSourceRow>, StoreError> {
-        let row = sqlx::query(
-            "SELECT id, name, description, parameters, url, timeout_ms, strict, (secret IS NOT NULL) AS has_secret, created_at
-             FROM tool_sources WHERE id = $1",
-        )
-        .bind(id)
-        .fetch_optional(self.pool())
-        .await?;
-        Ok(row.as_ref().map(tool_source).transpose()?)
+        with_pool!(self, |pool| {
+            let row = sqlx::query(
+                "SELECT id, name, description, parameters, url, timeout_ms, strict, (secret IS NOT NULL) AS has_secret, created_at
+                 FROM tool_sources WHERE id = $1",
+            )
+            .bind(id)
+            .fetch_optional(pool)
+            .await?;
+            Ok(row.as_ref().map(tool_source).transpose()?)
+        })
     }
 
     /// Applies changes to a tool source; `Ok(None)` when there is no such tool source.
@@ -617,97 +696,102 @@ impl Store {
         id: &str,
         changes: &ToolSourceChanges<'_>,
     ) -> Result<Option<ToolSourceRow>, StoreError> {
-        let row = sqlx::query(
-            "UPDATE tool_sources SET
-                name = COALESCE($2, name),
-                description = COALESCE($3, description),
-                parameters = COALESCE($4, parameters),
-                url = COALESCE($5, url),
-                timeout_ms = COALESCE($6, timeout_ms),
-                secret = CASE WHEN $7 THEN $8 ELSE secret END,
-                strict = COALESCE($9, strict)
-             WHERE id = $1
-             RETURNING id, name, description, parameters, url, timeout_ms, strict, (secret IS NOT NULL) AS has_secret, created_at",
-        )
-        .bind(id)
-        .bind(changes.name)
-        .bind(changes.description)
-        .bind(changes.parameters)
-        .bind(changes.url)
-        .bind(changes.timeout_ms)
-        .bind(changes.secret.is_some())
-        .bind(changes.secret.flatten())
-        .bind(changes.strict)
-        .fetch_optional(self.pool())
-        .await
-        .map_err(|e| {
-            StoreError::from_write(e, &format!("A tool source named '{}' already exists.", changes.name.unwrap_or_default()))
-        })?;
-        Ok(row.as_ref().map(tool_source).transpose()?)
+        with_pool!(self, |pool| {
+            let row = sqlx::query(
+                "UPDATE tool_sources SET
+                    name = COALESCE($2, name),
+                    description = COALESCE($3, description),
+                    parameters = COALESCE($4, parameters),
+                    url = COALESCE($5, url),
+                    timeout_ms = COALESCE($6, timeout_ms),
+                    secret = CASE WHEN $7 THEN $8 ELSE secret END,
+                    strict = COALESCE($9, strict)
+                 WHERE id = $1
+                 RETURNING id, name, description, parameters, url, timeout_ms, strict, (secret IS NOT NULL) AS has_secret, created_at",
+            )
+            .bind(id)
+            .bind(changes.name)
+            .bind(changes.description)
+            .bind(changes.parameters)
+            .bind(changes.url)
+            .bind(changes.timeout_ms)
+            .bind(changes.secret.is_some())
+            .bind(changes.secret.flatten())
+            .bind(changes.strict)
+            .fetch_optional(pool)
+            .await
+            .map_err(|e| {
+                StoreError::from_write(e, &format!("A tool source named '{}' already exists.", changes.name.unwrap_or_default()))
+            })?;
+            Ok(row.as_ref().map(tool_source).transpose()?)
+        })
     }
 
     /// Deletes a tool source and its group attachments; `false` when there was none.
     pub async fn delete_tool_source(&self, id: &str) -> Result<bool, StoreError> {
-        let done = sqlx::query("DELETE FROM tool_sources WHERE id = $1")
-            .bind(id)
-            .execute(self.pool())
-            .await?;
-        Ok(done.rows_affected() > 0)
+        let deleted = with_pool!(self, |pool| sqlx::query(
+            "DELETE FROM tool_sources WHERE id = $1"
+        )
+        .bind(id)
+        .execute(pool)
+        .await?
+        .rows_affected());
+        Ok(deleted > 0)
     }
 }
 
-fn project(row: &PgRow) -> Result<ProjectRow, sqlx::Error> {
+fn project(row: &impl Fields) -> Result<ProjectRow, sqlx::Error> {
     Ok(ProjectRow {
-        id: row.try_get("id")?,
-        name: row.try_get("name")?,
-        created_at: row.try_get("created_at")?,
+        id: row.field("id")?,
+        name: row.field("name")?,
+        created_at: row.field("created_at")?,
     })
 }
 
-fn api_key(row: &PgRow) -> Result<ApiKeyRow, sqlx::Error> {
+fn api_key(row: &impl Fields) -> Result<ApiKeyRow, sqlx::Error> {
     Ok(ApiKeyRow {
-        id: row.try_get("id")?,
-        project_id: row.try_get("project_id")?,
-        name: row.try_get("name")?,
-        key_prefix: row.try_get("key_prefix")?,
-        created_at: row.try_get("created_at")?,
-        revoked_at: row.try_get("revoked_at")?,
+        id: row.field("id")?,
+        project_id: row.field("project_id")?,
+        name: row.field("name")?,
+        key_prefix: row.field("key_prefix")?,
+        created_at: row.field("created_at")?,
+        revoked_at: row.field("revoked_at")?,
     })
 }
 
-fn deployment(row: &PgRow) -> Result<DeploymentRow, sqlx::Error> {
+fn deployment(row: &impl Fields) -> Result<DeploymentRow, sqlx::Error> {
     Ok(DeploymentRow {
-        id: row.try_get("id")?,
-        name: row.try_get("name")?,
-        provider_kind: row.try_get("provider_kind")?,
-        base_url: row.try_get("base_url")?,
-        upstream_model: row.try_get("upstream_model")?,
-        has_api_key: row.try_get("has_api_key")?,
-        created_at: row.try_get("created_at")?,
+        id: row.field("id")?,
+        name: row.field("name")?,
+        provider_kind: row.field("provider_kind")?,
+        base_url: row.field("base_url")?,
+        upstream_model: row.field("upstream_model")?,
+        has_api_key: row.field("has_api_key")?,
+        created_at: row.field("created_at")?,
     })
 }
 
-fn group(row: &PgRow) -> Result<GroupRow, sqlx::Error> {
+fn group(row: &impl Fields) -> Result<GroupRow, sqlx::Error> {
     Ok(GroupRow {
-        id: row.try_get("id")?,
-        name: row.try_get("name")?,
-        created_at: row.try_get("created_at")?,
-        deployment_ids: row.try_get("deployment_ids")?,
-        project_ids: row.try_get("project_ids")?,
-        tool_source_ids: row.try_get("tool_source_ids")?,
+        id: row.field("id")?,
+        name: row.field("name")?,
+        created_at: row.field("created_at")?,
+        deployment_ids: row.id_list("deployment_ids")?,
+        project_ids: row.id_list("project_ids")?,
+        tool_source_ids: row.id_list("tool_source_ids")?,
     })
 }
 
-fn tool_source(row: &PgRow) -> Result<ToolSourceRow, sqlx::Error> {
+fn tool_source(row: &impl Fields) -> Result<ToolSourceRow, sqlx::Error> {
     Ok(ToolSourceRow {
-        id: row.try_get("id")?,
-        name: row.try_get("name")?,
-        description: row.try_get("description")?,
-        parameters: row.try_get("parameters")?,
-        url: row.try_get("url")?,
-        timeout_ms: row.try_get("timeout_ms")?,
-        strict: row.try_get("strict")?,
-        has_secret: row.try_get("has_secret")?,
-        created_at: row.try_get("created_at")?,
+        id: row.field("id")?,
+        name: row.field("name")?,
+        description: row.field("description")?,
+        parameters: row.field("parameters")?,
+        url: row.field("url")?,
+        timeout_ms: row.field("timeout_ms")?,
+        strict: row.field("strict")?,
+        has_secret: row.field("has_secret")?,
+        created_at: row.field("created_at")?,
     })
 }

@@ -1,14 +1,38 @@
-//! Persistence on Postgres through `sqlx`: tenancy, deployments, tool sources, responses and their steps.
+//! Persistence through `sqlx` on Postgres or on an embedded SQLite file: tenancy, deployments, tool sources,
+//! responses and their steps.
+//!
+//! One `Store` serves both backends. Most statements are portable (SQLite accepts Postgres's `$n`
+//! placeholders), so a method is written once and `with_pool!` compiles its body for each backend; where the
+//! SQL differs (arrays, `UNNEST`, `= ANY`) the method matches on the backend. Row-to-struct conversions are
+//! shared through `backend::Fields`.
+
+/// Runs `$body` with `$pool` bound to the store's pool, whichever backend it is. The body is compiled once per
+/// backend, so one SQL text, one list of binds and one row conversion serve both.
+macro_rules! with_pool {
+    ($store:expr, |$pool:ident| $body:expr) => {
+        match &$store.backend {
+            $crate::store::Backend::Postgres($pool) => $body,
+            $crate::store::Backend::Sqlite($pool) => $body,
+        }
+    };
+}
 
 pub mod admin;
+mod backend;
 pub mod responses;
 pub mod tenancy;
 
 use sqlx::migrate::Migrator;
-use sqlx::postgres::{PgPool, PgPoolOptions};
+use sqlx::postgres::PgPool;
+use sqlx::sqlite::SqlitePool;
+
+pub use backend::DEFAULT_URL;
 
 /// The Postgres migrations, embedded in the binary.
-pub static MIGRATOR: Migrator = sqlx::migrate!("../../migrations/postgres");
+pub static POSTGRES_MIGRATOR: Migrator = sqlx::migrate!("../../migrations/postgres");
+
+/// The SQLite migrations of the embedded store, embedded in the binary.
+pub static SQLITE_MIGRATOR: Migrator = sqlx::migrate!("../../migrations/sqlite");
 
 /// Failures of the store, mapped to API errors at the boundary.
 #[derive(Debug, thiserror::Error)]
@@ -23,6 +47,11 @@ pub enum StoreError {
     Database(#[from] sqlx::Error),
     #[error("migration failed: {0}")]
     Migrate(#[from] sqlx::migrate::MigrateError),
+    /// The database URL names neither Postgres nor SQLite. The URL itself is not repeated: it may hold a password.
+    #[error("unsupported database URL: expected postgres://, postgresql:// or sqlite:")]
+    UnsupportedUrl,
+    #[error("cannot create the directory of the embedded store: {0}")]
+    Directory(#[source] std::io::Error),
 }
 
 impl StoreError {
@@ -40,40 +69,86 @@ impl StoreError {
     }
 }
 
+/// The database behind a `Store`.
+#[derive(Debug, Clone)]
+pub enum Backend {
+    /// The production store.
+    Postgres(PgPool),
+    /// The embedded store: one SQLite file (or memory), for a single machine with no database server.
+    Sqlite(SqlitePool),
+}
+
 /// Handle to the database; cheap to clone.
 #[derive(Debug, Clone)]
 pub struct Store {
-    pool: PgPool,
+    backend: Backend,
 }
 
 impl Store {
-    /// Connects to `url` with a bounded pool.
+    /// Connects to `url` with a bounded pool: `postgres://` or `postgresql://` selects Postgres, `sqlite:` the
+    /// embedded store (created if missing, with its directory).
     pub async fn connect(url: &str, max_connections: u32) -> Result<Store, StoreError> {
-        let pool = PgPoolOptions::new()
-            .max_connections(max_connections)
-            .connect(url)
-            .await?;
-        Ok(Store { pool })
+        Ok(Store {
+            backend: backend::connect(url, max_connections).await?,
+        })
     }
 
+    /// Connects to `url`, or to the embedded store at `DEFAULT_URL` when there is none.
+    pub async fn connect_or_default(
+        url: Option<&str>,
+        max_connections: u32,
+    ) -> Result<Store, StoreError> {
+        Store::connect(url.unwrap_or(DEFAULT_URL), max_connections).await
+    }
+
+    /// A store on an existing Postgres pool.
     pub fn from_pool(pool: PgPool) -> Store {
-        Store { pool }
+        Store {
+            backend: Backend::Postgres(pool),
+        }
     }
 
-    pub fn pool(&self) -> &PgPool {
-        &self.pool
+    /// The database behind this store, e.g. for a test to inspect what was written.
+    pub fn backend(&self) -> &Backend {
+        &self.backend
     }
 
-    /// Applies pending migrations.
+    /// Applies pending migrations of this store's backend.
     pub async fn migrate(&self) -> Result<(), StoreError> {
-        MIGRATOR.run(&self.pool).await?;
+        match &self.backend {
+            Backend::Postgres(pool) => POSTGRES_MIGRATOR.run(pool).await?,
+            Backend::Sqlite(pool) => SQLITE_MIGRATOR.run(pool).await?,
+        }
         Ok(())
+    }
+
+    /// Whether every embedded migration has been applied (readiness).
+    pub async fn migrations_applied(&self) -> Result<bool, StoreError> {
+        let expected = match &self.backend {
+            Backend::Postgres(_) => POSTGRES_MIGRATOR.iter().count(),
+            Backend::Sqlite(_) => SQLITE_MIGRATOR.iter().count(),
+        } as i64;
+        let applied: i64 = with_pool!(self, |pool| sqlx::query_scalar(
+            "SELECT COUNT(*) FROM _sqlx_migrations WHERE success"
+        )
+        .fetch_one(pool)
+        .await)?;
+        Ok(applied >= expected)
     }
 
     /// Whether the database answers.
     pub async fn ping(&self) -> Result<(), StoreError> {
-        sqlx::query("SELECT 1").execute(&self.pool).await?;
+        with_pool!(self, |pool| sqlx::query("SELECT 1")
+            .execute(pool)
+            .await
+            .map(drop))?;
         Ok(())
+    }
+}
+
+impl From<Backend> for Store {
+    fn from(backend: Backend) -> Store {
+        Store { backend }
     }
 }
 

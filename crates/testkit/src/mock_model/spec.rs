@@ -1,13 +1,16 @@
 //! JSON reply specs ([`ReplySpec`]) that an out-of-process test posts to `POST /_mock/script`;
 //! each one maps onto the [`Reply`] and [`Call`] builders.
 
+use std::time::Duration;
+
 use serde::Deserialize;
 use serde_json::{Map, Value};
 
 use super::reply::{Call, Reply};
 
 /// One scripted answer, as JSON. Exactly one of these shapes, each with an optional
-/// `"finish_reason"`:
+/// `"finish_reason"` and an optional `"delay_ms"` (wait this many milliseconds before answering,
+/// before the status line, like [`Reply::with_delay`]):
 ///
 /// * `{"text": "..."}` — an assistant message ([`Reply::text`]);
 /// * `{"tool_calls": [{"name": "...", "arguments": {...}, "id"?: "..."}], "text"?: "..."}` —
@@ -25,6 +28,8 @@ pub struct ReplySpec {
     error: Option<ErrorSpec>,
     #[serde(default)]
     finish_reason: Option<String>,
+    #[serde(default)]
+    delay_ms: Option<u64>,
 }
 
 /// One tool call of a [`ReplySpec`].
@@ -71,8 +76,12 @@ impl TryFrom<ReplySpec> for Reply {
                 return Err("a reply needs \"text\", \"tool_calls\" or \"error\"".into())
             }
         };
-        Ok(match spec.finish_reason {
+        let reply = match spec.finish_reason {
             Some(reason) => reply.with_finish_reason(&reason),
+            None => reply,
+        };
+        Ok(match spec.delay_ms {
+            Some(ms) => reply.with_delay(Duration::from_millis(ms)),
             None => reply,
         })
     }
@@ -117,6 +126,8 @@ mod tests {
             {"tool_calls": [{"name": "add", "arguments": {"a": 1, "b": 2}}, {"name": "fail", "id": "call_x"}]},
             {"tool_calls": [{"name": "echo"}], "text": "calling"},
             {"error": {"status": 503, "message": "busy"}},
+            {"text": "late", "delay_ms": 250},
+            {"error": {"status": 500, "message": "slow"}, "delay_ms": 0},
         ]));
         assert_eq!(
             replies,
@@ -129,6 +140,8 @@ mod tests {
                 ]),
                 Reply::text_and_tool_calls("calling", vec![Call::new("echo", json!({}))]),
                 Reply::error(503, "busy"),
+                Reply::text("late").with_delay(Duration::from_millis(250)),
+                Reply::error(500, "slow").with_delay(Duration::ZERO),
             ])
         );
     }
@@ -143,6 +156,7 @@ mod tests {
                 "reply [0]: an \"error\" reply",
             ),
             (json!([{"txt": "typo"}]), "unknown field `txt`"),
+            (json!([{"text": "a", "delay_ms": -1}]), "invalid value"),
             (
                 json!([{"tool_calls": [{"arguments": {}}]}]),
                 "missing field `name`",

@@ -2,6 +2,8 @@
 //! Chat Completions requests the mock model received.
 #![allow(dead_code, clippy::expect_used, clippy::unwrap_used, clippy::panic)]
 
+pub mod sse;
+
 use gateway_e2e::{Answer, Tenant, TestGateway};
 use reqwest::Method;
 use serde_json::{json, Value};
@@ -22,29 +24,36 @@ pub async fn gateway_with_tools(tools: &[&str]) -> (TestGateway, Tenant) {
     (gw, tenant)
 }
 
+/// Like `gateway`, on the embedded store.
+pub async fn embedded_gateway() -> (TestGateway, Tenant) {
+    let gw = TestGateway::start_embedded().await;
+    let tenant = gw.tenant("acme").await;
+    (gw, tenant)
+}
+
+/// Like `gateway_with_tools`, on the embedded store.
+pub async fn embedded_gateway_with_tools(tools: &[&str]) -> (TestGateway, Tenant) {
+    let (gw, tenant) = embedded_gateway().await;
+    for tool in tools {
+        gw.attach_tool(&tenant.group_id, tool).await;
+    }
+    (gw, tenant)
+}
+
 /// Rows in the response tables: `(responses, response_input_items, steps)`.
 pub async fn stored_rows(gw: &TestGateway) -> (i64, i64, i64) {
-    let count = |table: &'static str| async move {
-        sqlx::query_scalar::<_, i64>(&format!("SELECT count(*) FROM {table}"))
-            .fetch_one(gw.store.pool())
-            .await
-            .expect("count rows")
-    };
     (
-        count("responses").await,
-        count("response_input_items").await,
-        count("steps").await,
+        gw.fetch_i64("SELECT count(*) FROM responses").await,
+        gw.fetch_i64("SELECT count(*) FROM response_input_items")
+            .await,
+        gw.fetch_i64("SELECT count(*) FROM steps").await,
     )
 }
 
 /// `(id, status)` of every stored response.
 pub async fn stored_statuses(gw: &TestGateway) -> Vec<(String, String)> {
-    sqlx::query_as::<_, (String, String)>(
-        "SELECT id, status FROM responses ORDER BY created_at, id",
-    )
-    .fetch_all(gw.store.pool())
-    .await
-    .expect("stored responses")
+    gw.fetch_text_pairs("SELECT id, status FROM responses ORDER BY created_at, id")
+        .await
 }
 
 /// Asserts an OpenAI error answer: status, exactly the four error keys, a message, the type, `param` and `code`.

@@ -1,0 +1,23 @@
+# Multi-stage build: compile in the Rust image, run as a non-root user in a slim Debian image.
+FROM rust:1-bookworm AS build
+WORKDIR /src
+COPY Cargo.toml Cargo.lock clippy.toml ./
+COPY crates crates
+COPY tests/e2e tests/e2e
+COPY migrations migrations
+RUN cargo build --release --locked -p gateway -p gateway-testkit \
+ && cp target/release/gateway target/release/mock-model target/release/example-tools /usr/local/bin/
+
+FROM debian:bookworm-slim
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends ca-certificates \
+ && rm -rf /var/lib/apt/lists/* \
+ && useradd --system --uid 10001 --home-dir /app gateway
+WORKDIR /app
+COPY --from=build /usr/local/bin/gateway /usr/local/bin/mock-model /usr/local/bin/example-tools /usr/local/bin/
+COPY config config
+RUN mkdir -p /app/data && chown gateway /app/data
+USER gateway
+EXPOSE 8080
+ENTRYPOINT ["gateway"]
+CMD ["serve"]

@@ -1,0 +1,515 @@
+//! `gateway-bench`: drives the gateway at a fixed concurrency (or a fixed rate) for a fixed time, sends the
+//! same upstream work straight to the testkit mock model and tool server in the same run, and reports
+//! requests/s, latency percentiles, the gateway's overhead, errors, and the gateway's RSS.
+//!
+//! By default it starts everything itself from the target directory it was built in: a fresh Postgres
+//! database, `mock-model`, `example-tools` and `gateway serve`, configured through the admin API.
+
+mod load;
+mod procs;
+mod report;
+mod scenario;
+mod setup;
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use clap::Parser;
+use reqwest::Client;
+use serde_json::json;
+
+use load::Load;
+use procs::ChildProcess;
+use report::{CpuPerRequest, Measured, Outcome, Report, StreamsMeasured};
+use scenario::{reset_mocks, Endpoints, Scenario, Target};
+use setup::Database;
+
+/// Load generator for the gateway. Scenarios: text-stored, text-unstored, tool-round, parallel-tools,
+/// passthrough, stream-text, open-streams.
+#[derive(Debug, Parser)]
+#[command(name = "gateway-bench", version, about)]
+struct Args {
+    /// `all`, or a comma-separated list of scenarios.
+    #[arg(long, default_value = "all")]
+    scenario: String,
+    /// Measured seconds per phase (gateway, then direct) of each scenario.
+    #[arg(long, default_value_t = 10)]
+    duration: u64,
+    /// Workers sending back to back (closed loop).
+    #[arg(long, default_value_t = 64)]
+    concurrency: usize,
+    /// Fixed rate in requests/s instead of a closed loop (open loop; latency from the intended send time).
+    #[arg(long)]
+    rate: Option<f64>,
+    /// Unmeasured seconds before each phase.
+    #[arg(long, default_value_t = 2)]
+    warmup: u64,
+    /// Also write the report as Markdown to this file.
+    #[arg(long)]
+    markdown: Option<PathBuf>,
+    /// Where `gateway`, `mock-model` and `example-tools` are (default: the directory of this executable).
+    #[arg(long)]
+    bin_dir: Option<PathBuf>,
+    /// Postgres server on which a fresh database `gw_bench_*` is created, and dropped at the end.
+    #[arg(
+        long,
+        env = "BENCH_DATABASE_URL",
+        default_value = "postgres://postgres@127.0.0.1:5432/postgres"
+    )]
+    database_url: String,
+    /// A Postgres setting for the bench database, `KEY=VALUE` (repeatable), e.g. `synchronous_commit=off`
+    /// to see what the fsync of each commit costs. Applied with `ALTER DATABASE`, before the gateway starts.
+    #[arg(long = "db-setting")]
+    db_settings: Vec<String>,
+    /// Streams held open at once by the open-streams scenario.
+    #[arg(long, default_value_t = 1000)]
+    streams: usize,
+    /// How long the mock model holds each answer of the open-streams scenario, in ms.
+    #[arg(long, default_value_t = 5000)]
+    stream_hold_ms: u64,
+    /// Bench a gateway that is already running (it must have deployments `mock` without server tools and
+    /// `mock-tools` with the testkit tools add, echo and get_weather, on --mock-url and --tools-url).
+    #[arg(long, requires_all = ["key", "mock_url", "tools_url"])]
+    gateway_url: Option<String>,
+    /// API key for --gateway-url.
+    #[arg(long)]
+    key: Option<String>,
+    /// Base URL (`http://HOST:PORT`) of the mock model behind --gateway-url.
+    #[arg(long)]
+    mock_url: Option<String>,
+    /// Base URL (`http://HOST:PORT`) of the tool server behind --gateway-url.
+    #[arg(long)]
+    tools_url: Option<String>,
+    /// Process id of the gateway behind --gateway-url, for RSS and CPU figures.
+    #[arg(long)]
+    gateway_pid: Option<u32>,
+}
+
+/// What the bench runs against.
+struct Harness {
+    endpoints: Endpoints,
+    gateway: Option<ChildProcess>,
+    mock: Option<ChildProcess>,
+    tools: Option<ChildProcess>,
+    gateway_pid: Option<u32>,
+    database: Option<Database>,
+}
+
+impl Harness {
+    async fn start(args: &Args, http: &Client) -> anyhow::Result<Harness> {
+        if let (Some(gateway), Some(key), Some(mock), Some(tools)) = (
+            &args.gateway_url,
+            &args.key,
+            &args.mock_url,
+            &args.tools_url,
+        ) {
+            return Ok(Harness {
+                endpoints: Endpoints {
+                    gateway: gateway.trim_end_matches('/').to_owned(),
+                    key: key.clone(),
+                    mock: mock.trim_end_matches('/').to_owned(),
+                    tools: tools.trim_end_matches('/').to_owned(),
+                },
+                gateway: None,
+                mock: None,
+                tools: None,
+                gateway_pid: args.gateway_pid,
+                database: None,
+            });
+        }
+        let bin_dir = match &args.bin_dir {
+            Some(dir) => dir.clone(),
+            None => std::env::current_exe()?
+                .parent()
+                .context("the bench executable has no directory")?
+                .to_path_buf(),
+        };
+        for name in ["gateway", "mock-model", "example-tools"] {
+            if !bin_dir.join(name).is_file() {
+                bail!(
+                    "{} not found; build it first: cargo build --release -p gateway -p gateway-testkit -p gateway-bench",
+                    bin_dir.join(name).display()
+                );
+            }
+        }
+        let database = Database::create(&args.database_url).await?;
+        if let Err(e) = database.apply_settings(&args.db_settings).await {
+            let _ = database.drop_database().await;
+            return Err(e);
+        }
+        match Harness::start_processes(&bin_dir, database, http).await {
+            Ok(harness) => Ok(harness),
+            Err((e, database)) => {
+                if let Err(drop_error) = database.drop_database().await {
+                    eprintln!("could not drop the bench database: {drop_error:#}");
+                }
+                Err(e)
+            }
+        }
+    }
+
+    async fn start_processes(
+        bin_dir: &std::path::Path,
+        database: Database,
+        http: &Client,
+    ) -> Result<Harness, (anyhow::Error, Database)> {
+        let started = async {
+            let mock = procs::start_testkit(bin_dir, "mock-model")?;
+            let tools = procs::start_testkit(bin_dir, "example-tools")?;
+            let token = format!("bench-admin-{}", uuid::Uuid::new_v4().simple());
+            let gateway = procs::start_gateway(bin_dir, &database.url, &token)?;
+            let key = setup::configure(http, &gateway.url, &token, &mock.url, &tools.url).await?;
+            anyhow::Ok((mock, tools, gateway, key))
+        }
+        .await;
+        match started {
+            Ok((mock, tools, gateway, key)) => Ok(Harness {
+                endpoints: Endpoints {
+                    gateway: gateway.url.clone(),
+                    key,
+                    mock: mock.url.clone(),
+                    tools: tools.url.clone(),
+                },
+                gateway_pid: Some(gateway.pid),
+                gateway: Some(gateway),
+                mock: Some(mock),
+                tools: Some(tools),
+                database: Some(database),
+            }),
+            Err(e) => Err((e, database)),
+        }
+    }
+
+    fn check_alive(&mut self) -> anyhow::Result<()> {
+        for child in [&mut self.gateway, &mut self.mock, &mut self.tools]
+            .into_iter()
+            .flatten()
+        {
+            child.check_alive()?;
+        }
+        Ok(())
+    }
+
+    async fn stop(mut self) {
+        // Children first: the database cannot be dropped while the gateway holds connections.
+        drop(self.gateway.take());
+        drop(self.mock.take());
+        drop(self.tools.take());
+        if let Some(database) = self.database.take() {
+            let name = database.name.clone();
+            if let Err(e) = database.drop_database().await {
+                eprintln!("could not drop the bench database {name}: {e:#}");
+            }
+        }
+    }
+}
+
+/// CPU ticks of every process involved, at one instant.
+struct CpuSnapshot {
+    gateway: Option<u64>,
+    mock: Option<u64>,
+    tools: Option<u64>,
+    bench: Option<u64>,
+    postgres: Option<HashMap<u32, u64>>,
+}
+
+impl CpuSnapshot {
+    fn take(harness: &Harness) -> CpuSnapshot {
+        let ticks =
+            |child: &Option<ChildProcess>| child.as_ref().and_then(|c| procs::cpu_ticks(c.pid));
+        CpuSnapshot {
+            gateway: harness.gateway_pid.and_then(procs::cpu_ticks),
+            mock: ticks(&harness.mock),
+            tools: ticks(&harness.tools),
+            bench: procs::cpu_ticks(std::process::id()),
+            postgres: harness
+                .database
+                .as_ref()
+                .map(|d| procs::postgres_backends(&d.name)),
+        }
+    }
+
+    fn per_request(
+        &self,
+        after: &CpuSnapshot,
+        requests: u64,
+        ticks_per_second: u64,
+    ) -> CpuPerRequest {
+        let scale = |ticks: u64| {
+            (requests > 0).then(|| ticks as f64 * 1e6 / ticks_per_second as f64 / requests as f64)
+        };
+        let delta =
+            |a: Option<u64>, b: Option<u64>| b.zip(a).and_then(|(b, a)| scale(b.saturating_sub(a)));
+        CpuPerRequest {
+            gateway: delta(self.gateway, after.gateway),
+            mock: delta(self.mock, after.mock),
+            tools: delta(self.tools, after.tools),
+            bench: delta(self.bench, after.bench),
+            postgres: self
+                .postgres
+                .as_ref()
+                .zip(after.postgres.as_ref())
+                .and_then(|(a, b)| scale(procs::postgres_ticks_between(a, b))),
+        }
+    }
+}
+
+struct Bench<'a> {
+    args: &'a Args,
+    http: Client,
+    load: Load,
+    ticks_per_second: u64,
+}
+
+impl Bench<'_> {
+    fn duration(&self) -> Duration {
+        Duration::from_secs(self.args.duration.max(1))
+    }
+
+    async fn scenario(&self, harness: &Harness, scenario: Scenario) -> anyhow::Result<Outcome> {
+        if scenario == Scenario::OpenStreams {
+            return self.open_streams(harness).await;
+        }
+        let http = &self.http;
+        let endpoints = &harness.endpoints;
+        let (request, plan) = scenario::probe(http, endpoints, scenario).await?;
+        let plan_text = plan.describe();
+        let gateway = Target::Gateway(request);
+        let direct = Target::Direct(plan);
+        if self.args.warmup > 0 {
+            let warmup = Duration::from_secs(self.args.warmup);
+            load::run(http, &gateway, self.load, warmup).await?;
+            load::run(http, &direct, self.load, warmup).await?;
+            reset_mocks(http, endpoints).await?;
+        }
+
+        let load_average = procs::load_average();
+        if let Some(pid) = harness.gateway_pid {
+            procs::reset_peak(pid);
+        }
+        let sampler = harness.gateway_pid.map(procs::RssSampler::start);
+        let before = CpuSnapshot::take(harness);
+        let gateway_stats = load::run(http, &gateway, self.load, self.duration()).await?;
+        let after = CpuSnapshot::take(harness);
+        let sampled = match sampler {
+            Some(s) => Some(s.finish().await),
+            None => None,
+        };
+        let hwm = harness
+            .gateway_pid
+            .and_then(|pid| procs::memory(pid).ok())
+            .map(|m| m.hwm_kib);
+        reset_mocks(http, endpoints).await?;
+
+        let direct_stats = load::run(http, &direct, self.load, self.duration()).await?;
+        reset_mocks(http, endpoints).await?;
+
+        Ok(Outcome::Measured(Box::new(Measured {
+            scenario,
+            load: self.load,
+            load_average,
+            plan: plan_text,
+            cpu: before.per_request(&after, gateway_stats.ok, self.ticks_per_second),
+            gateway: gateway_stats,
+            direct: direct_stats,
+            peak_rss_kib: sampled.max(hwm),
+        })))
+    }
+
+    async fn open_streams(&self, harness: &Harness) -> anyhow::Result<Outcome> {
+        let http = &self.http;
+        let endpoints = &harness.endpoints;
+        let count = self.args.streams.max(1);
+        let hold = Duration::from_millis(self.args.stream_hold_ms);
+        let (request, _) = scenario::probe(http, endpoints, Scenario::OpenStreams).await?;
+
+        let reply =
+            json!({"text": "Hello from a slow upstream.", "delay_ms": self.args.stream_hold_ms});
+        let script = serde_json::Value::Array(vec![reply; count]);
+        let response = http
+            .post(format!("{}/_mock/script", endpoints.mock))
+            .json(&script)
+            .send()
+            .await?;
+        if !response.status().is_success() {
+            bail!(
+                "the mock model refused the delayed script ({}): {}; does it support \"delay_ms\"?",
+                response.status(),
+                response.text().await.unwrap_or_default()
+            );
+        }
+        // Let the previous scenario's memory settle before the baseline.
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let load_average = procs::load_average();
+        let rss_before = harness
+            .gateway_pid
+            .and_then(|pid| procs::memory(pid).ok())
+            .map(|m| m.rss_kib);
+        if let Some(pid) = harness.gateway_pid {
+            procs::reset_peak(pid);
+        }
+        let outcome = load::open_streams(http, &request, count, harness.gateway_pid).await?;
+        let hwm = harness
+            .gateway_pid
+            .and_then(|pid| procs::memory(pid).ok())
+            .map(|m| m.hwm_kib);
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let rss_after = harness
+            .gateway_pid
+            .and_then(|pid| procs::memory(pid).ok())
+            .map(|m| m.rss_kib);
+        reset_mocks(http, endpoints).await?;
+        Ok(Outcome::Streams(Box::new(StreamsMeasured {
+            count,
+            hold,
+            load_average,
+            outcome,
+            rss_before_kib: rss_before,
+            hwm_kib: hwm,
+            rss_after_kib: rss_after,
+        })))
+    }
+}
+
+fn machine() -> String {
+    let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let model = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|info| {
+            info.lines()
+                .find_map(|l| l.strip_prefix("model name"))
+                .map(|rest| rest.trim_start_matches([' ', '\t', ':']).to_owned())
+        })
+        .unwrap_or_else(|| "unknown CPU".into());
+    let memory = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|info| {
+            info.lines()
+                .find_map(|l| l.strip_prefix("MemTotal:"))
+                .and_then(|rest| rest.split_whitespace().next()?.parse::<u64>().ok())
+        })
+        .map_or_else(String::new, |kib| {
+            format!(", {:.1} GiB RAM", kib as f64 / 1024.0 / 1024.0)
+        });
+    format!(
+        "{cpus} CPUs ({model}){memory}; load average at start {}",
+        procs::load_average()
+    )
+}
+
+fn utc_now() -> String {
+    std::process::Command::new("date")
+        .args(["-u", "+%Y-%m-%d %H:%M UTC"])
+        .output()
+        .ok()
+        .and_then(|o| String::from_utf8(o.stdout).ok())
+        .map(|s| s.trim().to_owned())
+        .unwrap_or_default()
+}
+
+async fn run_all(
+    bench: &Bench<'_>,
+    harness: &mut Harness,
+    scenarios: &[Scenario],
+    report: &mut Report,
+) -> anyhow::Result<()> {
+    // Let start-up settle, then take the idle figure.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    report.idle_rss_kib = harness
+        .gateway_pid
+        .and_then(|pid| procs::memory(pid).ok())
+        .map(|m| m.rss_kib);
+    for &scenario in scenarios {
+        eprintln!("[bench] {} ({}) …", scenario.name(), scenario.describe());
+        let outcome = match bench.scenario(harness, scenario).await {
+            Ok(outcome) => outcome,
+            Err(e) => Outcome::Failed {
+                scenario,
+                reason: format!("{e:#}"),
+            },
+        };
+        if let Outcome::Failed { reason, .. } = &outcome {
+            eprintln!("[bench] {} failed: {reason}", scenario.name());
+        }
+        report.outcomes.push(outcome);
+        harness.check_alive()?;
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    report.end_rss_kib = harness
+        .gateway_pid
+        .and_then(|pid| procs::memory(pid).ok())
+        .map(|m| m.rss_kib);
+    Ok(())
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let scenarios = Scenario::parse_list(&args.scenario)?;
+    let load = match args.rate {
+        Some(rate) if rate > 0.0 => Load::Open { rate },
+        Some(rate) => bail!("--rate must be positive, got {rate}"),
+        None => Load::Closed {
+            concurrency: args.concurrency.max(1),
+        },
+    };
+    let http = Client::builder()
+        .pool_max_idle_per_host(usize::MAX)
+        .tcp_nodelay(true)
+        .connect_timeout(Duration::from_secs(10))
+        .timeout(Duration::from_secs(300))
+        .build()?;
+
+    let mut report = Report {
+        command: std::env::args()
+            .map(|a| if a.contains(' ') { format!("'{a}'") } else { a })
+            .collect::<Vec<_>>()
+            .join(" "),
+        started: utc_now(),
+        machine: machine(),
+        settings: format!(
+            "{} s per phase after {} s warm-up, {}{}",
+            args.duration,
+            args.warmup,
+            load.describe(),
+            if args.db_settings.is_empty() {
+                String::new()
+            } else {
+                format!("; database settings {}", args.db_settings.join(", "))
+            }
+        ),
+        ..Report::default()
+    };
+
+    let mut harness = Harness::start(&args, &http).await?;
+    eprintln!(
+        "[bench] gateway {} (pid {}), mock model {}, tool server {}",
+        harness.endpoints.gateway,
+        harness
+            .gateway_pid
+            .map_or_else(|| "unknown".into(), |p| p.to_string()),
+        harness.endpoints.mock,
+        harness.endpoints.tools
+    );
+    let bench = Bench {
+        args: &args,
+        http: http.clone(),
+        load,
+        ticks_per_second: procs::ticks_per_second(),
+    };
+    let result = tokio::select! {
+        result = run_all(&bench, &mut harness, &scenarios, &mut report) => result,
+        _ = tokio::signal::ctrl_c() => Err(anyhow::anyhow!("interrupted")),
+    };
+    report.gateway_log = harness.gateway.as_ref().map(ChildProcess::log_summary);
+    harness.stop().await;
+
+    let rendered = report.render();
+    println!("{rendered}");
+    if let Some(path) = &args.markdown {
+        std::fs::write(path, &rendered).with_context(|| format!("write {}", path.display()))?;
+    }
+    result
+}

@@ -1,0 +1,318 @@
+//! The processes under test: starting the gateway and the testkit servers as children, draining their
+//! output, and reading memory and CPU figures from `/proc`.
+
+use std::collections::{HashMap, VecDeque};
+use std::io::{BufRead, BufReader, Read};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use serde_json::Value;
+
+/// How long a child may take to print its readiness line (the gateway applies migrations first).
+const READY_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Log lines kept per child, to show when something went wrong.
+const TAIL_LINES: usize = 20;
+
+/// What a child printed after its readiness line: counts by level and the last warnings/errors.
+#[derive(Debug, Default)]
+pub struct LogTail {
+    pub lines: u64,
+    pub warnings: u64,
+    pub errors: u64,
+    pub last_problems: VecDeque<String>,
+}
+
+/// A child process, killed (and reaped) when dropped.
+pub struct ChildProcess {
+    pub name: String,
+    pub pid: u32,
+    pub url: String,
+    pub log: Arc<Mutex<LogTail>>,
+    child: Child,
+}
+
+impl Drop for ChildProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl ChildProcess {
+    /// Fails when the child has exited.
+    pub fn check_alive(&mut self) -> anyhow::Result<()> {
+        match self.child.try_wait()? {
+            Some(status) => bail!("{} exited with {status}", self.name),
+            None => Ok(()),
+        }
+    }
+
+    /// Counts of the warnings and errors the child logged, with the last few of them.
+    pub fn log_summary(&self) -> (u64, u64, Vec<String>) {
+        let tail = self.log.lock().unwrap_or_else(|e| e.into_inner());
+        (
+            tail.warnings,
+            tail.errors,
+            tail.last_problems.iter().cloned().collect(),
+        )
+    }
+}
+
+/// Starts a testkit binary (`mock-model`, `example-tools`) on port 0 and reads its address from its
+/// `listening on http://HOST:PORT` line.
+pub fn start_testkit(bin_dir: &Path, name: &str) -> anyhow::Result<ChildProcess> {
+    let path = bin_dir.join(name);
+    let mut command = Command::new(&path);
+    command
+        .args(["--bind", "127.0.0.1:0"])
+        .env("RUST_LOG", "warn")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit());
+    start(name, command, |line| {
+        line.trim().strip_prefix("listening on ").map(str::to_owned)
+    })
+    .with_context(|| format!("start {}", path.display()))
+}
+
+/// Starts `gateway serve` on port 0 with JSON logs and reads its address from the `gateway listening`
+/// log line.
+pub fn start_gateway(
+    bin_dir: &Path,
+    database_url: &str,
+    admin_token: &str,
+) -> anyhow::Result<ChildProcess> {
+    let path = bin_dir.join("gateway");
+    let mut command = Command::new(&path);
+    command
+        .arg("serve")
+        .env("GATEWAY__SERVER__BIND", "127.0.0.1:0")
+        .env("GATEWAY__LOG__FORMAT", "json")
+        .env("GATEWAY__LOG__FILTER", "warn,gateway=info")
+        .env("GATEWAY__ADMIN__TOKEN", admin_token)
+        .env("DATABASE_URL", database_url)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit());
+    start("gateway", command, |line| {
+        let value: Value = serde_json::from_str(line).ok()?;
+        let fields = value.get("fields")?;
+        if fields.get("message")?.as_str()? != "gateway listening" {
+            return None;
+        }
+        Some(format!("http://{}", fields.get("address")?.as_str()?))
+    })
+    .with_context(|| format!("start {}", path.display()))
+}
+
+fn start(
+    name: &str,
+    mut command: Command,
+    ready: fn(&str) -> Option<String>,
+) -> anyhow::Result<ChildProcess> {
+    let mut child = command.spawn()?;
+    let pid = child.id();
+    let Some(stdout) = child.stdout.take() else {
+        let _ = child.kill();
+        let _ = child.wait();
+        bail!("{name}: no stdout");
+    };
+    let log = Arc::new(Mutex::new(LogTail::default()));
+    let (tx, rx) = mpsc::channel::<String>();
+    let tail = Arc::clone(&log);
+    // The child blocks when its stdout pipe is full, so this thread reads it until the end.
+    std::thread::spawn(move || drain(stdout, tail, ready, tx));
+    let mut process = ChildProcess {
+        name: name.to_owned(),
+        pid,
+        url: String::new(),
+        log,
+        child,
+    };
+    match rx.recv_timeout(READY_TIMEOUT) {
+        Ok(url) => {
+            process.url = url;
+            Ok(process)
+        }
+        Err(mpsc::RecvTimeoutError::Timeout) => {
+            bail!("{name} did not report its address within {READY_TIMEOUT:?}")
+        }
+        Err(mpsc::RecvTimeoutError::Disconnected) => {
+            process.check_alive()?;
+            bail!("{name} closed its stdout before reporting its address")
+        }
+    }
+}
+
+fn drain(
+    stdout: impl Read,
+    tail: Arc<Mutex<LogTail>>,
+    ready: fn(&str) -> Option<String>,
+    tx: mpsc::Sender<String>,
+) {
+    let mut announced = false;
+    for line in BufReader::new(stdout).lines() {
+        let Ok(line) = line else { break };
+        if !announced {
+            if let Some(url) = ready(&line) {
+                announced = true;
+                let _ = tx.send(url);
+                continue;
+            }
+        }
+        let mut tail = tail.lock().unwrap_or_else(|e| e.into_inner());
+        tail.lines += 1;
+        let level = if line.contains("\"level\":\"ERROR\"") || line.contains(" ERROR ") {
+            Some(true)
+        } else if line.contains("\"level\":\"WARN\"") || line.contains(" WARN ") {
+            Some(false)
+        } else {
+            None
+        };
+        if let Some(is_error) = level {
+            if is_error {
+                tail.errors += 1;
+            } else {
+                tail.warnings += 1;
+            }
+            if tail.last_problems.len() == TAIL_LINES {
+                tail.last_problems.pop_front();
+            }
+            tail.last_problems.push_back(line);
+        }
+    }
+}
+
+/// Resident memory of a process, in KiB: now (`VmRSS`) and the peak since start or the last
+/// [`reset_peak`] (`VmHWM`).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Memory {
+    pub rss_kib: u64,
+    pub hwm_kib: u64,
+}
+
+pub fn memory(pid: u32) -> anyhow::Result<Memory> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .with_context(|| format!("read /proc/{pid}/status"))?;
+    let field = |name: &str| -> u64 {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|rest| rest.split_whitespace().next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0)
+    };
+    Ok(Memory {
+        rss_kib: field("VmRSS:"),
+        hwm_kib: field("VmHWM:"),
+    })
+}
+
+/// Resets `VmHWM` to the current RSS (`echo 5 > /proc/PID/clear_refs`); false when not permitted.
+pub fn reset_peak(pid: u32) -> bool {
+    std::fs::write(format!("/proc/{pid}/clear_refs"), "5").is_ok()
+}
+
+/// User plus system CPU time of a process, in clock ticks.
+pub fn cpu_ticks(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name may contain spaces and parentheses; the fields after the last ')' start at 3.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let utime: u64 = fields.get(11)?.parse().ok()?;
+    let stime: u64 = fields.get(12)?.parse().ok()?;
+    Some(utime + stime)
+}
+
+/// Clock ticks per second (`getconf CLK_TCK`, 100 when unknown).
+pub fn ticks_per_second() -> u64 {
+    Command::new("getconf")
+        .arg("CLK_TCK")
+        .output()
+        .ok()
+        .and_then(|o| String::from_utf8(o.stdout).ok())
+        .and_then(|s| s.trim().parse().ok())
+        .filter(|&t: &u64| t > 0)
+        .unwrap_or(100)
+}
+
+/// CPU ticks of every Postgres backend serving database `database`, by pid.
+pub fn postgres_backends(database: &str) -> HashMap<u32, u64> {
+    let mut found = HashMap::new();
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return found;
+    };
+    for entry in entries.flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|s| s.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+        if comm.trim() != "postgres" {
+            continue;
+        }
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        // A backend's title is "postgres: USER DATABASE HOST(PORT) STATE".
+        let title = String::from_utf8_lossy(&cmdline);
+        if title.split_whitespace().any(|w| w == database) {
+            if let Some(ticks) = cpu_ticks(pid) {
+                found.insert(pid, ticks);
+            }
+        }
+    }
+    found
+}
+
+/// Ticks spent by the backends in `after` since `before` (new backends count from zero).
+pub fn postgres_ticks_between(before: &HashMap<u32, u64>, after: &HashMap<u32, u64>) -> u64 {
+    after
+        .iter()
+        .map(|(pid, ticks)| ticks.saturating_sub(before.get(pid).copied().unwrap_or(0)))
+        .sum()
+}
+
+/// The 1, 5 and 15 minute load averages, as `/proc/loadavg` prints them.
+pub fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_else(|_| "?".into())
+}
+
+/// Samples a process's RSS every 20 ms on a tokio task until stopped; answers the highest value.
+pub struct RssSampler {
+    stop: Arc<AtomicBool>,
+    task: tokio::task::JoinHandle<u64>,
+}
+
+impl RssSampler {
+    pub fn start(pid: u32) -> RssSampler {
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = Arc::clone(&stop);
+        let task = tokio::spawn(async move {
+            let mut peak = 0;
+            loop {
+                if let Ok(m) = memory(pid) {
+                    peak = peak.max(m.rss_kib);
+                }
+                if flag.load(Ordering::Relaxed) {
+                    return peak;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        });
+        RssSampler { stop, task }
+    }
+
+    pub async fn finish(self) -> u64 {
+        self.stop.store(true, Ordering::Relaxed);
+        self.task.await.unwrap_or(0)
+    }
+}

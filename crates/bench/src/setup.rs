@@ -1,0 +1,234 @@
+//! The bench's own database, and the gateway's configuration through its admin API.
+
+use anyhow::{bail, Context};
+use reqwest::{Client, Method};
+use serde_json::{json, Value};
+use sqlx::Connection;
+
+/// A database created for one bench run and dropped at its end.
+pub struct Database {
+    server_url: String,
+    pub name: String,
+    pub url: String,
+}
+
+impl Database {
+    /// Creates `gw_bench_<random>` on the Postgres server that `server_url` connects to.
+    pub async fn create(server_url: &str) -> anyhow::Result<Database> {
+        let name = format!("gw_bench_{}", uuid::Uuid::new_v4().simple());
+        let mut conn = sqlx::PgConnection::connect(server_url)
+            .await
+            .with_context(|| format!("connect to Postgres at {server_url}"))?;
+        sqlx::query(&format!("CREATE DATABASE \"{name}\""))
+            .execute(&mut conn)
+            .await
+            .context("create the bench database")?;
+        let _ = conn.close().await;
+        let (path, query) = match server_url.split_once('?') {
+            Some((path, query)) => (path, format!("?{query}")),
+            None => (server_url, String::new()),
+        };
+        let url = match path.rsplit_once('/') {
+            Some((base, _)) if base.contains("//") && !base.ends_with('/') => {
+                format!("{base}/{name}{query}")
+            }
+            _ => bail!(
+                "the database URL {server_url} has no database path (postgres://USER@HOST:PORT/DB)"
+            ),
+        };
+        Ok(Database {
+            server_url: server_url.to_owned(),
+            name,
+            url,
+        })
+    }
+
+    /// Applies `KEY=VALUE` settings to the database (`ALTER DATABASE … SET`), for what-if runs such as
+    /// `synchronous_commit=off`. They apply to the gateway's connections, which are opened afterwards.
+    pub async fn apply_settings(&self, settings: &[String]) -> anyhow::Result<()> {
+        if settings.is_empty() {
+            return Ok(());
+        }
+        let simple = |s: &str| {
+            !s.is_empty()
+                && s.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-'))
+        };
+        let mut conn = sqlx::PgConnection::connect(&self.server_url).await?;
+        for setting in settings {
+            let Some((key, value)) = setting.split_once('=') else {
+                bail!("--db-setting {setting}: expected KEY=VALUE");
+            };
+            let (key, value) = (key.trim(), value.trim());
+            if !simple(key) || !simple(value) {
+                bail!(
+                    "--db-setting {setting}: only letters, digits, '_', '.' and '-' are accepted"
+                );
+            }
+            sqlx::query(&format!(
+                "ALTER DATABASE \"{}\" SET {key} = '{value}'",
+                self.name
+            ))
+            .execute(&mut conn)
+            .await
+            .with_context(|| format!("ALTER DATABASE … SET {key} = '{value}'"))?;
+        }
+        let _ = conn.close().await;
+        Ok(())
+    }
+
+    /// Drops the database, closing whatever connections are left.
+    pub async fn drop_database(self) -> anyhow::Result<()> {
+        let mut conn = sqlx::PgConnection::connect(&self.server_url).await?;
+        sqlx::query(&format!(
+            "DROP DATABASE IF EXISTS \"{}\" WITH (FORCE)",
+            self.name
+        ))
+        .execute(&mut conn)
+        .await?;
+        let _ = conn.close().await;
+        Ok(())
+    }
+}
+
+/// Names of the two deployments the bench configures: one without server tools, one with.
+pub const PLAIN_MODEL: &str = "mock";
+pub const TOOLS_MODEL: &str = "mock-tools";
+
+/// The testkit tools attached to [`TOOLS_MODEL`].
+pub const SERVER_TOOLS: [&str; 3] = ["add", "echo", "get_weather"];
+
+async fn admin(
+    http: &Client,
+    gateway: &str,
+    token: &str,
+    method: Method,
+    path: &str,
+    body: Option<Value>,
+) -> anyhow::Result<Value> {
+    let mut request = http
+        .request(method.clone(), format!("{gateway}/admin/v1{path}"))
+        .bearer_auth(token);
+    if let Some(body) = body {
+        request = request.json(&body);
+    }
+    let response = request
+        .send()
+        .await
+        .with_context(|| format!("{method} {path}"))?;
+    let status = response.status();
+    let text = response.text().await?;
+    if !status.is_success() {
+        bail!("{method} {path} answered {status}: {text}");
+    }
+    if text.trim().is_empty() {
+        return Ok(Value::Null);
+    }
+    Ok(serde_json::from_str(&text)?)
+}
+
+fn id_of(value: &Value) -> anyhow::Result<String> {
+    value
+        .get("id")
+        .and_then(Value::as_str)
+        .map(str::to_owned)
+        .with_context(|| format!("no id in {value}"))
+}
+
+/// Configures a project with a key, a deployment [`PLAIN_MODEL`] without tools and a deployment
+/// [`TOOLS_MODEL`] with the [`SERVER_TOOLS`], both on the mock model; answers the key.
+pub async fn configure(
+    http: &Client,
+    gateway: &str,
+    token: &str,
+    mock_url: &str,
+    tools_url: &str,
+) -> anyhow::Result<String> {
+    let call = |method: Method, path: String, body: Option<Value>| async move {
+        admin(http, gateway, token, method, &path, body).await
+    };
+    let project = id_of(
+        &call(
+            Method::POST,
+            "/projects".into(),
+            Some(json!({"name": "bench"})),
+        )
+        .await?,
+    )?;
+    let key = call(
+        Method::POST,
+        format!("/projects/{project}/api_keys"),
+        Some(json!({"name": "bench"})),
+    )
+    .await?;
+    let key = key
+        .get("key")
+        .and_then(Value::as_str)
+        .map(str::to_owned)
+        .context("no key in the api_key answer")?;
+
+    for (model, group, with_tools) in [
+        (PLAIN_MODEL, "bench-plain", false),
+        (TOOLS_MODEL, "bench-tools", true),
+    ] {
+        let deployment = id_of(
+            &call(
+                Method::POST,
+                "/deployments".into(),
+                Some(json!({
+                    "name": model,
+                    "provider": {"kind": "openai_chat", "base_url": format!("{mock_url}/v1"), "model": "mock-model"},
+                })),
+            )
+            .await?,
+        )?;
+        let group = id_of(
+            &call(
+                Method::POST,
+                "/deployment_groups".into(),
+                Some(json!({"name": group})),
+            )
+            .await?,
+        )?;
+        call(
+            Method::PUT,
+            format!("/deployment_groups/{group}/deployments/{deployment}"),
+            None,
+        )
+        .await?;
+        call(
+            Method::PUT,
+            format!("/deployment_groups/{group}/projects/{project}"),
+            None,
+        )
+        .await?;
+        if !with_tools {
+            continue;
+        }
+        for definition in gateway_testkit::tool_definitions()
+            .into_iter()
+            .filter(|d| SERVER_TOOLS.contains(&d.name))
+        {
+            let source = id_of(
+                &call(
+                    Method::POST,
+                    "/tool_sources".into(),
+                    Some(json!({
+                        "name": definition.name,
+                        "description": definition.description,
+                        "parameters": definition.parameters,
+                        "url": format!("{tools_url}/tools/{}", definition.name),
+                    })),
+                )
+                .await?,
+            )?;
+            call(
+                Method::PUT,
+                format!("/deployment_groups/{group}/tool_sources/{source}"),
+                None,
+            )
+            .await?;
+        }
+    }
+    Ok(key)
+}

@@ -1,0 +1,80 @@
+//! `gateway demo`: one command to a working gateway, with a mock model and example tools in-process.
+
+use std::future::Future;
+
+use gateway_testkit::mock_model::MockModel;
+use gateway_testkit::tool_server::{tool_definitions, ToolServer};
+
+use crate::config::{Config, SeedDeployment, SeedGroup, SeedProject, SeedToolSource};
+use crate::Application;
+
+/// The demo project's API key. It is public: the demo is for trying the gateway on one machine.
+pub const DEMO_KEY: &str = "sk-demo-local-only-0000000000000000";
+
+/// The example tools the demo registers as server tools.
+const DEMO_TOOLS: [&str; 3] = ["get_weather", "add", "plain_text"];
+
+/// Starts the mock model and tool server, seeds the demo entities into `config`, and serves until `shutdown`.
+pub async fn run(
+    mut config: Config,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    let model = MockModel::start().await?;
+    let tools = ToolServer::start().await?;
+    add_demo_seed(&mut config, &model.base_url(), |tool| tools.url(tool));
+    let app = Application::build(config).await?;
+    let address = app.local_addr()?;
+    // One write, and a closed stdout is no reason to stop serving.
+    let banner = format!(
+        "listening on http://{address}\ndemo API key: {DEMO_KEY}   model: mock   server tools: {}\n",
+        DEMO_TOOLS.join(", ")
+    );
+    let _ = std::io::Write::write_all(&mut std::io::stdout(), banner.as_bytes());
+    app.run_until(shutdown).await?;
+    // The mock servers live until the gateway has stopped.
+    drop((model, tools));
+    Ok(())
+}
+
+/// Adds the demo project (key `DEMO_KEY`), the `mock` deployment and the demo tools to `config.seed`.
+pub fn add_demo_seed(config: &mut Config, model_base_url: &str, tool_url: impl Fn(&str) -> String) {
+    let seed = &mut config.seed;
+    let mut project = SeedProject::default();
+    project
+        .api_keys
+        .insert("demo".into(), DEMO_KEY.to_owned().into());
+    seed.projects.insert("demo".into(), project);
+    seed.deployments.insert(
+        "mock".into(),
+        SeedDeployment {
+            kind: "openai_chat".into(),
+            base_url: model_base_url.to_owned(),
+            model: gateway_testkit::mock_model::MODEL_ID.into(),
+            api_key: None,
+        },
+    );
+    for definition in tool_definitions()
+        .into_iter()
+        .filter(|d| DEMO_TOOLS.contains(&d.name))
+    {
+        seed.tool_sources.insert(
+            definition.name.into(),
+            SeedToolSource {
+                description: definition.description.into(),
+                parameters: definition.parameters,
+                url: tool_url(definition.name),
+                timeout_ms: None,
+                secret: None,
+                strict: false,
+            },
+        );
+    }
+    seed.deployment_groups.insert(
+        "demo".into(),
+        SeedGroup {
+            deployments: vec!["mock".into()],
+            projects: vec!["demo".into()],
+            tool_sources: DEMO_TOOLS.iter().map(|t| t.to_string()).collect(),
+        },
+    );
+}

@@ -1,0 +1,122 @@
+//! Prometheus metrics: the recorder, the `/metrics` answer, and the HTTP request middleware.
+//!
+//! Names (all prefixed `gateway_`): `http_requests_total{route,method,status}`,
+//! `http_request_duration_seconds{route}`, `upstream_calls_total{deployment,outcome}`,
+//! `upstream_call_duration_seconds{deployment}`, `tool_calls_total{tool,outcome}`,
+//! `tool_call_duration_seconds{tool}`, `loop_model_calls{status}` (model calls per response),
+//! `responses_total{status}`, `active_streams`, `store_duration_seconds{op}`.
+
+use std::sync::OnceLock;
+use std::time::Instant;
+
+use axum::extract::{MatchedPath, Request};
+use axum::http::header;
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+
+static HANDLE: OnceLock<Option<PrometheusHandle>> = OnceLock::new();
+
+/// Installs the process-wide recorder once (several gateways in one test process share it).
+pub fn install() -> Option<PrometheusHandle> {
+    HANDLE
+        .get_or_init(|| {
+            let buckets = [
+                0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+                10.0, 30.0,
+            ];
+            let builder = PrometheusBuilder::new()
+                .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), &buckets)
+                .and_then(|b| {
+                    b.set_buckets_for_metric(
+                        Matcher::Full("gateway_loop_model_calls".into()),
+                        &[1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0],
+                    )
+                });
+            match builder.and_then(|b| b.install_recorder()) {
+                Ok(handle) => Some(handle),
+                Err(e) => {
+                    tracing::warn!(error = %e, "metrics recorder not installed");
+                    None
+                }
+            }
+        })
+        .clone()
+}
+
+/// `GET /metrics`, in Prometheus' text format.
+pub async fn render() -> Response {
+    let body = install().map(|h| h.render()).unwrap_or_default();
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], body).into_response()
+}
+
+/// Counts every request and times it, labelled by its route pattern (never the raw path, which holds ids).
+pub async fn track_requests(request: Request, next: Next) -> Response {
+    let route = request
+        .extensions()
+        .get::<MatchedPath>()
+        .map(|p| p.as_str().to_owned())
+        .unwrap_or_else(|| "unmatched".into());
+    let method = request.method().as_str().to_owned();
+    let started = Instant::now();
+    let response = next.run(request).await;
+    let status = response.status().as_u16().to_string();
+    metrics::counter!("gateway_http_requests_total", "route" => route.clone(), "method" => method, "status" => status)
+        .increment(1);
+    metrics::histogram!("gateway_http_request_duration_seconds", "route" => route)
+        .record(started.elapsed().as_secs_f64());
+    response
+}
+
+/// One upstream model call ended (after the adapter's retries).
+pub fn upstream_call(deployment: &str, started: Instant, ok: bool) {
+    let outcome = if ok { "ok" } else { "error" };
+    metrics::counter!("gateway_upstream_calls_total", "deployment" => deployment.to_owned(), "outcome" => outcome).increment(1);
+    metrics::histogram!("gateway_upstream_call_duration_seconds", "deployment" => deployment.to_owned())
+        .record(started.elapsed().as_secs_f64());
+}
+
+/// A response ended with `status` after these steps.
+pub fn response_finished(status: &'static str, steps: &[gateway_core::Step]) {
+    metrics::counter!("gateway_responses_total", "status" => status).increment(1);
+    let model_calls = steps.iter().filter(|s| s.model().is_some()).count();
+    metrics::histogram!("gateway_loop_model_calls", "status" => status).record(model_calls as f64);
+}
+
+/// Counts an open response stream for as long as this guard lives.
+pub struct ActiveStream;
+
+impl ActiveStream {
+    pub fn open() -> ActiveStream {
+        metrics::gauge!("gateway_active_streams").increment(1.0);
+        ActiveStream
+    }
+}
+
+impl Drop for ActiveStream {
+    fn drop(&mut self) {
+        metrics::gauge!("gateway_active_streams").decrement(1.0);
+    }
+}
+
+/// Records how long a store operation took when dropped (errors included).
+pub struct StoreTimer {
+    op: &'static str,
+    started: Instant,
+}
+
+impl StoreTimer {
+    pub fn start(op: &'static str) -> StoreTimer {
+        StoreTimer {
+            op,
+            started: Instant::now(),
+        }
+    }
+}
+
+impl Drop for StoreTimer {
+    fn drop(&mut self) {
+        metrics::histogram!("gateway_store_duration_seconds", "op" => self.op)
+            .record(self.started.elapsed().as_secs_f64());
+    }
+}

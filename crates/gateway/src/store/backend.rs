@@ -1,0 +1,142 @@
+//! Which database the store runs on: choosing it from the URL, opening its pool, and reading rows of either.
+
+use std::str::FromStr;
+use std::time::Duration;
+
+use sqlx::postgres::{PgPoolOptions, PgRow};
+use sqlx::sqlite::{
+    SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteRow,
+};
+use sqlx::types::Json;
+use sqlx::{Decode, Postgres, Row, Sqlite, Type};
+
+use super::{Backend, StoreError};
+
+/// The embedded store of a fresh machine: `data/gateway.db` under the working directory, created if missing.
+pub const DEFAULT_URL: &str = "sqlite://data/gateway.db?mode=rwc";
+
+/// How long a SQLite statement waits for another connection's write to finish before it fails with
+/// "database is locked". Writes are short (one statement, or one small transaction), so waiting is cheap.
+const SQLITE_BUSY_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Opens the pool of the backend that `url` names.
+pub(super) async fn connect(url: &str, max_connections: u32) -> Result<Backend, StoreError> {
+    let scheme = url
+        .split_once(':')
+        .map(|(scheme, _)| scheme.to_ascii_lowercase())
+        .unwrap_or_default();
+    match scheme.as_str() {
+        "postgres" | "postgresql" => {
+            let pool = PgPoolOptions::new()
+                .max_connections(max_connections)
+                .connect(url)
+                .await?;
+            Ok(Backend::Postgres(pool))
+        }
+        "sqlite" => Ok(Backend::Sqlite(connect_sqlite(url, max_connections).await?)),
+        _ => Err(StoreError::UnsupportedUrl),
+    }
+}
+
+/// Opens the embedded store: WAL (readers never wait for the writer), a busy timeout (writers queue instead of
+/// failing), foreign keys enforced, and the file and its directory created if missing.
+async fn connect_sqlite(url: &str, max_connections: u32) -> Result<SqlitePool, StoreError> {
+    // `sqlite:` alone asks for the embedded store without saying where: the default file.
+    let url = if matches!(url, "sqlite:" | "sqlite://") {
+        DEFAULT_URL
+    } else {
+        url
+    };
+    let mut options = SqliteConnectOptions::from_str(url)?
+        .create_if_missing(true)
+        .foreign_keys(true)
+        .busy_timeout(SQLITE_BUSY_TIMEOUT);
+    let pool = if is_in_memory(url) {
+        // Separate connections to `:memory:` would each see a database of their own (or, sharing a cache,
+        // lock tables against each other without waiting): one connection that never closes keeps one
+        // database for the life of the pool.
+        SqlitePoolOptions::new()
+            .max_connections(1)
+            .min_connections(1)
+            .idle_timeout(None)
+            .max_lifetime(None)
+    } else {
+        options = options.journal_mode(SqliteJournalMode::Wal);
+        let directory = options.get_filename().parent();
+        if let Some(directory) = directory.filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(directory).map_err(StoreError::Directory)?;
+        }
+        SqlitePoolOptions::new().max_connections(max_connections.max(1))
+    };
+    let path = options.get_filename().display().to_string();
+    let pool = pool.connect_with(options).await?;
+    tracing::info!(store.path = %path, "opened the embedded store");
+    Ok(pool)
+}
+
+/// Whether a SQLite URL names an in-memory database (`sqlite::memory:`, `sqlite://:memory:`, `?mode=memory`).
+fn is_in_memory(url: &str) -> bool {
+    let (path, query) = url.split_once('?').unwrap_or((url, ""));
+    path.ends_with(":memory:") || query.split('&').any(|pair| pair == "mode=memory")
+}
+
+/// A column type that both backends decode.
+pub(super) trait Portable:
+    for<'r> Decode<'r, Postgres> + Type<Postgres> + for<'r> Decode<'r, Sqlite> + Type<Sqlite>
+{
+}
+
+impl<T> Portable for T where
+    T: for<'r> Decode<'r, Postgres> + Type<Postgres> + for<'r> Decode<'r, Sqlite> + Type<Sqlite>
+{
+}
+
+/// Typed reads of a row of either backend, so that each row-to-struct conversion is written once.
+pub(super) trait Fields {
+    /// The value of `column`.
+    fn field<T: Portable>(&self, column: &str) -> Result<T, sqlx::Error>;
+
+    /// A list of ids: a `TEXT[]` on Postgres, a JSON array on SQLite (which has no arrays).
+    fn id_list(&self, column: &str) -> Result<Vec<String>, sqlx::Error>;
+}
+
+impl Fields for PgRow {
+    fn field<T: Portable>(&self, column: &str) -> Result<T, sqlx::Error> {
+        self.try_get(column)
+    }
+
+    fn id_list(&self, column: &str) -> Result<Vec<String>, sqlx::Error> {
+        self.try_get(column)
+    }
+}
+
+impl Fields for SqliteRow {
+    fn field<T: Portable>(&self, column: &str) -> Result<T, sqlx::Error> {
+        self.try_get(column)
+    }
+
+    fn id_list(&self, column: &str) -> Result<Vec<String>, sqlx::Error> {
+        let Json(ids) = self.try_get::<Json<Vec<String>>, _>(column)?;
+        Ok(ids)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::is_in_memory;
+
+    #[test]
+    fn in_memory_urls_are_told_apart_from_files() {
+        let cases = [
+            ("sqlite::memory:", true),
+            ("sqlite://:memory:", true),
+            ("sqlite://?mode=memory", true),
+            ("sqlite://data/gateway.db?mode=rwc", false),
+            ("sqlite:gateway.db", false),
+            ("sqlite:///tmp/memory/gateway.db", false),
+        ];
+        for (url, expected) in cases {
+            assert_eq!(is_in_memory(url), expected, "{url}");
+        }
+    }
+}

@@ -1,0 +1,88 @@
+//! Configuration loading: defaults, the file, strictness about unknown keys, seeds.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use gateway::Config;
+use secrecy::ExposeSecret;
+
+fn repo_file(path: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../..")
+        .join(path)
+}
+
+/// Loads `toml` from a file of its own in the temp dir.
+fn load(name: &str, toml: &str) -> Result<Config, String> {
+    let path =
+        std::env::temp_dir().join(format!("gateway-config-{}-{name}.toml", std::process::id()));
+    std::fs::File::create(&path)
+        .unwrap()
+        .write_all(toml.as_bytes())
+        .unwrap();
+    let result = Config::load(&path).map_err(|e| e.to_string());
+    let _ = std::fs::remove_file(&path);
+    result
+}
+
+#[test]
+fn the_default_file_loads() {
+    let config =
+        Config::load(&repo_file("config/default.toml")).expect("config/default.toml loads");
+    assert_eq!(config.limits.max_model_calls, 16);
+    assert!(config.seed.projects.is_empty());
+}
+
+#[test]
+fn the_compose_file_loads_with_its_seed() {
+    let config =
+        Config::load(&repo_file("config/compose.toml")).expect("config/compose.toml loads");
+    assert_eq!(config.seed.deployments["default"].kind, "openai_chat");
+    assert_eq!(
+        config.seed.deployment_groups["default"].tool_sources,
+        vec!["get_weather", "add"]
+    );
+}
+
+#[test]
+fn an_unknown_key_is_rejected_with_a_message_naming_it() {
+    let error = load(
+        "typo",
+        "[server]\nbind = \"127.0.0.1:0\"\nbody_limit_byts = 10\n",
+    )
+    .unwrap_err();
+    assert!(error.contains("body_limit_byts"), "{error}");
+    let error = load("section", "[telemetry]\nfoo = 1\n").unwrap_err();
+    assert!(error.contains("telemetry"), "{error}");
+}
+
+#[test]
+fn seeds_are_read_by_name_and_secrets_stay_typed() {
+    let config = load(
+        "seed",
+        r#"
+[seed.projects.acme.api_keys]
+ci = "sk-acme-ci-000000000000000000"
+
+[seed.deployments.gpt]
+kind = "openai_chat"
+base_url = "https://upstream.invalid/v1"
+model = "gpt-x"
+api_key = "upstream-secret"
+"#,
+    )
+    .unwrap();
+    let key = &config.seed.projects["acme"].api_keys["ci"];
+    assert_eq!(key.expose_secret(), "sk-acme-ci-000000000000000000");
+    let printed = format!("{config:?}");
+    assert!(
+        !printed.contains("upstream-secret"),
+        "a secret was printed: {printed}"
+    );
+    assert!(
+        !printed.contains("sk-acme-ci"),
+        "a key was printed: {printed}"
+    );
+}

@@ -1,0 +1,1464 @@
+//! The store on both backends: every test in `on_both_backends!` runs once on a fresh Postgres database
+//! (dropped after) and once on a fresh SQLite file (deleted after), through the same public methods.
+//!
+//! Test-support code: a setup step that fails must fail the test at once, so `expect` is the right tool here.
+#![allow(clippy::expect_used, clippy::unwrap_used, clippy::panic)]
+
+use std::path::PathBuf;
+
+use gateway::store::admin::{
+    DeploymentChanges, Member, Membership, NewApiKey, NewDeployment, NewToolSource,
+    ToolSourceChanges,
+};
+use gateway::store::responses::{Ending, NewResponse, Order};
+use gateway::store::tenancy::{hash_key, ToolSource};
+use gateway::store::{Backend, Store, StoreError};
+use gateway_core::output::{ResponseRecord, ResponseStatus};
+use gateway_core::request::ResponseParams;
+use gateway_core::steps::{Step, StepState, Usage};
+use gateway_core::Item;
+use serde_json::{json, Value};
+use sqlx::Connection;
+
+/// Generates `postgres::<test>` and `sqlite::<test>` for each named `async fn <test>(store: Store)`.
+macro_rules! on_both_backends {
+    ($($test:ident),* $(,)?) => {
+        mod postgres {
+            $(
+                #[tokio::test]
+                async fn $test() {
+                    let scratch = super::Scratch::postgres().await;
+                    super::$test(scratch.store.clone()).await;
+                }
+            )*
+        }
+        mod sqlite {
+            $(
+                #[tokio::test]
+                async fn $test() {
+                    let scratch = super::Scratch::sqlite().await;
+                    super::$test(scratch.store.clone()).await;
+                }
+            )*
+        }
+    };
+}
+
+on_both_backends!(
+    the_store_answers_a_ping,
+    projects_are_created_read_listed_renamed_and_deleted,
+    api_keys_are_listed_renamed_and_revoked_once,
+    deployments_never_read_back_their_api_key,
+    tool_sources_keep_their_parameters_and_never_read_back_their_secret,
+    groups_list_their_members_sorted_and_memberships_say_what_is_missing,
+    duplicate_names_are_a_conflict_for_every_kind,
+    deleting_a_project_cascades_to_its_keys_grants_and_responses,
+    deleting_a_member_removes_it_from_its_groups_and_deleting_a_group_keeps_its_members,
+    a_key_finds_its_project_until_it_is_revoked,
+    resolve_unites_the_tools_of_every_group_the_project_shares_with_the_deployment,
+    resolve_sees_nothing_outside_the_projects_groups,
+    a_created_response_loads_back_with_its_context_and_carried_steps,
+    another_projects_response_loads_as_none_and_cannot_be_deleted,
+    input_items_pages_walk_both_orders_with_after_and_has_more,
+    steps_are_inserted_marked_running_updated_and_loaded_in_order,
+    finish_response_records_how_the_response_ended,
+    deleting_a_response_removes_its_items_and_steps,
+    an_idempotency_key_finds_its_response_and_cannot_be_used_twice_in_a_project,
+    concurrent_writes_of_steps_and_responses_all_succeed,
+);
+
+// ---- scratch databases ----
+
+/// Where the per-test Postgres databases are created; `TEST_DATABASE_URL` overrides the local default.
+fn postgres_server_url() -> String {
+    std::env::var("TEST_DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into())
+}
+
+/// A migrated store on a database made for one test, removed when dropped.
+struct Scratch {
+    store: Store,
+    place: Place,
+}
+
+enum Place {
+    Postgres(String),
+    Sqlite(PathBuf),
+}
+
+impl Scratch {
+    async fn postgres() -> Scratch {
+        let server = postgres_server_url();
+        let name = format!("gw_store_test_{}", uuid::Uuid::new_v4().simple());
+        let mut conn = sqlx::PgConnection::connect(&server)
+            .await
+            .expect("connect to the test Postgres");
+        sqlx::query(&format!("CREATE DATABASE \"{name}\""))
+            .execute(&mut conn)
+            .await
+            .expect("create database");
+        let (base, _) = server.rsplit_once('/').expect("database path");
+        let place = Place::Postgres(name.clone());
+        let store = Store::connect(&format!("{base}/{name}"), 5)
+            .await
+            .expect("connect store");
+        store.migrate().await.expect("migrate");
+        Scratch { store, place }
+    }
+
+    async fn sqlite() -> Scratch {
+        let dir =
+            std::env::temp_dir().join(format!("gw_store_test_{}", uuid::Uuid::new_v4().simple()));
+        // The directory does not exist yet: the store creates it, as it would on a fresh machine.
+        let url = format!("sqlite://{}?mode=rwc", dir.join("gateway.db").display());
+        let place = Place::Sqlite(dir);
+        let store = Store::connect(&url, 5).await.expect("connect store");
+        store.migrate().await.expect("migrate");
+        Scratch { store, place }
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        match &self.place {
+            Place::Sqlite(dir) => {
+                let _ = std::fs::remove_dir_all(dir);
+            }
+            Place::Postgres(name) => {
+                let name = name.clone();
+                // Drop cannot await and the test's runtime may be gone: drop the database on a thread of its own.
+                let _ = std::thread::spawn(move || {
+                    let Ok(runtime) = tokio::runtime::Builder::new_current_thread()
+                        .enable_all()
+                        .build()
+                    else {
+                        return;
+                    };
+                    runtime.block_on(async move {
+                        if let Ok(mut conn) =
+                            sqlx::PgConnection::connect(&postgres_server_url()).await
+                        {
+                            let _ = sqlx::query(&format!(
+                                "DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)"
+                            ))
+                            .execute(&mut conn)
+                            .await;
+                        }
+                    });
+                })
+                .join();
+            }
+        }
+    }
+}
+
+// ---- fixtures ----
+
+async fn project(store: &Store, name: &str) -> String {
+    store.create_project(name).await.expect("project").id
+}
+
+async fn key(store: &Store, project_id: &str, key: &str) -> String {
+    store
+        .create_api_key(&NewApiKey {
+            project_id,
+            name: "test",
+            key_hash: &hash_key(key),
+            key_prefix: &key[..6],
+        })
+        .await
+        .expect("key")
+        .expect("project exists")
+        .id
+}
+
+async fn deployment(store: &Store, name: &str) -> String {
+    store
+        .create_deployment(&NewDeployment {
+            name,
+            provider_kind: "openai_chat",
+            base_url: "http://127.0.0.1:9/v1",
+            upstream_model: "mock-model",
+            api_key: Some("sk-upstream"),
+        })
+        .await
+        .expect("deployment")
+        .id
+}
+
+async fn tool(store: &Store, name: &str) -> String {
+    store
+        .create_tool_source(&NewToolSource {
+            name,
+            description: "a tool",
+            parameters: &json!({"type": "object", "properties": {"a": {"type": "number"}}}),
+            url: "http://127.0.0.1:9/tools",
+            timeout_ms: 1000,
+            secret: Some("tool-secret"),
+            strict: true,
+        })
+        .await
+        .expect("tool source")
+        .id
+}
+
+async fn group(store: &Store, name: &str) -> String {
+    store.create_group(name).await.expect("group").id
+}
+
+async fn attach(store: &Store, group_id: &str, kind: Member, member_id: &str) {
+    assert_eq!(
+        store
+            .attach_member(group_id, kind, member_id)
+            .await
+            .expect("attach"),
+        Membership::Done
+    );
+}
+
+/// A project that may use deployment `mock`: `(project_id, deployment_id)`.
+async fn tenant(store: &Store, name: &str) -> (String, String) {
+    let project_id = project(store, name).await;
+    let deployments = store.list_deployments().await.expect("deployments");
+    let deployment_id = match deployments.into_iter().find(|d| d.name == "mock") {
+        Some(d) => d.id,
+        None => deployment(store, "mock").await,
+    };
+    let group_id = group(store, &format!("{name}-group")).await;
+    attach(store, &group_id, Member::Deployment, &deployment_id).await;
+    attach(store, &group_id, Member::Project, &project_id).await;
+    (project_id, deployment_id)
+}
+
+fn params() -> ResponseParams {
+    serde_json::from_value(json!({
+        "instructions": "Be brief.",
+        "tools": [],
+        "tool_choice": "auto",
+        "parallel_tool_calls": true,
+        "temperature": 0.5,
+        "truncation": "disabled",
+        "text": {"format": {"type": "text"}},
+        "metadata": {"k": "v"},
+    }))
+    .expect("params")
+}
+
+fn record(id: &str) -> ResponseRecord {
+    ResponseRecord {
+        id: id.to_owned(),
+        created_at: 1_700_000_000,
+        completed_at: None,
+        status: ResponseStatus::InProgress,
+        model: "mock".into(),
+        params: params(),
+        previous_response_id: None,
+        store: true,
+        background: false,
+        error: None,
+        incomplete_reason: None,
+        usage: None,
+    }
+}
+
+fn message(id: &str, text: &str) -> Item {
+    serde_json::from_value(json!({"type": "message", "id": id, "role": "user", "content": text}))
+        .expect("item")
+}
+
+fn context(count: usize) -> Vec<Item> {
+    (0..count)
+        .map(|i| message(&format!("msg_{i}"), &format!("item {i}")))
+        .collect()
+}
+
+fn model_step(seq: u32) -> Step {
+    serde_json::from_value(json!({"seq": seq, "state": "succeeded", "body": {"kind": "model", "output": {
+        "tool_calls": [{"item_id": format!("mcp_{seq}"), "call_id": format!("call_{seq}"), "name": "add", "arguments": "{\"a\":1}"}],
+        "usage": {"input_tokens": 3, "output_tokens": 2},
+        "finish": "tool_calls"
+    }}}))
+    .expect("model step")
+}
+
+fn tool_step(seq: u32, batch: u32) -> Step {
+    serde_json::from_value(json!({"seq": seq, "state": "pending", "body": {"kind": "tool",
+        "item_id": format!("mcp_{seq}"),
+        "call": {"item_id": format!("mcp_{seq}"), "call_id": format!("call_{seq}"), "name": "add", "arguments": "{\"a\":1}"},
+        "batch": batch
+    }}))
+    .expect("tool step")
+}
+
+fn finished(step: &Step, text: &str) -> Step {
+    let mut step = step.clone();
+    step.state = StepState::Succeeded;
+    if let gateway_core::steps::StepBody::Tool(tool) = &mut step.body {
+        tool.outcome = Some(gateway_core::steps::ToolOutcome::Output { text: text.into() });
+    }
+    step
+}
+
+fn server_tool() -> ToolSource {
+    ToolSource {
+        id: "tool_1".into(),
+        name: "add".into(),
+        description: "Adds.".into(),
+        parameters: json!({"type": "object"}),
+        url: "http://127.0.0.1:9/add".into(),
+        timeout_ms: 1000,
+        secret: None,
+        strict: false,
+    }
+}
+
+/// Creates a response of `project_id` with `items` as its context and `steps` carried.
+async fn create(
+    store: &Store,
+    project_id: &str,
+    deployment_id: &str,
+    record: &ResponseRecord,
+    items: &[Item],
+    steps: &[Step],
+    idempotency_key: Option<&str>,
+) -> Result<(), StoreError> {
+    store
+        .create_response(&NewResponse {
+            record,
+            project_id,
+            deployment_id,
+            server_tools: &[server_tool()],
+            context: items,
+            carried_steps: steps,
+            idempotency_key,
+        })
+        .await
+}
+
+fn item_ids(items: &[Value]) -> Vec<&str> {
+    items
+        .iter()
+        .map(|i| i["id"].as_str().unwrap_or(""))
+        .collect()
+}
+
+// ---- admin ----
+
+async fn the_store_answers_a_ping(store: Store) {
+    store.ping().await.expect("ping");
+}
+
+async fn projects_are_created_read_listed_renamed_and_deleted(store: Store) {
+    let beta = store.create_project("beta").await.expect("create");
+    let alpha = store.create_project("alpha").await.expect("create");
+    assert!(beta.id.starts_with("proj_"), "{beta:?}");
+    assert_eq!(beta.name, "beta");
+    assert!(beta.created_at > 1_600_000_000);
+
+    assert_eq!(
+        store.get_project(&beta.id).await.expect("get"),
+        Some(beta.clone())
+    );
+    assert_eq!(
+        store.list_projects().await.expect("list"),
+        [alpha.clone(), beta.clone()],
+        "listed by name"
+    );
+    let renamed = store
+        .update_project(&beta.id, Some("gamma"))
+        .await
+        .expect("rename")
+        .expect("exists");
+    assert_eq!(renamed.name, "gamma");
+    assert_eq!(renamed.created_at, beta.created_at);
+    let unchanged = store
+        .update_project(&beta.id, None)
+        .await
+        .expect("no change")
+        .expect("exists");
+    assert_eq!(unchanged, renamed);
+    assert_eq!(
+        store
+            .update_project("proj_missing", Some("x"))
+            .await
+            .expect("update"),
+        None
+    );
+
+    assert!(store.delete_project(&beta.id).await.expect("delete"));
+    assert!(!store.delete_project(&beta.id).await.expect("delete again"));
+    assert_eq!(store.get_project(&beta.id).await.expect("get"), None);
+    assert_eq!(store.list_projects().await.expect("list"), [alpha]);
+}
+
+async fn api_keys_are_listed_renamed_and_revoked_once(store: Store) {
+    let project_id = project(&store, "acme").await;
+    let missing = store
+        .create_api_key(&NewApiKey {
+            project_id: "proj_missing",
+            name: "k",
+            key_hash: &hash_key("sk-nowhere"),
+            key_prefix: "sk-now",
+        })
+        .await
+        .expect("create for a missing project");
+    assert_eq!(missing, None);
+    assert_eq!(
+        store.list_api_keys("proj_missing").await.expect("list"),
+        None
+    );
+
+    let first_id = key(&store, &project_id, "sk-first-key").await;
+    let second_id = key(&store, &project_id, "sk-second-key").await;
+    let keys = store
+        .list_api_keys(&project_id)
+        .await
+        .expect("list")
+        .expect("project exists");
+    let mut ids: Vec<&str> = keys.iter().map(|k| k.id.as_str()).collect();
+    ids.sort_unstable();
+    let mut expected = [first_id.as_str(), second_id.as_str()];
+    expected.sort_unstable();
+    assert_eq!(ids, expected);
+    let first = store
+        .get_api_key(&first_id)
+        .await
+        .expect("get")
+        .expect("exists");
+    assert_eq!(first.project_id, project_id);
+    assert_eq!(first.key_prefix, "sk-fir");
+    assert_eq!(first.revoked_at, None);
+
+    let renamed = store
+        .update_api_key(&first_id, Some("ci"))
+        .await
+        .expect("rename")
+        .expect("exists");
+    assert_eq!(renamed.name, "ci");
+
+    let revoked = store
+        .revoke_api_key(&first_id)
+        .await
+        .expect("revoke")
+        .expect("exists");
+    let at = revoked.revoked_at.expect("revoked_at");
+    let again = store
+        .revoke_api_key(&first_id)
+        .await
+        .expect("revoke again")
+        .expect("exists");
+    assert_eq!(
+        again.revoked_at,
+        Some(at),
+        "the first revocation time stays"
+    );
+    assert_eq!(
+        store.revoke_api_key("key_missing").await.expect("revoke"),
+        None
+    );
+
+    let duplicate = store
+        .create_api_key(&NewApiKey {
+            project_id: &project_id,
+            name: "again",
+            key_hash: &hash_key("sk-first-key"),
+            key_prefix: "sk-fir",
+        })
+        .await;
+    assert!(
+        matches!(duplicate, Err(StoreError::Conflict(_))),
+        "{duplicate:?}"
+    );
+}
+
+async fn deployments_never_read_back_their_api_key(store: Store) {
+    let id = deployment(&store, "mock").await;
+    let created = store
+        .get_deployment(&id)
+        .await
+        .expect("get")
+        .expect("exists");
+    assert_eq!(created.name, "mock");
+    assert_eq!(created.provider_kind, "openai_chat");
+    assert_eq!(created.upstream_model, "mock-model");
+    assert!(created.has_api_key);
+
+    let patched = store
+        .update_deployment(
+            &id,
+            &DeploymentChanges {
+                base_url: Some("http://127.0.0.1:10/v1"),
+                api_key: Some(None),
+                ..DeploymentChanges::default()
+            },
+        )
+        .await
+        .expect("update")
+        .expect("exists");
+    assert_eq!(patched.base_url, "http://127.0.0.1:10/v1");
+    assert_eq!(patched.name, "mock", "unchanged fields stay");
+    assert!(!patched.has_api_key, "the key was cleared");
+    let kept = store
+        .update_deployment(&id, &DeploymentChanges::default())
+        .await
+        .expect("update")
+        .expect("exists");
+    assert_eq!(kept, patched);
+    let rekeyed = store
+        .update_deployment(
+            &id,
+            &DeploymentChanges {
+                api_key: Some(Some("sk-new")),
+                ..DeploymentChanges::default()
+            },
+        )
+        .await
+        .expect("update")
+        .expect("exists");
+    assert!(rekeyed.has_api_key);
+    assert_eq!(store.list_deployments().await.expect("list"), [rekeyed]);
+    assert_eq!(
+        store
+            .update_deployment("dep_missing", &DeploymentChanges::default())
+            .await
+            .expect("update"),
+        None
+    );
+
+    let bad_kind = store
+        .create_deployment(&NewDeployment {
+            name: "bad",
+            provider_kind: "carrier_pigeon",
+            base_url: "http://127.0.0.1:9",
+            upstream_model: "m",
+            api_key: None,
+        })
+        .await;
+    assert!(
+        matches!(bad_kind, Err(StoreError::Database(_))),
+        "the provider kind is checked: {bad_kind:?}"
+    );
+
+    assert!(store.delete_deployment(&id).await.expect("delete"));
+    assert!(!store.delete_deployment(&id).await.expect("delete again"));
+}
+
+async fn tool_sources_keep_their_parameters_and_never_read_back_their_secret(store: Store) {
+    let id = tool(&store, "add").await;
+    let created = store
+        .get_tool_source(&id)
+        .await
+        .expect("get")
+        .expect("exists");
+    assert_eq!(
+        created.parameters,
+        json!({"type": "object", "properties": {"a": {"type": "number"}}})
+    );
+    assert_eq!(created.timeout_ms, 1000);
+    assert!(created.strict);
+    assert!(created.has_secret);
+
+    let parameters =
+        json!({"type": "object", "required": ["b"], "properties": {"b": {"type": "string"}}});
+    let patched = store
+        .update_tool_source(
+            &id,
+            &ToolSourceChanges {
+                parameters: Some(&parameters),
+                timeout_ms: Some(2500),
+                secret: Some(None),
+                strict: Some(false),
+                ..ToolSourceChanges::default()
+            },
+        )
+        .await
+        .expect("update")
+        .expect("exists");
+    assert_eq!(patched.parameters, parameters);
+    assert_eq!(patched.timeout_ms, 2500);
+    assert!(!patched.strict);
+    assert!(!patched.has_secret);
+    assert_eq!(patched.description, "a tool", "unchanged fields stay");
+    assert_eq!(store.list_tool_sources().await.expect("list"), [patched]);
+    assert_eq!(
+        store
+            .update_tool_source("tool_missing", &ToolSourceChanges::default())
+            .await
+            .expect("update"),
+        None
+    );
+    assert!(store.delete_tool_source(&id).await.expect("delete"));
+    assert_eq!(store.get_tool_source(&id).await.expect("get"), None);
+}
+
+async fn groups_list_their_members_sorted_and_memberships_say_what_is_missing(store: Store) {
+    let group_id = group(&store, "default").await;
+    let fresh = store
+        .get_group(&group_id)
+        .await
+        .expect("get")
+        .expect("exists");
+    assert!(fresh.deployment_ids.is_empty() && fresh.project_ids.is_empty());
+    assert!(fresh.tool_source_ids.is_empty());
+
+    let mut projects = vec![project(&store, "p1").await, project(&store, "p2").await];
+    let deployment_id = deployment(&store, "mock").await;
+    let tool_id = tool(&store, "add").await;
+    for project_id in &projects {
+        attach(&store, &group_id, Member::Project, project_id).await;
+    }
+    attach(&store, &group_id, Member::Deployment, &deployment_id).await;
+    attach(&store, &group_id, Member::ToolSource, &tool_id).await;
+    attach(&store, &group_id, Member::ToolSource, &tool_id).await;
+
+    let full = store
+        .get_group(&group_id)
+        .await
+        .expect("get")
+        .expect("exists");
+    projects.sort();
+    assert_eq!(full.project_ids, projects);
+    assert_eq!(full.deployment_ids, [deployment_id.as_str()]);
+    assert_eq!(
+        full.tool_source_ids,
+        [tool_id.as_str()],
+        "attaching twice is one membership"
+    );
+    let other = group(&store, "another").await;
+    let listed = store.list_groups().await.expect("list");
+    let names: Vec<&str> = listed.iter().map(|g| g.name.as_str()).collect();
+    assert_eq!(names, ["another", "default"]);
+    assert_eq!(listed[1], full);
+
+    assert_eq!(
+        store
+            .attach_member("grp_missing", Member::Project, "proj_missing")
+            .await
+            .expect("attach"),
+        Membership::GroupMissing
+    );
+    assert_eq!(
+        store
+            .attach_member(&group_id, Member::Deployment, "dep_missing")
+            .await
+            .expect("attach"),
+        Membership::MemberMissing
+    );
+    assert_eq!(
+        store
+            .detach_member(&other, Member::ToolSource, &tool_id)
+            .await
+            .expect("detach"),
+        Membership::NotAttached
+    );
+    assert_eq!(
+        store
+            .detach_member(&group_id, Member::ToolSource, &tool_id)
+            .await
+            .expect("detach"),
+        Membership::Done
+    );
+    assert_eq!(
+        store
+            .detach_member("grp_missing", Member::ToolSource, &tool_id)
+            .await
+            .expect("detach"),
+        Membership::GroupMissing
+    );
+    let renamed = store
+        .update_group(&group_id, Some("renamed"))
+        .await
+        .expect("rename")
+        .expect("exists");
+    assert_eq!(renamed.name, "renamed");
+    assert!(renamed.tool_source_ids.is_empty());
+    assert_eq!(renamed.project_ids, projects);
+    assert_eq!(
+        store
+            .update_group("grp_missing", Some("x"))
+            .await
+            .expect("rename"),
+        None
+    );
+}
+
+async fn duplicate_names_are_a_conflict_for_every_kind(store: Store) {
+    fn conflict<T: std::fmt::Debug>(result: Result<T, StoreError>) {
+        assert!(matches!(result, Err(StoreError::Conflict(_))), "{result:?}");
+    }
+    project(&store, "acme").await;
+    let other_project = project(&store, "other").await;
+    conflict(store.create_project("acme").await);
+    conflict(store.update_project(&other_project, Some("acme")).await);
+
+    deployment(&store, "mock").await;
+    let other_deployment = deployment(&store, "other").await;
+    conflict(
+        store
+            .create_deployment(&NewDeployment {
+                name: "mock",
+                provider_kind: "anthropic",
+                base_url: "http://127.0.0.1:9",
+                upstream_model: "m",
+                api_key: None,
+            })
+            .await,
+    );
+    conflict(
+        store
+            .update_deployment(
+                &other_deployment,
+                &DeploymentChanges {
+                    name: Some("mock"),
+                    ..DeploymentChanges::default()
+                },
+            )
+            .await,
+    );
+
+    group(&store, "default").await;
+    let other_group = group(&store, "other").await;
+    conflict(store.create_group("default").await);
+    conflict(store.update_group(&other_group, Some("default")).await);
+
+    tool(&store, "add").await;
+    let other_tool = tool(&store, "other").await;
+    conflict(
+        store
+            .create_tool_source(&NewToolSource {
+                name: "add",
+                description: "",
+                parameters: &json!({}),
+                url: "http://127.0.0.1:9",
+                timeout_ms: 1,
+                secret: None,
+                strict: false,
+            })
+            .await,
+    );
+    conflict(
+        store
+            .update_tool_source(
+                &other_tool,
+                &ToolSourceChanges {
+                    name: Some("add"),
+                    ..ToolSourceChanges::default()
+                },
+            )
+            .await,
+    );
+}
+
+async fn deleting_a_project_cascades_to_its_keys_grants_and_responses(store: Store) {
+    let (project_id, deployment_id) = tenant(&store, "acme").await;
+    let key_id = key(&store, &project_id, "sk-acme-key").await;
+    create(
+        &store,
+        &project_id,
+        &deployment_id,
+        &record("resp_cascade"),
+        &context(2),
+        &[tool_step(0, 0)],
+        None,
+    )
+    .await
+    .expect("create");
+
+    assert!(store.delete_project(&project_id).await.expect("delete"));
+
+    assert_eq!(store.get_api_key(&key_id).await.expect("get"), None);
+    assert_eq!(
+        store.project_for_key("sk-acme-key").await.expect("key"),
+        None
+    );
+    let group = &store.list_groups().await.expect("groups")[0];
+    assert!(group.project_ids.is_empty(), "{group:?}");
+    assert_eq!(group.deployment_ids, [deployment_id]);
+    assert!(store
+        .load_context("resp_cascade")
+        .await
+        .expect("context")
+        .is_empty());
+    assert!(store
+        .load_steps("resp_cascade")
+        .await
+        .expect("steps")
+        .is_empty());
+}
+
+async fn deleting_a_member_removes_it_from_its_groups_and_deleting_a_group_keeps_its_members(
+    store: Store,
+) {
+    let (project_id, deployment_id) = tenant(&store, "acme").await;
+    let group_id = store.list_groups().await.expect("groups")[0].id.clone();
+    let tool_id = tool(&store, "add").await;
+    attach(&store, &group_id, Member::ToolSource, &tool_id).await;
+
+    assert!(store.delete_tool_source(&tool_id).await.expect("delete"));
+    assert!(store
+        .delete_deployment(&deployment_id)
+        .await
+        .expect("delete"));
+    let group = store
+        .get_group(&group_id)
+        .await
+        .expect("get")
+        .expect("exists");
+    assert!(group.tool_source_ids.is_empty() && group.deployment_ids.is_empty());
+    assert_eq!(group.project_ids, [project_id.as_str()]);
+
+    assert!(store.delete_group(&group_id).await.expect("delete"));
+    assert!(!store.delete_group(&group_id).await.expect("delete again"));
+    assert!(store.get_project(&project_id).await.expect("get").is_some());
+}
+
+// ---- tenancy ----
+
+async fn a_key_finds_its_project_until_it_is_revoked(store: Store) {
+    let project_id = project(&store, "acme").await;
+    let key_id = key(&store, &project_id, "sk-live-key").await;
+
+    assert_eq!(
+        store.project_for_key("sk-live-key").await.expect("lookup"),
+        Some(project_id)
+    );
+    assert_eq!(
+        store.project_for_key("sk-unknown").await.expect("lookup"),
+        None
+    );
+    store.revoke_api_key(&key_id).await.expect("revoke");
+    assert_eq!(
+        store.project_for_key("sk-live-key").await.expect("lookup"),
+        None
+    );
+}
+
+async fn resolve_unites_the_tools_of_every_group_the_project_shares_with_the_deployment(
+    store: Store,
+) {
+    let project_id = project(&store, "acme").await;
+    let deployment_id = deployment(&store, "mock").await;
+    let (first, second) = (group(&store, "first").await, group(&store, "second").await);
+    let (add, lookup, shared) = (
+        tool(&store, "add").await,
+        tool(&store, "lookup").await,
+        tool(&store, "shared").await,
+    );
+    for group_id in [&first, &second] {
+        attach(&store, group_id, Member::Project, &project_id).await;
+        attach(&store, group_id, Member::Deployment, &deployment_id).await;
+        attach(&store, group_id, Member::ToolSource, &shared).await;
+    }
+    attach(&store, &first, Member::ToolSource, &lookup).await;
+    attach(&store, &second, Member::ToolSource, &add).await;
+
+    let resolution = store
+        .resolve(&project_id, "mock")
+        .await
+        .expect("resolve")
+        .expect("visible");
+
+    assert_eq!(resolution.deployment.id, deployment_id);
+    assert_eq!(resolution.deployment.upstream_model, "mock-model");
+    assert!(resolution.deployment.api_key.is_some());
+    let names: Vec<&str> = resolution.tools.iter().map(|t| t.name.as_str()).collect();
+    assert_eq!(names, ["add", "lookup", "shared"], "one of each, by name");
+    let add_tool = &resolution.tools[0];
+    assert_eq!(add_tool.timeout_ms, 1000);
+    assert!(add_tool.strict);
+    assert!(add_tool.secret.is_some());
+    assert_eq!(add_tool.parameters["type"], "object");
+}
+
+async fn resolve_sees_nothing_outside_the_projects_groups(store: Store) {
+    let (project_id, deployment_id) = tenant(&store, "acme").await;
+    let stranger = project(&store, "stranger").await;
+    // A group with a tool and the project, but not the deployment: its tool is not offered with `mock`.
+    let side = group(&store, "side").await;
+    let side_tool = tool(&store, "side-tool").await;
+    attach(&store, &side, Member::Project, &project_id).await;
+    attach(&store, &side, Member::ToolSource, &side_tool).await;
+    // A group with the deployment and a tool, but not the project.
+    let foreign = group(&store, "foreign").await;
+    let foreign_tool = tool(&store, "foreign-tool").await;
+    attach(&store, &foreign, Member::Deployment, &deployment_id).await;
+    attach(&store, &foreign, Member::ToolSource, &foreign_tool).await;
+    attach(&store, &foreign, Member::Project, &stranger).await;
+
+    let mine = store
+        .resolve(&project_id, "mock")
+        .await
+        .expect("resolve")
+        .expect("visible");
+    assert!(mine.tools.is_empty(), "{:?}", mine.tools);
+    let theirs = store
+        .resolve(&stranger, "mock")
+        .await
+        .expect("resolve")
+        .expect("visible");
+    let names: Vec<&str> = theirs.tools.iter().map(|t| t.name.as_str()).collect();
+    assert_eq!(names, ["foreign-tool"]);
+    assert!(store
+        .resolve(&project_id, "unknown")
+        .await
+        .expect("resolve")
+        .is_none());
+    let loner = project(&store, "loner").await;
+    assert!(store
+        .resolve(&loner, "mock")
+        .await
+        .expect("resolve")
+        .is_none());
+}
+
+// ---- responses ----
+
+async fn a_created_response_loads_back_with_its_context_and_carried_steps(store: Store) {
+    let (project_id, deployment_id) = tenant(&store, "acme").await;
+    let record = record("resp_one");
+    let items = context(3);
+    let steps = [tool_step(0, 0), tool_step(1, 0)];
+
+    create(
+        &store,
+        &project_id,
+        &deployment_id,
+        &record,
+        &items,
+        &steps,
+        None,
+    )
+    .await
+    .expect("create");
+
+    let stored = store
+        .load_response(&project_id, "resp_one")
+        .await
+        .expect("load")
+        .expect("exists");
+    assert_eq!(stored.record, record);
+    assert!(!stored.handed_back);
+    assert_eq!(stored.deployment_id, Some(deployment_id));
+    assert_eq!(
+        store.load_context("resp_one").await.expect("context"),
+        items
+    );
+    assert_eq!(store.load_steps("resp_one").await.expect("steps"), steps);
+    assert!(store
+        .load_response(&project_id, "resp_missing")
+        .await
+        .expect("load")
+        .is_none());
+}
+
+async fn another_projects_response_loads_as_none_and_cannot_be_deleted(store: Store) {
+    let (owner, deployment_id) = tenant(&store, "owner").await;
+    let (stranger, _) = tenant(&store, "stranger").await;
+    create(
+        &store,
+        &owner,
+        &deployment_id,
+        &record("resp_private"),
+        &context(1),
+        &[],
+        None,
+    )
+    .await
+    .expect("create");
+
+    assert!(store
+        .load_response(&stranger, "resp_private")
+        .await
+        .expect("load")
+        .is_none());
+    assert!(!store
+        .delete_response(&stranger, "resp_private")
+        .await
+        .expect("delete"));
+    assert!(store
+        .load_response(&owner, "resp_private")
+        .await
+        .expect("load")
+        .is_some());
+}
+
+async fn input_items_pages_walk_both_orders_with_after_and_has_more(store: Store) {
+    let (project_id, deployment_id) = tenant(&store, "acme").await;
+    create(
+        &store,
+        &project_id,
+        &deployment_id,
+        &record("resp_paged"),
+        &context(5),
+        &[],
+        None,
+    )
+    .await
+    .expect("create");
+    let page = |after: Option<&'static str>, limit: i64, order: Order| {
+        let store = store.clone();
+        async move {
+            store
+                .input_items_page("resp_paged", after, limit, order)
+                .await
+                .expect("page")
+        }
+    };
+
+    let (items, more) = page(None, 2, Order::Asc).await.expect("page");
+    assert_eq!((item_ids(&items), more), (vec!["msg_0", "msg_1"], true));
+    assert_eq!(
+        items[0],
+        json!({"type": "message", "id": "msg_0", "role": "user", "content": "item 0"})
+    );
+    let (items, more) = page(Some("msg_1"), 2, Order::Asc).await.expect("page");
+    assert_eq!((item_ids(&items), more), (vec!["msg_2", "msg_3"], true));
+    let (items, more) = page(Some("msg_3"), 2, Order::Asc).await.expect("page");
+    assert_eq!((item_ids(&items), more), (vec!["msg_4"], false));
+    let (items, more) = page(None, 5, Order::Asc).await.expect("page");
+    assert_eq!(
+        (items.len(), more),
+        (5, false),
+        "exactly a page is not more"
+    );
+
+    let (items, more) = page(None, 3, Order::Desc).await.expect("page");
+    assert_eq!(
+        (item_ids(&items), more),
+        (vec!["msg_4", "msg_3", "msg_2"], true)
+    );
+    let (items, more) = page(Some("msg_2"), 3, Order::Desc).await.expect("page");
+    assert_eq!((item_ids(&items), more), (vec!["msg_1", "msg_0"], false));
+    let (items, more) = page(Some("msg_0"), 3, Order::Desc).await.expect("page");
+    assert_eq!((items.len(), more), (0, false));
+
+    assert!(
+        page(Some("msg_unknown"), 2, Order::Asc).await.is_none(),
+        "an unknown `after` is no page at all"
+    );
+    let (items, more) = store
+        .input_items_page("resp_missing", None, 2, Order::Asc)
+        .await
+        .expect("page")
+        .expect("page");
+    assert_eq!((items.len(), more), (0, false));
+}
+
+async fn steps_are_inserted_marked_running_updated_and_loaded_in_order(store: Store) {
+    let (project_id, deployment_id) = tenant(&store, "acme").await;
+    create(
+        &store,
+        &project_id,
+        &deployment_id,
+        &record("resp_steps"),
+        &context(1),
+        &[],
+        None,
+    )
+    .await
+    .expect("create");
+    let batch = [tool_step(1, 0), tool_step(2, 0), tool_step(3, 0)];
+    // Inserted out of order on purpose: loading orders by seq.
+    store
+        .insert_steps("resp_steps", &batch)
+        .await
+        .expect("insert batch");
+    store
+        .insert_steps("resp_steps", &[model_step(0)])
+        .await
+        .expect("insert model step");
+
+    store
+        .mark_running("resp_steps", &[1, 3])
+        .await
+        .expect("mark running");
+    let loaded = store.load_steps("resp_steps").await.expect("load");
+    let states: Vec<(u32, StepState)> = loaded.iter().map(|s| (s.seq, s.state)).collect();
+    assert_eq!(
+        states,
+        [
+            (0, StepState::Succeeded),
+            (1, StepState::Running),
+            (2, StepState::Pending),
+            (3, StepState::Running)
+        ]
+    );
+    assert_eq!(loaded[0], model_step(0));
+
+    let done = finished(&batch[0], "{\"sum\":2}");
+    store
+        .update_step("resp_steps", &done)
+        .await
+        .expect("update");
+    let loaded = store.load_steps("resp_steps").await.expect("load");
+    assert_eq!(loaded[1], done);
+    assert_eq!(loaded[2], batch[1]);
+
+    let duplicate = store.insert_steps("resp_steps", &[tool_step(2, 0)]).await;
+    assert!(duplicate.is_err(), "a seq is written once: {duplicate:?}");
+    let orphan = store.insert_steps("resp_missing", &[tool_step(0, 0)]).await;
+    assert!(orphan.is_err(), "steps belong to a response: {orphan:?}");
+}
+
+async fn finish_response_records_how_the_response_ended(store: Store) {
+    let (project_id, deployment_id) = tenant(&store, "acme").await;
+    for id in ["resp_done", "resp_failed"] {
+        create(
+            &store,
+            &project_id,
+            &deployment_id,
+            &record(id),
+            &context(1),
+            &[],
+            None,
+        )
+        .await
+        .expect("create");
+    }
+    let usage = Usage {
+        input_tokens: 7,
+        output_tokens: 3,
+        cached_tokens: 1,
+        reasoning_tokens: 0,
+    };
+
+    store
+        .finish_response(
+            "resp_done",
+            &Ending {
+                status: ResponseStatus::Incomplete,
+                usage: Some(usage),
+                handed_back: true,
+                error: None,
+                incomplete_reason: Some("max_tool_calls".into()),
+            },
+            1_700_000_100,
+        )
+        .await
+        .expect("finish");
+    store
+        .finish_response(
+            "resp_failed",
+            &Ending {
+                status: ResponseStatus::Failed,
+                usage: None,
+                handed_back: false,
+                error: Some(("server_error".into(), "The upstream failed.".into())),
+                incomplete_reason: None,
+            },
+            1_700_000_200,
+        )
+        .await
+        .expect("finish");
+
+    let done = store
+        .load_response(&project_id, "resp_done")
+        .await
+        .expect("load")
+        .expect("exists");
+    assert_eq!(done.record.status, ResponseStatus::Incomplete);
+    assert_eq!(done.record.usage, Some(usage));
+    assert_eq!(done.record.completed_at, Some(1_700_000_100));
+    assert_eq!(
+        done.record.incomplete_reason.as_deref(),
+        Some("max_tool_calls")
+    );
+    assert_eq!(done.record.error, None);
+    assert!(done.handed_back);
+    assert_eq!(done.record.params, params(), "params are untouched");
+    let failed = store
+        .load_response(&project_id, "resp_failed")
+        .await
+        .expect("load")
+        .expect("exists");
+    assert_eq!(failed.record.status, ResponseStatus::Failed);
+    assert_eq!(
+        failed.record.error,
+        Some(("server_error".into(), "The upstream failed.".into()))
+    );
+    assert_eq!(failed.record.usage, None);
+    assert!(!failed.handed_back);
+}
+
+async fn deleting_a_response_removes_its_items_and_steps(store: Store) {
+    let (project_id, deployment_id) = tenant(&store, "acme").await;
+    for id in ["resp_gone", "resp_kept"] {
+        create(
+            &store,
+            &project_id,
+            &deployment_id,
+            &record(id),
+            &context(2),
+            &[tool_step(0, 0)],
+            None,
+        )
+        .await
+        .expect("create");
+    }
+
+    assert!(store
+        .delete_response(&project_id, "resp_gone")
+        .await
+        .expect("delete"));
+    assert!(!store
+        .delete_response(&project_id, "resp_gone")
+        .await
+        .expect("delete again"));
+
+    assert!(store
+        .load_response(&project_id, "resp_gone")
+        .await
+        .expect("load")
+        .is_none());
+    assert!(store
+        .load_context("resp_gone")
+        .await
+        .expect("context")
+        .is_empty());
+    assert!(store
+        .load_steps("resp_gone")
+        .await
+        .expect("steps")
+        .is_empty());
+    assert_eq!(
+        store
+            .load_context("resp_kept")
+            .await
+            .expect("context")
+            .len(),
+        2
+    );
+    assert_eq!(store.load_steps("resp_kept").await.expect("steps").len(), 1);
+}
+
+async fn an_idempotency_key_finds_its_response_and_cannot_be_used_twice_in_a_project(store: Store) {
+    let (project_id, deployment_id) = tenant(&store, "acme").await;
+    let (other_project, _) = tenant(&store, "other").await;
+    create(
+        &store,
+        &project_id,
+        &deployment_id,
+        &record("resp_first"),
+        &context(1),
+        &[],
+        Some("key-1"),
+    )
+    .await
+    .expect("create");
+    for id in ["resp_plain_1", "resp_plain_2"] {
+        create(
+            &store,
+            &project_id,
+            &deployment_id,
+            &record(id),
+            &context(1),
+            &[],
+            None,
+        )
+        .await
+        .expect("responses without a key never clash");
+    }
+
+    assert_eq!(
+        store
+            .response_for_idempotency_key(&project_id, "key-1")
+            .await
+            .expect("lookup"),
+        Some("resp_first".to_owned())
+    );
+    assert_eq!(
+        store
+            .response_for_idempotency_key(&project_id, "key-2")
+            .await
+            .expect("lookup"),
+        None
+    );
+    assert_eq!(
+        store
+            .response_for_idempotency_key(&other_project, "key-1")
+            .await
+            .expect("lookup"),
+        None
+    );
+
+    let again = create(
+        &store,
+        &project_id,
+        &deployment_id,
+        &record("resp_second"),
+        &context(1),
+        &[tool_step(0, 0)],
+        Some("key-1"),
+    )
+    .await;
+    assert!(matches!(again, Err(StoreError::Conflict(_))), "{again:?}");
+    assert!(
+        store
+            .load_response(&project_id, "resp_second")
+            .await
+            .expect("load")
+            .is_none(),
+        "the failed create left nothing behind"
+    );
+    assert!(store
+        .load_context("resp_second")
+        .await
+        .expect("context")
+        .is_empty());
+    create(
+        &store,
+        &other_project,
+        &deployment_id,
+        &record("resp_elsewhere"),
+        &context(1),
+        &[],
+        Some("key-1"),
+    )
+    .await
+    .expect("the same key in another project is another request");
+}
+
+async fn concurrent_writes_of_steps_and_responses_all_succeed(store: Store) {
+    let (project_id, deployment_id) = tenant(&store, "acme").await;
+    let batch: Vec<Step> = (1..=12).map(|seq| tool_step(seq, 0)).collect();
+    create(
+        &store,
+        &project_id,
+        &deployment_id,
+        &record("resp_busy"),
+        &context(4),
+        &batch,
+        None,
+    )
+    .await
+    .expect("create");
+
+    // As a parallel batch does: every call marked running, then each finished on its own, all at once,
+    // while other responses are created beside them.
+    let mut tasks = Vec::new();
+    for step in batch.clone() {
+        let store = store.clone();
+        tasks.push(tokio::spawn(async move {
+            store.mark_running("resp_busy", &[step.seq]).await?;
+            store
+                .update_step("resp_busy", &finished(&step, "{\"ok\":true}"))
+                .await?;
+            store.load_steps("resp_busy").await.map(drop)
+        }));
+    }
+    for n in 0..8 {
+        let (store, project_id, deployment_id) =
+            (store.clone(), project_id.clone(), deployment_id.clone());
+        tasks.push(tokio::spawn(async move {
+            let record = record(&format!("resp_beside_{n}"));
+            create(
+                &store,
+                &project_id,
+                &deployment_id,
+                &record,
+                &context(3),
+                &[tool_step(0, 0)],
+                None,
+            )
+            .await
+        }));
+    }
+    for task in tasks {
+        task.await
+            .expect("task")
+            .expect("a concurrent write failed");
+    }
+
+    let steps = store.load_steps("resp_busy").await.expect("load");
+    assert!(
+        steps.iter().all(|s| s.state == StepState::Succeeded),
+        "{steps:?}"
+    );
+    for n in 0..8 {
+        assert_eq!(
+            store
+                .load_context(&format!("resp_beside_{n}"))
+                .await
+                .expect("context")
+                .len(),
+            3
+        );
+    }
+}
+
+// ---- the embedded store only ----
+
+#[tokio::test]
+async fn an_in_memory_embedded_store_is_one_database_for_the_whole_pool() {
+    let store = Store::connect("sqlite::memory:", 8).await.expect("connect");
+    assert!(matches!(store.backend(), Backend::Sqlite(_)));
+    store.migrate().await.expect("migrate");
+    let (project_id, deployment_id) = tenant(&store, "acme").await;
+    let mut tasks = Vec::new();
+    for n in 0..6 {
+        let (store, project_id, deployment_id) =
+            (store.clone(), project_id.clone(), deployment_id.clone());
+        tasks.push(tokio::spawn(async move {
+            create(
+                &store,
+                &project_id,
+                &deployment_id,
+                &record(&format!("resp_{n}")),
+                &context(2),
+                &[],
+                None,
+            )
+            .await
+        }));
+    }
+    for task in tasks {
+        task.await.expect("task").expect("create");
+    }
+    for n in 0..6 {
+        assert!(store
+            .load_response(&project_id, &format!("resp_{n}"))
+            .await
+            .expect("load")
+            .is_some());
+    }
+}
+
+#[tokio::test]
+async fn the_embedded_store_creates_its_directory_and_keeps_its_data_across_restarts() {
+    let root =
+        std::env::temp_dir().join(format!("gw_store_test_{}", uuid::Uuid::new_v4().simple()));
+    let url = format!("sqlite:{}", root.join("nested/dir/gateway.db").display());
+    let first = Store::connect(&url, 2).await.expect("connect");
+    first.migrate().await.expect("migrate");
+    first.create_project("kept").await.expect("project");
+    if let Backend::Sqlite(pool) = first.backend() {
+        pool.close().await;
+    }
+
+    let second = Store::connect(&url, 2).await.expect("reconnect");
+    second.migrate().await.expect("migrating again is a no-op");
+    let names: Vec<String> = second
+        .list_projects()
+        .await
+        .expect("list")
+        .into_iter()
+        .map(|p| p.name)
+        .collect();
+    let _ = std::fs::remove_dir_all(&root);
+    assert_eq!(names, ["kept"]);
+}
+
+#[tokio::test]
+async fn a_url_of_another_database_is_refused_without_repeating_it() {
+    let error = Store::connect("mysql://user:hunter2@127.0.0.1/db", 1)
+        .await
+        .expect_err("mysql is not supported");
+    assert!(matches!(error, StoreError::UnsupportedUrl), "{error:?}");
+    assert!(!error.to_string().contains("hunter2"), "{error}");
+}
+
+#[tokio::test]
+async fn postgres_urls_select_postgres() {
+    let scratch = Scratch::postgres().await;
+    assert!(matches!(scratch.store.backend(), Backend::Postgres(_)));
+}

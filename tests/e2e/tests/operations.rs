@@ -1,0 +1,148 @@
+//! Operations: health, readiness, metrics, request ids.
+
+mod common;
+
+use common::*;
+use gateway_testkit::{Call, Reply};
+use reqwest::Method;
+use serde_json::json;
+
+#[tokio::test]
+async fn health_and_readiness_answer_on_both_stores() {
+    for gw in [
+        gateway_e2e::TestGateway::start().await,
+        gateway_e2e::TestGateway::start_embedded().await,
+    ] {
+        let health = gw
+            .http
+            .get(format!("{}/healthz", gw.base_url))
+            .send()
+            .await
+            .expect("healthz");
+        assert_eq!(health.status(), 200);
+        let ready = gw
+            .http
+            .get(format!("{}/readyz", gw.base_url))
+            .send()
+            .await
+            .expect("readyz");
+        assert_eq!(ready.status(), 200);
+        assert_eq!(ready.text().await.expect("body"), "ready");
+    }
+}
+
+#[tokio::test]
+async fn every_answer_carries_a_request_id_and_keeps_the_clients() {
+    let (gw, tenant) = gateway().await;
+    let mine = gw
+        .http
+        .get(format!("{}/v1/responses/resp_x", gw.base_url))
+        .bearer_auth(&tenant.key)
+        .header("x-request-id", "trace-me-1")
+        .send()
+        .await
+        .expect("request");
+    assert_eq!(mine.headers()["x-request-id"], "trace-me-1");
+    let fresh = gw
+        .http
+        .get(format!("{}/healthz", gw.base_url))
+        .send()
+        .await
+        .expect("request");
+    assert!(!fresh.headers()["x-request-id"].is_empty());
+}
+
+/// The value of the sample of `name` whose labels contain every one of `labels`, or 0.
+fn sample(text: &str, name: &str, labels: &[&str]) -> f64 {
+    text.lines()
+        .filter(|line| line.starts_with(name) && labels.iter().all(|l| line.contains(l)))
+        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+#[tokio::test]
+async fn a_request_moves_the_counters_it_should() {
+    let (gw, tenant) = gateway_with_tools(&["add"]).await;
+    let metrics = || async {
+        gw.http
+            .get(format!("{}/metrics", gw.base_url))
+            .send()
+            .await
+            .expect("metrics")
+            .text()
+            .await
+            .expect("text")
+    };
+    let before = metrics().await;
+    gw.model.push(Reply::tool_calls(vec![Call::new(
+        "add",
+        json!({"a": 1, "b": 2}),
+    )]));
+    gw.model.push(Reply::text("3"));
+
+    let answer = gw
+        .call(
+            gw.public(Method::POST, "/responses", &tenant.key)
+                .json(&json!({"model": "mock", "input": "add"})),
+        )
+        .await;
+    assert_eq!(answer.status, 200);
+    let after = metrics().await;
+
+    let moved =
+        |name: &str, labels: &[&str]| sample(&after, name, labels) - sample(&before, name, labels);
+    assert_eq!(
+        moved(
+            "gateway_http_requests_total",
+            &["route=\"/v1/responses\"", "status=\"200\""]
+        ),
+        1.0,
+        "{after}"
+    );
+    assert_eq!(
+        moved(
+            "gateway_tool_calls_total",
+            &["tool=\"add\"", "outcome=\"ok\""]
+        ),
+        1.0,
+        "{after}"
+    );
+    assert_eq!(
+        moved(
+            "gateway_upstream_calls_total",
+            &["deployment=\"mock\"", "outcome=\"ok\""]
+        ),
+        2.0,
+        "{after}"
+    );
+    assert_eq!(
+        moved("gateway_responses_total", &["status=\"completed\""]),
+        1.0,
+        "{after}"
+    );
+    assert!(
+        moved("gateway_loop_model_calls_count", &[]) >= 1.0,
+        "{after}"
+    );
+    assert!(
+        moved(
+            "gateway_tool_call_duration_seconds_count",
+            &["tool=\"add\""]
+        ) >= 1.0,
+        "{after}"
+    );
+    assert!(
+        moved(
+            "gateway_store_duration_seconds_count",
+            &["op=\"create_response\""]
+        ) >= 1.0,
+        "{after}"
+    );
+    assert!(
+        moved(
+            "gateway_upstream_call_duration_seconds_count",
+            &["deployment=\"mock\""]
+        ) >= 2.0,
+        "{after}"
+    );
+}
