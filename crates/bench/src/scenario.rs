@@ -484,3 +484,49 @@ pub async fn probe(
     stages.extend(models.map(|m| vec![m]));
     Ok((request, DirectPlan { stages }))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scenario_lists_parse_by_name_or_all() -> anyhow::Result<()> {
+        assert_eq!(Scenario::parse_list("all")?, Scenario::ALL.to_vec());
+        assert_eq!(
+            Scenario::parse_list("tool-round, open-streams")?,
+            vec![Scenario::ToolRound, Scenario::OpenStreams]
+        );
+        assert!(Scenario::parse_list("text-stored,nope").is_err());
+        Ok(())
+    }
+
+    #[test]
+    fn answers_are_checked_against_the_expected_output() {
+        let tools = json!({"status": "completed", "output": [
+            {"type": "mcp_call", "status": "completed"},
+            {"type": "message", "status": "completed"},
+        ]})
+        .to_string();
+        assert_eq!(Expect::ServerTools(1).check_json(tools.as_bytes()), Ok(()));
+        assert!(Expect::ServerTools(4).check_json(tools.as_bytes()).is_err());
+        assert_eq!(Expect::Text.check_json(tools.as_bytes()), Ok(()));
+        assert!(Expect::HandBack(1).check_json(tools.as_bytes()).is_err());
+        let failed = json!({"status": "failed", "output": []}).to_string();
+        assert!(Expect::Text.check_json(failed.as_bytes()).is_err());
+        assert!(Expect::Text.check_json(b"not json").is_err());
+    }
+
+    #[test]
+    fn a_stream_must_end_with_a_completed_response() {
+        let completed = json!({"type": "response.completed", "response": {"status": "completed", "output": [{"type": "message"}]}});
+        let good = format!(
+            "event: response.created\ndata: {{\"type\":\"response.created\"}}\n\nevent: response.completed\ndata: {completed}\n\n"
+        );
+        assert_eq!(Expect::Text.check_stream(good.as_bytes()), Ok(()));
+        let cut = "event: response.created\ndata: {\"type\":\"response.created\"}\n\n";
+        assert!(Expect::Text.check_stream(cut.as_bytes()).is_err());
+        let failed =
+            "data: {\"type\":\"response.failed\",\"response\":{\"status\":\"failed\"}}\n\n";
+        assert!(Expect::Text.check_stream(failed.as_bytes()).is_err());
+    }
+}

@@ -247,14 +247,14 @@ pub fn parse_response(body: &Value, ids: &mut dyn IdSource) -> Result<ModelOutpu
     let message = choice
         .get("message")
         .ok_or_else(|| ParseError("no 'message' in the first choice".into()))?;
-    let text = match message.get("content") {
+    let text = scrub_nul(match message.get("content") {
         Some(Value::String(text)) => text.clone(),
         Some(Value::Array(parts)) => parts
             .iter()
             .filter_map(|p| p.get("text").and_then(Value::as_str))
             .collect(),
         _ => String::new(),
-    };
+    });
     let mut tool_calls = Vec::new();
     if let Some(calls) = message.get("tool_calls").and_then(Value::as_array) {
         for (index, call) in calls.iter().enumerate() {
@@ -299,7 +299,7 @@ pub fn parse_response(body: &Value, ids: &mut dyn IdSource) -> Result<ModelOutpu
 /// Tool-call arguments as a JSON string: objects are serialised, null or missing becomes `{}`.
 pub fn normalise_arguments(arguments: Option<&Value>) -> String {
     match arguments {
-        Some(Value::String(s)) if !s.trim().is_empty() => s.clone(),
+        Some(Value::String(s)) if !s.trim().is_empty() => scrub_nul(s.clone()),
         Some(Value::String(_)) | Some(Value::Null) | None => "{}".into(),
         Some(other) => other.to_string(),
     }
@@ -327,3 +327,12 @@ pub fn parse_usage(usage: &Value) -> Option<Usage> {
 
 #[cfg(test)]
 mod tests;
+
+/// Replaces NUL characters, which stores cannot keep (Postgres refuses `\u0000` in text and JSON).
+pub fn scrub_nul(text: String) -> String {
+    if text.contains('\0') {
+        text.replace('\0', "\u{FFFD}")
+    } else {
+        text
+    }
+}

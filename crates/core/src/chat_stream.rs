@@ -181,7 +181,7 @@ impl ChatStream {
         Ok(ModelOutput {
             message: (!self.text.is_empty()).then(|| AssistantMessage {
                 item_id: ids.item_id("msg"),
-                text: self.text,
+                text: crate::chat::scrub_nul(self.text),
             }),
             tool_calls,
             usage: self.usage,

@@ -53,6 +53,22 @@ pub enum NextAction {
     Fail { message: String },
 }
 
+impl NextAction {
+    /// The action's name, for logs (which must not carry tool arguments).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            NextAction::CallModel => "call_model",
+            NextAction::ResumeModelCall { .. } => "resume_model_call",
+            NextAction::DispatchBatch { .. } => "dispatch_batch",
+            NextAction::RunTools { .. } => "run_tools",
+            NextAction::Complete => "complete",
+            NextAction::HandBack { .. } => "hand_back",
+            NextAction::Incomplete { .. } => "incomplete",
+            NextAction::Fail { .. } => "fail",
+        }
+    }
+}
+
 /// Why a response ended `incomplete`; `as_str` is what `incomplete_details.reason` says.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]

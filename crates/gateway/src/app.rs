@@ -39,6 +39,10 @@ impl Application {
         crate::seed::apply(&store, &config.seed).await?;
         let engine = Engine {
             store: store.clone(),
+            resolver: crate::resolver::Resolver::new(
+                store.clone(),
+                Duration::from_millis(config.tenancy.cache_ttl_ms),
+            ),
             upstream: Upstream::new(config.upstream.clone())?,
             tools: ToolExecutor::new(config.tools.clone())?,
             limits: config.limits.clone(),

@@ -20,6 +20,7 @@ pub struct Config {
     pub upstream: UpstreamConfig,
     pub tools: ToolsConfig,
     pub log: LogConfig,
+    pub tenancy: TenancyConfig,
     /// Entities created or updated at start-up, idempotently.
     pub seed: SeedConfig,
 }
@@ -134,6 +135,22 @@ impl Default for ToolsConfig {
     }
 }
 
+/// How long key and model resolutions read from the store are reused.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TenancyConfig {
+    /// Admin writes through this gateway take effect at once; on other replicas within this time. 0 disables.
+    pub cache_ttl_ms: u64,
+}
+
+impl Default for TenancyConfig {
+    fn default() -> Self {
+        TenancyConfig {
+            cache_ttl_ms: 2_000,
+        }
+    }
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct LogConfig {
@@ -160,16 +177,44 @@ impl Config {
         if let Ok(url) = std::env::var("DATABASE_URL") {
             figment = figment.merge(("database.url", url));
         }
-        figment
+        let config: Config = figment
             .merge(Env::prefixed("GATEWAY__").split("__"))
             .extract()
-            .map_err(Box::new)
+            .map_err(Box::new)?;
+        config
+            .check()
+            .map_err(|problem| Box::new(figment::Error::from(problem)))?;
+        Ok(config)
+    }
+
+    /// Values that parse but cannot work: a zero ceiling would end every response at once.
+    fn check(&self) -> Result<(), String> {
+        let limits = &self.limits;
+        let must_be_positive = [
+            ("limits.max_model_calls", u64::from(limits.max_model_calls)),
+            ("limits.max_tool_calls", u64::from(limits.max_tool_calls)),
+            (
+                "limits.max_failing_batches",
+                u64::from(limits.max_failing_batches),
+            ),
+            ("limits.tool_concurrency", limits.tool_concurrency as u64),
+            ("limits.response_deadline_ms", limits.response_deadline_ms),
+            (
+                "server.body_limit_bytes",
+                self.server.body_limit_bytes as u64,
+            ),
+        ];
+        match must_be_positive.iter().find(|(_, value)| *value == 0) {
+            Some((key, _)) => Err(format!("{key} must be at least 1")),
+            None => Ok(()),
+        }
     }
 }
 
 /// Serialisable defaults for the sections that have them, so figment reports unknown keys against them.
 #[derive(Default, Serialize)]
 struct DefaultsShim {
+    tenancy: TenancyConfig,
     server: ServerConfig,
     limits: LimitsConfig,
     upstream: UpstreamConfig,

@@ -17,6 +17,7 @@ use tokio::sync::mpsc;
 
 use crate::api::error::ApiError;
 use crate::config::LimitsConfig;
+use crate::resolver::Resolver;
 use crate::store::responses::{Ending, NewResponse};
 use crate::store::tenancy::{Deployment, ToolSource};
 use crate::store::{new_id, now, Store, StoreError};
@@ -28,6 +29,7 @@ use crate::upstream::Upstream;
 #[derive(Debug, Clone)]
 pub struct Engine {
     pub store: Store,
+    pub resolver: Resolver,
     pub upstream: Upstream,
     pub tools: ToolExecutor,
     pub limits: LimitsConfig,
@@ -96,7 +98,7 @@ impl Engine {
         idempotency_key: Option<&str>,
     ) -> Result<Run, ApiError> {
         let resolution = self
-            .store
+            .resolver
             .resolve(project_id, &request.model)
             .await?
             .ok_or_else(|| ApiError {
@@ -207,8 +209,8 @@ impl Engine {
         }
         Ok(Run {
             record,
-            deployment: resolution.deployment,
-            server_tools: resolution.tools,
+            deployment: resolution.deployment.clone(),
+            server_tools: resolution.tools.clone(),
             registered,
             context,
             steps,
@@ -233,6 +235,21 @@ impl Engine {
                     "The gateway's store failed while running response '{}'; it was left unfinished.",
                     run.record.id
                 );
+                if run.persist {
+                    // Best effort: a response must not stay in progress forever when its loop gave up.
+                    let ending = Ending {
+                        error: Some(("server_error".into(), message.clone())),
+                        usage: Some(total_usage(&run.steps)),
+                        ..Ending::simple(ResponseStatus::Failed)
+                    };
+                    if let Err(again) = self
+                        .store
+                        .finish_response(&run.record.id, &ending, now())
+                        .await
+                    {
+                        tracing::error!(response.id = %run.record.id, error = %again, "could not record the failure either");
+                    }
+                }
                 if let Some(sink) = sink.as_mut() {
                     // Best effort, bounded for a client that reads nothing: the client learns why its
                     // stream ends here, and the stream still ends with its one terminal event.
@@ -299,7 +316,7 @@ impl Engine {
                 limits: run.limits,
                 deadline_passed: Instant::now() >= run.deadline,
             });
-            tracing::debug!(response.id = %run.record.id, ?action, "next action");
+            tracing::debug!(response.id = %run.record.id, action = action.kind(), "next action");
             // The client of a stream went away: stop before starting new work and say why. A response
             // whose work is done ends as it would have; tool steps already recorded are run first, so that
             // none is left pending.

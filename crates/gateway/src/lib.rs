@@ -7,6 +7,7 @@ pub mod config;
 pub mod demo;
 pub mod engine;
 pub mod metrics;
+pub mod resolver;
 pub mod seed;
 pub mod store;
 pub mod stream;

@@ -15,8 +15,9 @@ use secrecy::ExposeSecret;
 )]
 struct Cli {
     /// Configuration file; `GATEWAY__SECTION__KEY` variables override it.
-    #[arg(long, global = true, default_value = "config/default.toml")]
-    config: PathBuf,
+    /// Defaults to `config/default.toml` when it exists; a file given here must exist.
+    #[arg(long, global = true)]
+    config: Option<PathBuf>,
     #[command(subcommand)]
     command: Command,
 }
@@ -36,8 +37,8 @@ enum Command {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    let config =
-        Config::load(&cli.config).map_err(|e| anyhow::anyhow!("invalid configuration: {e}"))?;
+    let config = Config::load(&config_file(cli.config)?)
+        .map_err(|e| anyhow::anyhow!("invalid configuration: {e}"))?;
     gateway::telemetry::init(&config.log);
     match cli.command {
         Command::Serve => {
@@ -75,5 +76,16 @@ async fn shutdown_signal() {
     tokio::select! {
         () = ctrl_c => {},
         () = terminate => {},
+    }
+}
+
+/// The configuration file: the one given (which must exist), or the default one when present.
+fn config_file(given: Option<PathBuf>) -> anyhow::Result<PathBuf> {
+    match given {
+        Some(path) if !path.is_file() => {
+            anyhow::bail!("configuration file {} not found", path.display())
+        }
+        Some(path) => Ok(path),
+        None => Ok(PathBuf::from("config/default.toml")),
     }
 }

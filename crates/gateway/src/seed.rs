@@ -51,7 +51,7 @@ pub async fn apply(store: &Store, seed: &SeedConfig) -> Result<(), SeedError> {
                 project_id: &id,
                 name: key_name,
                 key_hash: &hash_key(key),
-                key_prefix: &key[..9],
+                key_prefix: &key.chars().take(9).collect::<String>(),
             };
             match store.create_api_key(&new).await {
                 // The key exists already (maybe revoked since: it stays as it is).

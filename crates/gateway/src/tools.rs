@@ -1,5 +1,6 @@
 //! The HTTP tool executor: runs one server tool call on its source's endpoint (SPEC section 7).
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use gateway_core::steps::{ToolCall, ToolOutcome};
@@ -14,6 +15,8 @@ use crate::store::tenancy::ToolSource;
 pub struct ToolExecutor {
     http: reqwest::Client,
     config: ToolsConfig,
+    /// Compiled argument schemas, by the schema's JSON text: compiling is far dearer than checking.
+    validators: moka::sync::Cache<String, Arc<jsonschema::Validator>>,
 }
 
 /// Identifies one tool step across retries and restarts.
@@ -31,7 +34,11 @@ impl ToolExecutor {
         let http = reqwest::Client::builder()
             .pool_max_idle_per_host(256)
             .build()?;
-        Ok(ToolExecutor { http, config })
+        Ok(ToolExecutor {
+            http,
+            config,
+            validators: moka::sync::Cache::new(1024),
+        })
     }
 
     /// Runs `call` on `source`. Never fails: errors are outcomes.
@@ -51,7 +58,7 @@ impl ToolExecutor {
     }
 
     async fn run(&self, source: &ToolSource, call: &ToolCall, at: CallRef<'_>) -> ToolOutcome {
-        let arguments = match parse_arguments(source, &call.arguments) {
+        let arguments = match self.parse_arguments(source, &call.arguments) {
             Ok(arguments) => arguments,
             Err(message) => return ToolOutcome::error(message),
         };
@@ -99,42 +106,60 @@ impl ToolExecutor {
     }
 }
 
-/// The call's arguments as a JSON object, checked against the tool's schema.
-fn parse_arguments(source: &ToolSource, arguments: &str) -> Result<Value, String> {
-    let value: Value = serde_json::from_str(arguments).map_err(|e| {
-        format!(
-            "The arguments for tool '{}' are not valid JSON: {e}.",
-            source.name
-        )
-    })?;
-    if !value.is_object() {
-        return Err(format!(
-            "The arguments for tool '{}' must be a JSON object.",
-            source.name
-        ));
+impl ToolExecutor {
+    /// The call's arguments as a JSON object, checked against the tool's schema.
+    fn parse_arguments(&self, source: &ToolSource, arguments: &str) -> Result<Value, String> {
+        let value: Value = serde_json::from_str(arguments).map_err(|e| {
+            format!(
+                "The arguments for tool '{}' are not valid JSON: {e}.",
+                source.name
+            )
+        })?;
+        if !value.is_object() {
+            return Err(format!(
+                "The arguments for tool '{}' must be a JSON object.",
+                source.name
+            ));
+        }
+        let Some(validator) = self.validator(source) else {
+            return Ok(value);
+        };
+        let problems: Vec<String> = validator
+            .iter_errors(&value)
+            .map(|e| e.to_string())
+            .take(5)
+            .collect();
+        if !problems.is_empty() {
+            return Err(format!(
+                "The arguments for tool '{}' do not match its schema: {}.",
+                source.name,
+                problems.join("; ")
+            ));
+        }
+        Ok(value)
     }
-    if source.parameters.is_object() {
+
+    /// The compiled schema of a source, compiled once; `None` when it has none or it does not compile.
+    fn validator(&self, source: &ToolSource) -> Option<Arc<jsonschema::Validator>> {
+        if !source.parameters.is_object() {
+            return None;
+        }
+        let key = source.parameters.to_string();
+        if let Some(validator) = self.validators.get(&key) {
+            return Some(validator);
+        }
         match jsonschema::validator_for(&source.parameters) {
             Ok(validator) => {
-                let problems: Vec<String> = validator
-                    .iter_errors(&value)
-                    .map(|e| e.to_string())
-                    .take(5)
-                    .collect();
-                if !problems.is_empty() {
-                    return Err(format!(
-                        "The arguments for tool '{}' do not match its schema: {}.",
-                        source.name,
-                        problems.join("; ")
-                    ));
-                }
+                let validator = Arc::new(validator);
+                self.validators.insert(key, Arc::clone(&validator));
+                Some(validator)
             }
             Err(e) => {
-                tracing::warn!(tool.name = %source.name, error = %e, "tool schema does not compile; arguments not checked")
+                tracing::warn!(tool.name = %source.name, error = %e, "tool schema does not compile; arguments not checked");
+                None
             }
         }
     }
-    Ok(value)
 }
 
 async fn read_answer(tool: &str, response: reqwest::Response) -> ToolOutcome {
@@ -151,7 +176,9 @@ async fn read_answer(tool: &str, response: reqwest::Response) -> ToolOutcome {
         }
         Err(_) => return ToolOutcome::error(format!("Tool '{tool}' broke off its answer.")),
     };
-    let text = String::from_utf8_lossy(&body[..body.len().min(MAX_OUTPUT_BYTES)]).into_owned();
+    let text = gateway_core::chat::scrub_nul(
+        String::from_utf8_lossy(&body[..body.len().min(MAX_OUTPUT_BYTES)]).into_owned(),
+    );
     if !status.is_success() {
         let detail: String = text.chars().take(1000).collect();
         return ToolOutcome::Error {

@@ -79,7 +79,10 @@ impl IdSource for RandomIds {
 impl Upstream {
     pub fn new(config: UpstreamConfig) -> Result<Upstream, reqwest::Error> {
         let http = reqwest::Client::builder()
-            .timeout(Duration::from_millis(config.timeout_ms))
+            // Streams may run long: a stalled read is what fails them, not their total length. Whole
+            // (non-streaming) answers get a total timeout per request below.
+            .connect_timeout(Duration::from_millis(config.timeout_ms.min(10_000)))
+            .read_timeout(Duration::from_millis(config.timeout_ms))
             .pool_max_idle_per_host(256)
             .build()?;
         Ok(Upstream { http, config })
@@ -113,7 +116,11 @@ impl Upstream {
         let mut attempt = 0;
         loop {
             attempt += 1;
-            let mut request = self.http.post(url).json(body);
+            let mut request = self
+                .http
+                .post(url)
+                .timeout(Duration::from_millis(self.config.timeout_ms))
+                .json(body);
             if let Some(key) = &deployment.api_key {
                 request = request.bearer_auth(key.expose_secret());
             }

@@ -86,3 +86,9 @@ api_key = "upstream-secret"
         "a key was printed: {printed}"
     );
 }
+
+#[test]
+fn a_zero_ceiling_is_rejected_with_a_message_naming_it() {
+    let error = load("zero", "[limits]\nmax_failing_batches = 0\n").unwrap_err();
+    assert!(error.contains("limits.max_failing_batches"), "{error}");
+}

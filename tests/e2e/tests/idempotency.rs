@@ -123,3 +123,19 @@ async fn a_repeat_while_the_first_still_runs_is_a_retryable_409() {
     assert_error(&second, 409, None, Some("conflict"));
     assert_eq!(second.headers["x-should-retry"], "true");
 }
+
+#[tokio::test]
+async fn a_key_on_an_unstored_response_is_a_400() {
+    let (gw, tenant) = gateway().await;
+
+    let answer = gw
+        .call(
+            gw.public(Method::POST, "/responses", &tenant.key)
+                .header("Idempotency-Key", "k")
+                .json(&json!({"model": "mock", "input": "hi", "store": false})),
+        )
+        .await;
+
+    assert_error(&answer, 400, Some("store"), None);
+    assert!(gw.model.requests().is_empty());
+}

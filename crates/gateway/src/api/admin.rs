@@ -216,7 +216,8 @@ impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for AdminJson<T> {
     }
 }
 
-async fn method_not_allowed(method: Method, uri: Uri) -> ApiError {
+/// A known route asked with a method it does not serve: 405 in OpenAI's shape.
+pub async fn method_not_allowed(method: Method, uri: Uri) -> ApiError {
     ApiError {
         status: StatusCode::METHOD_NOT_ALLOWED,
         ..ApiError::invalid(

@@ -37,6 +37,13 @@ impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for ApiJson<T> {
                 Some("empty_body"),
             ));
         }
+        if has_escaped_nul(&bytes) {
+            return Err(ApiError::invalid(
+                "The request contains a NUL character (\\u0000), which the gateway cannot store.",
+                None,
+                Some("invalid_nul_character"),
+            ));
+        }
         let deserializer = &mut serde_json::Deserializer::from_slice(&bytes);
         serde_path_to_error::deserialize(deserializer)
             .map(ApiJson)
@@ -79,7 +86,7 @@ impl FromRequestParts<AppState> for ProjectKey {
                 None,
             ));
         };
-        match state.store.project_for_key(key).await? {
+        match state.engine.resolver.project_for_key(key).await? {
             Some(project) => Ok(ProjectKey(project)),
             None => Err(ApiError::unauthorized(
                 "Incorrect API key provided.",
@@ -99,4 +106,32 @@ pub fn bearer(parts: &Parts) -> Option<&str> {
     let (scheme, token) = value.split_once(' ')?;
     let token = token.trim();
     (scheme.eq_ignore_ascii_case("bearer") && !token.is_empty()).then_some(token)
+}
+
+/// Whether a JSON text holds the escape `\u0000` (a NUL character, which stores refuse), as opposed to an
+/// escaped backslash followed by the letters `u0000`.
+fn has_escaped_nul(json: &[u8]) -> bool {
+    json.windows(6).enumerate().any(|(start, window)| {
+        window == b"\\u0000"
+            && json[..start]
+                .iter()
+                .rev()
+                .take_while(|b| **b == b'\\')
+                .count()
+                % 2
+                == 0
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::has_escaped_nul;
+
+    #[test]
+    fn only_a_real_nul_escape_counts() {
+        assert!(has_escaped_nul(br#"{"input":"a\u0000b"}"#));
+        assert!(!has_escaped_nul(br#"{"input":"a\\u0000b"}"#));
+        assert!(has_escaped_nul(br#"{"input":"a\\\u0000b"}"#));
+        assert!(!has_escaped_nul(br#"{"input":"plain"}"#));
+    }
 }

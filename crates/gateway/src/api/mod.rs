@@ -35,14 +35,36 @@ pub fn router(state: AppState, body_limit_bytes: usize) -> Router {
             "/v1/responses/{id}/input_items",
             get(responses::list_input_items),
         )
-        .nest("/admin/v1", admin::routes())
+        .nest(
+            "/admin/v1",
+            admin::routes().layer(axum::middleware::from_fn_with_state(
+                state.clone(),
+                forget_cached_tenancy,
+            )),
+        )
         .route("/healthz", get(health))
         .route("/readyz", get(ready))
         .route("/metrics", get(crate::metrics::render))
         .route_layer(axum::middleware::from_fn(crate::metrics::track_requests))
         .fallback(not_found)
+        .method_not_allowed_fallback(admin::method_not_allowed)
         .layer(DefaultBodyLimit::max(body_limit_bytes))
         .with_state(state)
+}
+
+/// After an admin write, cached key and model resolutions are dropped, so the change holds from the next
+/// request on.
+async fn forget_cached_tenancy(
+    axum::extract::State(state): axum::extract::State<AppState>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    let writes = request.method() != axum::http::Method::GET;
+    let response = next.run(request).await;
+    if writes && response.status().is_success() {
+        state.engine.resolver.invalidate();
+    }
+    response
 }
 
 async fn health() -> &'static str {

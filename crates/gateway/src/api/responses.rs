@@ -32,6 +32,13 @@ pub async fn create_response(
 ) -> Result<Response, ApiError> {
     let request = validate(body)?;
     let idempotency_key = idempotency_key(&headers)?.filter(|_| !request.stream);
+    if idempotency_key.is_some() && !request.store {
+        return Err(ApiError::invalid(
+            "An Idempotency-Key needs a stored response to answer repeats with: it cannot be used with 'store': false.",
+            Some("store"),
+            None,
+        ));
+    }
     if let Some(key) = idempotency_key {
         if let Some(id) = state
             .store
@@ -150,6 +157,22 @@ pub async fn delete_response(
     ProjectKey(project): ProjectKey,
     Path(id): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
+    let stored = state
+        .store
+        .load_response(&project, &id)
+        .await?
+        .ok_or_else(|| ApiError::response_not_found(&id))?;
+    if !stored.record.status.is_terminal() {
+        // Its loop is still writing steps; deleting under it would break the loop, not stop it.
+        return Err(ApiError::invalid(
+            format!(
+                "Response '{id}' is still {}; it can be deleted once it ends.",
+                stored.record.status.as_str()
+            ),
+            None,
+            Some("response_in_progress"),
+        ));
+    }
     if !state.store.delete_response(&project, &id).await? {
         return Err(ApiError::response_not_found(&id));
     }

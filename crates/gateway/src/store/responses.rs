@@ -256,9 +256,15 @@ impl Store {
         let steps = step_rows(steps)?;
         let created = now();
         with_pool!(self, |pool| {
-            let mut tx = pool.begin().await?;
-            insert_step_rows!(tx, response_id, &steps, created);
-            tx.commit().await?;
+            if steps.len() == 1 {
+                // One row is atomic by itself: no BEGIN/COMMIT round trips on the hot path.
+                let mut conn = pool.acquire().await?;
+                insert_step_rows!(conn, response_id, &steps, created);
+            } else {
+                let mut tx = pool.begin().await?;
+                insert_step_rows!(tx, response_id, &steps, created);
+                tx.commit().await?;
+            }
         });
         Ok(())
     }

@@ -1,0 +1,109 @@
+//! Key → project and (project, model) → deployment and server tools: read from the store, reused briefly.
+//!
+//! Only positive answers are cached (an unknown key costs a query each time, so random keys cannot fill the
+//! cache), for `tenancy.cache_ttl_ms`. Admin writes through this gateway clear the cache at once.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use moka::future::Cache;
+
+use crate::store::tenancy::{hash_key, Resolution};
+use crate::store::{Store, StoreError};
+
+const MAX_ENTRIES: u64 = 100_000;
+
+/// The store's tenancy answers behind a short-lived cache; cheap to clone.
+#[derive(Clone)]
+pub struct Resolver {
+    store: Store,
+    /// `None` when caching is disabled (`cache_ttl_ms = 0`).
+    caches: Option<Caches>,
+}
+
+#[derive(Clone)]
+struct Caches {
+    /// SHA-256 of a key → its project.
+    projects: Cache<String, String>,
+    /// (project, model) → what that project may use with that model.
+    resolutions: Cache<(String, String), Arc<Resolution>>,
+    /// Bumped by every invalidation: an answer read before one is not cached after it.
+    epoch: Arc<AtomicU64>,
+}
+
+impl std::fmt::Debug for Resolver {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Resolver")
+            .field("cached", &self.caches.is_some())
+            .finish()
+    }
+}
+
+impl Resolver {
+    pub fn new(store: Store, ttl: Duration) -> Resolver {
+        let caches = (!ttl.is_zero()).then(|| Caches {
+            projects: Cache::builder()
+                .max_capacity(MAX_ENTRIES)
+                .time_to_live(ttl)
+                .build(),
+            resolutions: Cache::builder()
+                .max_capacity(MAX_ENTRIES)
+                .time_to_live(ttl)
+                .build(),
+            epoch: Arc::new(AtomicU64::new(0)),
+        });
+        Resolver { store, caches }
+    }
+
+    /// The project of a live key.
+    pub async fn project_for_key(&self, key: &str) -> Result<Option<String>, StoreError> {
+        let Some(caches) = &self.caches else {
+            return self.store.project_for_key(key).await;
+        };
+        let hash = hash_key(key);
+        if let Some(project) = caches.projects.get(&hash).await {
+            return Ok(Some(project));
+        }
+        let epoch = caches.epoch.load(Ordering::Acquire);
+        let found = self.store.project_for_key(key).await?;
+        if let Some(project) = &found {
+            if caches.epoch.load(Ordering::Acquire) == epoch {
+                caches.projects.insert(hash, project.clone()).await;
+            }
+        }
+        Ok(found)
+    }
+
+    /// What `project_id` may use when it names `model`; `None` when it may use no such model.
+    pub async fn resolve(
+        &self,
+        project_id: &str,
+        model: &str,
+    ) -> Result<Option<Arc<Resolution>>, StoreError> {
+        let Some(caches) = &self.caches else {
+            return Ok(self.store.resolve(project_id, model).await?.map(Arc::new));
+        };
+        let key = (project_id.to_owned(), model.to_owned());
+        if let Some(resolution) = caches.resolutions.get(&key).await {
+            return Ok(Some(resolution));
+        }
+        let epoch = caches.epoch.load(Ordering::Acquire);
+        let found = self.store.resolve(project_id, model).await?.map(Arc::new);
+        if let Some(resolution) = &found {
+            if caches.epoch.load(Ordering::Acquire) == epoch {
+                caches.resolutions.insert(key, Arc::clone(resolution)).await;
+            }
+        }
+        Ok(found)
+    }
+
+    /// Forgets every cached answer (after an admin write).
+    pub fn invalidate(&self) {
+        if let Some(caches) = &self.caches {
+            caches.epoch.fetch_add(1, Ordering::AcqRel);
+            caches.projects.invalidate_all();
+            caches.resolutions.invalidate_all();
+        }
+    }
+}
