@@ -16,7 +16,7 @@ use super::error::ApiError;
 use super::extract::{ApiJson, ProjectKey};
 use super::AppState;
 use crate::engine::{Engine, Run};
-use crate::store::responses::Order;
+use crate::store::responses::{Order, StoredResponse};
 use crate::stream::{StreamSink, STREAM_BUFFER};
 use tokio::sync::mpsc;
 
@@ -81,17 +81,32 @@ fn answer(record: &ResponseRecord, object: Value) -> Result<Response, ApiError> 
 
 /// Answers a repeated create with what the first one answered.
 async fn replay(state: &AppState, project: &str, id: &str) -> Result<Response, ApiError> {
-    let stored = state
-        .store
-        .load_response(project, id)
-        .await?
-        .ok_or_else(|| ApiError::response_not_found(id))?;
+    let stored = find_response(state, project, id).await?;
     if !stored.record.status.is_terminal() {
         return Err(ApiError::idempotency_in_progress());
     }
-    let steps = state.store.load_steps(id).await?;
+    let object = response_json(state, &stored).await?;
+    answer(&stored.record, object)
+}
+
+/// A response of `project`; another project's is a 404, exactly like a missing one.
+async fn find_response(
+    state: &AppState,
+    project: &str,
+    id: &str,
+) -> Result<StoredResponse, ApiError> {
+    state
+        .store
+        .load_response(project, id)
+        .await?
+        .ok_or_else(|| ApiError::response_not_found(id))
+}
+
+/// A stored response as the API shows it, with its output rendered from its steps.
+async fn response_json(state: &AppState, stored: &StoredResponse) -> Result<Value, ApiError> {
+    let steps = state.store.load_steps(&stored.record.id).await?;
     let output = render_output(&steps, stored.handed_back);
-    answer(&stored.record, response_object(&stored.record, &output))
+    Ok(response_object(&stored.record, &output))
 }
 
 /// The `Idempotency-Key` header, when present: 1 to 255 visible ASCII characters.
@@ -141,14 +156,8 @@ pub async fn get_response(
     ProjectKey(project): ProjectKey,
     Path(id): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
-    let stored = state
-        .store
-        .load_response(&project, &id)
-        .await?
-        .ok_or_else(|| ApiError::response_not_found(&id))?;
-    let steps = state.store.load_steps(&id).await?;
-    let output = render_output(&steps, stored.handed_back);
-    Ok(Json(response_object(&stored.record, &output)))
+    let stored = find_response(&state, &project, &id).await?;
+    Ok(Json(response_json(&state, &stored).await?))
 }
 
 /// `DELETE /v1/responses/{id}`.
@@ -157,11 +166,7 @@ pub async fn delete_response(
     ProjectKey(project): ProjectKey,
     Path(id): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
-    let stored = state
-        .store
-        .load_response(&project, &id)
-        .await?
-        .ok_or_else(|| ApiError::response_not_found(&id))?;
+    let stored = find_response(&state, &project, &id).await?;
     if !stored.record.status.is_terminal() {
         // Its loop is still writing steps; deleting under it would break the loop, not stop it.
         return Err(ApiError::invalid(
@@ -222,9 +227,7 @@ pub async fn list_input_items(
             ))
         }
     };
-    if state.store.load_response(&project, &id).await?.is_none() {
-        return Err(ApiError::response_not_found(&id));
-    }
+    find_response(&state, &project, &id).await?;
     let (data, has_more) = state
         .store
         .input_items_page(&id, query.after.as_deref(), limit, order)
