@@ -87,7 +87,14 @@ impl Application {
             tracing::info!("shutting down: no new connections; finishing requests in flight");
             let _ = stopping_tx.send(());
         };
-        let server = axum::serve(self.listener, self.router).with_graceful_shutdown(signal);
+        // Streams write small frames: without TCP_NODELAY the first event after the head waits for a
+        // delayed ACK (~40 ms).
+        let listener = axum::serve::ListenerExt::tap_io(self.listener, |tcp| {
+            if let Err(e) = tcp.set_nodelay(true) {
+                tracing::debug!(error = %e, "could not set TCP_NODELAY");
+            }
+        });
+        let server = axum::serve(listener, self.router).with_graceful_shutdown(signal);
         let grace = self.shutdown_grace;
         let deadline = async move {
             if stopping_rx.await.is_ok() {

@@ -29,6 +29,8 @@ pub(super) async fn connect(url: &str, max_connections: u32) -> Result<Backend, 
         "postgres" | "postgresql" => {
             let pool = PgPoolOptions::new()
                 .max_connections(max_connections)
+                // No ping before every checkout: a dead connection fails its query and is dropped anyway.
+                .test_before_acquire(false)
                 .connect(url)
                 .await?;
             Ok(Backend::Postgres(pool))
