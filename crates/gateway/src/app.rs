@@ -46,6 +46,7 @@ impl Application {
             upstream: Upstream::new(config.upstream.clone())?,
             tools: ToolExecutor::new(config.tools.clone())?,
             limits: config.limits.clone(),
+            flush_every_step: config.database.flush_every_step,
         };
         let state = AppState {
             store: store.clone(),

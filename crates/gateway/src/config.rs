@@ -60,6 +60,10 @@ pub struct DatabaseConfig {
     /// `DATABASE_URL` is honoured too.
     pub url: Option<SecretString>,
     pub max_connections: u32,
+    /// Postgres: make every step boundary wait for its commit to reach the disk. By default only the writes
+    /// that must do (before a tool request goes out, and a response's end) wait; the others are on disk a
+    /// fraction of a second later, and are lost only if the database server itself crashes in between.
+    pub flush_every_step: bool,
 }
 
 impl Default for DatabaseConfig {
@@ -67,6 +71,7 @@ impl Default for DatabaseConfig {
         DatabaseConfig {
             url: None,
             max_connections: 16,
+            flush_every_step: false,
         }
     }
 }

@@ -3,7 +3,7 @@
 use std::collections::{BTreeSet, HashSet};
 use std::time::{Duration, Instant};
 
-use futures::StreamExt;
+use futures::{FutureExt, StreamExt};
 use gateway_core::context::{make_call_ids_unique, model_conversation, pair_calls, PairingError};
 use gateway_core::decide::LoopInput;
 use gateway_core::output::{render_output, response_object, ResponseRecord, ResponseStatus};
@@ -18,7 +18,7 @@ use tokio::sync::mpsc;
 use crate::api::error::ApiError;
 use crate::config::LimitsConfig;
 use crate::resolver::Resolver;
-use crate::store::responses::{Ending, NewResponse};
+use crate::store::responses::{Durability, Ending, NewResponse, StepWrite};
 use crate::store::tenancy::{Deployment, ToolSource};
 use crate::store::{new_id, now, Store, StoreError};
 use crate::stream::{StreamSink, STREAM_BUFFER};
@@ -33,6 +33,9 @@ pub struct Engine {
     pub upstream: Upstream,
     pub tools: ToolExecutor,
     pub limits: LimitsConfig,
+    /// Every step boundary waits for its commit to reach the disk, not only those that must
+    /// (`database.flush_every_step`).
+    pub flush_every_step: bool,
 }
 
 /// One response being driven: everything the loop needs, held in memory while it runs.
@@ -47,6 +50,10 @@ pub struct Run {
     deadline: Instant,
     /// `store: false` responses run entirely in memory.
     persist: bool,
+    /// How many of `steps` (the first ones) are in the store.
+    stored: usize,
+    /// Stored steps changed since the last write, by index.
+    changed: BTreeSet<usize>,
 }
 
 /// A response that ended; `record` carries its final status.
@@ -64,6 +71,13 @@ impl Finished {
 impl Run {
     pub fn response_id(&self) -> &str {
         &self.record.id
+    }
+
+    /// Notes that step `index` changed, so that the next write records it.
+    fn touch(&mut self, index: usize) {
+        if index < self.stored {
+            self.changed.insert(index);
+        }
     }
 }
 
@@ -161,7 +175,7 @@ impl Engine {
             max_model_calls: self.limits.max_model_calls,
             max_failing_batches: self.limits.max_failing_batches,
         };
-        let steps: Vec<Step> = carried
+        let mut steps: Vec<Step> = carried
             .into_iter()
             .enumerate()
             .map(|(seq, call)| Step {
@@ -175,6 +189,20 @@ impl Engine {
                 }),
             })
             .collect();
+        let first = decide_next_action(&LoopInput {
+            steps: &steps,
+            registered: &registered,
+            limits,
+            deadline_passed: false,
+        });
+        if first == NextAction::CallModel {
+            // The first model call is recorded with the response itself: one write instead of two.
+            steps.push(Step {
+                seq: steps.len() as u32,
+                state: StepState::Running,
+                body: StepBody::Model(ModelStep::default()),
+            });
+        }
         let record = ResponseRecord {
             id: new_id("resp"),
             created_at: now(),
@@ -191,15 +219,18 @@ impl Engine {
         };
         if request.store {
             self.store
-                .create_response(&NewResponse {
-                    record: &record,
-                    project_id,
-                    deployment_id: &resolution.deployment.id,
-                    server_tools: &resolution.tools,
-                    context: &context,
-                    carried_steps: &steps,
-                    idempotency_key,
-                })
+                .create_response(
+                    &NewResponse {
+                        record: &record,
+                        project_id,
+                        deployment_id: &resolution.deployment.id,
+                        server_tools: &resolution.tools,
+                        context: &context,
+                        steps: &steps,
+                        idempotency_key,
+                    },
+                    self.relaxed(),
+                )
                 .await
                 .map_err(|e| match e {
                     // Two creates with one Idempotency-Key raced: the other one is running it.
@@ -207,6 +238,7 @@ impl Engine {
                     other => other.into(),
                 })?;
         }
+        let steps_len = steps.len();
         Ok(Run {
             record,
             deployment: resolution.deployment.clone(),
@@ -217,6 +249,8 @@ impl Engine {
             limits,
             deadline: Instant::now() + Duration::from_millis(self.limits.response_deadline_ms),
             persist: request.store,
+            stored: steps_len,
+            changed: BTreeSet::new(),
         })
     }
 
@@ -342,16 +376,13 @@ impl Engine {
                         state: StepState::Running,
                         body: StepBody::Model(ModelStep::default()),
                     };
-                    if run.persist {
-                        self.store
-                            .insert_steps(&run.record.id, std::slice::from_ref(&step))
-                            .await?;
-                    }
                     run.steps.push(step);
+                    self.write(run, None, self.relaxed()).await?;
                     self.call_model(run, seq as usize, sink).await?;
                     continue;
                 }
                 NextAction::ResumeModelCall { seq } => {
+                    self.write(run, None, self.relaxed()).await?;
                     self.call_model(run, seq as usize, sink).await?;
                     continue;
                 }
@@ -371,9 +402,7 @@ impl Engine {
                             }),
                         })
                         .collect();
-                    if run.persist {
-                        self.store.insert_steps(&run.record.id, &new_steps).await?;
-                    }
+                    // Recorded with the next write, right before they run.
                     run.steps.extend(new_steps);
                     continue;
                 }
@@ -417,12 +446,20 @@ impl Engine {
     ) -> Result<Finished, StoreError> {
         let usage = total_usage(&run.steps);
         ending.usage = Some(usage);
-        let completed_at = now();
-        if run.persist {
-            self.store
-                .finish_response(&run.record.id, &ending, completed_at)
-                .await?;
+        // A model call recorded with the response but never made (the stream's client left first) did not
+        // start: the store says so.
+        for index in 0..run.steps.len() {
+            let step = &mut run.steps[index];
+            let never_called = matches!(&step.body, StepBody::Model(m) if m.output.is_none() && m.failure.is_none());
+            if step.state == StepState::Running && never_called {
+                step.state = StepState::Pending;
+                run.touch(index);
+            }
         }
+        let completed_at = now();
+        // Clients see this ending: it waits for the disk, and so makes every earlier write durable too.
+        self.write(run, Some((&ending, completed_at)), Durability::Flush)
+            .await?;
         let record = &mut run.record;
         record.status = ending.status;
         record.usage = ending.usage;
@@ -513,11 +550,8 @@ impl Engine {
                 });
             }
         }
-        if run.persist {
-            self.store
-                .update_step(&run.record.id, &run.steps[index])
-                .await?;
-        }
+        // Recorded with the next write, which comes before any other side effect.
+        run.touch(index);
         Ok(())
     }
 
@@ -528,9 +562,15 @@ impl Engine {
         seqs: &[u32],
         sink: &mut Option<StreamSink>,
     ) -> Result<(), StoreError> {
-        if run.persist {
-            self.store.mark_running(&run.record.id, seqs).await?;
+        for &seq in seqs {
+            let index = seq as usize;
+            run.steps[index].state = StepState::Running;
+            run.touch(index);
         }
+        // The calls are recorded as started, and the model answer that asked for them as ended, on disk before
+        // any request goes out: a restarted loop must never send a different call under the same step's
+        // Idempotency-Key.
+        self.write(run, None, Durability::Flush).await?;
         if let Some(sink) = sink.as_mut() {
             let started: Vec<&Step> = seqs
                 .iter()
@@ -541,8 +581,7 @@ impl Engine {
         let mut jobs: Vec<(usize, ToolCall, Option<ToolSource>, String)> = Vec::new();
         for &seq in seqs {
             let index = seq as usize;
-            let step = &mut run.steps[index];
-            step.state = StepState::Running;
+            let step = &run.steps[index];
             let Some(tool) = step.tool() else { continue };
             let source = run
                 .server_tools
@@ -557,6 +596,8 @@ impl Engine {
             ));
         }
         let response_id = run.record.id.clone();
+        let calls = jobs.len();
+        let mut ended = 0;
         let mut results = futures::stream::iter(jobs)
             .map(|(index, call, source, key)| {
                 let response_id = &response_id;
@@ -578,24 +619,74 @@ impl Engine {
                 }
             })
             .buffer_unordered(self.limits.tool_concurrency.max(1));
-        while let Some((index, outcome)) = results.next().await {
-            let step = &mut run.steps[index];
-            step.state = if outcome.is_error() {
-                StepState::Failed
-            } else {
-                StepState::Succeeded
-            };
-            if let StepBody::Tool(tool) = &mut step.body {
-                tracing::info!(response.id = %response_id, tool.name = %tool.call.name, failed = outcome.is_error(), "tool call ended");
-                tool.outcome = Some(outcome);
+        while let Some(first) = results.next().await {
+            // Results that are ready as well are recorded together.
+            let mut ready = vec![first];
+            while let Some(Some(more)) = results.next().now_or_never() {
+                ready.push(more);
             }
-            if let Some(sink) = sink.as_mut() {
-                sink.tool_ended(step).await;
+            for (index, outcome) in ready {
+                ended += 1;
+                let step = &mut run.steps[index];
+                step.state = if outcome.is_error() {
+                    StepState::Failed
+                } else {
+                    StepState::Succeeded
+                };
+                if let StepBody::Tool(tool) = &mut step.body {
+                    tracing::debug!(response.id = %response_id, tool.name = %tool.call.name, failed = outcome.is_error(), "tool call ended");
+                    tool.outcome = Some(outcome);
+                }
+                if let Some(sink) = sink.as_mut() {
+                    sink.tool_ended(step).await;
+                }
+                run.touch(index);
             }
-            if run.persist {
-                self.store.update_step(&response_id, step).await?;
+            // While siblings are still running, a result is recorded at once, so that a restarted loop does not
+            // send a finished call again. The batch's last results go with the next write.
+            if ended < calls {
+                self.write(run, None, self.relaxed()).await?;
             }
         }
+        Ok(())
+    }
+}
+
+impl Engine {
+    /// The durability of a write whose loss in a crash of the database server is harmless: a model call is
+    /// made again, a tool call is sent again under its Idempotency-Key.
+    fn relaxed(&self) -> Durability {
+        if self.flush_every_step {
+            Durability::Flush
+        } else {
+            Durability::Relaxed
+        }
+    }
+
+    /// One step boundary: writes the steps added and changed since the last one, and the response's
+    /// ending if it has one, in one statement. Nothing is written for a response that is not stored.
+    async fn write(
+        &self,
+        run: &mut Run,
+        ending: Option<(&Ending, i64)>,
+        durability: Durability,
+    ) -> Result<(), StoreError> {
+        let nothing_new = run.stored == run.steps.len() && run.changed.is_empty();
+        if run.persist && !(nothing_new && ending.is_none()) {
+            let changed: Vec<&Step> = run.changed.iter().map(|&i| &run.steps[i]).collect();
+            self.store
+                .write_steps(&StepWrite {
+                    response_id: &run.record.id,
+                    added: &run.steps[run.stored..],
+                    changed: &changed,
+                    ending: ending.map(|(e, _)| e),
+                    at: ending.map_or_else(now, |(_, at)| at),
+                    durability,
+                })
+                .await?;
+        }
+        run.stored = run.steps.len();
+        run.changed.clear();
         Ok(())
     }
 }

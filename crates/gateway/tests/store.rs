@@ -10,7 +10,7 @@ use gateway::store::admin::{
     DeploymentChanges, Member, Membership, NewApiKey, NewDeployment, NewToolSource,
     ToolSourceChanges,
 };
-use gateway::store::responses::{Ending, NewResponse, Order};
+use gateway::store::responses::{Durability, Ending, NewResponse, Order, StepWrite};
 use gateway::store::tenancy::{hash_key, ToolSource};
 use gateway::store::{Backend, Store, StoreError};
 use gateway_core::output::{ResponseRecord, ResponseStatus};
@@ -60,7 +60,7 @@ on_both_backends!(
     a_created_response_loads_back_with_its_context_and_carried_steps,
     another_projects_response_loads_as_none_and_cannot_be_deleted,
     input_items_pages_walk_both_orders_with_after_and_has_more,
-    steps_are_inserted_marked_running_updated_and_loaded_in_order,
+    step_writes_add_change_and_end_all_or_nothing,
     finish_response_records_how_the_response_ended,
     deleting_a_response_removes_its_items_and_steps,
     an_idempotency_key_finds_its_response_and_cannot_be_used_twice_in_a_project,
@@ -323,16 +323,47 @@ async fn create(
     idempotency_key: Option<&str>,
 ) -> Result<(), StoreError> {
     store
-        .create_response(&NewResponse {
-            record,
-            project_id,
-            deployment_id,
-            server_tools: &[server_tool()],
-            context: items,
-            carried_steps: steps,
-            idempotency_key,
+        .create_response(
+            &NewResponse {
+                record,
+                project_id,
+                deployment_id,
+                server_tools: &[server_tool()],
+                context: items,
+                steps,
+                idempotency_key,
+            },
+            Durability::Flush,
+        )
+        .await
+}
+
+/// Writes one step boundary without an ending.
+async fn write_steps(
+    store: &Store,
+    response_id: &str,
+    added: &[Step],
+    changed: &[&Step],
+    durability: Durability,
+) -> Result<(), StoreError> {
+    store
+        .write_steps(&StepWrite {
+            response_id,
+            added,
+            changed,
+            ending: None,
+            at: 1_700_000_050,
+            durability,
         })
         .await
+}
+
+/// `step` in another state.
+fn with_state(step: &Step, state: StepState) -> Step {
+    Step {
+        state,
+        ..step.clone()
+    }
 }
 
 fn item_ids(items: &[Value]) -> Vec<&str> {
@@ -1044,36 +1075,71 @@ async fn input_items_pages_walk_both_orders_with_after_and_has_more(store: Store
     assert_eq!((items.len(), more), (0, false));
 }
 
-async fn steps_are_inserted_marked_running_updated_and_loaded_in_order(store: Store) {
+async fn step_writes_add_change_and_end_all_or_nothing(store: Store) {
     let (project_id, deployment_id) = tenant(&store, "acme").await;
+    let running_model = with_state(&model_step(0), StepState::Running);
     create(
         &store,
         &project_id,
         &deployment_id,
         &record("resp_steps"),
         &context(1),
-        &[],
+        std::slice::from_ref(&running_model),
         None,
     )
     .await
     .expect("create");
-    let batch = [tool_step(1, 0), tool_step(2, 0), tool_step(3, 0)];
-    // Inserted out of order on purpose: loading orders by seq.
-    store
-        .insert_steps("resp_steps", &batch)
-        .await
-        .expect("insert batch");
-    store
-        .insert_steps("resp_steps", &[model_step(0)])
-        .await
-        .expect("insert model step");
+    assert_eq!(
+        attempts(&store, "resp_steps").await,
+        [(0, 1)],
+        "created running: one attempt"
+    );
 
-    store
-        .mark_running("resp_steps", &[1, 3])
-        .await
-        .expect("mark running");
+    // The model step ends and its batch is added in one write (relaxed: visible at once all the same);
+    // rows inserted out of order on purpose: loading orders by seq.
+    let model_done = model_step(0);
+    let batch = [tool_step(3, 0), tool_step(1, 0), tool_step(2, 0)];
+    write_steps(
+        &store,
+        "resp_steps",
+        &batch,
+        &[&model_done],
+        Durability::Relaxed,
+    )
+    .await
+    .expect("end the model step and add the batch");
     let loaded = store.load_steps("resp_steps").await.expect("load");
-    let states: Vec<(u32, StepState)> = loaded.iter().map(|s| (s.seq, s.state)).collect();
+    assert_eq!(
+        loaded,
+        [
+            model_done.clone(),
+            batch[1].clone(),
+            batch[2].clone(),
+            batch[0].clone()
+        ]
+    );
+
+    // Two calls start: an attempt each.
+    let (one, three) = (
+        with_state(&batch[1], StepState::Running),
+        with_state(&batch[0], StepState::Running),
+    );
+    write_steps(
+        &store,
+        "resp_steps",
+        &[],
+        &[&one, &three],
+        Durability::Flush,
+    )
+    .await
+    .expect("start two");
+    let states: Vec<(u32, StepState)> = store
+        .load_steps("resp_steps")
+        .await
+        .expect("load")
+        .iter()
+        .map(|s| (s.seq, s.state))
+        .collect();
     assert_eq!(
         states,
         [
@@ -1083,21 +1149,104 @@ async fn steps_are_inserted_marked_running_updated_and_loaded_in_order(store: St
             (3, StepState::Running)
         ]
     );
-    assert_eq!(loaded[0], model_step(0));
+    assert_eq!(
+        attempts(&store, "resp_steps").await,
+        [(0, 1), (1, 1), (2, 0), (3, 1)]
+    );
 
-    let done = finished(&batch[0], "{\"sum\":2}");
-    store
-        .update_step("resp_steps", &done)
-        .await
-        .expect("update");
+    // A result, and the next model step, in one write.
+    let done = finished(&batch[1], "{\"sum\":2}");
+    let next = with_state(&model_step(4), StepState::Running);
+    write_steps(
+        &store,
+        "resp_steps",
+        std::slice::from_ref(&next),
+        &[&done],
+        Durability::Relaxed,
+    )
+    .await
+    .expect("record a result");
     let loaded = store.load_steps("resp_steps").await.expect("load");
     assert_eq!(loaded[1], done);
-    assert_eq!(loaded[2], batch[1]);
+    assert_eq!(loaded[2], batch[2]);
+    assert_eq!(loaded[4], next);
+    assert_eq!(
+        attempts(&store, "resp_steps").await[1],
+        (1, 1),
+        "ending is no new attempt"
+    );
 
-    let duplicate = store.insert_steps("resp_steps", &[tool_step(2, 0)]).await;
+    // All or nothing: a seq already stored fails the whole write, so the change beside it is not applied.
+    let lost = finished(&batch[0], "{\"sum\":9}");
+    let duplicate = write_steps(
+        &store,
+        "resp_steps",
+        &[tool_step(2, 0)],
+        &[&lost],
+        Durability::Flush,
+    )
+    .await;
     assert!(duplicate.is_err(), "a seq is written once: {duplicate:?}");
-    let orphan = store.insert_steps("resp_missing", &[tool_step(0, 0)]).await;
+    let loaded = store.load_steps("resp_steps").await.expect("load");
+    assert_eq!(loaded[3], three, "the failed write changed nothing");
+
+    let orphan = write_steps(
+        &store,
+        "resp_missing",
+        &[tool_step(0, 0)],
+        &[],
+        Durability::Flush,
+    )
+    .await;
     assert!(orphan.is_err(), "steps belong to a response: {orphan:?}");
+
+    // The last boundary: a step and the response's ending together.
+    let last = finished(&batch[0], "{\"sum\":4}");
+    store
+        .write_steps(&StepWrite {
+            response_id: "resp_steps",
+            added: &[],
+            changed: &[&last],
+            ending: Some(&Ending {
+                status: ResponseStatus::Completed,
+                usage: None,
+                handed_back: false,
+                error: None,
+                incomplete_reason: None,
+            }),
+            at: 1_700_000_300,
+            durability: Durability::Flush,
+        })
+        .await
+        .expect("finish");
+    let response = store
+        .load_response(&project_id, "resp_steps")
+        .await
+        .expect("load")
+        .expect("exists");
+    assert_eq!(response.record.status, ResponseStatus::Completed);
+    assert_eq!(response.record.completed_at, Some(1_700_000_300));
+    assert_eq!(store.load_steps("resp_steps").await.expect("load")[3], last);
+}
+
+/// `(seq, attempts)` of every step of a response.
+async fn attempts(store: &Store, response_id: &str) -> Vec<(i32, i32)> {
+    let query = "SELECT seq, attempts FROM steps WHERE response_id = $1 ORDER BY seq";
+    match store.backend() {
+        Backend::Postgres(pool) => {
+            sqlx::query_as(query)
+                .bind(response_id)
+                .fetch_all(pool)
+                .await
+        }
+        Backend::Sqlite(pool) => {
+            sqlx::query_as(query)
+                .bind(response_id)
+                .fetch_all(pool)
+                .await
+        }
+    }
+    .expect("attempts")
 }
 
 async fn finish_response_records_how_the_response_ended(store: Store) {
@@ -1339,10 +1488,10 @@ async fn concurrent_writes_of_steps_and_responses_all_succeed(store: Store) {
     for step in batch.clone() {
         let store = store.clone();
         tasks.push(tokio::spawn(async move {
-            store.mark_running("resp_busy", &[step.seq]).await?;
-            store
-                .update_step("resp_busy", &finished(&step, "{\"ok\":true}"))
-                .await?;
+            let running = with_state(&step, StepState::Running);
+            write_steps(&store, "resp_busy", &[], &[&running], Durability::Flush).await?;
+            let done = finished(&step, "{\"ok\":true}");
+            write_steps(&store, "resp_busy", &[], &[&done], Durability::Relaxed).await?;
             store.load_steps("resp_busy").await.map(drop)
         }));
     }
@@ -1461,4 +1610,54 @@ async fn a_url_of_another_database_is_refused_without_repeating_it() {
 async fn postgres_urls_select_postgres() {
     let scratch = Scratch::postgres().await;
     assert!(matches!(scratch.store.backend(), Backend::Postgres(_)));
+}
+
+#[tokio::test]
+async fn a_relaxed_write_leaves_the_connections_commit_setting_as_it_was() {
+    let scratch = Scratch::postgres().await;
+    let Place::Postgres(name) = &scratch.place else {
+        unreachable!("a Postgres scratch database")
+    };
+    let server = postgres_server_url();
+    let (base, _) = server.rsplit_once('/').expect("database path");
+    // One connection: the write and the check below share it.
+    let single = Store::connect(&format!("{base}/{name}"), 1)
+        .await
+        .expect("connect");
+    let (project_id, deployment_id) = tenant(&single, "acme").await;
+    create(
+        &single,
+        &project_id,
+        &deployment_id,
+        &record("resp_relaxed"),
+        &context(1),
+        &[],
+        None,
+    )
+    .await
+    .expect("create");
+    write_steps(
+        &single,
+        "resp_relaxed",
+        &[model_step(0)],
+        &[],
+        Durability::Relaxed,
+    )
+    .await
+    .expect("relaxed write");
+    let Backend::Postgres(pool) = single.backend() else {
+        unreachable!("Postgres")
+    };
+    let setting: String = sqlx::query_scalar("SHOW synchronous_commit")
+        .fetch_one(pool)
+        .await
+        .expect("show");
+    assert_eq!(
+        setting, "on",
+        "the relaxed commit was local to its own write"
+    );
+    assert_eq!(
+        single.load_steps("resp_relaxed").await.expect("load").len(),
+        1
+    );
 }

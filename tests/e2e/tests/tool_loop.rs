@@ -5,6 +5,7 @@ mod common;
 use common::*;
 use gateway_e2e::{items_of, TestGateway};
 use gateway_testkit::{Call, Reply};
+use reqwest::Method;
 use serde_json::json;
 
 #[tokio::test]
@@ -607,4 +608,94 @@ async fn arguments_that_are_not_json_give_the_model_an_error_without_calling_the
     assert_eq!(items_of(&body, "mcp_call")[0]["status"], "failed");
     let seen = parse(&tool_result(&gw.model.requests()[1], "call_broken"));
     assert!(seen["error"]["message"].is_string(), "{seen:#}");
+}
+
+/// `(seq:kind, state:attempts)` of every stored step, in order.
+async fn stored_steps(gw: &TestGateway) -> Vec<(String, String)> {
+    gw.fetch_text_pairs(
+        "SELECT seq || ':' || kind, state || ':' || attempts FROM steps ORDER BY response_id, seq",
+    )
+    .await
+}
+
+#[tokio::test]
+async fn every_step_of_a_round_is_stored_ended_with_one_attempt() {
+    let (gw, tenant) = gateway_with_tools(&["add", "echo"]).await;
+    gw.model.push(Reply::tool_calls(vec![
+        Call::new("add", json!({"a": 1, "b": 2})),
+        Call::new("echo", json!({"x": 1})),
+    ]));
+    gw.model.push(Reply::text("Done."));
+
+    let body = create_ok(&gw, &tenant.key, json!({"model": "mock", "input": "Go."})).await;
+
+    assert_eq!(body["status"], "completed", "{body:#}");
+    let pairs = |rows: &[(&str, &str)]| -> Vec<(String, String)> {
+        rows.iter()
+            .map(|(a, b)| (a.to_string(), b.to_string()))
+            .collect()
+    };
+    assert_eq!(
+        stored_steps(&gw).await,
+        pairs(&[
+            ("0:model", "succeeded:1"),
+            ("1:tool", "succeeded:1"),
+            ("2:tool", "succeeded:1"),
+            ("3:model", "succeeded:1"),
+        ])
+    );
+}
+
+#[tokio::test]
+async fn a_call_that_ended_is_stored_while_its_sibling_still_runs() {
+    let (gw, tenant) = gateway_with_tools(&["add", "barrier"]).await;
+    // `barrier` with n = 2 answers only once a second barrier call is in flight: the test sends that one
+    // itself, after it has seen `add`'s result in the store.
+    gw.model.push(Reply::tool_calls(vec![
+        Call::new("add", json!({"a": 1, "b": 2})),
+        Call::new("barrier", json!({"n": 2})),
+    ]));
+    gw.model.push(Reply::text("Both ended."));
+    let request = gw
+        .public(Method::POST, "/responses", &tenant.key)
+        .json(&json!({"model": "mock", "input": "Go."}));
+    let created = tokio::spawn(request.send());
+
+    let seen = async {
+        loop {
+            let tools = gw
+                .fetch_text_pairs(
+                    "SELECT tool_name, state FROM steps WHERE kind = 'tool' ORDER BY seq",
+                )
+                .await;
+            let state = |name: &str| {
+                tools
+                    .iter()
+                    .find(|(tool, _)| tool == name)
+                    .map(|(_, state)| state.clone())
+            };
+            if state("add").as_deref() == Some("succeeded") {
+                return state("barrier");
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+    };
+    let barrier_state = tokio::time::timeout(std::time::Duration::from_secs(8), seen)
+        .await
+        .expect("add's result is stored before the batch ends");
+    assert_eq!(barrier_state.as_deref(), Some("running"));
+
+    let release = gw
+        .http
+        .post(gw.tools.url("barrier"))
+        .json(&json!({"n": 2}))
+        .send()
+        .await
+        .expect("release the barrier");
+    assert!(release.status().is_success());
+    let answer = created.await.expect("task").expect("create");
+    let body: serde_json::Value = answer.json().await.expect("body");
+    assert_eq!(body["status"], "completed", "{body:#}");
+    let calls = items_of(&body, "mcp_call");
+    assert!(calls.iter().all(|c| c["status"] == "completed"), "{body:#}");
 }

@@ -5,13 +5,10 @@ use gateway_core::request::ResponseParams;
 use gateway_core::steps::{Step, StepBody, StepState, Usage};
 use gateway_core::Item;
 use serde_json::Value;
-use sqlx::postgres::PgConnection;
-use sqlx::sqlite::SqliteConnection;
-use sqlx::types::Json;
 
 use super::backend::Fields;
 use super::tenancy::ToolSource;
-use super::{now, Backend, Store, StoreError};
+use super::{Backend, Store, StoreError};
 
 /// A response to create, with the context it starts from.
 #[derive(Debug, Clone)]
@@ -22,8 +19,9 @@ pub struct NewResponse<'a> {
     pub server_tools: &'a [ToolSource],
     /// The whole context, every item with its id.
     pub context: &'a [Item],
-    /// Tool steps to run before the first model call (calls carried over from a passed-through batch).
-    pub carried_steps: &'a [Step],
+    /// The first steps: tool calls carried over from a passed-through batch (pending), or the first model
+    /// call (running).
+    pub steps: &'a [Step],
     /// The client's `Idempotency-Key`, unique per project.
     pub idempotency_key: Option<&'a str>,
 }
@@ -53,13 +51,49 @@ pub enum Order {
     Desc,
 }
 
-/// Inserts `StepRow`s inside `$tx`, a transaction of either backend.
+/// Whether a write waits for its commit to reach the disk (Postgres; the embedded store always does).
+///
+/// A `Relaxed` write is visible at once and on disk a fraction of a second later: only a crash of the
+/// database server in between loses it, and any later `Flush` write (a WAL flush covers everything before it)
+/// makes it durable too. The engine relaxes only writes whose loss is harmless (see `docs/behaviour.md`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Durability {
+    Flush,
+    Relaxed,
+}
+
+impl Durability {
+    /// The `synchronous_commit` value for this write; `None` keeps the server's own setting.
+    fn synchronous_commit(self) -> Option<&'static str> {
+        match self {
+            Durability::Flush => None,
+            Durability::Relaxed => Some("off"),
+        }
+    }
+}
+
+/// What one step boundary writes, in one statement: steps added and steps changed since the last boundary,
+/// and, at the last boundary, how the response ended.
+#[derive(Debug, Clone)]
+pub struct StepWrite<'a> {
+    pub response_id: &'a str,
+    /// Steps not yet stored.
+    pub added: &'a [Step],
+    /// Stored steps whose state or body changed.
+    pub changed: &'a [&'a Step],
+    pub ending: Option<&'a Ending>,
+    /// `updated_at` of everything written, `created_at` of added steps and `completed_at` of an ending.
+    pub at: i64,
+    pub durability: Durability,
+}
+
+/// Inserts `StepRow`s inside `$tx`, a SQLite transaction.
 macro_rules! insert_step_rows {
     ($tx:ident, $response_id:expr, $rows:expr, $created:expr) => {
         for row in $rows {
             sqlx::query(
-                "INSERT INTO steps (response_id, seq, kind, state, body, call_id, tool_name, created_at, updated_at)
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $8)",
+                "INSERT INTO steps (response_id, seq, kind, state, body, call_id, tool_name, attempts, created_at, updated_at)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $9)",
             )
             .bind($response_id)
             .bind(row.seq)
@@ -68,6 +102,7 @@ macro_rules! insert_step_rows {
             .bind(&row.body)
             .bind(row.call_id)
             .bind(row.tool_name)
+            .bind(row.attempts())
             .bind($created)
             .execute(&mut *$tx)
             .await?;
@@ -75,9 +110,55 @@ macro_rules! insert_step_rows {
     };
 }
 
+/// Postgres: the response row, its context items and its first steps, as one statement (one round trip,
+/// one commit). The foreign keys of the items and steps are checked at the end of the statement, when the
+/// response row exists.
+const PG_CREATE_RESPONSE: &str = "
+WITH response AS (
+    INSERT INTO responses (id, project_id, deployment_id, model, status, params, server_tools,
+        previous_response_id, store, background, created_at, updated_at, idempotency_key)
+    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $11, $12)
+), items AS (
+    INSERT INTO response_input_items (response_id, position, item_id, item)
+    SELECT $1, * FROM UNNEST($13::int4[], $14::text[], $15::jsonb[])
+), added AS (
+    INSERT INTO steps (response_id, seq, kind, state, body, call_id, tool_name, attempts, created_at, updated_at)
+    SELECT $1, s.seq, s.kind, s.state, s.body, s.call_id, s.tool_name,
+           CASE WHEN s.state = 'running' THEN 1 ELSE 0 END, $11, $11
+    FROM UNNEST($16::int4[], $17::text[], $18::text[], $19::jsonb[], $20::text[], $21::text[])
+        AS s(seq, kind, state, body, call_id, tool_name)
+)
+SELECT set_config('synchronous_commit', COALESCE($22, current_setting('synchronous_commit')), true)";
+
+/// Postgres: one step boundary as one statement. Changed steps count an attempt when they start running;
+/// the response row is touched only when `$10` (its ending status) is set.
+const PG_WRITE_STEPS: &str = "
+WITH changed AS (
+    UPDATE steps SET state = u.state, body = u.body, updated_at = $2,
+        attempts = steps.attempts + CASE WHEN u.state = 'running' THEN 1 ELSE 0 END
+    FROM UNNEST($3::int4[], $4::text[], $5::jsonb[]) AS u(seq, state, body)
+    WHERE steps.response_id = $1 AND steps.seq = u.seq
+), added AS (
+    INSERT INTO steps (response_id, seq, kind, state, body, call_id, tool_name, attempts, created_at, updated_at)
+    SELECT $1, s.seq, s.kind, s.state, s.body, s.call_id, s.tool_name,
+           CASE WHEN s.state = 'running' THEN 1 ELSE 0 END, $2, $2
+    FROM UNNEST($6::int4[], $7::text[], $8::text[], $9::jsonb[], $10::text[], $11::text[])
+        AS s(seq, kind, state, body, call_id, tool_name)
+), ended AS (
+    UPDATE responses SET status = $12, usage = $13, handed_back = $14, error_code = $15, error_message = $16,
+        incomplete_reason = $17, completed_at = $2, updated_at = $2
+    WHERE id = $1 AND $12::text IS NOT NULL
+)
+SELECT set_config('synchronous_commit', COALESCE($18, current_setting('synchronous_commit')), true)";
+
 impl Store {
-    /// Writes a new response, its context items and carried steps in one transaction.
-    pub async fn create_response(&self, new: &NewResponse<'_>) -> Result<(), StoreError> {
+    /// Writes a new response, its context items and first steps (carried tool calls, or the first model
+    /// call) at once: one statement on Postgres, one transaction on the embedded store.
+    pub async fn create_response(
+        &self,
+        new: &NewResponse<'_>,
+        durability: Durability,
+    ) -> Result<(), StoreError> {
         let _timer = crate::metrics::StoreTimer::start("create_response");
         let record = new.record;
         let params =
@@ -92,34 +173,77 @@ impl Store {
             ids.push(item.id().unwrap_or_default().to_owned());
             items.push(serde_json::to_value(item).map_err(|e| StoreError::Corrupt(e.to_string()))?);
         }
-        let steps = step_rows(new.carried_steps)?;
-        let created = now();
-        with_pool!(self, |pool| {
-            let mut tx = pool.begin().await?;
-            sqlx::query(
-                "INSERT INTO responses (id, project_id, deployment_id, model, status, params, server_tools,
-                    previous_response_id, store, background, created_at, updated_at, idempotency_key)
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $11, $12)",
-            )
-            .bind(&record.id)
-            .bind(new.project_id)
-            .bind(new.deployment_id)
-            .bind(&record.model)
-            .bind(record.status.as_str())
-            .bind(&params)
-            .bind(&tools)
-            .bind(&record.previous_response_id)
-            .bind(record.store)
-            .bind(record.background)
-            .bind(record.created_at)
-            .bind(new.idempotency_key)
-            .execute(&mut *tx)
-            .await.map_err(|e| StoreError::from_write(e, "a response with this Idempotency-Key is being created"))?;
-            tx.insert_context(&record.id, &positions, &ids, &items)
-                .await?;
-            insert_step_rows!(tx, &record.id, &steps, created);
-            tx.commit().await?;
-        });
+        let steps = step_rows(new.steps)?;
+        let conflict =
+            |e| StoreError::from_write(e, "a response with this Idempotency-Key is being created");
+        match &self.backend {
+            Backend::Postgres(pool) => {
+                let columns = StepColumns::from(&steps);
+                sqlx::query(PG_CREATE_RESPONSE)
+                    .bind(&record.id)
+                    .bind(new.project_id)
+                    .bind(new.deployment_id)
+                    .bind(&record.model)
+                    .bind(record.status.as_str())
+                    .bind(&params)
+                    .bind(&tools)
+                    .bind(&record.previous_response_id)
+                    .bind(record.store)
+                    .bind(record.background)
+                    .bind(record.created_at)
+                    .bind(new.idempotency_key)
+                    .bind(&positions)
+                    .bind(&ids)
+                    .bind(&items)
+                    .bind(&columns.seq)
+                    .bind(&columns.kind)
+                    .bind(&columns.state)
+                    .bind(&columns.body)
+                    .bind(&columns.call_id)
+                    .bind(&columns.tool_name)
+                    .bind(durability.synchronous_commit())
+                    .execute(pool)
+                    .await
+                    .map_err(conflict)?;
+            }
+            Backend::Sqlite(pool) => {
+                let mut tx = pool.begin().await?;
+                sqlx::query(
+                    "INSERT INTO responses (id, project_id, deployment_id, model, status, params, server_tools,
+                        previous_response_id, store, background, created_at, updated_at, idempotency_key)
+                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $11, $12)",
+                )
+                .bind(&record.id)
+                .bind(new.project_id)
+                .bind(new.deployment_id)
+                .bind(&record.model)
+                .bind(record.status.as_str())
+                .bind(&params)
+                .bind(&tools)
+                .bind(&record.previous_response_id)
+                .bind(record.store)
+                .bind(record.background)
+                .bind(record.created_at)
+                .bind(new.idempotency_key)
+                .execute(&mut *tx)
+                .await
+                .map_err(conflict)?;
+                for ((position, id), item) in positions.iter().zip(&ids).zip(&items) {
+                    sqlx::query(
+                        "INSERT INTO response_input_items (response_id, position, item_id, item)
+                         VALUES ($1, $2, $3, $4)",
+                    )
+                    .bind(&record.id)
+                    .bind(position)
+                    .bind(id)
+                    .bind(item)
+                    .execute(&mut *tx)
+                    .await?;
+                }
+                insert_step_rows!(tx, &record.id, &steps, record.created_at);
+                tx.commit().await?;
+            }
+        }
         Ok(())
     }
 
@@ -250,166 +374,113 @@ impl Store {
         })
     }
 
-    /// Records new steps (one transaction for all of them).
-    pub async fn insert_steps(&self, response_id: &str, steps: &[Step]) -> Result<(), StoreError> {
-        let _timer = crate::metrics::StoreTimer::start("insert_steps");
-        let steps = step_rows(steps)?;
-        let created = now();
-        with_pool!(self, |pool| {
-            if steps.len() == 1 {
-                // One row is atomic by itself: no BEGIN/COMMIT round trips on the hot path.
-                let mut conn = pool.acquire().await?;
-                insert_step_rows!(conn, response_id, &steps, created);
-            } else {
-                let mut tx = pool.begin().await?;
-                insert_step_rows!(tx, response_id, &steps, created);
-                tx.commit().await?;
-            }
+    /// Writes one step boundary: new steps, changed steps and the response's ending, all or nothing.
+    pub async fn write_steps(&self, write: &StepWrite<'_>) -> Result<(), StoreError> {
+        let _timer = crate::metrics::StoreTimer::start(if write.ending.is_some() {
+            "finish_response"
+        } else {
+            "write_steps"
         });
-        Ok(())
-    }
-
-    /// Writes a step's new state and body.
-    pub async fn update_step(&self, response_id: &str, step: &Step) -> Result<(), StoreError> {
-        let _timer = crate::metrics::StoreTimer::start("update_step");
-        let body =
-            serde_json::to_value(&step.body).map_err(|e| StoreError::Corrupt(e.to_string()))?;
-        with_pool!(self, |pool| {
-            sqlx::query("UPDATE steps SET state = $3, body = $4, updated_at = $5 WHERE response_id = $1 AND seq = $2")
-            .bind(response_id)
-            .bind(step.seq as i32)
-            .bind(step.state.as_str())
-            .bind(&body)
-            .bind(now())
-            .execute(pool)
-            .await?
-            .rows_affected()
-        });
-        Ok(())
-    }
-
-    /// Marks steps as started (their side effect may now be in flight) and counts the attempt.
-    pub async fn mark_running(&self, response_id: &str, seqs: &[u32]) -> Result<(), StoreError> {
-        let _timer = crate::metrics::StoreTimer::start("mark_running");
-        let seqs: Vec<i32> = seqs.iter().map(|s| *s as i32).collect();
+        let added = step_rows(write.added)?;
+        let mut changed = Vec::with_capacity(write.changed.len());
+        for step in write.changed {
+            changed.push((
+                step.seq as i32,
+                step.state.as_str(),
+                serde_json::to_value(&step.body).map_err(|e| StoreError::Corrupt(e.to_string()))?,
+            ));
+        }
+        let ending = write.ending;
+        let usage = ending
+            .and_then(|e| e.usage)
+            .map(|u| serde_json::to_value(u).unwrap_or(Value::Null));
+        let id = write.response_id;
+        let written = |e| StoreError::from_write(e, "step already recorded");
         match &self.backend {
             Backend::Postgres(pool) => {
-                sqlx::query(
-                    "UPDATE steps SET state = 'running', attempts = attempts + 1, updated_at = $3
-                     WHERE response_id = $1 AND seq = ANY($2)",
-                )
-                .bind(response_id)
-                .bind(&seqs)
-                .bind(now())
-                .execute(pool)
-                .await?;
+                let columns = StepColumns::from(&added);
+                let changed_seq: Vec<i32> = changed.iter().map(|c| c.0).collect();
+                let changed_state: Vec<&str> = changed.iter().map(|c| c.1).collect();
+                let changed_body: Vec<&Value> = changed.iter().map(|c| &c.2).collect();
+                sqlx::query(PG_WRITE_STEPS)
+                    .bind(id)
+                    .bind(write.at)
+                    .bind(&changed_seq)
+                    .bind(&changed_state)
+                    .bind(&changed_body)
+                    .bind(&columns.seq)
+                    .bind(&columns.kind)
+                    .bind(&columns.state)
+                    .bind(&columns.body)
+                    .bind(&columns.call_id)
+                    .bind(&columns.tool_name)
+                    .bind(ending.map(|e| e.status.as_str()))
+                    .bind(&usage)
+                    .bind(ending.is_some_and(|e| e.handed_back))
+                    .bind(ending.and_then(|e| e.error.as_ref().map(|e| &e.0)))
+                    .bind(ending.and_then(|e| e.error.as_ref().map(|e| &e.1)))
+                    .bind(ending.and_then(|e| e.incomplete_reason.as_ref()))
+                    .bind(write.durability.synchronous_commit())
+                    .execute(pool)
+                    .await
+                    .map_err(written)?;
             }
-            // SQLite has no arrays: the seqs travel as one JSON array parameter, unpacked by `json_each`.
             Backend::Sqlite(pool) => {
-                sqlx::query(
-                    "UPDATE steps SET state = 'running', attempts = attempts + 1, updated_at = $3
-                     WHERE response_id = $1 AND seq IN (SELECT value FROM json_each($2))",
-                )
-                .bind(response_id)
-                .bind(Json(&seqs))
-                .bind(now())
-                .execute(pool)
-                .await?;
+                let mut tx = pool.begin().await?;
+                for (seq, state, body) in &changed {
+                    sqlx::query(
+                        "UPDATE steps SET state = $3, body = $4, updated_at = $5,
+                            attempts = attempts + CASE WHEN $3 = 'running' THEN 1 ELSE 0 END
+                         WHERE response_id = $1 AND seq = $2",
+                    )
+                    .bind(id)
+                    .bind(seq)
+                    .bind(state)
+                    .bind(body)
+                    .bind(write.at)
+                    .execute(&mut *tx)
+                    .await?;
+                }
+                insert_step_rows!(tx, id, &added, write.at);
+                if let Some(ending) = ending {
+                    sqlx::query(
+                        "UPDATE responses SET status = $2, usage = $3, handed_back = $4, error_code = $5,
+                            error_message = $6, incomplete_reason = $7, completed_at = $8, updated_at = $8
+                         WHERE id = $1",
+                    )
+                    .bind(id)
+                    .bind(ending.status.as_str())
+                    .bind(&usage)
+                    .bind(ending.handed_back)
+                    .bind(ending.error.as_ref().map(|e| &e.0))
+                    .bind(ending.error.as_ref().map(|e| &e.1))
+                    .bind(&ending.incomplete_reason)
+                    .bind(write.at)
+                    .execute(&mut *tx)
+                    .await?;
+                }
+                tx.commit().await.map_err(written)?;
             }
         }
         Ok(())
     }
 
-    /// Records how a response ended.
+    /// Records how a response ended, and nothing else (durably).
     pub async fn finish_response(
         &self,
         response_id: &str,
         ending: &Ending,
         completed_at: i64,
     ) -> Result<(), StoreError> {
-        let _timer = crate::metrics::StoreTimer::start("finish_response");
-        let usage = ending
-            .usage
-            .map(|u| serde_json::to_value(u).unwrap_or(Value::Null));
-        with_pool!(self, |pool| {
-            sqlx::query(
-            "UPDATE responses SET status = $2, usage = $3, handed_back = $4, error_code = $5, error_message = $6,
-                incomplete_reason = $7, completed_at = $8, updated_at = $8
-             WHERE id = $1",
-        )
-        .bind(response_id)
-        .bind(ending.status.as_str())
-        .bind(&usage)
-        .bind(ending.handed_back)
-        .bind(ending.error.as_ref().map(|e| &e.0))
-        .bind(ending.error.as_ref().map(|e| &e.1))
-        .bind(&ending.incomplete_reason)
-        .bind(completed_at)
-        .execute(pool)
-        .await?
-        .rows_affected()
-        });
-        Ok(())
-    }
-}
-
-/// Writes context items: the one statement of `create_response` that differs between the backends, picked
-/// by the type of the transaction's connection.
-trait InsertContext {
-    async fn insert_context(
-        &mut self,
-        response_id: &str,
-        positions: &[i32],
-        ids: &[String],
-        items: &[Value],
-    ) -> Result<(), sqlx::Error>;
-}
-
-impl InsertContext for PgConnection {
-    async fn insert_context(
-        &mut self,
-        response_id: &str,
-        positions: &[i32],
-        ids: &[String],
-        items: &[Value],
-    ) -> Result<(), sqlx::Error> {
-        sqlx::query(
-            "INSERT INTO response_input_items (response_id, position, item_id, item)
-             SELECT $1, * FROM UNNEST($2::int4[], $3::text[], $4::jsonb[])",
-        )
-        .bind(response_id)
-        .bind(positions)
-        .bind(ids)
-        .bind(items)
-        .execute(self)
-        .await?;
-        Ok(())
-    }
-}
-
-impl InsertContext for SqliteConnection {
-    /// One statement per item (SQLite has no arrays to unnest); inside the caller's transaction they cost
-    /// one commit together.
-    async fn insert_context(
-        &mut self,
-        response_id: &str,
-        positions: &[i32],
-        ids: &[String],
-        items: &[Value],
-    ) -> Result<(), sqlx::Error> {
-        for ((position, id), item) in positions.iter().zip(ids).zip(items) {
-            sqlx::query(
-                "INSERT INTO response_input_items (response_id, position, item_id, item)
-                 VALUES ($1, $2, $3, $4)",
-            )
-            .bind(response_id)
-            .bind(position)
-            .bind(id)
-            .bind(item)
-            .execute(&mut *self)
-            .await?;
-        }
-        Ok(())
+        self.write_steps(&StepWrite {
+            response_id,
+            added: &[],
+            changed: &[],
+            ending: Some(ending),
+            at: completed_at,
+            durability: Durability::Flush,
+        })
+        .await
     }
 }
 
@@ -421,6 +492,36 @@ struct StepRow<'a> {
     body: Value,
     call_id: Option<&'a str>,
     tool_name: Option<&'a str>,
+}
+
+impl StepRow<'_> {
+    /// A step stored as running has been started once.
+    fn attempts(&self) -> i32 {
+        i32::from(self.state == "running")
+    }
+}
+
+/// `StepRow`s as one array per column, for Postgres' `UNNEST`.
+struct StepColumns<'a> {
+    seq: Vec<i32>,
+    kind: Vec<&'static str>,
+    state: Vec<&'static str>,
+    body: Vec<&'a Value>,
+    call_id: Vec<Option<&'a str>>,
+    tool_name: Vec<Option<&'a str>>,
+}
+
+impl<'a> From<&'a Vec<StepRow<'a>>> for StepColumns<'a> {
+    fn from(rows: &'a Vec<StepRow<'a>>) -> StepColumns<'a> {
+        StepColumns {
+            seq: rows.iter().map(|r| r.seq).collect(),
+            kind: rows.iter().map(|r| r.kind).collect(),
+            state: rows.iter().map(|r| r.state).collect(),
+            body: rows.iter().map(|r| &r.body).collect(),
+            call_id: rows.iter().map(|r| r.call_id).collect(),
+            tool_name: rows.iter().map(|r| r.tool_name).collect(),
+        }
+    }
 }
 
 fn step_rows(steps: &[Step]) -> Result<Vec<StepRow<'_>>, StoreError> {
