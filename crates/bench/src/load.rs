@@ -86,7 +86,9 @@ impl Stats {
         }
     }
 
-    fn merge(&mut self, other: &Stats) {
+    /// Adds another run's figures, elapsed time included.
+    pub fn merge(&mut self, other: &Stats) {
+        self.elapsed += other.elapsed;
         let _ = self.latency.add(&other.latency);
         let _ = self.first_event.add(&other.first_event);
         let _ = self.send_lag.add(&other.send_lag);

@@ -10,6 +10,7 @@ mod procs;
 mod report;
 mod scenario;
 mod setup;
+mod timings;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -20,11 +21,12 @@ use clap::Parser;
 use reqwest::Client;
 use serde_json::json;
 
-use load::Load;
+use load::{Load, Stats};
 use procs::ChildProcess;
 use report::{CpuPerRequest, Measured, Outcome, Report, StreamsMeasured};
 use scenario::{reset_mocks, Endpoints, Scenario, Target};
 use setup::Database;
+use timings::Histograms;
 
 /// Load generator for the gateway. Scenarios: text-stored, text-unstored, tool-round, parallel-tools,
 /// passthrough, stream-text, open-streams.
@@ -34,9 +36,13 @@ struct Args {
     /// `all`, or a comma-separated list of scenarios.
     #[arg(long, default_value = "all")]
     scenario: String,
-    /// Measured seconds per phase (gateway, then direct) of each scenario.
+    /// Measured seconds per target (gateway, and direct) of each scenario.
     #[arg(long, default_value_t = 10)]
     duration: u64,
+    /// The gateway and direct runs alternate in slices of this many seconds (gateway, direct, gateway, …),
+    /// so that both meet the same machine conditions; 0 runs each target's whole duration at once.
+    #[arg(long, default_value_t = 2)]
+    slice: u64,
     /// Workers sending back to back (closed loop).
     #[arg(long, default_value_t = 64)]
     concurrency: usize,
@@ -231,27 +237,38 @@ impl CpuSnapshot {
         }
     }
 
+    /// CPU per request over `spans` (each a snapshot before and after a measured slice).
     fn per_request(
-        &self,
-        after: &CpuSnapshot,
+        spans: &[(CpuSnapshot, CpuSnapshot)],
         requests: u64,
         ticks_per_second: u64,
     ) -> CpuPerRequest {
         let scale = |ticks: u64| {
             (requests > 0).then(|| ticks as f64 * 1e6 / ticks_per_second as f64 / requests as f64)
         };
-        let delta =
-            |a: Option<u64>, b: Option<u64>| b.zip(a).and_then(|(b, a)| scale(b.saturating_sub(a)));
+        // Ticks spent during every span, or `None` when a snapshot lacks the figure.
+        let total = |ticks: fn(&CpuSnapshot) -> Option<u64>| {
+            spans
+                .iter()
+                .map(|(before, after)| Some(ticks(after)?.saturating_sub(ticks(before)?)))
+                .sum::<Option<u64>>()
+                .and_then(scale)
+        };
         CpuPerRequest {
-            gateway: delta(self.gateway, after.gateway),
-            mock: delta(self.mock, after.mock),
-            tools: delta(self.tools, after.tools),
-            bench: delta(self.bench, after.bench),
-            postgres: self
-                .postgres
-                .as_ref()
-                .zip(after.postgres.as_ref())
-                .and_then(|(a, b)| scale(procs::postgres_ticks_between(a, b))),
+            gateway: total(|s| s.gateway),
+            mock: total(|s| s.mock),
+            tools: total(|s| s.tools),
+            bench: total(|s| s.bench),
+            postgres: spans
+                .iter()
+                .map(|(before, after)| {
+                    Some(procs::postgres_ticks_between(
+                        before.postgres.as_ref()?,
+                        after.postgres.as_ref()?,
+                    ))
+                })
+                .sum::<Option<u64>>()
+                .and_then(scale),
         }
     }
 }
@@ -264,8 +281,19 @@ struct Bench<'a> {
 }
 
 impl Bench<'_> {
-    fn duration(&self) -> Duration {
-        Duration::from_secs(self.args.duration.max(1))
+    /// The measured duration of each target, cut into the slices in which gateway and direct alternate.
+    fn slices(&self) -> Vec<Duration> {
+        let total = self.args.duration.max(1);
+        let slice = if self.args.slice == 0 {
+            total
+        } else {
+            self.args.slice.min(total)
+        };
+        let mut slices = vec![Duration::from_secs(slice); (total / slice) as usize];
+        if total % slice > 0 {
+            slices.push(Duration::from_secs(total % slice));
+        }
+        slices
     }
 
     async fn scenario(&self, harness: &Harness, scenario: Scenario) -> anyhow::Result<Outcome> {
@@ -289,29 +317,40 @@ impl Bench<'_> {
         if let Some(pid) = harness.gateway_pid {
             procs::reset_peak(pid);
         }
-        let sampler = harness.gateway_pid.map(procs::RssSampler::start);
-        let before = CpuSnapshot::take(harness);
-        let gateway_stats = load::run(http, &gateway, self.load, self.duration()).await?;
-        let after = CpuSnapshot::take(harness);
-        let sampled = match sampler {
-            Some(s) => Some(s.finish().await),
-            None => None,
-        };
+        let mut gateway_stats = Stats::new()?;
+        let mut direct_stats = Stats::new()?;
+        let mut cpu_spans = Vec::new();
+        let mut sampled = None;
+        let mut timings = Histograms::default();
+        for slice in self.slices() {
+            let sampler = harness.gateway_pid.map(procs::RssSampler::start);
+            let histograms = Histograms::scrape(http, &endpoints.gateway).await;
+            let before = CpuSnapshot::take(harness);
+            gateway_stats.merge(&load::run(http, &gateway, self.load, slice).await?);
+            cpu_spans.push((before, CpuSnapshot::take(harness)));
+            timings.add_between(
+                &histograms,
+                &Histograms::scrape(http, &endpoints.gateway).await,
+            );
+            if let Some(sampler) = sampler {
+                sampled = sampled.max(Some(sampler.finish().await));
+            }
+            reset_mocks(http, endpoints).await?;
+            direct_stats.merge(&load::run(http, &direct, self.load, slice).await?);
+            reset_mocks(http, endpoints).await?;
+        }
         let hwm = harness
             .gateway_pid
             .and_then(|pid| procs::memory(pid).ok())
             .map(|m| m.hwm_kib);
-        reset_mocks(http, endpoints).await?;
-
-        let direct_stats = load::run(http, &direct, self.load, self.duration()).await?;
-        reset_mocks(http, endpoints).await?;
 
         Ok(Outcome::Measured(Box::new(Measured {
             scenario,
             load: self.load,
             load_average,
             plan: plan_text,
-            cpu: before.per_request(&after, gateway_stats.ok, self.ticks_per_second),
+            cpu: CpuSnapshot::per_request(&cpu_spans, gateway_stats.ok, self.ticks_per_second),
+            timings: timings.describe(gateway_stats.ok + gateway_stats.errors),
             gateway: gateway_stats,
             direct: direct_stats,
             peak_rss_kib: sampled.max(hwm),
@@ -470,9 +509,14 @@ async fn main() -> anyhow::Result<()> {
         started: utc_now(),
         machine: machine(),
         settings: format!(
-            "{} s per phase after {} s warm-up, {}{}",
+            "{} s per target after {} s warm-up, gateway and direct alternating {}, {}{}",
             args.duration,
             args.warmup,
+            if args.slice == 0 {
+                "once".to_owned()
+            } else {
+                format!("every {} s", args.slice.min(args.duration.max(1)))
+            },
             load.describe(),
             if args.db_settings.is_empty() {
                 String::new()

@@ -26,6 +26,8 @@ pub struct Measured {
     pub gateway: Stats,
     pub direct: Stats,
     pub peak_rss_kib: Option<u64>,
+    /// The gateway's own mean timings during the gateway run (from its `/metrics`).
+    pub timings: String,
     pub cpu: CpuPerRequest,
 }
 
@@ -209,6 +211,13 @@ impl Report {
                         "; open-loop send lag p99 {l:.2} ms"
                     )),
                 );
+                if !m.timings.is_empty() {
+                    let _ = writeln!(
+                        out,
+                        "  * gateway's own mean timings per call × calls per request: {}",
+                        m.timings
+                    );
+                }
                 for sample in m
                     .gateway
                     .error_samples

@@ -50,6 +50,9 @@ pub struct Run {
     deadline: Instant,
     /// `store: false` responses run entirely in memory.
     persist: bool,
+    /// The project of a stored response whose row is not written yet: it is written with the first step
+    /// boundary (see `prepare`).
+    unwritten: Option<String>,
     /// How many of `steps` (the first ones) are in the store.
     stored: usize,
     /// Stored steps changed since the last write, by index.
@@ -217,7 +220,13 @@ impl Engine {
             incomplete_reason: None,
             usage: None,
         };
-        if request.store {
+        // A response that someone may look for while it runs (its stream told the client its id) or that
+        // must be found by its Idempotency-Key is written now. Any other is written with its first step
+        // boundary: before a tool request goes out, or with its ending. Until then nothing outside this call
+        // knows it, and a crash leaves nothing half-done behind (the client, cut off, sends it again).
+        let write_now =
+            request.store && (request.stream || request.background || idempotency_key.is_some());
+        if write_now {
             self.store
                 .create_response(
                     &NewResponse {
@@ -227,6 +236,7 @@ impl Engine {
                         server_tools: &resolution.tools,
                         context: &context,
                         steps: &steps,
+                        handed_back: false,
                         idempotency_key,
                     },
                     self.relaxed(),
@@ -238,7 +248,8 @@ impl Engine {
                     other => other.into(),
                 })?;
         }
-        let steps_len = steps.len();
+        let unwritten = (request.store && !write_now).then(|| project_id.to_owned());
+        let steps_len = if write_now { steps.len() } else { 0 };
         Ok(Run {
             record,
             deployment: resolution.deployment.clone(),
@@ -249,6 +260,7 @@ impl Engine {
             limits,
             deadline: Instant::now() + Duration::from_millis(self.limits.response_deadline_ms),
             persist: request.store,
+            unwritten,
             stored: steps_len,
             changed: BTreeSet::new(),
         })
@@ -377,13 +389,11 @@ impl Engine {
                         body: StepBody::Model(ModelStep::default()),
                     };
                     run.steps.push(step);
-                    self.write(run, None, self.relaxed()).await?;
-                    self.call_model(run, seq as usize, sink).await?;
+                    self.write_and_call_model(run, seq as usize, sink).await?;
                     continue;
                 }
                 NextAction::ResumeModelCall { seq } => {
-                    self.write(run, None, self.relaxed()).await?;
-                    self.call_model(run, seq as usize, sink).await?;
+                    self.write_and_call_model(run, seq as usize, sink).await?;
                     continue;
                 }
                 NextAction::DispatchBatch { batch, calls } => {
@@ -457,15 +467,16 @@ impl Engine {
             }
         }
         let completed_at = now();
-        // Clients see this ending: it waits for the disk, and so makes every earlier write durable too.
-        self.write(run, Some((&ending, completed_at)), Durability::Flush)
-            .await?;
         let record = &mut run.record;
         record.status = ending.status;
         record.usage = ending.usage;
-        record.error = ending.error;
-        record.incomplete_reason = ending.incomplete_reason;
+        record.error = ending.error.clone();
+        record.incomplete_reason = ending.incomplete_reason.clone();
         record.completed_at = Some(completed_at);
+        // Clients see this ending: it waits for the disk, and so makes every earlier write durable too.
+        self.write(run, Some((&ending, completed_at)), Durability::Flush)
+            .await?;
+        let record = &run.record;
         let finished = Finished {
             record: record.clone(),
             output: render_output(&run.steps, ending.handed_back),
@@ -663,6 +674,31 @@ impl Engine {
         }
     }
 
+    /// The step boundary before a model call, then the call. A model call changes nothing outside the
+    /// gateway, so the (relaxed) write runs alongside it instead of before it, and a response whose row is not
+    /// written yet stays so until its first tool request or its ending.
+    async fn write_and_call_model(
+        &self,
+        run: &mut Run,
+        index: usize,
+        sink: &mut Option<StreamSink>,
+    ) -> Result<(), StoreError> {
+        let changes = if run.unwritten.is_none() {
+            run.take_changes()
+        } else {
+            Changes::default()
+        };
+        let write = async {
+            if !changes.is_empty() {
+                changes.save(&self.store, None, self.relaxed()).await
+            } else {
+                Ok(())
+            }
+        };
+        let (written, called) = tokio::join!(write, self.call_model(run, index, sink));
+        written.and(called)
+    }
+
     /// One step boundary: writes the steps added and changed since the last one, and the response's
     /// ending if it has one, in one statement. Nothing is written for a response that is not stored.
     async fn write(
@@ -671,23 +707,89 @@ impl Engine {
         ending: Option<(&Ending, i64)>,
         durability: Durability,
     ) -> Result<(), StoreError> {
-        let nothing_new = run.stored == run.steps.len() && run.changed.is_empty();
-        if run.persist && !(nothing_new && ending.is_none()) {
-            let changed: Vec<&Step> = run.changed.iter().map(|&i| &run.steps[i]).collect();
+        if let Some(project_id) = run.unwritten.take() {
+            // The first write of a response whose row was put off: the row (with its ending, if this is it),
+            // its context and every step so far, at once.
             self.store
-                .write_steps(&StepWrite {
-                    response_id: &run.record.id,
-                    added: &run.steps[run.stored..],
-                    changed: &changed,
-                    ending: ending.map(|(e, _)| e),
-                    at: ending.map_or_else(now, |(_, at)| at),
+                .create_response(
+                    &NewResponse {
+                        record: &run.record,
+                        project_id: &project_id,
+                        deployment_id: &run.deployment.id,
+                        server_tools: &run.server_tools,
+                        context: &run.context,
+                        steps: &run.steps,
+                        handed_back: ending.is_some_and(|(e, _)| e.handed_back),
+                        idempotency_key: None,
+                    },
                     durability,
-                })
+                )
                 .await?;
+            run.stored = run.steps.len();
+            run.changed.clear();
+            return Ok(());
         }
-        run.stored = run.steps.len();
-        run.changed.clear();
+        let changes = run.take_changes();
+        if !changes.is_empty() || (run.persist && ending.is_some()) {
+            changes.save(&self.store, ending, durability).await?;
+        }
         Ok(())
+    }
+}
+
+/// What changed in a stored run since its last write, taken out of it so that it can be written while the run
+/// goes on. Empty for a response that is not stored.
+#[derive(Default)]
+struct Changes {
+    response_id: String,
+    added: Vec<Step>,
+    changed: Vec<Step>,
+}
+
+impl Changes {
+    fn is_empty(&self) -> bool {
+        self.added.is_empty() && self.changed.is_empty()
+    }
+
+    async fn save(
+        &self,
+        store: &Store,
+        ending: Option<(&Ending, i64)>,
+        durability: Durability,
+    ) -> Result<(), StoreError> {
+        let changed: Vec<&Step> = self.changed.iter().collect();
+        store
+            .write_steps(&StepWrite {
+                response_id: &self.response_id,
+                added: &self.added,
+                changed: &changed,
+                ending: ending.map(|(e, _)| e),
+                at: ending.map_or_else(now, |(_, at)| at),
+                durability,
+            })
+            .await
+    }
+}
+
+impl Run {
+    /// The steps added and changed since the last write, now counted as written.
+    fn take_changes(&mut self) -> Changes {
+        let changes = if self.persist {
+            Changes {
+                response_id: self.record.id.clone(),
+                added: self.steps[self.stored..].to_vec(),
+                changed: self
+                    .changed
+                    .iter()
+                    .map(|&i| self.steps[i].clone())
+                    .collect(),
+            }
+        } else {
+            Changes::default()
+        };
+        self.stored = self.steps.len();
+        self.changed.clear();
+        changes
     }
 }
 

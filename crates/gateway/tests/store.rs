@@ -58,6 +58,7 @@ on_both_backends!(
     resolve_unites_the_tools_of_every_group_the_project_shares_with_the_deployment,
     resolve_sees_nothing_outside_the_projects_groups,
     a_created_response_loads_back_with_its_context_and_carried_steps,
+    a_response_written_when_it_ended_loads_back_ended_with_its_steps,
     another_projects_response_loads_as_none_and_cannot_be_deleted,
     input_items_pages_walk_both_orders_with_after_and_has_more,
     step_writes_add_change_and_end_all_or_nothing,
@@ -331,6 +332,7 @@ async fn create(
                 server_tools: &[server_tool()],
                 context: items,
                 steps,
+                handed_back: false,
                 idempotency_key,
             },
             Durability::Flush,
@@ -980,6 +982,53 @@ async fn a_created_response_loads_back_with_its_context_and_carried_steps(store:
         .await
         .expect("load")
         .is_none());
+}
+
+async fn a_response_written_when_it_ended_loads_back_ended_with_its_steps(store: Store) {
+    let (project_id, deployment_id) = tenant(&store, "acme").await;
+    let record = ResponseRecord {
+        completed_at: Some(1_700_000_009),
+        status: ResponseStatus::Failed,
+        error: Some(("server_error".into(), "The upstream failed.".into())),
+        usage: Some(Usage {
+            input_tokens: 5,
+            output_tokens: 1,
+            cached_tokens: 0,
+            reasoning_tokens: 0,
+        }),
+        ..record("resp_ended")
+    };
+    let steps = [model_step(0), finished(&tool_step(1, 0), "{}")];
+    store
+        .create_response(
+            &NewResponse {
+                record: &record,
+                project_id: &project_id,
+                deployment_id: &deployment_id,
+                server_tools: &[server_tool()],
+                context: &context(2),
+                steps: &steps,
+                handed_back: true,
+                idempotency_key: None,
+            },
+            Durability::Flush,
+        )
+        .await
+        .expect("create");
+
+    let stored = store
+        .load_response(&project_id, "resp_ended")
+        .await
+        .expect("load")
+        .expect("exists");
+    assert_eq!(stored.record, record);
+    assert!(stored.handed_back);
+    assert_eq!(store.load_steps("resp_ended").await.expect("steps"), steps);
+    assert_eq!(
+        attempts(&store, "resp_ended").await,
+        [(0, 1), (1, 1)],
+        "steps written ended were attempted once"
+    );
 }
 
 async fn another_projects_response_loads_as_none_and_cannot_be_deleted(store: Store) {

@@ -22,6 +22,8 @@ pub struct NewResponse<'a> {
     /// The first steps: tool calls carried over from a passed-through batch (pending), or the first model
     /// call (running).
     pub steps: &'a [Step],
+    /// Whether the response handed its last batch back (a response written when it ended).
+    pub handed_back: bool,
     /// The client's `Idempotency-Key`, unique per project.
     pub idempotency_key: Option<&'a str>,
 }
@@ -116,15 +118,16 @@ macro_rules! insert_step_rows {
 const PG_CREATE_RESPONSE: &str = "
 WITH response AS (
     INSERT INTO responses (id, project_id, deployment_id, model, status, params, server_tools,
-        previous_response_id, store, background, created_at, updated_at, idempotency_key)
-    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $11, $12)
+        previous_response_id, store, background, created_at, updated_at, idempotency_key,
+        usage, handed_back, error_code, error_message, incomplete_reason, completed_at)
+    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, COALESCE($28, $11), $12, $23, $24, $25, $26, $27, $28)
 ), items AS (
     INSERT INTO response_input_items (response_id, position, item_id, item)
     SELECT $1, * FROM UNNEST($13::int4[], $14::text[], $15::jsonb[])
 ), added AS (
     INSERT INTO steps (response_id, seq, kind, state, body, call_id, tool_name, attempts, created_at, updated_at)
     SELECT $1, s.seq, s.kind, s.state, s.body, s.call_id, s.tool_name,
-           CASE WHEN s.state = 'running' THEN 1 ELSE 0 END, $11, $11
+           CASE WHEN s.state = 'pending' THEN 0 ELSE 1 END, $11, COALESCE($28, $11)
     FROM UNNEST($16::int4[], $17::text[], $18::text[], $19::jsonb[], $20::text[], $21::text[])
         AS s(seq, kind, state, body, call_id, tool_name)
 )
@@ -141,7 +144,7 @@ WITH changed AS (
 ), added AS (
     INSERT INTO steps (response_id, seq, kind, state, body, call_id, tool_name, attempts, created_at, updated_at)
     SELECT $1, s.seq, s.kind, s.state, s.body, s.call_id, s.tool_name,
-           CASE WHEN s.state = 'running' THEN 1 ELSE 0 END, $2, $2
+           CASE WHEN s.state = 'pending' THEN 0 ELSE 1 END, $2, $2
     FROM UNNEST($6::int4[], $7::text[], $8::text[], $9::jsonb[], $10::text[], $11::text[])
         AS s(seq, kind, state, body, call_id, tool_name)
 ), ended AS (
@@ -152,8 +155,9 @@ WITH changed AS (
 SELECT set_config('synchronous_commit', COALESCE($18, current_setting('synchronous_commit')), true)";
 
 impl Store {
-    /// Writes a new response, its context items and first steps (carried tool calls, or the first model
-    /// call) at once: one statement on Postgres, one transaction on the embedded store.
+    /// Writes a new response, its context items and first steps at once: one statement on Postgres, one
+    /// transaction on the embedded store. The record may already carry its ending (a response written when
+    /// it ended).
     pub async fn create_response(
         &self,
         new: &NewResponse<'_>,
@@ -173,6 +177,10 @@ impl Store {
             ids.push(item.id().unwrap_or_default().to_owned());
             items.push(serde_json::to_value(item).map_err(|e| StoreError::Corrupt(e.to_string()))?);
         }
+        let usage = record
+            .usage
+            .map(|u| serde_json::to_value(u).map_err(|e| StoreError::Corrupt(e.to_string())))
+            .transpose()?;
         let steps = step_rows(new.steps)?;
         let conflict =
             |e| StoreError::from_write(e, "a response with this Idempotency-Key is being created");
@@ -202,6 +210,12 @@ impl Store {
                     .bind(&columns.call_id)
                     .bind(&columns.tool_name)
                     .bind(durability.synchronous_commit())
+                    .bind(&usage)
+                    .bind(new.handed_back)
+                    .bind(record.error.as_ref().map(|e| &e.0))
+                    .bind(record.error.as_ref().map(|e| &e.1))
+                    .bind(&record.incomplete_reason)
+                    .bind(record.completed_at)
                     .execute(pool)
                     .await
                     .map_err(conflict)?;
@@ -210,8 +224,10 @@ impl Store {
                 let mut tx = pool.begin().await?;
                 sqlx::query(
                     "INSERT INTO responses (id, project_id, deployment_id, model, status, params, server_tools,
-                        previous_response_id, store, background, created_at, updated_at, idempotency_key)
-                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $11, $12)",
+                        previous_response_id, store, background, created_at, updated_at, idempotency_key,
+                        usage, handed_back, error_code, error_message, incomplete_reason, completed_at)
+                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, COALESCE($18, $11), $12,
+                        $13, $14, $15, $16, $17, $18)",
                 )
                 .bind(&record.id)
                 .bind(new.project_id)
@@ -225,6 +241,12 @@ impl Store {
                 .bind(record.background)
                 .bind(record.created_at)
                 .bind(new.idempotency_key)
+                .bind(&usage)
+                .bind(new.handed_back)
+                .bind(record.error.as_ref().map(|e| &e.0))
+                .bind(record.error.as_ref().map(|e| &e.1))
+                .bind(&record.incomplete_reason)
+                .bind(record.completed_at)
                 .execute(&mut *tx)
                 .await
                 .map_err(conflict)?;
@@ -240,7 +262,12 @@ impl Store {
                     .execute(&mut *tx)
                     .await?;
                 }
-                insert_step_rows!(tx, &record.id, &steps, record.created_at);
+                insert_step_rows!(
+                    tx,
+                    &record.id,
+                    &steps,
+                    record.completed_at.unwrap_or(record.created_at)
+                );
                 tx.commit().await?;
             }
         }
@@ -495,9 +522,9 @@ struct StepRow<'a> {
 }
 
 impl StepRow<'_> {
-    /// A step stored as running has been started once.
+    /// A step stored in any state but pending has been started once.
     fn attempts(&self) -> i32 {
-        i32::from(self.state == "running")
+        i32::from(self.state != "pending")
     }
 }
 
