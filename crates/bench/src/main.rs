@@ -290,7 +290,7 @@ impl Bench<'_> {
             self.args.slice.min(total)
         };
         let mut slices = vec![Duration::from_secs(slice); (total / slice) as usize];
-        if total % slice > 0 {
+        if !total.is_multiple_of(slice) {
             slices.push(Duration::from_secs(total % slice));
         }
         slices
