@@ -5,7 +5,6 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use secrecy::ExposeSecret;
 use tokio::net::TcpListener;
 
 use crate::api::{router, AppState};
@@ -27,8 +26,7 @@ impl Application {
     /// Connects to the store (the embedded one at `store::DEFAULT_URL` when no URL is configured), applies
     /// migrations and binds the listener (port 0 picks a free port).
     pub async fn build(config: Config) -> anyhow::Result<Application> {
-        let url = config.database.url.as_ref().map(|u| u.expose_secret());
-        let store = Store::connect_or_default(url, config.database.max_connections).await?;
+        let store = Store::connect_configured(&config.database).await?;
         Application::build_with_store(config, store).await
     }
 
@@ -47,6 +45,9 @@ impl Application {
             tools: ToolExecutor::new(config.tools.clone())?,
             limits: config.limits.clone(),
             flush_every_step: config.database.flush_every_step,
+            admission: Arc::new(tokio::sync::Semaphore::new(
+                config.server.max_active_responses,
+            )),
         };
         let state = AppState {
             store: store.clone(),

@@ -34,6 +34,9 @@ pub struct ServerConfig {
     pub body_limit_bytes: usize,
     /// After SIGTERM/SIGINT, how long requests in flight may take to finish.
     pub shutdown_grace_ms: u64,
+    /// Responses running at once (streams included, for as long as they stream); a create beyond it is
+    /// answered 503 with `Retry-After` at once instead of queueing.
+    pub max_active_responses: usize,
 }
 
 impl Default for ServerConfig {
@@ -42,6 +45,7 @@ impl Default for ServerConfig {
             bind: SocketAddr::from(([127, 0, 0, 1], 8080)),
             body_limit_bytes: 8 * 1024 * 1024,
             shutdown_grace_ms: 30_000,
+            max_active_responses: 2048,
         }
     }
 }
@@ -64,6 +68,8 @@ pub struct DatabaseConfig {
     /// that must do (before a tool request goes out, and a response's end) wait; the others are on disk a
     /// fraction of a second later, and are lost only if the database server itself crashes in between.
     pub flush_every_step: bool,
+    /// How long a request waits for a pooled connection before it is answered 503 (overloaded).
+    pub acquire_timeout_ms: u64,
 }
 
 impl Default for DatabaseConfig {
@@ -72,6 +78,7 @@ impl Default for DatabaseConfig {
             url: None,
             max_connections: 16,
             flush_every_step: false,
+            acquire_timeout_ms: 5_000,
         }
     }
 }
@@ -208,7 +215,21 @@ impl Config {
                 "server.body_limit_bytes",
                 self.server.body_limit_bytes as u64,
             ),
+            (
+                "server.max_active_responses",
+                self.server.max_active_responses as u64,
+            ),
+            (
+                "database.acquire_timeout_ms",
+                self.database.acquire_timeout_ms,
+            ),
         ];
+        if self.server.max_active_responses > tokio::sync::Semaphore::MAX_PERMITS {
+            return Err(format!(
+                "server.max_active_responses must be at most {}",
+                tokio::sync::Semaphore::MAX_PERMITS
+            ));
+        }
         match must_be_positive.iter().find(|(_, value)| *value == 0) {
             Some((key, _)) => Err(format!("{key} must be at least 1")),
             None => Ok(()),

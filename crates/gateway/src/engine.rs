@@ -1,6 +1,7 @@
 //! The driver of the loop: load steps, ask `decide_next_action`, persist, execute, repeat.
 
 use std::collections::{BTreeSet, HashSet};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::{FutureExt, StreamExt};
@@ -13,7 +14,7 @@ use gateway_core::steps::{
 };
 use gateway_core::{chat, decide_next_action, Item, Limits, NextAction};
 use serde_json::Value;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 
 use crate::api::error::ApiError;
 use crate::config::LimitsConfig;
@@ -36,6 +37,8 @@ pub struct Engine {
     /// Every step boundary waits for its commit to reach the disk, not only those that must
     /// (`database.flush_every_step`).
     pub flush_every_step: bool,
+    /// One permit per response running (`server.max_active_responses`).
+    pub admission: Arc<Semaphore>,
 }
 
 /// One response being driven: everything the loop needs, held in memory while it runs.
@@ -57,6 +60,8 @@ pub struct Run {
     stored: usize,
     /// Stored steps changed since the last write, by index.
     changed: BTreeSet<usize>,
+    /// This response's place among those running; given back when the run ends.
+    _admitted: OwnedSemaphorePermit,
 }
 
 /// A response that ended; `record` carries its final status.
@@ -114,6 +119,15 @@ impl Engine {
         request: ValidRequest,
         idempotency_key: Option<&str>,
     ) -> Result<Run, ApiError> {
+        // A full gateway says so at once, before any work, rather than letting requests queue without bound.
+        let admitted = Arc::clone(&self.admission)
+            .try_acquire_owned()
+            .map_err(|_| {
+                crate::metrics::response_refused("overloaded");
+                ApiError::overloaded(
+                    "The gateway is running as many responses as it may at once; retry shortly.",
+                )
+            })?;
         let resolution = self
             .resolver
             .resolve(project_id, &request.model)
@@ -263,6 +277,7 @@ impl Engine {
             unwritten,
             stored: steps_len,
             changed: BTreeSet::new(),
+            _admitted: admitted,
         })
     }
 

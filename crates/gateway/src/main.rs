@@ -5,7 +5,6 @@ use std::path::PathBuf;
 use clap::{Parser, Subcommand};
 use gateway::store::Store;
 use gateway::{Application, Config};
-use secrecy::ExposeSecret;
 
 #[derive(Parser)]
 #[command(
@@ -50,8 +49,14 @@ async fn main() -> anyhow::Result<()> {
         #[cfg(feature = "demo")]
         Command::Demo => gateway::demo::run(config, shutdown_signal()).await?,
         Command::Migrate => {
-            let url = config.database.url.as_ref().map(|u| u.expose_secret());
-            Store::connect_or_default(url, 1).await?.migrate().await?;
+            let database = gateway::config::DatabaseConfig {
+                max_connections: 1,
+                ..config.database.clone()
+            };
+            Store::connect_configured(&database)
+                .await?
+                .migrate()
+                .await?;
             tracing::info!("migrations applied");
         }
     }

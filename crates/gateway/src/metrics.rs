@@ -83,6 +83,11 @@ pub fn response_finished(status: &'static str, steps: &[gateway_core::Step]) {
     metrics::histogram!("gateway_loop_model_calls", "status" => status).record(model_calls as f64);
 }
 
+/// A create was refused before any work (`reason`: `overloaded`).
+pub fn response_refused(reason: &'static str) {
+    metrics::counter!("gateway_responses_refused_total", "reason" => reason).increment(1);
+}
+
 /// Counts an open response stream for as long as this guard lives.
 pub struct ActiveStream;
 

@@ -92,3 +92,20 @@ fn a_zero_ceiling_is_rejected_with_a_message_naming_it() {
     let error = load("zero", "[limits]\nmax_failing_batches = 0\n").unwrap_err();
     assert!(error.contains("limits.max_failing_batches"), "{error}");
 }
+
+#[test]
+fn admission_limits_must_be_usable() {
+    let error = load("no_room", "[server]\nmax_active_responses = 0\n").unwrap_err();
+    assert!(error.contains("server.max_active_responses"), "{error}");
+    let error = load(
+        "too_much_room",
+        "[server]\nmax_active_responses = 9223372036854775807\n",
+    )
+    .unwrap_err();
+    assert!(
+        error.contains("server.max_active_responses must be at most"),
+        "{error}"
+    );
+    let error = load("no_wait", "[database]\nacquire_timeout_ms = 0\n").unwrap_err();
+    assert!(error.contains("database.acquire_timeout_ms"), "{error}");
+}

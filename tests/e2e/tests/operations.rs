@@ -146,3 +146,72 @@ async fn a_request_moves_the_counters_it_should() {
         "{after}"
     );
 }
+
+#[tokio::test]
+async fn a_full_gateway_refuses_a_new_response_at_once_and_takes_the_next_one_after() {
+    let gw = gateway_e2e::TestGateway::start_with(|c| c.server.max_active_responses = 1).await;
+    let tenant = gw.tenant("acme").await;
+    gw.attach_tool(&tenant.group_id, "barrier").await;
+    // The first response waits in a barrier tool call until the test releases it.
+    gw.model.push(Reply::tool_calls(vec![Call::new(
+        "barrier",
+        json!({"n": 2}),
+    )]));
+    gw.model.push(Reply::text("Released."));
+    let first = tokio::spawn(
+        gw.public(Method::POST, "/responses", &tenant.key)
+            .json(&json!({"model": "mock", "input": "Wait."}))
+            .send(),
+    );
+    let in_flight = async {
+        while gw.tools.calls().is_empty() {
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+    };
+    tokio::time::timeout(std::time::Duration::from_secs(8), in_flight)
+        .await
+        .expect("the first response reaches its tool call");
+
+    let refused = gw
+        .create(&tenant.key, json!({"model": "mock", "input": "Hi"}))
+        .await;
+    assert_error(&refused, 503, None, Some("server_overloaded"));
+    assert_eq!(refused.error()["type"], "server_error");
+    assert_eq!(refused.headers["retry-after"], "1");
+    assert_eq!(refused.headers["x-should-retry"], "true");
+    assert_eq!(gw.model.requests().len(), 1, "the refused one did no work");
+    assert_eq!(stored_rows(&gw).await.0, 1, "and stored nothing");
+    let metrics = gw
+        .http
+        .get(format!("{}/metrics", gw.base_url))
+        .send()
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("text");
+    assert_eq!(
+        sample(
+            &metrics,
+            "gateway_responses_refused_total",
+            &["reason=\"overloaded\""]
+        ),
+        1.0
+    );
+
+    let release = gw
+        .http
+        .post(gw.tools.url("barrier"))
+        .json(&json!({"n": 2}))
+        .send()
+        .await
+        .expect("release");
+    assert!(release.status().is_success());
+    let first = first.await.expect("task").expect("first create");
+    assert_eq!(first.status(), 200);
+    gw.model.push(Reply::text("Room again."));
+    let next = gw
+        .create(&tenant.key, json!({"model": "mock", "input": "Hi"}))
+        .await;
+    assert_eq!(next.status, 200, "{:#}", next.body);
+}

@@ -17,6 +17,8 @@ pub struct ApiError {
     pub code: Option<String>,
     /// Whether an SDK may retry the same request (`x-should-retry`).
     pub retryable: bool,
+    /// Seconds to wait before retrying (`Retry-After`), when the gateway knows.
+    pub retry_after_secs: Option<u64>,
 }
 
 impl ApiError {
@@ -32,6 +34,7 @@ impl ApiError {
             param: param.map(str::to_owned),
             code: code.map(str::to_owned),
             retryable: false,
+            retry_after_secs: None,
         }
     }
 
@@ -90,6 +93,18 @@ impl ApiError {
             param: None,
             code: Some("server_error".into()),
             retryable: false,
+            retry_after_secs: None,
+        }
+    }
+
+    /// The gateway has no room for this request now; nothing was done, and SDKs retry it after a pause.
+    pub fn overloaded(message: impl Into<String>) -> ApiError {
+        ApiError {
+            status: StatusCode::SERVICE_UNAVAILABLE,
+            code: Some("server_overloaded".into()),
+            retryable: true,
+            retry_after_secs: Some(1),
+            ..ApiError::server(message)
         }
     }
 }
@@ -105,6 +120,10 @@ impl From<StoreError> for ApiError {
         match e {
             StoreError::NotFound => ApiError::not_found("Not found."),
             StoreError::Conflict(what) => ApiError::conflict(what),
+            StoreError::Database(sqlx::Error::PoolTimedOut) => {
+                tracing::warn!("no store connection became free in time");
+                ApiError::overloaded("The gateway's store is busy; retry shortly.")
+            }
             other => {
                 tracing::error!(error = %other, "store failed");
                 ApiError {
@@ -123,9 +142,35 @@ impl IntoResponse for ApiError {
         // SDKs retry 408/409/429/5xx; a repeated create could run server tools twice, so errors say
         // explicitly whether a retry is safe.
         let retry = if self.retryable { "true" } else { "false" };
+        let headers = response.headers_mut();
+        headers.insert("x-should-retry", HeaderValue::from_static(retry));
+        if let Some(seconds) = self.retry_after_secs {
+            headers.insert("retry-after", HeaderValue::from(seconds));
+        }
         response
-            .headers_mut()
-            .insert("x-should-retry", HeaderValue::from_static(retry));
-        response
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_store_without_a_free_connection_is_a_retryable_503_with_retry_after() {
+        let error = ApiError::from(StoreError::Database(sqlx::Error::PoolTimedOut));
+        assert_eq!(error.status, StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(error.code.as_deref(), Some("server_overloaded"));
+        let response = error.into_response();
+        assert_eq!(response.headers()["retry-after"], "1");
+        assert_eq!(response.headers()["x-should-retry"], "true");
+    }
+
+    #[test]
+    fn other_store_faults_are_a_retryable_500_without_retry_after() {
+        let error = ApiError::from(StoreError::Database(sqlx::Error::PoolClosed));
+        assert_eq!(error.status, StatusCode::INTERNAL_SERVER_ERROR);
+        let response = error.into_response();
+        assert!(response.headers().get("retry-after").is_none());
+        assert_eq!(response.headers()["x-should-retry"], "true");
     }
 }

@@ -20,7 +20,11 @@ pub const DEFAULT_URL: &str = "sqlite://data/gateway.db?mode=rwc";
 const SQLITE_BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Opens the pool of the backend that `url` names.
-pub(super) async fn connect(url: &str, max_connections: u32) -> Result<Backend, StoreError> {
+pub(super) async fn connect(
+    url: &str,
+    max_connections: u32,
+    acquire_timeout: Duration,
+) -> Result<Backend, StoreError> {
     let scheme = url
         .split_once(':')
         .map(|(scheme, _)| scheme.to_ascii_lowercase())
@@ -31,18 +35,25 @@ pub(super) async fn connect(url: &str, max_connections: u32) -> Result<Backend, 
                 .max_connections(max_connections)
                 // No ping before every checkout: a dead connection fails its query and is dropped anyway.
                 .test_before_acquire(false)
+                .acquire_timeout(acquire_timeout)
                 .connect(url)
                 .await?;
             Ok(Backend::Postgres(pool))
         }
-        "sqlite" => Ok(Backend::Sqlite(connect_sqlite(url, max_connections).await?)),
+        "sqlite" => Ok(Backend::Sqlite(
+            connect_sqlite(url, max_connections, acquire_timeout).await?,
+        )),
         _ => Err(StoreError::UnsupportedUrl),
     }
 }
 
 /// Opens the embedded store: WAL (readers never wait for the writer), a busy timeout (writers queue instead of
 /// failing), foreign keys enforced, and the file and its directory created if missing.
-async fn connect_sqlite(url: &str, max_connections: u32) -> Result<SqlitePool, StoreError> {
+async fn connect_sqlite(
+    url: &str,
+    max_connections: u32,
+    acquire_timeout: Duration,
+) -> Result<SqlitePool, StoreError> {
     // `sqlite:` alone asks for the embedded store without saying where: the default file.
     let url = if matches!(url, "sqlite:" | "sqlite://") {
         DEFAULT_URL
@@ -71,7 +82,10 @@ async fn connect_sqlite(url: &str, max_connections: u32) -> Result<SqlitePool, S
         SqlitePoolOptions::new().max_connections(max_connections.max(1))
     };
     let path = options.get_filename().display().to_string();
-    let pool = pool.connect_with(options).await?;
+    let pool = pool
+        .acquire_timeout(acquire_timeout)
+        .connect_with(options)
+        .await?;
     tracing::info!(store.path = %path, "opened the embedded store");
     Ok(pool)
 }

@@ -28,6 +28,12 @@ use sqlx::sqlite::SqlitePool;
 
 pub use backend::DEFAULT_URL;
 
+use crate::config::DatabaseConfig;
+use secrecy::ExposeSecret;
+
+/// How long a statement waits for a pooled connection when nothing else is configured.
+const DEFAULT_ACQUIRE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// The Postgres migrations, embedded in the binary.
 pub static POSTGRES_MIGRATOR: Migrator = sqlx::migrate!("../../migrations/postgres");
 
@@ -88,17 +94,30 @@ impl Store {
     /// Connects to `url` with a bounded pool: `postgres://` or `postgresql://` selects Postgres, `sqlite:` the
     /// embedded store (created if missing, with its directory).
     pub async fn connect(url: &str, max_connections: u32) -> Result<Store, StoreError> {
+        Store::connect_waiting(url, max_connections, DEFAULT_ACQUIRE_TIMEOUT).await
+    }
+
+    /// Like `connect`; a statement waits at most `acquire_timeout` for a pooled connection, then fails
+    /// (`sqlx::Error::PoolTimedOut`).
+    pub async fn connect_waiting(
+        url: &str,
+        max_connections: u32,
+        acquire_timeout: std::time::Duration,
+    ) -> Result<Store, StoreError> {
         Ok(Store {
-            backend: backend::connect(url, max_connections).await?,
+            backend: backend::connect(url, max_connections, acquire_timeout).await?,
         })
     }
 
-    /// Connects to `url`, or to the embedded store at `DEFAULT_URL` when there is none.
-    pub async fn connect_or_default(
-        url: Option<&str>,
-        max_connections: u32,
-    ) -> Result<Store, StoreError> {
-        Store::connect(url.unwrap_or(DEFAULT_URL), max_connections).await
+    /// Connects as `database` says: to its URL, or to the embedded store at `DEFAULT_URL` when there is none.
+    pub async fn connect_configured(database: &DatabaseConfig) -> Result<Store, StoreError> {
+        let url = database.url.as_ref().map(|u| u.expose_secret());
+        Store::connect_waiting(
+            url.unwrap_or(DEFAULT_URL),
+            database.max_connections,
+            std::time::Duration::from_millis(database.acquire_timeout_ms),
+        )
+        .await
     }
 
     /// A store on an existing Postgres pool.
