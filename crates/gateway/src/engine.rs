@@ -292,20 +292,36 @@ impl Engine {
             Ok(finished) => Ok(finished),
             Err(e) => {
                 tracing::error!(response.id = %run.record.id, error = %e, "store failed while running a response");
+                // A response whose row was never written left nothing behind and ran no tool (its first tool
+                // request waits for that write): the client may simply send it again.
+                let nothing_stored = run.unwritten.is_some();
+                if nothing_stored && sink.is_none() {
+                    return Err(match e {
+                        StoreError::Database(sqlx::Error::PoolTimedOut) => ApiError::overloaded(
+                            "The gateway's store is busy; nothing was stored, retry shortly.",
+                        ),
+                        _ => ApiError {
+                            retryable: true,
+                            ..ApiError::server(
+                                "The gateway's store failed; nothing was stored, please try again.",
+                            )
+                        },
+                    });
+                }
                 let message = format!(
                     "The gateway's store failed while running response '{}'; it was left unfinished.",
                     run.record.id
                 );
-                if run.persist {
-                    // Best effort: a response must not stay in progress forever when its loop gave up.
+                if run.persist && !nothing_stored {
+                    // Best effort: a response must not stay in progress for ever when its loop gave up; the steps
+                    // not yet written go with its ending.
                     let ending = Ending {
                         error: Some(("server_error".into(), message.clone())),
                         usage: Some(total_usage(&run.steps)),
                         ..Ending::simple(ResponseStatus::Failed)
                     };
                     if let Err(again) = self
-                        .store
-                        .finish_response(&run.record.id, &ending, now())
+                        .write(&mut run, Some((&ending, now())), Durability::Flush)
                         .await
                     {
                         tracing::error!(response.id = %run.record.id, error = %again, "could not record the failure either");
@@ -671,7 +687,7 @@ impl Engine {
             // While siblings are still running, a result is recorded at once, so that a restarted loop does not
             // send a finished call again. The batch's last results go with the next write.
             if ended < calls {
-                self.write(run, None, self.relaxed()).await?;
+                self.write_relaxed(run).await;
             }
         }
         Ok(())
@@ -711,7 +727,11 @@ impl Engine {
             }
         };
         let (written, called) = tokio::join!(write, self.call_model(run, index, sink));
-        written.and(called)
+        if let Err(e) = written {
+            tracing::warn!(response.id = %run.record.id, error = %e, "a step write failed; retrying it with the next one");
+            run.give_back(changes);
+        }
+        called
     }
 
     /// One step boundary: writes the steps added and changed since the last one, and the response's
@@ -722,14 +742,14 @@ impl Engine {
         ending: Option<(&Ending, i64)>,
         durability: Durability,
     ) -> Result<(), StoreError> {
-        if let Some(project_id) = run.unwritten.take() {
+        if let Some(project_id) = &run.unwritten {
             // The first write of a response whose row was put off: the row (with its ending, if this is it),
             // its context and every step so far, at once.
             self.store
                 .create_response(
                     &NewResponse {
                         record: &run.record,
-                        project_id: &project_id,
+                        project_id,
                         deployment_id: &run.deployment.id,
                         server_tools: &run.server_tools,
                         context: &run.context,
@@ -740,15 +760,27 @@ impl Engine {
                     durability,
                 )
                 .await?;
+            run.unwritten = None;
             run.stored = run.steps.len();
             run.changed.clear();
             return Ok(());
         }
         let changes = run.take_changes();
         if !changes.is_empty() || (run.persist && ending.is_some()) {
-            changes.save(&self.store, ending, durability).await?;
+            if let Err(e) = changes.save(&self.store, ending, durability).await {
+                run.give_back(changes);
+                return Err(e);
+            }
         }
         Ok(())
+    }
+
+    /// A write whose loss is harmless (see `relaxed`): when it fails, what it held goes with the next write, and
+    /// the loop goes on.
+    async fn write_relaxed(&self, run: &mut Run) {
+        if let Err(e) = self.write(run, None, self.relaxed()).await {
+            tracing::warn!(response.id = %run.record.id, error = %e, "a step write failed; retrying it with the next one");
+        }
     }
 }
 
@@ -787,6 +819,19 @@ impl Changes {
 }
 
 impl Run {
+    /// Changes whose write failed: they are written again with the next write.
+    fn give_back(&mut self, changes: Changes) {
+        let first_added = changes
+            .added
+            .first()
+            .map_or(self.stored, |step| step.seq as usize);
+        self.stored = self.stored.min(first_added);
+        for step in &changes.changed {
+            self.changed.insert(step.seq as usize);
+        }
+        self.changed.retain(|&index| index < self.stored);
+    }
+
     /// The steps added and changed since the last write, now counted as written.
     fn take_changes(&mut self) -> Changes {
         let changes = if self.persist {

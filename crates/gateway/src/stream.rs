@@ -10,10 +10,16 @@ use gateway_core::output::{
 use gateway_core::steps::{AssistantMessage, ModelOutput, Step, ToolCall, ToolOutcome, ToolStep};
 use gateway_core::Item;
 use serde_json::{json, Value};
+use std::time::Duration;
+
 use tokio::sync::mpsc;
 
 /// Frames waiting for a slow client: the loop waits when this many are queued (backpressure).
 pub const STREAM_BUFFER: usize = 64;
+
+/// A client that takes no event for this long, its connection open, is treated as gone: its response stops at
+/// the next step boundary and gives back its place, instead of holding it for ever.
+pub const STREAM_STALL_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// Where a response's events go while its loop runs.
 pub struct StreamSink {
@@ -48,8 +54,13 @@ impl StreamSink {
         if self.closed {
             return;
         }
-        if self.tx.send(event).await.is_err() {
-            self.closed = true;
+        match tokio::time::timeout(STREAM_STALL_TIMEOUT, self.tx.send(event)).await {
+            Ok(Ok(())) => {}
+            Ok(Err(_)) => self.closed = true,
+            Err(_) => {
+                tracing::info!("stream client stalled; treating it as gone");
+                self.closed = true;
+            }
         }
     }
 
@@ -241,6 +252,23 @@ mod tests {
         assert_eq!(rx.recv().await.map(|e| e.kind), Some("response.created"));
         assert!(sink.text_delta("msg_1", "c").now_or_never().is_some());
         assert!(!sink.is_closed());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_client_that_stops_reading_is_treated_as_gone_after_the_stall_timeout() {
+        let (tx, _rx) = mpsc::channel(STREAM_BUFFER);
+        let mut sink = StreamSink::new(tx);
+        // The first delta opens the message: three events; then one each, up to a full buffer.
+        for _ in 0..STREAM_BUFFER - 2 {
+            sink.text_delta("msg_1", "a").await;
+        }
+        assert!(!sink.is_closed(), "a full buffer alone is backpressure");
+        let started = tokio::time::Instant::now();
+        // The receiver is alive but never reads: the send gives up after the stall timeout.
+        sink.text_delta("msg_1", "b").await;
+        assert!(sink.is_closed());
+        assert!(started.elapsed() >= STREAM_STALL_TIMEOUT);
+        assert!(sink.text_delta("msg_1", "c").now_or_never().is_some());
     }
 
     #[tokio::test]

@@ -184,9 +184,13 @@ impl TestGateway {
         adjust(&mut config);
         let app = match &db {
             Scratch::Postgres(database) => {
-                let store = Store::connect(&database.url, config.database.max_connections)
-                    .await
-                    .expect("connect store");
+                let store = Store::connect_waiting(
+                    &database.url,
+                    config.database.max_connections,
+                    Duration::from_millis(config.database.acquire_timeout_ms),
+                )
+                .await
+                .expect("connect store");
                 Application::build_with_store(config, store).await
             }
             Scratch::Sqlite(_) => Application::build(config).await,

@@ -63,17 +63,7 @@ fn sample(text: &str, name: &str, labels: &[&str]) -> f64 {
 #[tokio::test]
 async fn a_request_moves_the_counters_it_should() {
     let (gw, tenant) = gateway_with_tools(&["add"]).await;
-    let metrics = || async {
-        gw.http
-            .get(format!("{}/metrics", gw.base_url))
-            .send()
-            .await
-            .expect("metrics")
-            .text()
-            .await
-            .expect("text")
-    };
-    let before = metrics().await;
+    let before = metrics_text(&gw).await;
     gw.model.push(Reply::tool_calls(vec![Call::new(
         "add",
         json!({"a": 1, "b": 2}),
@@ -87,7 +77,7 @@ async fn a_request_moves_the_counters_it_should() {
         )
         .await;
     assert_eq!(answer.status, 200);
-    let after = metrics().await;
+    let after = metrics_text(&gw).await;
 
     let moved =
         |name: &str, labels: &[&str]| sample(&after, name, labels) - sample(&before, name, labels);
@@ -181,15 +171,7 @@ async fn a_full_gateway_refuses_a_new_response_at_once_and_takes_the_next_one_af
     assert_eq!(refused.headers["x-should-retry"], "true");
     assert_eq!(gw.model.requests().len(), 1, "the refused one did no work");
     assert_eq!(stored_rows(&gw).await.0, 1, "and stored nothing");
-    let metrics = gw
-        .http
-        .get(format!("{}/metrics", gw.base_url))
-        .send()
-        .await
-        .expect("metrics")
-        .text()
-        .await
-        .expect("text");
+    let metrics = metrics_text(&gw).await;
     assert_eq!(
         sample(
             &metrics,
@@ -199,14 +181,7 @@ async fn a_full_gateway_refuses_a_new_response_at_once_and_takes_the_next_one_af
         1.0
     );
 
-    let release = gw
-        .http
-        .post(gw.tools.url("barrier"))
-        .json(&json!({"n": 2}))
-        .send()
-        .await
-        .expect("release");
-    assert!(release.status().is_success());
+    release_barrier(&gw, 2).await;
     let first = first.await.expect("task").expect("first create");
     assert_eq!(first.status(), 200);
     gw.model.push(Reply::text("Room again."));

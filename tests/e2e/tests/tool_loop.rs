@@ -685,14 +685,7 @@ async fn a_call_that_ended_is_stored_while_its_sibling_still_runs() {
         .expect("add's result is stored before the batch ends");
     assert_eq!(barrier_state.as_deref(), Some("running"));
 
-    let release = gw
-        .http
-        .post(gw.tools.url("barrier"))
-        .json(&json!({"n": 2}))
-        .send()
-        .await
-        .expect("release the barrier");
-    assert!(release.status().is_success());
+    release_barrier(&gw, 2).await;
     let answer = created.await.expect("task").expect("create");
     let body: serde_json::Value = answer.json().await.expect("body");
     assert_eq!(body["status"], "completed", "{body:#}");

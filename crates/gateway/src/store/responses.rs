@@ -91,11 +91,11 @@ pub struct StepWrite<'a> {
 
 /// Inserts `StepRow`s inside `$tx`, a SQLite transaction.
 macro_rules! insert_step_rows {
-    ($tx:ident, $response_id:expr, $rows:expr, $created:expr) => {
+    ($tx:ident, $response_id:expr, $rows:expr, $created:expr, $updated:expr) => {
         for row in $rows {
             sqlx::query(
                 "INSERT INTO steps (response_id, seq, kind, state, body, call_id, tool_name, attempts, created_at, updated_at)
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $9)",
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
             )
             .bind($response_id)
             .bind(row.seq)
@@ -106,35 +106,74 @@ macro_rules! insert_step_rows {
             .bind(row.tool_name)
             .bind(row.attempts())
             .bind($created)
+            .bind($updated)
             .execute(&mut *$tx)
             .await?;
         }
     };
 }
 
+/// The response row's insert, shared by both backends: parameters `$1`..`$18` in the order `bind_response_row!`
+/// binds them. A deployment deleted while the response ran is recorded as none, as `ON DELETE SET NULL` does
+/// for rows written earlier; `updated_at` is the ending time of a response written when it ended.
+macro_rules! insert_response_row {
+    () => {
+        "INSERT INTO responses (id, project_id, deployment_id, model, status, params, server_tools,
+            previous_response_id, store, background, created_at, updated_at, idempotency_key,
+            usage, handed_back, error_code, error_message, incomplete_reason, completed_at)
+         VALUES ($1, $2, (SELECT id FROM deployments WHERE id = $3), $4, $5, $6, $7, $8, $9, $10, $11,
+            COALESCE($18, $11), $12, $13, $14, $15, $16, $17, $18)"
+    };
+}
+
+/// Binds `insert_response_row!`'s parameters.
+macro_rules! bind_response_row {
+    ($query:expr, $new:expr, $params:expr, $tools:expr, $usage:expr) => {{
+        let new = $new;
+        let record = new.record;
+        $query
+            .bind(&record.id)
+            .bind(new.project_id)
+            .bind(new.deployment_id)
+            .bind(&record.model)
+            .bind(record.status.as_str())
+            .bind($params)
+            .bind($tools)
+            .bind(&record.previous_response_id)
+            .bind(record.store)
+            .bind(record.background)
+            .bind(record.created_at)
+            .bind(new.idempotency_key)
+            .bind($usage)
+            .bind(new.handed_back)
+            .bind(record.error.as_ref().map(|e| &e.0))
+            .bind(record.error.as_ref().map(|e| &e.1))
+            .bind(&record.incomplete_reason)
+            .bind(record.completed_at)
+    }};
+}
+
 /// Postgres: the response row, its context items and its first steps, as one statement (one round trip,
 /// one commit). The foreign keys of the items and steps are checked at the end of the statement, when the
 /// response row exists.
-const PG_CREATE_RESPONSE: &str = "
-WITH response AS (
-    INSERT INTO responses (id, project_id, deployment_id, model, status, params, server_tools,
-        previous_response_id, store, background, created_at, updated_at, idempotency_key,
-        usage, handed_back, error_code, error_message, incomplete_reason, completed_at)
-    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, COALESCE($28, $11), $12, $23, $24, $25, $26, $27, $28)
-), items AS (
+const PG_CREATE_RESPONSE: &str = concat!(
+    "WITH response AS (",
+    insert_response_row!(),
+    "), items AS (
     INSERT INTO response_input_items (response_id, position, item_id, item)
-    SELECT $1, * FROM UNNEST($13::int4[], $14::text[], $15::jsonb[])
+    SELECT $1, * FROM UNNEST($19::int4[], $20::text[], $21::jsonb[])
 ), added AS (
     INSERT INTO steps (response_id, seq, kind, state, body, call_id, tool_name, attempts, created_at, updated_at)
     SELECT $1, s.seq, s.kind, s.state, s.body, s.call_id, s.tool_name,
-           CASE WHEN s.state = 'pending' THEN 0 ELSE 1 END, $11, COALESCE($28, $11)
-    FROM UNNEST($16::int4[], $17::text[], $18::text[], $19::jsonb[], $20::text[], $21::text[])
+           CASE WHEN s.state = 'pending' THEN 0 ELSE 1 END, $11, COALESCE($18, $11)
+    FROM UNNEST($22::int4[], $23::text[], $24::text[], $25::jsonb[], $26::text[], $27::text[])
         AS s(seq, kind, state, body, call_id, tool_name)
 )
-SELECT set_config('synchronous_commit', COALESCE($22, current_setting('synchronous_commit')), true)";
+SELECT set_config('synchronous_commit', COALESCE($28, current_setting('synchronous_commit')), true)"
+);
 
 /// Postgres: one step boundary as one statement. Changed steps count an attempt when they start running;
-/// the response row is touched only when `$10` (its ending status) is set.
+/// the response row is touched only when `$12` (its ending status) is set.
 const PG_WRITE_STEPS: &str = "
 WITH changed AS (
     UPDATE steps SET state = u.state, body = u.body, updated_at = $2,
@@ -187,88 +226,62 @@ impl Store {
         match &self.backend {
             Backend::Postgres(pool) => {
                 let columns = StepColumns::from(&steps);
-                sqlx::query(PG_CREATE_RESPONSE)
-                    .bind(&record.id)
-                    .bind(new.project_id)
-                    .bind(new.deployment_id)
-                    .bind(&record.model)
-                    .bind(record.status.as_str())
-                    .bind(&params)
-                    .bind(&tools)
-                    .bind(&record.previous_response_id)
-                    .bind(record.store)
-                    .bind(record.background)
-                    .bind(record.created_at)
-                    .bind(new.idempotency_key)
-                    .bind(&positions)
-                    .bind(&ids)
-                    .bind(&items)
-                    .bind(&columns.seq)
-                    .bind(&columns.kind)
-                    .bind(&columns.state)
-                    .bind(&columns.body)
-                    .bind(&columns.call_id)
-                    .bind(&columns.tool_name)
-                    .bind(durability.synchronous_commit())
-                    .bind(&usage)
-                    .bind(new.handed_back)
-                    .bind(record.error.as_ref().map(|e| &e.0))
-                    .bind(record.error.as_ref().map(|e| &e.1))
-                    .bind(&record.incomplete_reason)
-                    .bind(record.completed_at)
-                    .execute(pool)
-                    .await
-                    .map_err(conflict)?;
-            }
-            Backend::Sqlite(pool) => {
-                let mut tx = pool.begin().await?;
-                sqlx::query(
-                    "INSERT INTO responses (id, project_id, deployment_id, model, status, params, server_tools,
-                        previous_response_id, store, background, created_at, updated_at, idempotency_key,
-                        usage, handed_back, error_code, error_message, incomplete_reason, completed_at)
-                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, COALESCE($18, $11), $12,
-                        $13, $14, $15, $16, $17, $18)",
+                bind_response_row!(
+                    sqlx::query(PG_CREATE_RESPONSE),
+                    new,
+                    &params,
+                    &tools,
+                    &usage
                 )
-                .bind(&record.id)
-                .bind(new.project_id)
-                .bind(new.deployment_id)
-                .bind(&record.model)
-                .bind(record.status.as_str())
-                .bind(&params)
-                .bind(&tools)
-                .bind(&record.previous_response_id)
-                .bind(record.store)
-                .bind(record.background)
-                .bind(record.created_at)
-                .bind(new.idempotency_key)
-                .bind(&usage)
-                .bind(new.handed_back)
-                .bind(record.error.as_ref().map(|e| &e.0))
-                .bind(record.error.as_ref().map(|e| &e.1))
-                .bind(&record.incomplete_reason)
-                .bind(record.completed_at)
-                .execute(&mut *tx)
+                .bind(&positions)
+                .bind(&ids)
+                .bind(&items)
+                .bind(&columns.seq)
+                .bind(&columns.kind)
+                .bind(&columns.state)
+                .bind(&columns.body)
+                .bind(&columns.call_id)
+                .bind(&columns.tool_name)
+                .bind(durability.synchronous_commit())
+                .execute(pool)
                 .await
                 .map_err(conflict)?;
-                for ((position, id), item) in positions.iter().zip(&ids).zip(&items) {
-                    sqlx::query(
-                        "INSERT INTO response_input_items (response_id, position, item_id, item)
-                         VALUES ($1, $2, $3, $4)",
+            }
+            Backend::Sqlite(pool) => {
+                let written: Result<(), sqlx::Error> = async {
+                    let mut tx = pool.begin().await?;
+                    bind_response_row!(
+                        sqlx::query(insert_response_row!()),
+                        new,
+                        &params,
+                        &tools,
+                        &usage
                     )
-                    .bind(&record.id)
-                    .bind(position)
-                    .bind(id)
-                    .bind(item)
                     .execute(&mut *tx)
                     .await?;
+                    for ((position, id), item) in positions.iter().zip(&ids).zip(&items) {
+                        sqlx::query(
+                            "INSERT INTO response_input_items (response_id, position, item_id, item)
+                             VALUES ($1, $2, $3, $4)",
+                        )
+                        .bind(&record.id)
+                        .bind(position)
+                        .bind(id)
+                        .bind(item)
+                        .execute(&mut *tx)
+                        .await?;
+                    }
+                    insert_step_rows!(
+                        tx,
+                        &record.id,
+                        &steps,
+                        record.created_at,
+                        record.completed_at.unwrap_or(record.created_at)
+                    );
+                    tx.commit().await
                 }
-                insert_step_rows!(
-                    tx,
-                    &record.id,
-                    &steps,
-                    record.completed_at.unwrap_or(record.created_at)
-                );
-                tx.commit().await?;
+                .await;
+                written.map_err(conflict)?;
             }
         }
         Ok(())
@@ -453,6 +466,7 @@ impl Store {
                     .map_err(written)?;
             }
             Backend::Sqlite(pool) => {
+                let saved: Result<(), sqlx::Error> = async {
                 let mut tx = pool.begin().await?;
                 for (seq, state, body) in &changed {
                     sqlx::query(
@@ -468,7 +482,7 @@ impl Store {
                     .execute(&mut *tx)
                     .await?;
                 }
-                insert_step_rows!(tx, id, &added, write.at);
+                insert_step_rows!(tx, id, &added, write.at, write.at);
                 if let Some(ending) = ending {
                     sqlx::query(
                         "UPDATE responses SET status = $2, usage = $3, handed_back = $4, error_code = $5,
@@ -486,7 +500,10 @@ impl Store {
                     .execute(&mut *tx)
                     .await?;
                 }
-                tx.commit().await.map_err(written)?;
+                tx.commit().await
+                }
+                .await;
+                saved.map_err(written)?;
             }
         }
         Ok(())

@@ -50,6 +50,30 @@ pub async fn stored_rows(gw: &TestGateway) -> (i64, i64, i64) {
     )
 }
 
+/// Sends the testkit tool server the `barrier` call that lets `n - 1` waiting ones through.
+pub async fn release_barrier(gw: &TestGateway, n: u64) {
+    let release = gw
+        .http
+        .post(gw.tools.url("barrier"))
+        .json(&json!({"n": n}))
+        .send()
+        .await
+        .expect("release the barrier");
+    assert!(release.status().is_success(), "{release:?}");
+}
+
+/// The gateway's `/metrics` text.
+pub async fn metrics_text(gw: &TestGateway) -> String {
+    gw.http
+        .get(format!("{}/metrics", gw.base_url))
+        .send()
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("metrics text")
+}
+
 /// `(id, status)` of every stored response.
 pub async fn stored_statuses(gw: &TestGateway) -> Vec<(String, String)> {
     gw.fetch_text_pairs("SELECT id, status FROM responses ORDER BY created_at, id")
