@@ -1,10 +1,11 @@
 //! The driver of the loop: load steps, ask `decide_next_action`, persist, execute, repeat.
 
 use std::collections::{BTreeSet, HashSet};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use futures::{FutureExt, StreamExt};
+use futures::StreamExt;
 use gateway_core::context::{make_call_ids_unique, model_conversation, pair_calls, PairingError};
 use gateway_core::decide::LoopInput;
 use gateway_core::output::{render_output, response_object, ResponseRecord, ResponseStatus};
@@ -25,6 +26,11 @@ use crate::store::{new_id, now, Store, StoreError};
 use crate::stream::{StreamSink, STREAM_BUFFER};
 use crate::tools::{CallRef, ToolExecutor};
 use crate::upstream::Upstream;
+
+/// How long a write that need not wait for the disk lingers for more to write with it: the write before a model
+/// call waits this long for the call to end (a model that answers sooner has it folded into the next write), and
+/// an ended tool call of a batch whose siblings still run waits this long for them.
+const WRITE_LINGER: Duration = Duration::from_millis(5);
 
 /// Runs responses: creation, validation against the context, and the loop itself.
 #[derive(Debug, Clone)]
@@ -661,33 +667,42 @@ impl Engine {
                 }
             })
             .buffer_unordered(self.limits.tool_concurrency.max(1));
-        while let Some(first) = results.next().await {
-            // Results that are ready as well are recorded together.
-            let mut ready = vec![first];
-            while let Some(Some(more)) = results.next().now_or_never() {
-                ready.push(more);
+        // While siblings still run, an ended call is recorded soon, so that a restarted loop does not send it
+        // again: `WRITE_LINGER` after it ended, together with any that ended meanwhile. Calls of a batch that
+        // all end within the linger, and the batch's last results, go with the next write.
+        let mut linger_until: Option<tokio::time::Instant> = None;
+        loop {
+            let next = match linger_until {
+                None => results.next().await,
+                Some(deadline) => match tokio::time::timeout_at(deadline, results.next()).await {
+                    Ok(next) => next,
+                    Err(_) => {
+                        linger_until = None;
+                        self.write_relaxed(run).await;
+                        continue;
+                    }
+                },
+            };
+            let Some((index, outcome)) = next else {
+                break;
+            };
+            ended += 1;
+            let step = &mut run.steps[index];
+            step.state = if outcome.is_error() {
+                StepState::Failed
+            } else {
+                StepState::Succeeded
+            };
+            if let StepBody::Tool(tool) = &mut step.body {
+                tracing::debug!(response.id = %response_id, tool.name = %tool.call.name, failed = outcome.is_error(), "tool call ended");
+                tool.outcome = Some(outcome);
             }
-            for (index, outcome) in ready {
-                ended += 1;
-                let step = &mut run.steps[index];
-                step.state = if outcome.is_error() {
-                    StepState::Failed
-                } else {
-                    StepState::Succeeded
-                };
-                if let StepBody::Tool(tool) = &mut step.body {
-                    tracing::debug!(response.id = %response_id, tool.name = %tool.call.name, failed = outcome.is_error(), "tool call ended");
-                    tool.outcome = Some(outcome);
-                }
-                if let Some(sink) = sink.as_mut() {
-                    sink.tool_ended(step).await;
-                }
-                run.touch(index);
+            if let Some(sink) = sink.as_mut() {
+                sink.tool_ended(step).await;
             }
-            // While siblings are still running, a result is recorded at once, so that a restarted loop does not
-            // send a finished call again. The batch's last results go with the next write.
-            if ended < calls {
-                self.write_relaxed(run).await;
+            run.touch(index);
+            if ended < calls && linger_until.is_none() {
+                linger_until = Some(tokio::time::Instant::now() + WRITE_LINGER);
             }
         }
         Ok(())
@@ -706,8 +721,9 @@ impl Engine {
     }
 
     /// The step boundary before a model call, then the call. A model call changes nothing outside the
-    /// gateway, so the (relaxed) write runs alongside it instead of before it, and a response whose row is not
-    /// written yet stays so until its first tool request or its ending.
+    /// gateway, so the (relaxed) write runs alongside it instead of before it, and only once the call has taken
+    /// `WRITE_LINGER`: a model that answers sooner has its boundary written together with the next one. A
+    /// response whose row is not written yet stays so until its first tool request or its ending.
     async fn write_and_call_model(
         &self,
         run: &mut Run,
@@ -719,17 +735,34 @@ impl Engine {
         } else {
             Changes::default()
         };
-        let write = async {
-            if !changes.is_empty() {
+        if changes.is_empty() {
+            return self.call_model(run, index, sink).await;
+        }
+        let sent = AtomicBool::new(false);
+        let (called, written) = {
+            let write = async {
+                tokio::time::sleep(WRITE_LINGER).await;
+                sent.store(true, Ordering::Relaxed);
                 changes.save(&self.store, None, self.relaxed()).await
-            } else {
-                Ok(())
+            };
+            let call = self.call_model(run, index, sink);
+            tokio::pin!(write, call);
+            tokio::select! {
+                called = &mut call => {
+                    // A write already sent is awaited (never abandoned halfway); one still lingering is dropped.
+                    let written = if sent.load(Ordering::Relaxed) { Some(write.await) } else { None };
+                    (called, written)
+                }
+                written = &mut write => (call.await, Some(written)),
             }
         };
-        let (written, called) = tokio::join!(write, self.call_model(run, index, sink));
-        if let Err(e) = written {
-            tracing::warn!(response.id = %run.record.id, error = %e, "a step write failed; retrying it with the next one");
-            run.give_back(changes);
+        match written {
+            Some(Ok(())) => {}
+            None => run.give_back(changes),
+            Some(Err(e)) => {
+                tracing::warn!(response.id = %run.record.id, error = %e, "a step write failed; retrying it with the next one");
+                run.give_back(changes);
+            }
         }
         called
     }

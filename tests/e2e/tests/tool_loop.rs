@@ -692,3 +692,48 @@ async fn a_call_that_ended_is_stored_while_its_sibling_still_runs() {
     let calls = items_of(&body, "mcp_call");
     assert!(calls.iter().all(|c| c["status"] == "completed"), "{body:#}");
 }
+
+#[tokio::test]
+async fn while_a_slow_model_thinks_the_batch_results_and_its_call_are_already_stored() {
+    let (gw, tenant) = gateway_with_tools(&["add"]).await;
+    gw.model.push(Reply::tool_calls(vec![Call::new(
+        "add",
+        json!({"a": 1, "b": 2}),
+    )]));
+    gw.model
+        .push(Reply::text("Slow answer.").with_delay(std::time::Duration::from_secs(2)));
+    let created = tokio::spawn(
+        gw.public(Method::POST, "/responses", &tenant.key)
+            .json(&json!({"model": "mock", "input": "Go."}))
+            .send(),
+    );
+
+    let seen = async {
+        loop {
+            let steps = stored_steps(&gw).await;
+            if steps.len() == 3 {
+                return steps;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+    };
+    let steps = tokio::time::timeout(std::time::Duration::from_millis(1500), seen)
+        .await
+        .expect("the boundary is written while the model still thinks");
+    let expected: Vec<(String, String)> = [
+        ("0:model", "succeeded:1"),
+        ("1:tool", "succeeded:1"),
+        ("2:model", "running:1"),
+    ]
+    .iter()
+    .map(|(a, b)| (a.to_string(), b.to_string()))
+    .collect();
+    assert_eq!(steps, expected);
+
+    let answer = created.await.expect("task").expect("create");
+    assert_eq!(answer.status(), 200);
+    assert_eq!(
+        stored_steps(&gw).await.last().map(|s| s.1.clone()),
+        Some("succeeded:1".to_string())
+    );
+}
