@@ -618,7 +618,13 @@ impl Engine {
         // The calls are recorded as started, and the model answer that asked for them as ended, on disk before
         // any request goes out: a restarted loop must never send a different call under the same step's
         // Idempotency-Key.
-        self.write(run, None, Durability::Flush).await?;
+        if let Err(e) = self.write(run, None, Durability::Flush).await {
+            // Nothing went out: the failure's ending must not record these calls as started.
+            for &seq in seqs {
+                run.steps[seq as usize].state = StepState::Pending;
+            }
+            return Err(e);
+        }
         if let Some(sink) = sink.as_mut() {
             let started: Vec<&Step> = seqs
                 .iter()
