@@ -226,7 +226,7 @@ impl Store {
         match &self.backend {
             Backend::Postgres(pool) => {
                 let columns = StepColumns::from(&steps);
-                bind_response_row!(
+                let query = bind_response_row!(
                     sqlx::query(PG_CREATE_RESPONSE),
                     new,
                     &params,
@@ -235,17 +235,13 @@ impl Store {
                 )
                 .bind(&positions)
                 .bind(&ids)
-                .bind(&items)
-                .bind(&columns.seq)
-                .bind(&columns.kind)
-                .bind(&columns.state)
-                .bind(&columns.body)
-                .bind(&columns.call_id)
-                .bind(&columns.tool_name)
-                .bind(durability.synchronous_commit())
-                .execute(pool)
-                .await
-                .map_err(conflict)?;
+                .bind(&items);
+                columns
+                    .bind(query)
+                    .bind(durability.synchronous_commit())
+                    .execute(pool)
+                    .await
+                    .map_err(conflict)?;
             }
             Backend::Sqlite(pool) => {
                 let written: Result<(), sqlx::Error> = async {
@@ -442,18 +438,14 @@ impl Store {
                 let changed_seq: Vec<i32> = changed.iter().map(|c| c.0).collect();
                 let changed_state: Vec<&str> = changed.iter().map(|c| c.1).collect();
                 let changed_body: Vec<&Value> = changed.iter().map(|c| &c.2).collect();
-                sqlx::query(PG_WRITE_STEPS)
+                let query = sqlx::query(PG_WRITE_STEPS)
                     .bind(id)
                     .bind(write.at)
                     .bind(&changed_seq)
                     .bind(&changed_state)
-                    .bind(&changed_body)
-                    .bind(&columns.seq)
-                    .bind(&columns.kind)
-                    .bind(&columns.state)
-                    .bind(&columns.body)
-                    .bind(&columns.call_id)
-                    .bind(&columns.tool_name)
+                    .bind(&changed_body);
+                columns
+                    .bind(query)
                     .bind(ending.map(|e| e.status.as_str()))
                     .bind(&usage)
                     .bind(ending.is_some_and(|e| e.handed_back))
@@ -554,6 +546,22 @@ struct StepColumns<'a> {
     call_id: Vec<Option<&'a str>>,
     tool_name: Vec<Option<&'a str>>,
 }
+
+impl<'a> StepColumns<'a> {
+    /// Binds the six columns as the next six array parameters, in the order `UNNEST` reads them.
+    fn bind(&'a self, query: PgQuery<'a>) -> PgQuery<'a> {
+        query
+            .bind(&self.seq)
+            .bind(&self.kind)
+            .bind(&self.state)
+            .bind(&self.body)
+            .bind(&self.call_id)
+            .bind(&self.tool_name)
+    }
+}
+
+/// A Postgres statement being bound.
+type PgQuery<'q> = sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments>;
 
 impl<'a> From<&'a Vec<StepRow<'a>>> for StepColumns<'a> {
     fn from(rows: &'a Vec<StepRow<'a>>) -> StepColumns<'a> {
