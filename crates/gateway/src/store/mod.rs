@@ -31,9 +31,6 @@ pub use backend::DEFAULT_URL;
 use crate::config::DatabaseConfig;
 use secrecy::ExposeSecret;
 
-/// How long a statement waits for a pooled connection when nothing else is configured.
-const DEFAULT_ACQUIRE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
-
 /// The Postgres migrations, embedded in the binary.
 pub static POSTGRES_MIGRATOR: Migrator = sqlx::migrate!("../../migrations/postgres");
 
@@ -94,7 +91,10 @@ impl Store {
     /// Connects to `url` with a bounded pool: `postgres://` or `postgresql://` selects Postgres, `sqlite:` the
     /// embedded store (created if missing, with its directory).
     pub async fn connect(url: &str, max_connections: u32) -> Result<Store, StoreError> {
-        Store::connect_waiting(url, max_connections, DEFAULT_ACQUIRE_TIMEOUT).await
+        // The configured default wait for a pooled connection.
+        let acquire_timeout =
+            std::time::Duration::from_millis(DatabaseConfig::default().acquire_timeout_ms);
+        Store::connect_waiting(url, max_connections, acquire_timeout).await
     }
 
     /// Like `connect`; a statement waits at most `acquire_timeout` for a pooled connection, then fails
