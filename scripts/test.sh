@@ -16,9 +16,9 @@ fi
 if cargo nextest --version >/dev/null 2>&1; then
   cargo nextest run --workspace --no-fail-fast
   # The end-to-end suite once more, on the embedded store (SQLite) instead of Postgres.
-  GATEWAY_TEST_STORE=sqlite cargo nextest run -p gateway-e2e --no-fail-fast
+  GATEWAY_TEST_STORE=sqlite cargo nextest run -p gateway-e2e --test api --no-fail-fast
 else
   cargo test --workspace --no-fail-fast
-  GATEWAY_TEST_STORE=sqlite cargo test -p gateway-e2e --no-fail-fast
+  GATEWAY_TEST_STORE=sqlite cargo test -p gateway-e2e --test api --no-fail-fast
 fi
 tests/clients/run.sh

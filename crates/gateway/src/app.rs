@@ -27,11 +27,6 @@ impl Application {
     /// migrations and binds the listener (port 0 picks a free port).
     pub async fn build(config: Config) -> anyhow::Result<Application> {
         let store = Store::connect_configured(&config.database).await?;
-        Application::build_with_store(config, store).await
-    }
-
-    /// Like `build`, on an existing store.
-    pub async fn build_with_store(config: Config, store: Store) -> anyhow::Result<Application> {
         crate::metrics::install();
         store.migrate().await?;
         crate::seed::apply(&store, &config.seed).await?;

@@ -7,105 +7,18 @@
 //! Test-support code: a setup step that fails must fail the test at once, so `expect` is the right tool here.
 #![allow(clippy::expect_used, clippy::unwrap_used, clippy::panic)]
 
+pub mod scratch;
+
 use std::time::Duration;
 
-use anyhow::Context;
 use gateway::config::Config;
 use gateway::store::{Backend, Store};
 use gateway::Application;
 use gateway_testkit::mock_model::MockModel;
 use gateway_testkit::tool_server::{tool_definitions, ToolServer};
 use reqwest::{Method, RequestBuilder, StatusCode};
+pub use scratch::ScratchDatabase;
 use serde_json::{json, Value};
-use sqlx::Connection;
-
-/// Where the per-test databases are created; `TEST_DATABASE_URL` overrides the local default.
-pub fn server_url() -> String {
-    std::env::var("TEST_DATABASE_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into())
-}
-
-/// A database created for one test and dropped after it.
-pub struct TestDatabase {
-    pub url: String,
-    name: String,
-}
-
-impl TestDatabase {
-    pub async fn create() -> anyhow::Result<TestDatabase> {
-        let server = server_url();
-        let name = format!("gw_test_{}", uuid::Uuid::new_v4().simple());
-        let mut conn = sqlx::PgConnection::connect(&server)
-            .await
-            .context("connect to the test Postgres")?;
-        sqlx::query(&format!("CREATE DATABASE \"{name}\""))
-            .execute(&mut conn)
-            .await?;
-        let url = match server.rsplit_once('/') {
-            Some((base, _)) => format!("{base}/{name}"),
-            None => anyhow::bail!("TEST_DATABASE_URL has no database path"),
-        };
-        Ok(TestDatabase { url, name })
-    }
-}
-
-impl Drop for TestDatabase {
-    fn drop(&mut self) {
-        let name = self.name.clone();
-        // Dropping runs on its own thread and runtime: Drop cannot await, and the test's runtime is busy.
-        let _ = std::thread::spawn(move || {
-            let Ok(runtime) = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-            else {
-                return;
-            };
-            runtime.block_on(async move {
-                if let Ok(mut conn) = sqlx::PgConnection::connect(&server_url()).await {
-                    let _ =
-                        sqlx::query(&format!("DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)"))
-                            .execute(&mut conn)
-                            .await;
-                }
-            });
-        })
-        .join();
-    }
-}
-
-/// A directory holding one test's embedded store, deleted after the test.
-pub struct TestSqliteFile {
-    dir: std::path::PathBuf,
-}
-
-impl TestSqliteFile {
-    /// A fresh directory name under the system's temp dir; the gateway creates it with its database.
-    pub fn create() -> TestSqliteFile {
-        TestSqliteFile {
-            dir: std::env::temp_dir().join(format!("gw_test_{}", uuid::Uuid::new_v4().simple())),
-        }
-    }
-
-    /// The `sqlite:` URL of the database file.
-    pub fn url(&self) -> String {
-        format!(
-            "sqlite://{}?mode=rwc",
-            self.dir.join("gateway.db").display()
-        )
-    }
-}
-
-impl Drop for TestSqliteFile {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
-/// The database a test gateway runs on, removed after the test.
-enum Scratch {
-    Postgres(TestDatabase),
-    Sqlite(TestSqliteFile),
-}
 
 /// A running gateway with its mock upstream, tool server and database.
 pub struct TestGateway {
@@ -116,7 +29,7 @@ pub struct TestGateway {
     pub tools: ToolServer,
     pub store: Store,
     _server: tokio::task::JoinHandle<()>,
-    _db: Scratch,
+    _db: ScratchDatabase,
 }
 
 /// A project with a key that may use the `mock` deployment.
@@ -154,8 +67,8 @@ impl TestGateway {
         if std::env::var("GATEWAY_TEST_STORE").is_ok_and(|store| store == "sqlite") {
             return TestGateway::start_embedded_with(adjust).await;
         }
-        let db = TestDatabase::create().await.expect("test database");
-        TestGateway::launch(Scratch::Postgres(db), adjust).await
+        let db = ScratchDatabase::postgres().await.expect("test database");
+        TestGateway::launch(db, adjust).await
     }
 
     /// Starts everything on the embedded store: a fresh SQLite file in a temp dir, which the gateway finds
@@ -166,10 +79,10 @@ impl TestGateway {
 
     /// Like `start_embedded`, letting the test adjust the gateway's config first.
     pub async fn start_embedded_with(adjust: impl FnOnce(&mut Config)) -> TestGateway {
-        TestGateway::launch(Scratch::Sqlite(TestSqliteFile::create()), adjust).await
+        TestGateway::launch(ScratchDatabase::sqlite(), adjust).await
     }
 
-    async fn launch(db: Scratch, adjust: impl FnOnce(&mut Config)) -> TestGateway {
+    async fn launch(db: ScratchDatabase, adjust: impl FnOnce(&mut Config)) -> TestGateway {
         let model = MockModel::start().await.expect("mock model");
         let tools = ToolServer::start().await.expect("tool server");
         let admin_token = format!("admin-{}", uuid::Uuid::new_v4().simple());
@@ -178,24 +91,9 @@ impl TestGateway {
         config.admin.token = Some(admin_token.clone().into());
         config.database.max_connections = 5;
         config.upstream.backoff_ms = 1;
-        if let Scratch::Sqlite(file) = &db {
-            config.database.url = Some(file.url().into());
-        }
+        config.database.url = Some(db.url().to_owned().into());
         adjust(&mut config);
-        let app = match &db {
-            Scratch::Postgres(database) => {
-                let store = Store::connect_waiting(
-                    &database.url,
-                    config.database.max_connections,
-                    Duration::from_millis(config.database.acquire_timeout_ms),
-                )
-                .await
-                .expect("connect store");
-                Application::build_with_store(config, store).await
-            }
-            Scratch::Sqlite(_) => Application::build(config).await,
-        }
-        .expect("build gateway");
+        let app = Application::build(config).await.expect("build gateway");
         let store = app.store().clone();
         let base_url = format!("http://127.0.0.1:{}", app.port());
         let server = tokio::spawn(async move {

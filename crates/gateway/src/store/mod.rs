@@ -120,13 +120,6 @@ impl Store {
         .await
     }
 
-    /// A store on an existing Postgres pool.
-    pub fn from_pool(pool: PgPool) -> Store {
-        Store {
-            backend: Backend::Postgres(pool),
-        }
-    }
-
     /// The database behind this store, e.g. for a test to inspect what was written.
     pub fn backend(&self) -> &Backend {
         &self.backend

@@ -1,8 +1,6 @@
 //! Creates carrying an `Idempotency-Key` run once: a repeat answers what the first answered.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use gateway_testkit::{Call, Reply};
 use reqwest::Method;
 use serde_json::json;

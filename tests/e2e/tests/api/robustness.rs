@@ -1,8 +1,6 @@
 //! Inputs that stores or parsers choke on: NUL characters, deleting a running response, unknown methods.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use gateway_testkit::Reply;
 use reqwest::Method;
 use serde_json::json;

@@ -1,8 +1,6 @@
 //! The Responses API's basic life cycle: create a text answer, read it back, list its input items, delete it.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use gateway_e2e::items_of;
 use gateway_testkit::Reply;
 use serde_json::{json, Value};

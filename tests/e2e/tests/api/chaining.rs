@@ -1,8 +1,6 @@
 //! Client tools handed back as `function_call` items, and continuing with `previous_response_id`.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use gateway_e2e::{items_of, Tenant, TestGateway};
 use gateway_testkit::{Call, Reply};
 use serde_json::{json, Value};

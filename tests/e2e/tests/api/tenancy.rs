@@ -1,8 +1,6 @@
 //! Responses belong to the project that created them: other projects get 404, never 403.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use gateway_testkit::{Call, Reply};
 use serde_json::json;
 

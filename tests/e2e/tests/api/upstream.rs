@@ -1,8 +1,6 @@
 //! Upstream quirks through the non-streaming Chat Completions adapter, and upstream failures.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use gateway_e2e::items_of;
 use gateway_testkit::{Call, Reply};
 use serde_json::{json, Value};

@@ -1,19 +1,16 @@
 //! `stream: true`: the full Responses event stream across the tool loop. Every stream is checked as a
 //! strict client reads it (see `common::sse`), compared with the stored response (`GET`) and with the same
 //! script run without streaming.
-#![allow(clippy::expect_used, clippy::unwrap_used, clippy::panic)]
-
-mod common;
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::sse::{
+use crate::common::sse::{
     add_deployment, check_stream, content_type, post_stream, read_http_request, summary, Checked,
     FrameReader, SSE_HEAD,
 };
-use common::*;
+use crate::common::*;
 use gateway_e2e::TestGateway;
 use gateway_testkit::{Call, MockModel, Reply, StreamMode};
 use reqwest::Method;

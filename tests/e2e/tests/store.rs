@@ -4,8 +4,6 @@
 //! Test-support code: a setup step that fails must fail the test at once, so `expect` is the right tool here.
 #![allow(clippy::expect_used, clippy::unwrap_used, clippy::panic)]
 
-use std::path::PathBuf;
-
 use gateway::store::admin::{
     DeploymentChanges, Member, Membership, NewApiKey, NewDeployment, NewToolSource,
     ToolSourceChanges,
@@ -17,8 +15,8 @@ use gateway_core::output::{ResponseRecord, ResponseStatus};
 use gateway_core::request::ResponseParams;
 use gateway_core::steps::{Step, StepState, Usage};
 use gateway_core::Item;
+use gateway_e2e::ScratchDatabase;
 use serde_json::{json, Value};
-use sqlx::Connection;
 
 /// Generates `postgres::<test>` and `sqlite::<test>` for each named `async fn <test>(store: Store)`.
 macro_rules! on_both_backends {
@@ -70,86 +68,25 @@ on_both_backends!(
 
 // ---- scratch databases ----
 
-/// Where the per-test Postgres databases are created; `TEST_DATABASE_URL` overrides the local default.
-fn postgres_server_url() -> String {
-    std::env::var("TEST_DATABASE_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into())
-}
-
 /// A migrated store on a database made for one test, removed when dropped.
 struct Scratch {
     store: Store,
-    place: Place,
-}
-
-enum Place {
-    Postgres(String),
-    Sqlite(PathBuf),
+    db: ScratchDatabase,
 }
 
 impl Scratch {
     async fn postgres() -> Scratch {
-        let server = postgres_server_url();
-        let name = format!("gw_store_test_{}", uuid::Uuid::new_v4().simple());
-        let mut conn = sqlx::PgConnection::connect(&server)
-            .await
-            .expect("connect to the test Postgres");
-        sqlx::query(&format!("CREATE DATABASE \"{name}\""))
-            .execute(&mut conn)
-            .await
-            .expect("create database");
-        let (base, _) = server.rsplit_once('/').expect("database path");
-        let place = Place::Postgres(name.clone());
-        let store = Store::connect(&format!("{base}/{name}"), 5)
-            .await
-            .expect("connect store");
-        store.migrate().await.expect("migrate");
-        Scratch { store, place }
+        Scratch::on(ScratchDatabase::postgres().await.expect("test database")).await
     }
 
     async fn sqlite() -> Scratch {
-        let dir =
-            std::env::temp_dir().join(format!("gw_store_test_{}", uuid::Uuid::new_v4().simple()));
-        // The directory does not exist yet: the store creates it, as it would on a fresh machine.
-        let url = format!("sqlite://{}?mode=rwc", dir.join("gateway.db").display());
-        let place = Place::Sqlite(dir);
-        let store = Store::connect(&url, 5).await.expect("connect store");
-        store.migrate().await.expect("migrate");
-        Scratch { store, place }
+        Scratch::on(ScratchDatabase::sqlite()).await
     }
-}
 
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        match &self.place {
-            Place::Sqlite(dir) => {
-                let _ = std::fs::remove_dir_all(dir);
-            }
-            Place::Postgres(name) => {
-                let name = name.clone();
-                // Drop cannot await and the test's runtime may be gone: drop the database on a thread of its own.
-                let _ = std::thread::spawn(move || {
-                    let Ok(runtime) = tokio::runtime::Builder::new_current_thread()
-                        .enable_all()
-                        .build()
-                    else {
-                        return;
-                    };
-                    runtime.block_on(async move {
-                        if let Ok(mut conn) =
-                            sqlx::PgConnection::connect(&postgres_server_url()).await
-                        {
-                            let _ = sqlx::query(&format!(
-                                "DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)"
-                            ))
-                            .execute(&mut conn)
-                            .await;
-                        }
-                    });
-                })
-                .join();
-            }
-        }
+    async fn on(db: ScratchDatabase) -> Scratch {
+        let store = Store::connect(db.url(), 5).await.expect("connect store");
+        store.migrate().await.expect("migrate");
+        Scratch { store, db }
     }
 }
 
@@ -1664,13 +1601,8 @@ async fn postgres_urls_select_postgres() {
 #[tokio::test]
 async fn a_relaxed_write_leaves_the_connections_commit_setting_as_it_was() {
     let scratch = Scratch::postgres().await;
-    let Place::Postgres(name) = &scratch.place else {
-        unreachable!("a Postgres scratch database")
-    };
-    let server = postgres_server_url();
-    let (base, _) = server.rsplit_once('/').expect("database path");
     // One connection: the write and the check below share it.
-    let single = Store::connect(&format!("{base}/{name}"), 1)
+    let single = Store::connect(scratch.db.url(), 1)
         .await
         .expect("connect");
     let (project_id, deployment_id) = tenant(&single, "acme").await;

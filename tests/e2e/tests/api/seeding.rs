@@ -1,11 +1,9 @@
 //! Start-up seeding from the config: idempotent across restarts, and changes are applied.
 
-#![allow(clippy::unwrap_used, clippy::expect_used)]
-
 use gateway::config::{Config, SeedDeployment, SeedGroup, SeedProject, SeedToolSource};
 use gateway::store::Store;
 use gateway::Application;
-use gateway_e2e::TestDatabase;
+use gateway_e2e::ScratchDatabase;
 use serde_json::json;
 
 const KEY: &str = "sk-seeded-key-0000000000000000";
@@ -47,17 +45,20 @@ fn seeded_config(base_url: &str) -> Config {
     config
 }
 
-async fn start(db: &TestDatabase, config: Config) -> Store {
-    let store = Store::connect(&db.url, 2).await.unwrap();
-    Application::build_with_store(config, store.clone())
+/// Starts a gateway on `db` with `config` (its seed applied at start-up) and returns its store.
+async fn start(db: &ScratchDatabase, mut config: Config) -> Store {
+    config.server.bind = "127.0.0.1:0".parse().unwrap();
+    config.database.url = Some(db.url().to_owned().into());
+    config.database.max_connections = 2;
+    let app = Application::build(config)
         .await
         .expect("start-up with the seed");
-    store
+    app.store().clone()
 }
 
 #[tokio::test]
 async fn seeding_twice_duplicates_nothing_and_applies_changes() {
-    let db = TestDatabase::create().await.unwrap();
+    let db = ScratchDatabase::postgres().await.unwrap();
     start(&db, seeded_config("http://127.0.0.1:1/v1")).await;
     let store = start(&db, seeded_config("http://127.0.0.1:2/v1")).await;
 
@@ -103,7 +104,7 @@ async fn seeding_twice_duplicates_nothing_and_applies_changes() {
 
 #[tokio::test]
 async fn a_revoked_seeded_key_stays_revoked_after_a_restart() {
-    let db = TestDatabase::create().await.unwrap();
+    let db = ScratchDatabase::postgres().await.unwrap();
     let store = start(&db, seeded_config("http://127.0.0.1:1/v1")).await;
     let project = store.project_for_key(KEY).await.unwrap().unwrap();
     let key_id = store.list_api_keys(&project).await.unwrap().unwrap()[0]
@@ -118,7 +119,7 @@ async fn a_revoked_seeded_key_stays_revoked_after_a_restart() {
 
 #[tokio::test]
 async fn a_seed_naming_a_missing_member_stops_start_up_with_a_message_naming_it() {
-    let db = TestDatabase::create().await.unwrap();
+    let db = ScratchDatabase::postgres().await.unwrap();
     let mut config = seeded_config("http://127.0.0.1:1/v1");
     config
         .seed
@@ -127,9 +128,10 @@ async fn a_seed_naming_a_missing_member_stops_start_up_with_a_message_naming_it(
         .unwrap()
         .tool_sources
         .push("nope".into());
-    let store = Store::connect(&db.url, 2).await.unwrap();
+    config.server.bind = "127.0.0.1:0".parse().unwrap();
+    config.database.url = Some(db.url().to_owned().into());
 
-    let error = Application::build_with_store(config, store)
+    let error = Application::build(config)
         .await
         .err()
         .expect("start-up fails")

@@ -1,8 +1,6 @@
 //! The server-side tool loop: server tools run by the gateway, batches, failures and limits.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use gateway_e2e::{items_of, TestGateway};
 use gateway_testkit::{Call, Reply};
 use reqwest::Method;

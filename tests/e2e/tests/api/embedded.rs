@@ -2,9 +2,7 @@
 //! URL of its config, taking concurrent step writes. The whole end-to-end suite also runs on it
 //! (`GATEWAY_TEST_STORE=sqlite`, part of `scripts/test.sh`).
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use gateway::store::Backend;
 use gateway_e2e::items_of;
 use gateway_testkit::{Call, Reply};

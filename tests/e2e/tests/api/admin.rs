@@ -1,9 +1,6 @@
 //! End-to-end tests of the admin API (`/admin/v1`): auth, CRUD of every entity, uniqueness, secrets never
 //! shown, and group memberships changing what the next public request may use.
 
-// A test binary: its helpers fail loudly on purpose, and clippy counts only `#[test]` bodies as tests.
-#![allow(clippy::expect_used, clippy::unwrap_used, clippy::panic)]
-
 use gateway_e2e::{items_of, TestGateway};
 use gateway_testkit::mock_model::{Call, Reply};
 use gateway_testkit::tool_server::tool_definitions;

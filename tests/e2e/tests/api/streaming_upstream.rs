@@ -1,12 +1,9 @@
 //! Streamed responses over a streaming upstream that behaves the way real servers do: every chunking of
 //! tool calls, missing ids and indices, object arguments, unreliable `finish_reason`, missing usage, and
 //! streams that break off. Each stream is checked in full (see `common::sse`).
-#![allow(clippy::expect_used, clippy::unwrap_used, clippy::panic)]
 
-mod common;
-
-use common::sse::{add_deployment, check_stream, chunk, post_stream, raw_upstream, Checked};
-use common::*;
+use crate::common::sse::{add_deployment, check_stream, chunk, post_stream, raw_upstream, Checked};
+use crate::common::*;
 use gateway_e2e::{Tenant, TestGateway};
 use gateway_testkit::{Call, Reply, StreamMode};
 use serde_json::{json, Value};

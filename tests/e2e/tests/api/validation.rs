@@ -1,8 +1,6 @@
 //! Rejected requests: each answers OpenAI's error shape with the right status, `param` and `code`, and stores nothing.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use gateway_e2e::{Answer, TestGateway};
 use gateway_testkit::{Call, Reply};
 use reqwest::Method;

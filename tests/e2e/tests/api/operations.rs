@@ -1,8 +1,6 @@
 //! Operations: health, readiness, metrics, request ids.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use gateway_testkit::{Call, Reply};
 use reqwest::Method;
 use serde_json::json;

@@ -1,0 +1,22 @@
+//! The end-to-end suite as one test binary: the real gateway on port 0, a fresh database per test, the
+//! testkit's mock model and tool server over real HTTP. One module per area of the product.
+//!
+//! Test-support code: a setup step that fails must fail the test at once, so `expect` is the right tool here.
+#![allow(clippy::expect_used, clippy::unwrap_used, clippy::panic)]
+
+mod common;
+
+mod admin;
+mod chaining;
+mod embedded;
+mod idempotency;
+mod operations;
+mod responses;
+mod robustness;
+mod seeding;
+mod streaming;
+mod streaming_upstream;
+mod tenancy;
+mod tool_loop;
+mod upstream;
+mod validation;
