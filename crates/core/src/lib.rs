@@ -7,6 +7,7 @@ pub mod chat;
 pub mod chat_stream;
 pub mod context;
 pub mod decide;
+pub mod entity;
 pub mod events;
 pub mod items;
 pub mod output;

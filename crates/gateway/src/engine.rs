@@ -18,11 +18,13 @@ use serde_json::Value;
 use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 
 use crate::api::error::ApiError;
+use crate::clock::now;
 use crate::config::LimitsConfig;
+use crate::ids::new_id;
 use crate::resolver::Resolver;
 use crate::store::responses::{Durability, Ending, NewResponse, StepWrite};
 use crate::store::tenancy::{Deployment, ToolSource};
-use crate::store::{new_id, now, Store, StoreError};
+use crate::store::{Store, StoreError};
 use crate::stream::{StreamSink, STREAM_BUFFER};
 use crate::tools::{CallRef, ToolExecutor};
 use crate::upstream::Upstream;

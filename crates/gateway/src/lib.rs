@@ -2,10 +2,12 @@
 
 pub mod api;
 pub mod app;
+pub mod clock;
 pub mod config;
 #[cfg(feature = "demo")]
 pub mod demo;
 pub mod engine;
+pub mod ids;
 pub mod metrics;
 pub mod resolver;
 pub mod seed;

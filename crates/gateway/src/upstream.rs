@@ -9,7 +9,7 @@ use secrecy::ExposeSecret;
 use serde_json::Value;
 
 use crate::config::UpstreamConfig;
-use crate::store::new_id;
+use crate::ids::new_id;
 use crate::store::tenancy::Deployment;
 
 /// Why a model call failed for good. Detail is for logs; clients get a generic message.

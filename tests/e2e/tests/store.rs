@@ -1602,9 +1602,7 @@ async fn postgres_urls_select_postgres() {
 async fn a_relaxed_write_leaves_the_connections_commit_setting_as_it_was() {
     let scratch = Scratch::postgres().await;
     // One connection: the write and the check below share it.
-    let single = Store::connect(scratch.db.url(), 1)
-        .await
-        .expect("connect");
+    let single = Store::connect(scratch.db.url(), 1).await.expect("connect");
     let (project_id, deployment_id) = tenant(&single, "acme").await;
     create(
         &single,

@@ -5,7 +5,9 @@
 //! ever read back as `has_api_key` / `has_secret`, so no admin answer can leak them by accident.
 
 use super::backend::Fields;
-use super::{new_id, now, Backend, Store, StoreError};
+use super::{Backend, Store, StoreError};
+use crate::clock::now;
+use crate::ids::new_id;
 use serde_json::Value;
 
 /// A project (tenant).

@@ -163,16 +163,3 @@ impl From<Backend> for Store {
         Store { backend }
     }
 }
-
-/// Current Unix time in seconds.
-pub fn now() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs() as i64)
-        .unwrap_or(0)
-}
-
-/// A new opaque id with a kind prefix, e.g. `resp_3f2a...`.
-pub fn new_id(prefix: &str) -> String {
-    format!("{prefix}_{}", uuid::Uuid::new_v4().simple())
-}

@@ -1,0 +1,357 @@
+//! Field types of the admin entities (projects, keys, deployments, groups, tool sources), each parsed once.
+//!
+//! The admin API, start-up seeding and the store all take these types, so the rules about what a name, a URL
+//! or a timeout may be live here and nowhere else. A parse failure is an [`InvalidRequest`] naming the field as
+//! its `param`, with code `invalid_value`.
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::request::{is_valid_tool_name, InvalidRequest};
+
+/// Longest name of a project, key, deployment or group, in characters.
+pub const MAX_NAME_CHARS: usize = 256;
+
+fn invalid(message: impl Into<String>, param: &str) -> InvalidRequest {
+    InvalidRequest::new(message, param).with_code("invalid_value")
+}
+
+/// The name of a project, API key, deployment or deployment group: non-empty, at most 256 characters, no
+/// surrounding whitespace and no control characters.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[serde(transparent)]
+pub struct EntityName(String);
+
+impl EntityName {
+    pub fn parse(name: impl Into<String>, param: &str) -> Result<EntityName, InvalidRequest> {
+        let name = name.into();
+        if name.is_empty() {
+            return Err(invalid(format!("'{param}' must not be empty."), param));
+        }
+        if name.chars().count() > MAX_NAME_CHARS {
+            return Err(invalid(
+                format!("'{param}' must be at most {MAX_NAME_CHARS} characters long."),
+                param,
+            ));
+        }
+        if name.trim() != name || name.chars().any(char::is_control) {
+            return Err(invalid(
+                format!(
+                    "'{param}' must not start or end with whitespace or contain control characters."
+                ),
+                param,
+            ));
+        }
+        Ok(EntityName(name))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+/// A function name as the OpenAI API accepts it (`^[a-zA-Z0-9_-]{1,64}$`): the name of an HTTP tool source.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[serde(transparent)]
+pub struct ToolName(String);
+
+impl ToolName {
+    pub fn parse(name: impl Into<String>, param: &str) -> Result<ToolName, InvalidRequest> {
+        let name = name.into();
+        if is_valid_tool_name(&name) {
+            Ok(ToolName(name))
+        } else {
+            Err(invalid(
+                format!("Invalid '{param}': '{name}' must match ^[a-zA-Z0-9_-]{{1,64}}$."),
+                param,
+            ))
+        }
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+/// An absolute `http` or `https` URL with a host and no embedded credentials (those belong in the secret
+/// fields, which are never shown; a URL is), kept exactly as given.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize)]
+#[serde(transparent)]
+pub struct HttpUrl(String);
+
+impl HttpUrl {
+    pub fn parse(url: impl Into<String>, param: &str) -> Result<HttpUrl, InvalidRequest> {
+        let url = url.into();
+        // The URL parser forgives surrounding spaces; the stored value must be exactly what is used.
+        let problem = match url::Url::parse(&url) {
+            _ if url.trim() != url => Some("it must not start or end with whitespace".into()),
+            Err(e) => Some(format!("it is not a valid URL ({e})")),
+            Ok(parsed) if !matches!(parsed.scheme(), "http" | "https") => {
+                Some("the scheme must be http or https".into())
+            }
+            Ok(parsed) if parsed.host_str().is_none_or(str::is_empty) => {
+                Some("it has no host".into())
+            }
+            Ok(parsed) if !parsed.username().is_empty() || parsed.password().is_some() => {
+                Some("it must not contain credentials; use the secret field instead".into())
+            }
+            Ok(_) => None,
+        };
+        match problem {
+            None => Ok(HttpUrl(url)),
+            Some(problem) => Err(invalid(format!("Invalid '{param}': {problem}."), param)),
+        }
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+/// The API a deployment's upstream speaks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ProviderKind {
+    /// OpenAI-compatible Chat Completions (`{base_url}/chat/completions`).
+    OpenaiChat,
+    /// Anthropic Messages (`{base_url}/v1/messages`).
+    Anthropic,
+    /// OpenAI Responses, called statelessly (`{base_url}/responses`).
+    OpenaiResponses,
+}
+
+impl ProviderKind {
+    pub const ALL: [ProviderKind; 3] = [
+        ProviderKind::OpenaiChat,
+        ProviderKind::Anthropic,
+        ProviderKind::OpenaiResponses,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ProviderKind::OpenaiChat => "openai_chat",
+            ProviderKind::Anthropic => "anthropic",
+            ProviderKind::OpenaiResponses => "openai_responses",
+        }
+    }
+
+    pub fn parse(kind: &str, param: &str) -> Result<ProviderKind, InvalidRequest> {
+        ProviderKind::ALL
+            .into_iter()
+            .find(|k| k.as_str() == kind)
+            .ok_or_else(|| {
+                let all: Vec<&str> = ProviderKind::ALL.iter().map(|k| k.as_str()).collect();
+                invalid(
+                    format!(
+                        "Invalid '{param}': '{kind}'; expected one of {}.",
+                        all.join(", ")
+                    ),
+                    param,
+                )
+            })
+    }
+}
+
+impl fmt::Display for ProviderKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A tool's timeout in milliseconds: 1 ms to ten minutes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(transparent)]
+pub struct TimeoutMs(u64);
+
+impl TimeoutMs {
+    /// Used when a tool source names none.
+    pub const DEFAULT: TimeoutMs = TimeoutMs(30_000);
+    /// The longest a tool source may ask for.
+    pub const MAX: u64 = 600_000;
+
+    pub fn parse(timeout_ms: i64, param: &str) -> Result<TimeoutMs, InvalidRequest> {
+        match u64::try_from(timeout_ms) {
+            Ok(ms) if (1..=TimeoutMs::MAX).contains(&ms) => Ok(TimeoutMs(ms)),
+            _ => Err(invalid(
+                format!(
+                    "Invalid '{param}': {timeout_ms}; expected an integer between 1 and {}.",
+                    TimeoutMs::MAX
+                ),
+                param,
+            )),
+        }
+    }
+
+    pub fn get(self) -> u64 {
+        self.0
+    }
+}
+
+/// A tool's `parameters`: a JSON object that compiles as a JSON Schema and describes an object.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(transparent)]
+pub struct ToolParameters(Value);
+
+impl ToolParameters {
+    pub fn parse(parameters: Value, param: &str) -> Result<ToolParameters, InvalidRequest> {
+        if !parameters.is_object() {
+            return Err(invalid(
+                format!("'{param}' must be a JSON Schema object."),
+                param,
+            ));
+        }
+        if let Some(kind) = parameters.get("type") {
+            if kind != "object" {
+                return Err(invalid(
+                    format!(
+                        "'{param}' must describe an object (\"type\": \"object\"), not {kind}."
+                    ),
+                    param,
+                ));
+            }
+        }
+        match jsonschema::validator_for(&parameters) {
+            Ok(_) => Ok(ToolParameters(parameters)),
+            Err(e) => Err(invalid(
+                format!("'{param}' is not a valid JSON Schema: {e}."),
+                param,
+            )),
+        }
+    }
+
+    pub fn as_value(&self) -> &Value {
+        &self.0
+    }
+
+    pub fn into_value(self) -> Value {
+        self.0
+    }
+}
+
+/// Checks a credential that is sent as an HTTP header (an upstream API key, a tool source's secret): it must
+/// be non-empty and free of control characters. The message never repeats the value.
+pub fn check_secret(secret: &str, param: &str) -> Result<(), InvalidRequest> {
+    if secret.trim().is_empty() || secret.chars().any(char::is_control) {
+        Err(invalid(
+            format!("'{param}' must be non-empty and free of control characters; send null to remove it."),
+            param,
+        ))
+    } else {
+        Ok(())
+    }
+}
+
+/// Checks a free-text field that must say something (an upstream model name).
+pub fn check_non_empty(value: &str, param: &str) -> Result<(), InvalidRequest> {
+    if value.trim().is_empty() {
+        Err(invalid(format!("'{param}' must not be empty."), param))
+    } else {
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn names_are_refused_when_empty_padded_or_too_long() {
+        assert!(EntityName::parse("acme", "name").is_ok());
+        for bad in ["", " acme", "ac\nme", &"x".repeat(MAX_NAME_CHARS + 1)] {
+            let error = EntityName::parse(bad, "name").unwrap_err();
+            assert_eq!(error.param.as_deref(), Some("name"), "{bad:?}");
+            assert_eq!(error.code.as_deref(), Some("invalid_value"));
+        }
+    }
+
+    #[test]
+    fn tool_names_follow_the_openai_pattern() {
+        assert!(ToolName::parse("get_weather-2", "name").is_ok());
+        for bad in ["", "a b", "ü", &"x".repeat(65)] {
+            assert!(ToolName::parse(bad, "name").is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn urls_must_be_http_with_a_host_and_no_credentials() {
+        let table = [
+            ("http://127.0.0.1:8080/v1", true),
+            ("https://api.example.com", true),
+            ("ftp://example.com", false),
+            ("not a url", false),
+            ("/relative/path", false),
+            ("http://user:pass@example.com", false),
+            (" http://example.com", false),
+            ("http://", false),
+            ("", false),
+        ];
+        for (url, ok) in table {
+            assert_eq!(HttpUrl::parse(url, "url").is_ok(), ok, "{url}");
+        }
+    }
+
+    #[test]
+    fn provider_kinds_round_trip_and_unknown_ones_list_the_choices() {
+        for kind in ProviderKind::ALL {
+            assert_eq!(ProviderKind::parse(kind.as_str(), "kind"), Ok(kind));
+            assert_eq!(json!(kind), json!(kind.as_str()));
+        }
+        let error = ProviderKind::parse("bedrock", "provider.kind").unwrap_err();
+        assert!(error
+            .message
+            .contains("openai_chat, anthropic, openai_responses"));
+    }
+
+    #[test]
+    fn timeouts_are_between_one_ms_and_ten_minutes() {
+        assert_eq!(TimeoutMs::parse(1, "t").map(TimeoutMs::get), Ok(1));
+        assert_eq!(
+            TimeoutMs::parse(600_000, "t").map(TimeoutMs::get),
+            Ok(600_000)
+        );
+        for bad in [0, -1, 600_001] {
+            assert!(TimeoutMs::parse(bad, "t").is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn parameters_must_be_an_object_schema_that_compiles() {
+        let table = [
+            (
+                json!({"type": "object", "properties": {"a": {"type": "number"}}}),
+                true,
+            ),
+            (json!({}), true),
+            (json!({"type": "string"}), false),
+            (
+                json!({"type": "object", "properties": {"a": {"type": "no-such-type"}}}),
+                false,
+            ),
+            (
+                json!({"type": "object", "properties": {"a": {"pattern": "("}}}),
+                false,
+            ),
+            (json!([1, 2]), false),
+            (json!("object"), false),
+        ];
+        for (schema, ok) in table {
+            assert_eq!(
+                ToolParameters::parse(schema.clone(), "parameters").is_ok(),
+                ok,
+                "{schema}"
+            );
+        }
+    }
+
+    #[test]
+    fn secrets_must_be_non_empty_without_control_characters_and_are_not_repeated() {
+        assert!(check_secret("sk-abc", "secret").is_ok());
+        for bad in ["", "   ", "sk-\nabc"] {
+            let error = check_secret(bad, "secret").unwrap_err();
+            assert!(bad.trim().is_empty() || !error.message.contains(bad));
+        }
+    }
+}
