@@ -286,10 +286,7 @@ pub fn parse_response(body: &Value, ids: &mut dyn IdSource) -> Result<ModelOutpu
         _ => Finish::Stop,
     };
     Ok(ModelOutput {
-        message: (!text.is_empty()).then(|| AssistantMessage {
-            item_id: ids.item_id("msg"),
-            text,
-        }),
+        message: (!text.is_empty()).then(|| AssistantMessage::whole(ids.item_id("msg"), text)),
         tool_calls,
         usage: body.get("usage").and_then(parse_usage),
         finish,

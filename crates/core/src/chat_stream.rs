@@ -182,6 +182,7 @@ impl ChatStream {
             message: (!self.text.is_empty()).then(|| AssistantMessage {
                 item_id: ids.item_id("msg"),
                 text: crate::chat::scrub_nul(self.text),
+                deltas: Vec::new(),
             }),
             tool_calls,
             usage: self.usage,

@@ -77,8 +77,11 @@ pub enum IncompleteReason {
     ContentFilter,
     MaxToolCalls,
     MaxModelCalls,
+    #[serde(rename = "max_failing_tool_batches")]
     ToolFailures,
     Deadline,
+    /// The client of a foreground stream went away; the response stopped at its next step boundary.
+    ClientDisconnected,
 }
 
 impl IncompleteReason {
@@ -90,20 +93,24 @@ impl IncompleteReason {
             IncompleteReason::MaxModelCalls => "max_model_calls",
             IncompleteReason::ToolFailures => "max_failing_tool_batches",
             IncompleteReason::Deadline => "deadline",
+            IncompleteReason::ClientDisconnected => "client_disconnected",
         }
     }
 
+    pub const ALL: [IncompleteReason; 7] = [
+        IncompleteReason::MaxOutputTokens,
+        IncompleteReason::ContentFilter,
+        IncompleteReason::MaxToolCalls,
+        IncompleteReason::MaxModelCalls,
+        IncompleteReason::ToolFailures,
+        IncompleteReason::Deadline,
+        IncompleteReason::ClientDisconnected,
+    ];
+
     pub fn parse(text: &str) -> Option<IncompleteReason> {
-        [
-            IncompleteReason::MaxOutputTokens,
-            IncompleteReason::ContentFilter,
-            IncompleteReason::MaxToolCalls,
-            IncompleteReason::MaxModelCalls,
-            IncompleteReason::ToolFailures,
-            IncompleteReason::Deadline,
-        ]
-        .into_iter()
-        .find(|reason| reason.as_str() == text)
+        IncompleteReason::ALL
+            .into_iter()
+            .find(|reason| reason.as_str() == text)
     }
 }
 

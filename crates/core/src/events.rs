@@ -1,8 +1,28 @@
-//! Responses API stream events: construction with contiguous `sequence_number`s and SSE framing.
+//! Stream events as a pure projection of a response's progress.
+//!
+//! The loop reports what happened ([`Progress`]: the response started, text arrived, a model call ended, tool
+//! calls started and ended, a batch was handed back, the response ended); [`EventProjection`] turns each report
+//! into the Responses API events a client sees, numbered from 0 without gaps, with output indices that match the
+//! final `output` array. It holds no IO: the shell feeds it and sends what [`EventProjection::poll`] gives.
+//!
+//! [`replay`] feeds the same projection the progress that a stored response's steps record, in the order it
+//! happened, so that the events of a stored response equal those its live stream sent, sequence numbers
+//! included: a client can re-attach to a stream and read on from where it was.
+
+use std::collections::{BTreeMap, VecDeque};
 
 use serde_json::{json, Map, Value};
 
-/// One event of a response stream.
+use crate::items::Item;
+use crate::output::{
+    assistant_message, function_call_item, mcp_call_item, message_with_status, render_output,
+    response_object,
+};
+use crate::response::{Ending, ResponseRecord};
+use crate::steps::{AssistantMessage, ModelOutput, Step, StepBody, StepState, ToolCall};
+
+/// One event of a response stream: its `type` and its whole JSON object (which repeats the type and carries
+/// its `sequence_number`).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Event {
     pub kind: &'static str,
@@ -10,11 +30,6 @@ pub struct Event {
 }
 
 impl Event {
-    /// The whole SSE frame: `event: <type>\ndata: <one line>\n\n`, written as one chunk.
-    pub fn to_sse(&self) -> String {
-        format!("event: {}\ndata: {}\n\n", self.kind, self.data)
-    }
-
     pub fn sequence_number(&self) -> u64 {
         self.data
             .get("sequence_number")
@@ -23,107 +38,363 @@ impl Event {
     }
 }
 
-/// Numbers a response's events from 0, without gaps.
-#[derive(Debug, Clone, Default)]
-pub struct EventSequence {
-    next: u64,
+/// What the loop reports as a response runs, in the order it happens.
+#[derive(Debug, Clone, Copy)]
+pub enum Progress<'a> {
+    /// The response started: `response.created` (queued, for a background response) and
+    /// `response.in_progress`.
+    Started { record: &'a ResponseRecord },
+    /// A piece of model text, as the upstream produced it.
+    TextDelta { item_id: &'a str, delta: &'a str },
+    /// A model call ended with this output; its message, if any, is complete.
+    ModelEnded { output: &'a ModelOutput },
+    /// A model call failed; `partial` is the text a client was already shown, which ends `incomplete`.
+    ModelFailed {
+        partial: Option<&'a AssistantMessage>,
+    },
+    /// These tool steps started running (steps already announced are skipped).
+    ToolsStarted { steps: &'a [&'a Step] },
+    /// A tool step ended (its outcome is set).
+    ToolEnded { step: &'a Step },
+    /// The last batch goes back to the client as `function_call` items.
+    HandedBack { calls: &'a [ToolCall] },
+    /// The response ended; `output` is its final output.
+    Ended {
+        record: &'a ResponseRecord,
+        output: &'a [Item],
+    },
 }
 
-impl EventSequence {
-    pub fn new() -> EventSequence {
-        EventSequence::default()
+/// The message item being streamed.
+#[derive(Debug, Clone, PartialEq)]
+struct OpenMessage {
+    item_id: String,
+    output_index: usize,
+    text: String,
+}
+
+/// The state of one response's event stream: sequence numbers, output indices, the message being streamed and
+/// the tool items shown so far.
+#[derive(Debug, Clone, Default)]
+pub struct EventProjection {
+    next_sequence_number: u64,
+    next_output_index: usize,
+    open_message: Option<OpenMessage>,
+    /// Output index of each tool step shown, by step seq.
+    tool_items: BTreeMap<u32, usize>,
+    ready: VecDeque<Event>,
+}
+
+impl EventProjection {
+    pub fn new() -> EventProjection {
+        EventProjection::default()
     }
 
-    /// The event `kind` with `fields`, stamped with its type and the next sequence number.
-    pub fn event(&mut self, kind: &'static str, fields: Value) -> Event {
+    /// The sequence number the next event will carry (how many events came before it).
+    pub fn next_sequence_number(&self) -> u64 {
+        self.next_sequence_number
+    }
+
+    /// The next event to send, if any.
+    pub fn poll(&mut self) -> Option<Event> {
+        self.ready.pop_front()
+    }
+
+    /// Takes one report of the loop's progress; its events become available to [`poll`](Self::poll).
+    pub fn handle(&mut self, progress: Progress<'_>) {
+        match progress {
+            Progress::Started { record } => {
+                let started = response_object(&record.as_started(), &[]);
+                self.emit("response.created", json!({"response": started}));
+                let running = response_object(&record.as_in_progress(), &[]);
+                self.emit("response.in_progress", json!({"response": running}));
+            }
+            Progress::TextDelta { item_id, delta } => self.text_delta(item_id, delta),
+            Progress::ModelEnded { output } => self.model_ended(output),
+            Progress::ModelFailed { partial } => self.model_failed(partial),
+            Progress::ToolsStarted { steps } => {
+                for step in steps {
+                    self.tool_started(step);
+                }
+            }
+            Progress::ToolEnded { step } => self.tool_ended(step),
+            Progress::HandedBack { calls } => {
+                for call in calls {
+                    self.handed_back(call);
+                }
+            }
+            Progress::Ended { record, output } => self.ended(record, output),
+        }
+    }
+
+    fn text_delta(&mut self, item_id: &str, delta: &str) {
+        let output_index = match &self.open_message {
+            Some(open) => open.output_index,
+            None => {
+                let output_index = self.take_output_index();
+                let item = json!({"id": item_id, "type": "message", "status": "in_progress", "role": "assistant", "content": []});
+                self.emit(
+                    "response.output_item.added",
+                    json!({"output_index": output_index, "item": item}),
+                );
+                self.emit(
+                    "response.content_part.added",
+                    json!({"item_id": item_id, "output_index": output_index, "content_index": 0, "part": text_part("")}),
+                );
+                self.open_message = Some(OpenMessage {
+                    item_id: item_id.to_owned(),
+                    output_index,
+                    text: String::new(),
+                });
+                output_index
+            }
+        };
+        if let Some(open) = &mut self.open_message {
+            open.text.push_str(delta);
+        }
+        self.emit(
+            "response.output_text.delta",
+            json!({"item_id": item_id, "output_index": output_index, "content_index": 0, "delta": delta, "logprobs": []}),
+        );
+    }
+
+    /// Closes the streamed message with the model's text; a message that did not stream is shown whole.
+    fn model_ended(&mut self, output: &ModelOutput) {
+        let Some(message) = &output.message else {
+            self.open_message = None;
+            return;
+        };
+        if self.open_message.is_none() {
+            for piece in message.pieces() {
+                self.text_delta(&message.item_id, piece);
+            }
+        }
+        self.close_message(&message.text, "completed");
+    }
+
+    fn model_failed(&mut self, partial: Option<&AssistantMessage>) {
+        let text = match (partial, &self.open_message) {
+            (Some(partial), _) => partial.text.clone(),
+            (None, Some(open)) => open.text.clone(),
+            (None, None) => return,
+        };
+        self.close_message(&text, "incomplete");
+    }
+
+    fn close_message(&mut self, text: &str, status: &str) {
+        let Some(open) = self.open_message.take() else {
+            return;
+        };
+        let (id, index) = (open.item_id.as_str(), open.output_index);
+        self.emit(
+            "response.output_text.done",
+            json!({"item_id": id, "output_index": index, "content_index": 0, "text": text, "logprobs": []}),
+        );
+        self.emit(
+            "response.content_part.done",
+            json!({"item_id": id, "output_index": index, "content_index": 0, "part": text_part(text)}),
+        );
+        let item = if status == "completed" {
+            assistant_message(id, text)
+        } else {
+            message_with_status(id, text, status)
+        };
+        self.emit(
+            "response.output_item.done",
+            json!({"output_index": index, "item": item_json(&item)}),
+        );
+    }
+
+    fn tool_started(&mut self, step: &Step) {
+        let Some(tool) = step.tool() else { return };
+        if self.tool_items.contains_key(&step.seq) {
+            return;
+        }
+        let index = self.take_output_index();
+        self.tool_items.insert(step.seq, index);
+        let mut running = tool.clone();
+        running.outcome = None;
+        self.emit(
+            "response.output_item.added",
+            json!({"output_index": index, "item": item_json(&mcp_call_item(&running))}),
+        );
+        self.emit(
+            "response.mcp_call.in_progress",
+            json!({"item_id": tool.item_id, "output_index": index}),
+        );
+    }
+
+    fn tool_ended(&mut self, step: &Step) {
+        let (Some(tool), Some(&index)) = (step.tool(), self.tool_items.get(&step.seq)) else {
+            return;
+        };
+        let kind = if tool.outcome.as_ref().is_some_and(|o| o.is_error()) {
+            "response.mcp_call.failed"
+        } else {
+            "response.mcp_call.completed"
+        };
+        self.emit(
+            kind,
+            json!({"item_id": tool.item_id, "output_index": index}),
+        );
+        self.emit(
+            "response.output_item.done",
+            json!({"output_index": index, "item": item_json(&mcp_call_item(tool))}),
+        );
+    }
+
+    /// A handed-back call: a `function_call` item with its arguments streamed whole.
+    fn handed_back(&mut self, call: &ToolCall) {
+        let index = self.take_output_index();
+        let empty = ToolCall {
+            arguments: String::new(),
+            ..call.clone()
+        };
+        self.emit(
+            "response.output_item.added",
+            json!({"output_index": index, "item": item_json(&function_call_item(&empty, "in_progress"))}),
+        );
+        self.emit(
+            "response.function_call_arguments.delta",
+            json!({"item_id": call.item_id, "output_index": index, "delta": call.arguments}),
+        );
+        self.emit(
+            "response.function_call_arguments.done",
+            json!({"item_id": call.item_id, "output_index": index, "name": call.name, "arguments": call.arguments}),
+        );
+        self.emit(
+            "response.output_item.done",
+            json!({"output_index": index, "item": item_json(&function_call_item(call, "completed"))}),
+        );
+    }
+
+    /// The one terminal event, carrying the whole response; a failure is told first in an `error` event.
+    fn ended(&mut self, record: &ResponseRecord, output: &[Item]) {
+        let kind = match record.ending() {
+            Some(Ending::Completed { .. }) => "response.completed",
+            Some(Ending::Incomplete { .. }) => "response.incomplete",
+            Some(Ending::Cancelled) => "response.cancelled",
+            Some(Ending::Failed { code, message }) => {
+                let code = code.as_str();
+                // Nested and flat, so that the OpenAI spec, the Open Responses schema and the SDKs all read it.
+                self.emit(
+                    "error",
+                    json!({"code": code, "message": message, "param": null,
+                           "error": {"type": "server_error", "code": code, "message": message, "param": null}}),
+                );
+                "response.failed"
+            }
+            None => return,
+        };
+        self.emit(kind, json!({"response": response_object(record, output)}));
+    }
+
+    fn take_output_index(&mut self) -> usize {
+        let index = self.next_output_index;
+        self.next_output_index += 1;
+        index
+    }
+
+    /// Queues the event `kind` with `fields`, stamped with its type and the next sequence number.
+    fn emit(&mut self, kind: &'static str, fields: Value) {
         let mut data = match fields {
             Value::Object(map) => map,
             _ => Map::new(),
         };
         data.insert("type".into(), json!(kind));
-        data.insert("sequence_number".into(), json!(self.next));
-        self.next += 1;
-        Event {
+        data.insert("sequence_number".into(), json!(self.next_sequence_number));
+        self.next_sequence_number += 1;
+        self.ready.push_back(Event {
             kind,
             data: Value::Object(data),
+        });
+    }
+}
+
+/// The progress that a response's stored steps record, in the order it happened, fed to `projection`: the
+/// start, then each model call and each run of tool calls, then (for an ended response) the hand-back and the
+/// end. A model call that never ended shows nothing (it is made again when the response resumes).
+pub fn project_stored(projection: &mut EventProjection, record: &ResponseRecord, steps: &[Step]) {
+    projection.handle(Progress::Started { record });
+    let mut index = 0;
+    while index < steps.len() {
+        match &steps[index].body {
+            StepBody::Model(model) => {
+                if let Some(output) = &model.output {
+                    if let Some(message) = &output.message {
+                        for piece in message.pieces() {
+                            projection.handle(Progress::TextDelta {
+                                item_id: &message.item_id,
+                                delta: piece,
+                            });
+                        }
+                    }
+                    projection.handle(Progress::ModelEnded { output });
+                } else if let Some(failure) = &model.failure {
+                    if let Some(partial) = &failure.partial {
+                        for piece in partial.pieces() {
+                            projection.handle(Progress::TextDelta {
+                                item_id: &partial.item_id,
+                                delta: piece,
+                            });
+                        }
+                    }
+                    projection.handle(Progress::ModelFailed {
+                        partial: failure.partial.as_ref(),
+                    });
+                }
+                index += 1;
+            }
+            StepBody::Tool(first) => {
+                // The tool steps that ran together: consecutive ones of the same batch.
+                let run: Vec<&Step> = steps[index..]
+                    .iter()
+                    .take_while(|s| s.tool().is_some_and(|t| t.batch == first.batch))
+                    .collect();
+                index += run.len();
+                let started: Vec<&Step> = run
+                    .iter()
+                    .copied()
+                    .filter(|s| s.state != StepState::Pending)
+                    .collect();
+                projection.handle(Progress::ToolsStarted { steps: &started });
+                let mut ended: Vec<&Step> = started
+                    .iter()
+                    .copied()
+                    .filter(|s| s.state.is_ended())
+                    .collect();
+                ended.sort_by_key(|s| (s.tool().and_then(|t| t.ended_rank), s.seq));
+                for step in ended {
+                    projection.handle(Progress::ToolEnded { step });
+                }
+            }
         }
     }
-
-    pub fn response(&mut self, kind: &'static str, response: &Value) -> Event {
-        self.event(kind, json!({"response": response}))
+    let Some(ending) = record.ending() else {
+        return;
+    };
+    if ending.handed_back() {
+        let last_calls = steps
+            .iter()
+            .rev()
+            .find_map(|s| s.model())
+            .and_then(|m| m.output.as_ref())
+            .map(|o| o.tool_calls.as_slice())
+            .unwrap_or_default();
+        projection.handle(Progress::HandedBack { calls: last_calls });
     }
+    let output = render_output(steps, ending.handed_back());
+    projection.handle(Progress::Ended {
+        record,
+        output: &output,
+    });
+}
 
-    pub fn item_added(&mut self, output_index: usize, item: &Value) -> Event {
-        self.event(
-            "response.output_item.added",
-            json!({"output_index": output_index, "item": item}),
-        )
-    }
-
-    pub fn item_done(&mut self, output_index: usize, item: &Value) -> Event {
-        self.event(
-            "response.output_item.done",
-            json!({"output_index": output_index, "item": item}),
-        )
-    }
-
-    pub fn content_part_added(&mut self, item_id: &str, output_index: usize) -> Event {
-        self.event(
-            "response.content_part.added",
-            json!({"item_id": item_id, "output_index": output_index, "content_index": 0, "part": text_part("")}),
-        )
-    }
-
-    pub fn text_delta(&mut self, item_id: &str, output_index: usize, delta: &str) -> Event {
-        self.event(
-            "response.output_text.delta",
-            json!({"item_id": item_id, "output_index": output_index, "content_index": 0, "delta": delta, "logprobs": []}),
-        )
-    }
-
-    pub fn text_done(&mut self, item_id: &str, output_index: usize, text: &str) -> Event {
-        self.event(
-            "response.output_text.done",
-            json!({"item_id": item_id, "output_index": output_index, "content_index": 0, "text": text, "logprobs": []}),
-        )
-    }
-
-    pub fn content_part_done(&mut self, item_id: &str, output_index: usize, text: &str) -> Event {
-        self.event(
-            "response.content_part.done",
-            json!({"item_id": item_id, "output_index": output_index, "content_index": 0, "part": text_part(text)}),
-        )
-    }
-
-    pub fn arguments_delta(&mut self, item_id: &str, output_index: usize, delta: &str) -> Event {
-        self.event(
-            "response.function_call_arguments.delta",
-            json!({"item_id": item_id, "output_index": output_index, "delta": delta}),
-        )
-    }
-
-    pub fn arguments_done(
-        &mut self,
-        item_id: &str,
-        output_index: usize,
-        name: &str,
-        arguments: &str,
-    ) -> Event {
-        self.event(
-            "response.function_call_arguments.done",
-            json!({"item_id": item_id, "output_index": output_index, "name": name, "arguments": arguments}),
-        )
-    }
-
-    /// An in-stream error: nested `error` object, with `code`/`message`/`param` also at top level, so that
-    /// the OpenAI spec, the Open Responses schema and the SDKs all read it.
-    pub fn error(&mut self, code: &str, message: &str) -> Event {
-        self.event(
-            "error",
-            json!({"code": code, "message": message, "param": null,
-                   "error": {"type": "server_error", "code": code, "message": message, "param": null}}),
-        )
-    }
+/// Every event of a stored response's stream, as its live stream sent them.
+pub fn replay(record: &ResponseRecord, steps: &[Step]) -> Vec<Event> {
+    let mut projection = EventProjection::new();
+    project_stored(&mut projection, record, steps);
+    std::iter::from_fn(|| projection.poll()).collect()
 }
 
 /// An `output_text` content part.
@@ -131,39 +402,9 @@ pub fn text_part(text: &str) -> Value {
     json!({"type": "output_text", "text": text, "annotations": [], "logprobs": []})
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn sequence_numbers_are_contiguous_from_zero() {
-        let mut events = EventSequence::new();
-        let numbers: Vec<u64> = [
-            events.response("response.created", &json!({})),
-            events.item_added(0, &json!({})),
-            events.text_delta("msg_1", 0, "hi"),
-            events.error("server_error", "boom"),
-        ]
-        .iter()
-        .map(Event::sequence_number)
-        .collect();
-        assert_eq!(numbers, vec![0, 1, 2, 3]);
-    }
-
-    #[test]
-    fn a_frame_is_one_chunk_with_single_line_data() {
-        let mut events = EventSequence::new();
-        let frame = events.text_delta("msg_1", 0, "line one\nline two").to_sse();
-        assert!(frame.starts_with("event: response.output_text.delta\ndata: {"));
-        assert!(frame.ends_with("}\n\n"));
-        assert_eq!(frame.matches('\n').count(), 3, "{frame}");
-    }
-
-    #[test]
-    fn error_events_are_nested_and_flat() {
-        let event = EventSequence::new().error("server_error", "boom");
-        assert_eq!(event.data["error"]["message"], "boom");
-        assert_eq!(event.data["message"], "boom");
-        assert_eq!(event.data["code"], "server_error");
-    }
+fn item_json(item: &Item) -> Value {
+    serde_json::to_value(item).unwrap_or(Value::Null)
 }
+
+#[cfg(test)]
+mod tests;

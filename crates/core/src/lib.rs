@@ -12,6 +12,7 @@ pub mod events;
 pub mod items;
 pub mod output;
 pub mod request;
+pub mod response;
 pub mod steps;
 
 pub use decide::{decide_next_action, IncompleteReason, Limits, NextAction};

@@ -1,58 +1,15 @@
 //! Assembly of the Responses API `Response` object from a response's stored record and steps.
 
-use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
 
 use crate::items::{
     ContentPart, FunctionCallItem, Item, McpCallItem, MessageContent, MessageItem, Role,
 };
-use crate::request::ResponseParams;
+use crate::response::{Ending, ResponseRecord, ResponseState};
 use crate::steps::{Step, StepBody, StepState, ToolCall, ToolOutcome, ToolStep, Usage};
 
 /// `server_label` of the `mcp_call` items that show server tool calls.
 pub const SERVER_LABEL: &str = "gateway";
-
-/// A response's lifecycle status, as the API names it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum ResponseStatus {
-    Queued,
-    InProgress,
-    Completed,
-    Incomplete,
-    Failed,
-    Cancelled,
-}
-
-impl ResponseStatus {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ResponseStatus::Queued => "queued",
-            ResponseStatus::InProgress => "in_progress",
-            ResponseStatus::Completed => "completed",
-            ResponseStatus::Incomplete => "incomplete",
-            ResponseStatus::Failed => "failed",
-            ResponseStatus::Cancelled => "cancelled",
-        }
-    }
-
-    pub fn parse(text: &str) -> Option<ResponseStatus> {
-        [
-            ResponseStatus::Queued,
-            ResponseStatus::InProgress,
-            ResponseStatus::Completed,
-            ResponseStatus::Incomplete,
-            ResponseStatus::Failed,
-            ResponseStatus::Cancelled,
-        ]
-        .into_iter()
-        .find(|s| s.as_str() == text)
-    }
-
-    pub fn is_terminal(self) -> bool {
-        !matches!(self, ResponseStatus::Queued | ResponseStatus::InProgress)
-    }
-}
 
 /// The output items of a response, in the order they happened.
 ///
@@ -141,24 +98,6 @@ pub fn message_with_status(id: &str, text: &str, status: &str) -> Item {
     })
 }
 
-/// What a stored response says about itself, apart from its items.
-#[derive(Debug, Clone, PartialEq)]
-pub struct ResponseRecord {
-    pub id: String,
-    pub created_at: i64,
-    pub completed_at: Option<i64>,
-    pub status: ResponseStatus,
-    pub model: String,
-    pub params: ResponseParams,
-    pub previous_response_id: Option<String>,
-    pub store: bool,
-    pub background: bool,
-    /// `(code, message)` of a failed response.
-    pub error: Option<(String, String)>,
-    pub incomplete_reason: Option<String>,
-    pub usage: Option<Usage>,
-}
-
 /// The `Response` object, with every field OpenAI returns.
 pub fn response_object(record: &ResponseRecord, output: &[Item]) -> Value {
     let params = &record.params;
@@ -186,21 +125,27 @@ pub fn response_object(record: &ResponseRecord, output: &[Item]) -> Value {
     object.insert("id".into(), json!(record.id));
     object.insert("object".into(), json!("response"));
     object.insert("created_at".into(), json!(record.created_at));
-    object.insert("completed_at".into(), json!(record.completed_at));
-    object.insert("status".into(), json!(record.status.as_str()));
+    let completed_at = match &record.state {
+        ResponseState::Ended { completed_at, .. } => Some(*completed_at),
+        ResponseState::Queued | ResponseState::InProgress => None,
+    };
+    object.insert("completed_at".into(), json!(completed_at));
+    object.insert("status".into(), json!(record.status().as_str()));
     object.insert("background".into(), json!(record.background));
     object.insert(
         "error".into(),
-        match &record.error {
-            Some((code, message)) => json!({"code": code, "message": message}),
-            None => Value::Null,
+        match record.ending() {
+            Some(Ending::Failed { code, message }) => {
+                json!({"code": code.as_str(), "message": message})
+            }
+            _ => Value::Null,
         },
     );
     object.insert(
         "incomplete_details".into(),
-        match &record.incomplete_reason {
-            Some(reason) => json!({"reason": reason}),
-            None => Value::Null,
+        match record.ending() {
+            Some(Ending::Incomplete { reason }) => json!({"reason": reason.as_str()}),
+            _ => Value::Null,
         },
     );
     object.insert("instructions".into(), json!(params.instructions));

@@ -84,6 +84,42 @@ pub struct ModelOutput {
 pub struct AssistantMessage {
     pub item_id: String,
     pub text: String,
+    /// How the text streamed: the length in characters of each delta a client was shown, in order. Empty when
+    /// it did not stream; it is then shown as one delta. Kept so that a replay of the stream equals the original.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub deltas: Vec<u32>,
+}
+
+impl AssistantMessage {
+    /// A message that did not stream.
+    pub fn whole(item_id: impl Into<String>, text: impl Into<String>) -> AssistantMessage {
+        AssistantMessage {
+            item_id: item_id.into(),
+            text: text.into(),
+            deltas: Vec::new(),
+        }
+    }
+
+    /// The text cut as it streamed: one piece per recorded delta, or the whole text when the lengths are
+    /// missing or do not add up to it.
+    pub fn pieces(&self) -> Vec<&str> {
+        let total: u64 = self.deltas.iter().map(|&n| u64::from(n)).sum();
+        if self.deltas.is_empty() || total != self.text.chars().count() as u64 {
+            return vec![self.text.as_str()];
+        }
+        let mut pieces = Vec::with_capacity(self.deltas.len());
+        let mut rest = self.text.as_str();
+        for &chars in &self.deltas {
+            let end = rest
+                .char_indices()
+                .nth(chars as usize)
+                .map_or(rest.len(), |(at, _)| at);
+            let (piece, tail) = rest.split_at(end);
+            pieces.push(piece);
+            rest = tail;
+        }
+        pieces
+    }
 }
 
 /// Why the model stopped, normalised. Tool calls are decided from `tool_calls`, never from this.
@@ -154,6 +190,10 @@ pub struct ToolStep {
     pub batch: Option<u32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub outcome: Option<ToolOutcome>,
+    /// Among the calls that ran together, the order in which this one ended (0 first), as a stream showed
+    /// them: kept so that a replay of the stream equals the original.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ended_rank: Option<u32>,
 }
 
 /// What a tool call produced. Both variants are results the model sees.
@@ -251,4 +291,27 @@ pub fn total_usage(steps: &[Step]) -> Usage {
         }
     }
     usage
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_streamed_message_is_cut_as_it_streamed_and_an_unstreamed_one_whole() {
+        let streamed = AssistantMessage {
+            deltas: vec![2, 1, 3],
+            ..AssistantMessage::whole("msg_1", "héllo!")
+        };
+        assert_eq!(streamed.pieces(), ["hé", "l", "lo!"]);
+        assert_eq!(
+            AssistantMessage::whole("msg_1", "héllo!").pieces(),
+            ["héllo!"]
+        );
+        let wrong = AssistantMessage {
+            deltas: vec![2, 2],
+            ..AssistantMessage::whole("msg_1", "héllo!")
+        };
+        assert_eq!(wrong.pieces(), ["héllo!"], "lengths that do not add up");
+    }
 }

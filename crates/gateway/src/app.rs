@@ -11,8 +11,6 @@ use crate::api::{router, AppState};
 use crate::config::Config;
 use crate::engine::Engine;
 use crate::store::Store;
-use crate::tools::ToolExecutor;
-use crate::upstream::Upstream;
 
 /// A built gateway, bound to its port, not yet serving.
 pub struct Application {
@@ -30,20 +28,7 @@ impl Application {
         crate::metrics::install();
         store.migrate().await?;
         crate::seed::apply(&store, &config.seed).await?;
-        let engine = Engine {
-            store: store.clone(),
-            resolver: crate::resolver::Resolver::new(
-                store.clone(),
-                Duration::from_millis(config.tenancy.cache_ttl_ms),
-            ),
-            upstream: Upstream::new(config.upstream.clone())?,
-            tools: ToolExecutor::new(config.tools.clone())?,
-            limits: config.limits.clone(),
-            flush_every_step: config.database.flush_every_step,
-            admission: Arc::new(tokio::sync::Semaphore::new(
-                config.server.max_active_responses,
-            )),
-        };
+        let engine = Engine::new(store.clone(), &config)?;
         let state = AppState {
             store: store.clone(),
             engine,

@@ -12,7 +12,6 @@ pub mod metrics;
 pub mod resolver;
 pub mod seed;
 pub mod store;
-pub mod stream;
 pub mod telemetry;
 pub mod tools;
 pub mod upstream;

@@ -8,12 +8,13 @@ use gateway::store::admin::{
     DeploymentChanges, Member, Membership, NewApiKey, NewDeployment, NewToolSource,
     ToolSourceChanges,
 };
-use gateway::store::responses::{Durability, Ending, NewResponse, Order, StepWrite};
+use gateway::store::responses::{Durability, NewResponse, Order, StepWrite};
 use gateway::store::tenancy::{hash_key, ToolSource};
 use gateway::store::{Backend, Store, StoreError};
-use gateway_core::output::{ResponseRecord, ResponseStatus};
 use gateway_core::request::ResponseParams;
+use gateway_core::response::{Ending, ResponseRecord, ResponseState, ResponseStatus};
 use gateway_core::steps::{Step, StepState, Usage};
+use gateway_core::IncompleteReason;
 use gateway_core::Item;
 use gateway_e2e::ScratchDatabase;
 use serde_json::{json, Value};
@@ -60,7 +61,7 @@ on_both_backends!(
     another_projects_response_loads_as_none_and_cannot_be_deleted,
     input_items_pages_walk_both_orders_with_after_and_has_more,
     step_writes_add_change_and_end_all_or_nothing,
-    finish_response_records_how_the_response_ended,
+    every_ending_round_trips_through_the_response_row,
     deleting_a_response_removes_its_items_and_steps,
     an_idempotency_key_finds_its_response_and_cannot_be_used_twice_in_a_project,
     concurrent_writes_of_steps_and_responses_all_succeed,
@@ -186,15 +187,12 @@ fn record(id: &str) -> ResponseRecord {
     ResponseRecord {
         id: id.to_owned(),
         created_at: 1_700_000_000,
-        completed_at: None,
-        status: ResponseStatus::InProgress,
+        state: ResponseState::InProgress,
         model: "mock".into(),
         params: params(),
         previous_response_id: None,
         store: true,
         background: false,
-        error: None,
-        incomplete_reason: None,
         usage: None,
     }
 }
@@ -269,7 +267,6 @@ async fn create(
                 server_tools: &[server_tool()],
                 context: items,
                 steps,
-                handed_back: false,
                 idempotency_key,
             },
             Durability::Flush,
@@ -290,7 +287,7 @@ async fn write_steps(
             response_id,
             added,
             changed,
-            ending: None,
+            ended: None,
             at: 1_700_000_050,
             durability,
         })
@@ -745,12 +742,12 @@ async fn deleting_a_project_cascades_to_its_keys_grants_and_responses(store: Sto
     assert!(group.project_ids.is_empty(), "{group:?}");
     assert_eq!(group.deployment_ids, [deployment_id]);
     assert!(store
-        .load_context("resp_cascade")
+        .load_context(&project_id, "resp_cascade")
         .await
         .expect("context")
         .is_empty());
     assert!(store
-        .load_steps("resp_cascade")
+        .load_steps(&project_id, "resp_cascade")
         .await
         .expect("steps")
         .is_empty());
@@ -907,13 +904,22 @@ async fn a_created_response_loads_back_with_its_context_and_carried_steps(store:
         .expect("load")
         .expect("exists");
     assert_eq!(stored.record, record);
-    assert!(!stored.handed_back);
+    assert_eq!(stored.record.ending(), None);
     assert_eq!(stored.deployment_id, Some(deployment_id));
     assert_eq!(
-        store.load_context("resp_one").await.expect("context"),
+        store
+            .load_context(&project_id, "resp_one")
+            .await
+            .expect("context"),
         items
     );
-    assert_eq!(store.load_steps("resp_one").await.expect("steps"), steps);
+    assert_eq!(
+        store
+            .load_steps(&project_id, "resp_one")
+            .await
+            .expect("steps"),
+        steps
+    );
     assert!(store
         .load_response(&project_id, "resp_missing")
         .await
@@ -924,9 +930,10 @@ async fn a_created_response_loads_back_with_its_context_and_carried_steps(store:
 async fn a_response_written_when_it_ended_loads_back_ended_with_its_steps(store: Store) {
     let (project_id, deployment_id) = tenant(&store, "acme").await;
     let record = ResponseRecord {
-        completed_at: Some(1_700_000_009),
-        status: ResponseStatus::Failed,
-        error: Some(("server_error".into(), "The upstream failed.".into())),
+        state: ResponseState::Ended {
+            ending: Ending::Completed { handed_back: true },
+            completed_at: 1_700_000_009,
+        },
         usage: Some(Usage {
             input_tokens: 5,
             output_tokens: 1,
@@ -945,7 +952,6 @@ async fn a_response_written_when_it_ended_loads_back_ended_with_its_steps(store:
                 server_tools: &[server_tool()],
                 context: &context(2),
                 steps: &steps,
-                handed_back: true,
                 idempotency_key: None,
             },
             Durability::Flush,
@@ -959,8 +965,14 @@ async fn a_response_written_when_it_ended_loads_back_ended_with_its_steps(store:
         .expect("load")
         .expect("exists");
     assert_eq!(stored.record, record);
-    assert!(stored.handed_back);
-    assert_eq!(store.load_steps("resp_ended").await.expect("steps"), steps);
+    assert!(stored.record.ending().is_some_and(Ending::handed_back));
+    assert_eq!(
+        store
+            .load_steps(&project_id, "resp_ended")
+            .await
+            .expect("steps"),
+        steps
+    );
     assert_eq!(
         attempts(&store, "resp_ended").await,
         [(0, 1), (1, 1)],
@@ -1013,10 +1025,10 @@ async fn input_items_pages_walk_both_orders_with_after_and_has_more(store: Store
     .await
     .expect("create");
     let page = |after: Option<&'static str>, limit: i64, order: Order| {
-        let store = store.clone();
+        let (store, project_id) = (store.clone(), project_id.clone());
         async move {
             store
-                .input_items_page("resp_paged", after, limit, order)
+                .input_items_page(&project_id, "resp_paged", after, limit, order)
                 .await
                 .expect("page")
         }
@@ -1054,7 +1066,7 @@ async fn input_items_pages_walk_both_orders_with_after_and_has_more(store: Store
         "an unknown `after` is no page at all"
     );
     let (items, more) = store
-        .input_items_page("resp_missing", None, 2, Order::Asc)
+        .input_items_page(&project_id, "resp_missing", None, 2, Order::Asc)
         .await
         .expect("page")
         .expect("page");
@@ -1094,7 +1106,10 @@ async fn step_writes_add_change_and_end_all_or_nothing(store: Store) {
     )
     .await
     .expect("end the model step and add the batch");
-    let loaded = store.load_steps("resp_steps").await.expect("load");
+    let loaded = store
+        .load_steps(&project_id, "resp_steps")
+        .await
+        .expect("load");
     assert_eq!(
         loaded,
         [
@@ -1120,7 +1135,7 @@ async fn step_writes_add_change_and_end_all_or_nothing(store: Store) {
     .await
     .expect("start two");
     let states: Vec<(u32, StepState)> = store
-        .load_steps("resp_steps")
+        .load_steps(&project_id, "resp_steps")
         .await
         .expect("load")
         .iter()
@@ -1152,7 +1167,10 @@ async fn step_writes_add_change_and_end_all_or_nothing(store: Store) {
     )
     .await
     .expect("record a result");
-    let loaded = store.load_steps("resp_steps").await.expect("load");
+    let loaded = store
+        .load_steps(&project_id, "resp_steps")
+        .await
+        .expect("load");
     assert_eq!(loaded[1], done);
     assert_eq!(loaded[2], batch[2]);
     assert_eq!(loaded[4], next);
@@ -1173,7 +1191,10 @@ async fn step_writes_add_change_and_end_all_or_nothing(store: Store) {
     )
     .await;
     assert!(duplicate.is_err(), "a seq is written once: {duplicate:?}");
-    let loaded = store.load_steps("resp_steps").await.expect("load");
+    let loaded = store
+        .load_steps(&project_id, "resp_steps")
+        .await
+        .expect("load");
     assert_eq!(loaded[3], three, "the failed write changed nothing");
 
     let orphan = write_steps(
@@ -1188,18 +1209,18 @@ async fn step_writes_add_change_and_end_all_or_nothing(store: Store) {
 
     // The last boundary: a step and the response's ending together.
     let last = finished(&batch[0], "{\"sum\":4}");
+    let mut ended = record("resp_steps");
+    ended.end(
+        Ending::Completed { handed_back: false },
+        Usage::default(),
+        1_700_000_300,
+    );
     store
         .write_steps(&StepWrite {
             response_id: "resp_steps",
             added: &[],
             changed: &[&last],
-            ending: Some(&Ending {
-                status: ResponseStatus::Completed,
-                usage: None,
-                handed_back: false,
-                error: None,
-                incomplete_reason: None,
-            }),
+            ended: Some(&ended),
             at: 1_700_000_300,
             durability: Durability::Flush,
         })
@@ -1210,9 +1231,15 @@ async fn step_writes_add_change_and_end_all_or_nothing(store: Store) {
         .await
         .expect("load")
         .expect("exists");
-    assert_eq!(response.record.status, ResponseStatus::Completed);
-    assert_eq!(response.record.completed_at, Some(1_700_000_300));
-    assert_eq!(store.load_steps("resp_steps").await.expect("load")[3], last);
+    assert_eq!(response.record.status(), ResponseStatus::Completed);
+    assert_eq!(response.record, ended);
+    assert_eq!(
+        store
+            .load_steps(&project_id, "resp_steps")
+            .await
+            .expect("load")[3],
+        last
+    );
 }
 
 /// `(seq, attempts)` of every step of a response.
@@ -1235,84 +1262,62 @@ async fn attempts(store: &Store, response_id: &str) -> Vec<(i32, i32)> {
     .expect("attempts")
 }
 
-async fn finish_response_records_how_the_response_ended(store: Store) {
+async fn every_ending_round_trips_through_the_response_row(store: Store) {
     let (project_id, deployment_id) = tenant(&store, "acme").await;
-    for id in ["resp_done", "resp_failed"] {
-        create(
-            &store,
-            &project_id,
-            &deployment_id,
-            &record(id),
-            &context(1),
-            &[],
-            None,
-        )
-        .await
-        .expect("create");
-    }
     let usage = Usage {
         input_tokens: 7,
         output_tokens: 3,
         cached_tokens: 1,
         reasoning_tokens: 0,
     };
-
-    store
-        .finish_response(
-            "resp_done",
-            &Ending {
-                status: ResponseStatus::Incomplete,
-                usage: Some(usage),
-                handed_back: true,
-                error: None,
-                incomplete_reason: Some("max_tool_calls".into()),
-            },
-            1_700_000_100,
+    let endings = [
+        Ending::Completed { handed_back: true },
+        Ending::Completed { handed_back: false },
+        Ending::Incomplete {
+            reason: IncompleteReason::MaxToolCalls,
+        },
+        Ending::Incomplete {
+            reason: IncompleteReason::ClientDisconnected,
+        },
+        Ending::server_error("The upstream failed."),
+        Ending::Cancelled,
+    ];
+    for (n, ending) in endings.into_iter().enumerate() {
+        let id = format!("resp_{n}");
+        create(
+            &store,
+            &project_id,
+            &deployment_id,
+            &record(&id),
+            &context(1),
+            &[],
+            None,
         )
         .await
-        .expect("finish");
-    store
-        .finish_response(
-            "resp_failed",
-            &Ending {
-                status: ResponseStatus::Failed,
-                usage: None,
-                handed_back: false,
-                error: Some(("server_error".into(), "The upstream failed.".into())),
-                incomplete_reason: None,
-            },
-            1_700_000_200,
-        )
-        .await
-        .expect("finish");
+        .expect("create");
+        let mut ended = record(&id);
+        ended.end(ending.clone(), usage, 1_700_000_100 + n as i64);
+        store
+            .write_steps(&StepWrite {
+                response_id: &id,
+                added: &[],
+                changed: &[],
+                ended: Some(&ended),
+                at: 1_700_000_100,
+                durability: Durability::Flush,
+            })
+            .await
+            .expect("finish");
 
-    let done = store
-        .load_response(&project_id, "resp_done")
-        .await
-        .expect("load")
-        .expect("exists");
-    assert_eq!(done.record.status, ResponseStatus::Incomplete);
-    assert_eq!(done.record.usage, Some(usage));
-    assert_eq!(done.record.completed_at, Some(1_700_000_100));
-    assert_eq!(
-        done.record.incomplete_reason.as_deref(),
-        Some("max_tool_calls")
-    );
-    assert_eq!(done.record.error, None);
-    assert!(done.handed_back);
-    assert_eq!(done.record.params, params(), "params are untouched");
-    let failed = store
-        .load_response(&project_id, "resp_failed")
-        .await
-        .expect("load")
-        .expect("exists");
-    assert_eq!(failed.record.status, ResponseStatus::Failed);
-    assert_eq!(
-        failed.record.error,
-        Some(("server_error".into(), "The upstream failed.".into()))
-    );
-    assert_eq!(failed.record.usage, None);
-    assert!(!failed.handed_back);
+        let done = store
+            .load_response(&project_id, &id)
+            .await
+            .expect("load")
+            .expect("exists");
+        assert_eq!(done.record.ending(), Some(&ending));
+        assert_eq!(done.record, ended, "{ending:?}");
+        assert_eq!(done.record.params, params(), "params are untouched");
+    }
 }
 
 async fn deleting_a_response_removes_its_items_and_steps(store: Store) {
@@ -1346,24 +1351,31 @@ async fn deleting_a_response_removes_its_items_and_steps(store: Store) {
         .expect("load")
         .is_none());
     assert!(store
-        .load_context("resp_gone")
+        .load_context(&project_id, "resp_gone")
         .await
         .expect("context")
         .is_empty());
     assert!(store
-        .load_steps("resp_gone")
+        .load_steps(&project_id, "resp_gone")
         .await
         .expect("steps")
         .is_empty());
     assert_eq!(
         store
-            .load_context("resp_kept")
+            .load_context(&project_id, "resp_kept")
             .await
             .expect("context")
             .len(),
         2
     );
-    assert_eq!(store.load_steps("resp_kept").await.expect("steps").len(), 1);
+    assert_eq!(
+        store
+            .load_steps(&project_id, "resp_kept")
+            .await
+            .expect("steps")
+            .len(),
+        1
+    );
 }
 
 async fn an_idempotency_key_finds_its_response_and_cannot_be_used_twice_in_a_project(store: Store) {
@@ -1436,7 +1448,7 @@ async fn an_idempotency_key_finds_its_response_and_cannot_be_used_twice_in_a_pro
         "the failed create left nothing behind"
     );
     assert!(store
-        .load_context("resp_second")
+        .load_context(&project_id, "resp_second")
         .await
         .expect("context")
         .is_empty());
@@ -1472,13 +1484,13 @@ async fn concurrent_writes_of_steps_and_responses_all_succeed(store: Store) {
     // while other responses are created beside them.
     let mut tasks = Vec::new();
     for step in batch.clone() {
-        let store = store.clone();
+        let (store, project_id) = (store.clone(), project_id.clone());
         tasks.push(tokio::spawn(async move {
             let running = with_state(&step, StepState::Running);
             write_steps(&store, "resp_busy", &[], &[&running], Durability::Flush).await?;
             let done = finished(&step, "{\"ok\":true}");
             write_steps(&store, "resp_busy", &[], &[&done], Durability::Relaxed).await?;
-            store.load_steps("resp_busy").await.map(drop)
+            store.load_steps(&project_id, "resp_busy").await.map(drop)
         }));
     }
     for n in 0..8 {
@@ -1504,7 +1516,10 @@ async fn concurrent_writes_of_steps_and_responses_all_succeed(store: Store) {
             .expect("a concurrent write failed");
     }
 
-    let steps = store.load_steps("resp_busy").await.expect("load");
+    let steps = store
+        .load_steps(&project_id, "resp_busy")
+        .await
+        .expect("load");
     assert!(
         steps.iter().all(|s| s.state == StepState::Succeeded),
         "{steps:?}"
@@ -1512,7 +1527,7 @@ async fn concurrent_writes_of_steps_and_responses_all_succeed(store: Store) {
     for n in 0..8 {
         assert_eq!(
             store
-                .load_context(&format!("resp_beside_{n}"))
+                .load_context(&project_id, &format!("resp_beside_{n}"))
                 .await
                 .expect("context")
                 .len(),
@@ -1636,7 +1651,11 @@ async fn a_relaxed_write_leaves_the_connections_commit_setting_as_it_was() {
         "the relaxed commit was local to its own write"
     );
     assert_eq!(
-        single.load_steps("resp_relaxed").await.expect("load").len(),
+        single
+            .load_steps(&project_id, "resp_relaxed")
+            .await
+            .expect("load")
+            .len(),
         1
     );
 }

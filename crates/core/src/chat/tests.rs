@@ -355,6 +355,7 @@ fn steps_of_a_running_response_pair_with_their_calls_in_the_next_request() {
         message: Some(AssistantMessage {
             item_id: "msg_1".into(),
             text: "On it.".into(),
+            deltas: Vec::new(),
         }),
         tool_calls: vec![
             call("fc_1", "call_1", "search", "{\"q\":1}"),
@@ -375,6 +376,7 @@ fn steps_of_a_running_response_pair_with_their_calls_in_the_next_request() {
             call,
             batch: Some(0),
             outcome: Some(outcome),
+            ended_rank: None,
         }),
     };
     let steps = vec![
@@ -579,7 +581,8 @@ fn a_text_answer_becomes_a_message() {
         ModelOutput {
             message: Some(AssistantMessage {
                 item_id: "msg_1".into(),
-                text: "Hello!".into()
+                text: "Hello!".into(),
+                deltas: Vec::new(),
             }),
             tool_calls: Vec::new(),
             usage: Some(Usage {
@@ -723,7 +726,8 @@ fn finish_reason_stop_with_tool_calls_still_returns_the_calls() {
         output.message,
         Some(AssistantMessage {
             item_id: "msg_2".into(),
-            text: "Let me look.".into()
+            text: "Let me look.".into(),
+            deltas: Vec::new(),
         })
     );
     assert_eq!(output.finish, Finish::Stop);

@@ -34,6 +34,7 @@ fn answered(seq: u32, text: Option<&str>, tool_calls: Vec<ToolCall>, finish: Fin
         message: text.map(|t| AssistantMessage {
             item_id: format!("msg_{seq}"),
             text: t.into(),
+            deltas: Vec::new(),
         }),
         tool_calls,
         usage: None,
@@ -105,6 +106,7 @@ fn tool(
             call: call(call_id, "search"),
             batch,
             outcome,
+            ended_rank: None,
         }),
     }
 }
@@ -840,10 +842,13 @@ fn incomplete_reasons_round_trip_through_their_wire_names() {
         (IncompleteReason::MaxModelCalls, "max_model_calls"),
         (IncompleteReason::ToolFailures, "max_failing_tool_batches"),
         (IncompleteReason::Deadline, "deadline"),
+        (IncompleteReason::ClientDisconnected, "client_disconnected"),
     ];
+    assert_eq!(reasons.len(), IncompleteReason::ALL.len());
     for (reason, name) in reasons {
         assert_eq!(reason.as_str(), name);
         assert_eq!(IncompleteReason::parse(name), Some(reason));
+        assert_eq!(serde_json::to_value(reason).unwrap(), name);
     }
     assert_eq!(IncompleteReason::parse("bogus"), None);
 }

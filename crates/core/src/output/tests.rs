@@ -3,7 +3,9 @@
 use std::collections::BTreeMap;
 
 use super::*;
-use crate::request::FunctionTool;
+use crate::decide::IncompleteReason;
+use crate::request::{FunctionTool, ResponseParams};
+use crate::response::{ResponseRecord, ResponseState, ResponseStatus};
 use crate::steps::{
     AssistantMessage, Finish, ModelOutput, ModelStep, StepState, ToolCall, ToolStep,
     UpstreamFailure,
@@ -26,6 +28,7 @@ fn model(seq: u32, text: Option<&str>, calls: &[(&str, &str)]) -> Step {
         message: text.map(|t| AssistantMessage {
             item_id: format!("msg_{seq}"),
             text: t.into(),
+            deltas: Vec::new(),
         }),
         tool_calls: calls.iter().map(|(id, name)| call(id, name)).collect(),
         usage: None,
@@ -59,6 +62,7 @@ fn tool(seq: u32, batch: Option<u32>, call_id: &str, outcome: Option<ToolOutcome
             call: call(call_id, "search"),
             batch,
             outcome,
+            ended_rank: None,
         }),
     }
 }
@@ -280,6 +284,7 @@ fn a_model_call_that_broke_off_after_streaming_text_renders_that_text_as_an_inco
                 partial: Some(AssistantMessage {
                     item_id: "msg_partial".into(),
                     text: "The answer is".into(),
+                    deltas: Vec::new(),
                 }),
             }),
         }),
@@ -350,15 +355,15 @@ fn record() -> ResponseRecord {
     ResponseRecord {
         id: "resp_1".into(),
         created_at: 1_741_476_777,
-        completed_at: Some(1_741_476_778),
-        status: ResponseStatus::Completed,
+        state: ResponseState::Ended {
+            ending: Ending::Completed { handed_back: false },
+            completed_at: 1_741_476_778,
+        },
         model: "m".into(),
         params: params(),
         previous_response_id: None,
         store: true,
         background: false,
-        error: None,
-        incomplete_reason: None,
         usage: Some(Usage {
             input_tokens: 5,
             output_tokens: 3,
@@ -396,8 +401,7 @@ fn every_request_parameter_is_echoed() {
     let mut r = record();
     r.previous_response_id = Some("resp_0".into());
     r.background = true;
-    r.completed_at = None;
-    r.status = ResponseStatus::InProgress;
+    r.state = ResponseState::InProgress;
     r.usage = None;
     r.params = ResponseParams {
         instructions: Some("Be terse.".into()),
@@ -531,8 +535,10 @@ fn every_key_required_by_openai_and_open_responses_is_present() {
 #[test]
 fn a_failed_response_carries_its_error_and_no_incomplete_details() {
     let mut r = record();
-    r.status = ResponseStatus::Failed;
-    r.error = Some(("server_error".into(), "The upstream model failed.".into()));
+    r.state = ResponseState::Ended {
+        ending: Ending::server_error("The upstream model failed."),
+        completed_at: 1_741_476_778,
+    };
     let object = response_object(&r, &[]);
     assert_eq!(object["status"], "failed");
     assert_eq!(
@@ -545,12 +551,12 @@ fn a_failed_response_carries_its_error_and_no_incomplete_details() {
 #[test]
 fn an_incomplete_response_names_its_reason() {
     let mut r = record();
-    r.status = ResponseStatus::Incomplete;
-    r.incomplete_reason = Some(
-        crate::decide::IncompleteReason::MaxToolCalls
-            .as_str()
-            .into(),
-    );
+    r.state = ResponseState::Ended {
+        ending: Ending::Incomplete {
+            reason: IncompleteReason::MaxToolCalls,
+        },
+        completed_at: 1_741_476_778,
+    };
     let object = response_object(&r, &[]);
     assert_eq!(object["status"], "incomplete");
     assert_eq!(
@@ -629,6 +635,7 @@ fn statuses_round_trip_through_their_wire_names() {
         (ResponseStatus::Failed, "failed", true),
         (ResponseStatus::Cancelled, "cancelled", true),
     ];
+    assert_eq!(statuses.len(), ResponseStatus::ALL.len());
     for (status, name, terminal) in statuses {
         assert_eq!(status.as_str(), name);
         assert_eq!(ResponseStatus::parse(name), Some(status));

@@ -2,9 +2,11 @@
 
 use axum::http::{HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
+use gateway_core::context::PairingError;
 use gateway_core::request::InvalidRequest;
 use serde_json::json;
 
+use crate::engine::EngineError;
 use crate::store::StoreError;
 
 /// An error answer: status, OpenAI error fields, and whether SDKs may retry it.
@@ -120,7 +122,7 @@ impl From<StoreError> for ApiError {
         match e {
             StoreError::NotFound => ApiError::not_found("Not found."),
             StoreError::Conflict(what) => ApiError::conflict(what),
-            StoreError::Database(sqlx::Error::PoolTimedOut) => {
+            StoreError::Busy => {
                 tracing::warn!("no store connection became free in time");
                 ApiError::overloaded("The gateway's store is busy; retry shortly.")
             }
@@ -131,6 +133,64 @@ impl From<StoreError> for ApiError {
                     ..ApiError::server("The gateway's store failed; please try again.")
                 }
             }
+        }
+    }
+}
+
+impl From<EngineError> for ApiError {
+    fn from(e: EngineError) -> ApiError {
+        match e {
+            EngineError::Overloaded => ApiError::overloaded(
+                "The gateway is running as many responses as it may at once; retry shortly.",
+            ),
+            EngineError::ModelNotFound { model } => ApiError {
+                status: StatusCode::NOT_FOUND,
+                ..ApiError::invalid(
+                    format!("The model '{model}' does not exist or you do not have access to it."),
+                    Some("model"),
+                    Some("model_not_found"),
+                )
+            },
+            EngineError::ToolNameConflict { name, index } => ApiError::invalid(
+                format!("Tool '{name}' clashes with a server tool of the same name that this key may use; rename the client tool."),
+                Some(&format!("tools[{index}].name")),
+                Some("tool_name_conflict"),
+            ),
+            EngineError::Pairing { error, param } => {
+                let code = match &error {
+                    PairingError::OrphanOutput { .. } => "function_call_output_without_call",
+                    PairingError::UnansweredCall { .. } => "function_call_output_missing",
+                };
+                ApiError::invalid(error.to_string(), Some(&param), Some(code))
+            }
+            EngineError::PreviousNotFound { id } => ApiError::invalid(
+                format!("Previous response with id '{id}' not found."),
+                Some("previous_response_id"),
+                Some("previous_response_not_found"),
+            ),
+            EngineError::PreviousInProgress { id, status } => ApiError::invalid(
+                format!(
+                    "Previous response with id '{id}' is still {}; wait until it ends.",
+                    status.as_str()
+                ),
+                Some("previous_response_id"),
+                Some("previous_response_in_progress"),
+            ),
+            EngineError::IdempotencyInProgress => ApiError::idempotency_in_progress(),
+            // Nothing was stored and no tool ran: the SDK may send it again.
+            EngineError::NothingStored(StoreError::Busy) => ApiError::overloaded(
+                "The gateway's store is busy; nothing was stored, retry shortly.",
+            ),
+            EngineError::NothingStored(_) => ApiError {
+                retryable: true,
+                ..ApiError::server("The gateway's store failed; nothing was stored, please try again.")
+            },
+            // Server tools may have run: the SDK must not repeat the request.
+            EngineError::Unfinished { response_id, .. } => ApiError::server(format!(
+                "The gateway's store failed while running response '{response_id}'; it was left unfinished."
+            )),
+            EngineError::Store(e) => e.into(),
+            EngineError::TaskFailed => ApiError::server("The response's task failed."),
         }
     }
 }
@@ -157,7 +217,7 @@ mod tests {
 
     #[test]
     fn a_store_without_a_free_connection_is_a_retryable_503_with_retry_after() {
-        let error = ApiError::from(StoreError::Database(sqlx::Error::PoolTimedOut));
+        let error = ApiError::from(StoreError::Busy);
         assert_eq!(error.status, StatusCode::SERVICE_UNAVAILABLE);
         assert_eq!(error.code.as_deref(), Some("server_overloaded"));
         let response = error.into_response();
@@ -167,7 +227,7 @@ mod tests {
 
     #[test]
     fn other_store_faults_are_a_retryable_500_without_retry_after() {
-        let error = ApiError::from(StoreError::Database(sqlx::Error::PoolClosed));
+        let error = ApiError::from(StoreError::Corrupt("bad row".into()));
         assert_eq!(error.status, StatusCode::INTERNAL_SERVER_ERROR);
         let response = error.into_response();
         assert!(response.headers().get("retry-after").is_none());

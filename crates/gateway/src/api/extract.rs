@@ -86,7 +86,7 @@ impl FromRequestParts<AppState> for ProjectKey {
                 None,
             ));
         };
-        match state.engine.resolver.project_for_key(key).await? {
+        match state.project_for_key(key).await? {
             Some(project) => Ok(ProjectKey(project)),
             None => Err(ApiError::unauthorized(
                 "Incorrect API key provided.",

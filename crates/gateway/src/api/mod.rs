@@ -4,6 +4,7 @@ pub mod admin;
 pub mod error;
 pub mod extract;
 pub mod responses;
+pub mod stream;
 
 use std::sync::Arc;
 
@@ -21,6 +22,21 @@ pub struct AppState {
     pub store: Store,
     pub engine: Engine,
     pub admin_token: Option<Arc<SecretString>>,
+}
+
+impl AppState {
+    /// The project of a live API key.
+    pub async fn project_for_key(
+        &self,
+        key: &str,
+    ) -> Result<Option<String>, crate::store::StoreError> {
+        self.engine.project_for_key(key).await
+    }
+
+    /// Forgets cached key and model resolutions, so that an admin write holds from the next request on.
+    pub fn forget_cached_tenancy(&self) {
+        self.engine.forget_cached_tenancy();
+    }
 }
 
 /// The whole router.
@@ -62,7 +78,7 @@ async fn forget_cached_tenancy(
     let writes = request.method() != axum::http::Method::GET;
     let response = next.run(request).await;
     if writes && response.status().is_success() {
-        state.engine.resolver.invalidate();
+        state.forget_cached_tenancy();
     }
     response
 }

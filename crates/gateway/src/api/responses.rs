@@ -1,24 +1,20 @@
 //! Handlers of `/v1/responses`: create, read, delete, and list input items.
 
-use std::convert::Infallible;
-
-use axum::body::{Body, Bytes};
 use axum::extract::{Path, Query, State};
-use axum::http::{header, HeaderMap};
+use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use gateway_core::output::{render_output, response_object, ResponseRecord};
+use gateway_core::output::{render_output, response_object};
 use gateway_core::request::{validate, CreateResponseBody};
+use gateway_core::response::{Ending, ResponseRecord};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
 use super::error::ApiError;
 use super::extract::{ApiJson, ProjectKey};
+use super::stream::event_stream;
 use super::AppState;
-use crate::engine::{Engine, Run};
 use crate::store::responses::{Order, StoredResponse};
-use crate::stream::{StreamSink, STREAM_BUFFER};
-use tokio::sync::mpsc;
 
 /// `POST /v1/responses`: a JSON answer, or with `stream: true` the Responses event stream.
 ///
@@ -70,7 +66,7 @@ pub async fn create_response(
 /// The answer to a finished create: the response, or, when it failed upstream, a 500 naming it that SDKs
 /// must not retry (server tools may already have run).
 fn answer(record: &ResponseRecord, object: Value) -> Result<Response, ApiError> {
-    if let Some((_, message)) = &record.error {
+    if let Some(Ending::Failed { message, .. }) = record.ending() {
         return Err(ApiError::server(format!(
             "{message} The response '{}' failed.",
             record.id
@@ -82,10 +78,10 @@ fn answer(record: &ResponseRecord, object: Value) -> Result<Response, ApiError> 
 /// Answers a repeated create with what the first one answered.
 async fn replay(state: &AppState, project: &str, id: &str) -> Result<Response, ApiError> {
     let stored = find_response(state, project, id).await?;
-    if !stored.record.status.is_terminal() {
+    if stored.record.ending().is_none() {
         return Err(ApiError::idempotency_in_progress());
     }
-    let object = response_json(state, &stored).await?;
+    let object = response_json(state, project, &stored).await?;
     answer(&stored.record, object)
 }
 
@@ -103,10 +99,15 @@ async fn find_response(
 }
 
 /// A stored response as the API shows it, with its output rendered from its steps.
-async fn response_json(state: &AppState, stored: &StoredResponse) -> Result<Value, ApiError> {
-    let steps = state.store.load_steps(&stored.record.id).await?;
-    let output = render_output(&steps, stored.handed_back);
-    Ok(response_object(&stored.record, &output))
+async fn response_json(
+    state: &AppState,
+    project: &str,
+    stored: &StoredResponse,
+) -> Result<Value, ApiError> {
+    let record = &stored.record;
+    let steps = state.store.load_steps(project, &record.id).await?;
+    let handed_back = record.ending().is_some_and(Ending::handed_back);
+    Ok(response_object(record, &render_output(&steps, handed_back)))
 }
 
 /// The `Idempotency-Key` header, when present: 1 to 255 visible ASCII characters.
@@ -128,28 +129,6 @@ fn idempotency_key(headers: &HeaderMap) -> Result<Option<&str>, ApiError> {
     }
 }
 
-/// Runs `run` on its own task and answers with its events as they come (`text/event-stream`).
-fn event_stream(engine: Engine, run: Run) -> Response {
-    let (tx, rx) = mpsc::channel(STREAM_BUFFER);
-    tokio::spawn(tracing::Instrument::in_current_span(async move {
-        // Errors are told to the client inside the stream and logged by the engine.
-        let _open = crate::metrics::ActiveStream::open();
-        let _ = engine.run(run, Some(StreamSink::new(tx))).await;
-    }));
-    let frames = futures::stream::unfold(rx, |mut rx| async move {
-        let event = rx.recv().await?;
-        Some((Ok::<_, Infallible>(Bytes::from(event.to_sse())), rx))
-    });
-    (
-        [
-            (header::CONTENT_TYPE, "text/event-stream"),
-            (header::CACHE_CONTROL, "no-cache"),
-        ],
-        Body::from_stream(frames),
-    )
-        .into_response()
-}
-
 /// `GET /v1/responses/{id}`.
 pub async fn get_response(
     State(state): State<AppState>,
@@ -157,7 +136,7 @@ pub async fn get_response(
     Path(id): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
     let stored = find_response(&state, &project, &id).await?;
-    Ok(Json(response_json(&state, &stored).await?))
+    Ok(Json(response_json(&state, &project, &stored).await?))
 }
 
 /// `DELETE /v1/responses/{id}`.
@@ -167,12 +146,12 @@ pub async fn delete_response(
     Path(id): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
     let stored = find_response(&state, &project, &id).await?;
-    if !stored.record.status.is_terminal() {
+    if stored.record.ending().is_none() {
         // Its loop is still writing steps; deleting under it would break the loop, not stop it.
         return Err(ApiError::invalid(
             format!(
                 "Response '{id}' is still {}; it can be deleted once it ends.",
-                stored.record.status.as_str()
+                stored.record.status().as_str()
             ),
             None,
             Some("response_in_progress"),
@@ -230,7 +209,7 @@ pub async fn list_input_items(
     find_response(&state, &project, &id).await?;
     let (data, has_more) = state
         .store
-        .input_items_page(&id, query.after.as_deref(), limit, order)
+        .input_items_page(&project, &id, query.after.as_deref(), limit, order)
         .await?
         .ok_or_else(|| {
             ApiError::invalid(

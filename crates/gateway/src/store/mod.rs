@@ -46,8 +46,11 @@ pub enum StoreError {
     Conflict(String),
     #[error("stored data is corrupt: {0}")]
     Corrupt(String),
+    /// No pooled connection became free within `database.acquire_timeout_ms`: the store is busy, not broken.
+    #[error("no store connection became free in time")]
+    Busy,
     #[error("database error: {0}")]
-    Database(#[from] sqlx::Error),
+    Database(#[source] sqlx::Error),
     #[error("migration failed: {0}")]
     Migrate(#[from] sqlx::migrate::MigrateError),
     /// The database URL names neither Postgres nor SQLite. The URL itself is not repeated: it may hold a password.
@@ -68,7 +71,16 @@ impl StoreError {
                 return StoreError::NotFound;
             }
         }
-        StoreError::Database(error)
+        StoreError::from(error)
+    }
+}
+
+impl From<sqlx::Error> for StoreError {
+    fn from(error: sqlx::Error) -> StoreError {
+        match error {
+            sqlx::Error::PoolTimedOut => StoreError::Busy,
+            other => StoreError::Database(other),
+        }
     }
 }
 
@@ -98,7 +110,7 @@ impl Store {
     }
 
     /// Like `connect`; a statement waits at most `acquire_timeout` for a pooled connection, then fails
-    /// (`sqlx::Error::PoolTimedOut`).
+    /// (`StoreError::Busy`).
     pub async fn connect_waiting(
         url: &str,
         max_connections: u32,
@@ -161,5 +173,22 @@ impl Store {
 impl From<Backend> for Store {
     fn from(backend: Backend) -> Store {
         Store { backend }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::StoreError;
+
+    #[test]
+    fn a_pool_that_gave_no_connection_in_time_is_busy_and_other_faults_are_database_errors() {
+        assert!(matches!(
+            StoreError::from(sqlx::Error::PoolTimedOut),
+            StoreError::Busy
+        ));
+        assert!(matches!(
+            StoreError::from(sqlx::Error::PoolClosed),
+            StoreError::Database(_)
+        ));
     }
 }

@@ -1,12 +1,10 @@
 //! Stored responses: the response row, the context items it saw, and its steps.
 
-use gateway_core::output::{ResponseRecord, ResponseStatus};
-use gateway_core::request::ResponseParams;
+use gateway_core::response::{Ending, FailureCode, ResponseRecord, ResponseState, ResponseStatus};
 use gateway_core::steps::{Step, StepBody, StepState, Usage};
-use gateway_core::Item;
+use gateway_core::{IncompleteReason, Item};
 use serde_json::Value;
 
-use super::backend::Fields;
 use super::tenancy::ToolSource;
 use super::{Backend, Store, StoreError};
 
@@ -20,10 +18,8 @@ pub struct NewResponse<'a> {
     /// The whole context, every item with its id.
     pub context: &'a [Item],
     /// The first steps: tool calls carried over from a passed-through batch (pending), or the first model
-    /// call (running).
+    /// call (running); every step, for a response written when it ended.
     pub steps: &'a [Step],
-    /// Whether the response handed its last batch back (a response written when it ended).
-    pub handed_back: bool,
     /// The client's `Idempotency-Key`, unique per project.
     pub idempotency_key: Option<&'a str>,
 }
@@ -32,18 +28,7 @@ pub struct NewResponse<'a> {
 #[derive(Debug, Clone)]
 pub struct StoredResponse {
     pub record: ResponseRecord,
-    pub handed_back: bool,
     pub deployment_id: Option<String>,
-}
-
-/// How a response ended.
-#[derive(Debug, Clone)]
-pub struct Ending {
-    pub status: ResponseStatus,
-    pub usage: Option<Usage>,
-    pub handed_back: bool,
-    pub error: Option<(String, String)>,
-    pub incomplete_reason: Option<String>,
 }
 
 /// Listing order of `input_items`.
@@ -83,10 +68,49 @@ pub struct StepWrite<'a> {
     pub added: &'a [Step],
     /// Stored steps whose state or body changed.
     pub changed: &'a [&'a Step],
-    pub ending: Option<&'a Ending>,
-    /// `updated_at` of everything written, `created_at` of added steps and `completed_at` of an ending.
+    /// The response, when this boundary is its end: its ending, usage and completion time are recorded.
+    pub ended: Option<&'a ResponseRecord>,
+    /// `updated_at` of everything written and `created_at` of added steps.
     pub at: i64,
     pub durability: Durability,
+}
+
+/// How a response ended, as the columns of its row hold it.
+#[derive(Debug, Clone, Copy, Default)]
+struct EndingColumns<'a> {
+    status: Option<&'static str>,
+    handed_back: bool,
+    error_code: Option<&'static str>,
+    error_message: Option<&'a str>,
+    incomplete_reason: Option<&'static str>,
+    completed_at: Option<i64>,
+}
+
+impl<'a> EndingColumns<'a> {
+    fn of(record: &'a ResponseRecord) -> EndingColumns<'a> {
+        let ResponseState::Ended {
+            ending,
+            completed_at,
+        } = &record.state
+        else {
+            return EndingColumns::default();
+        };
+        let (error_code, error_message) = match ending {
+            Ending::Failed { code, message } => (Some(code.as_str()), Some(message.as_str())),
+            _ => (None, None),
+        };
+        EndingColumns {
+            status: Some(ending.status().as_str()),
+            handed_back: ending.handed_back(),
+            error_code,
+            error_message,
+            incomplete_reason: match ending {
+                Ending::Incomplete { reason } => Some(reason.as_str()),
+                _ => None,
+            },
+            completed_at: Some(*completed_at),
+        }
+    }
 }
 
 /// Inserts `StepRow`s inside `$tx`, a SQLite transaction.
@@ -131,12 +155,13 @@ macro_rules! bind_response_row {
     ($query:expr, $new:expr, $params:expr, $tools:expr, $usage:expr) => {{
         let new = $new;
         let record = new.record;
+        let ended = EndingColumns::of(record);
         $query
             .bind(&record.id)
             .bind(new.project_id)
             .bind(new.deployment_id)
             .bind(&record.model)
-            .bind(record.status.as_str())
+            .bind(record.status().as_str())
             .bind($params)
             .bind($tools)
             .bind(&record.previous_response_id)
@@ -145,11 +170,11 @@ macro_rules! bind_response_row {
             .bind(record.created_at)
             .bind(new.idempotency_key)
             .bind($usage)
-            .bind(new.handed_back)
-            .bind(record.error.as_ref().map(|e| &e.0))
-            .bind(record.error.as_ref().map(|e| &e.1))
-            .bind(&record.incomplete_reason)
-            .bind(record.completed_at)
+            .bind(ended.handed_back)
+            .bind(ended.error_code)
+            .bind(ended.error_message)
+            .bind(ended.incomplete_reason)
+            .bind(ended.completed_at)
     }};
 }
 
@@ -188,7 +213,7 @@ WITH changed AS (
         AS s(seq, kind, state, body, call_id, tool_name)
 ), ended AS (
     UPDATE responses SET status = $12, usage = $13, handed_back = $14, error_code = $15, error_message = $16,
-        incomplete_reason = $17, completed_at = $2, updated_at = $2
+        incomplete_reason = $17, completed_at = $19, updated_at = $2
     WHERE id = $1 AND $12::text IS NOT NULL
 )
 SELECT set_config('synchronous_commit', COALESCE($18, current_setting('synchronous_commit')), true)";
@@ -272,7 +297,9 @@ impl Store {
                         &record.id,
                         &steps,
                         record.created_at,
-                        record.completed_at.unwrap_or(record.created_at)
+                        EndingColumns::of(record)
+                            .completed_at
+                            .unwrap_or(record.created_at)
                     );
                     tx.commit().await
                 }
@@ -290,18 +317,18 @@ impl Store {
         id: &str,
     ) -> Result<Option<StoredResponse>, StoreError> {
         let _timer = crate::metrics::StoreTimer::start("load_response");
-        with_pool!(self, |pool| {
-            let row = sqlx::query(
-                "SELECT id, deployment_id, model, status, params, previous_response_id, store, background, handed_back,
-                        error_code, error_message, incomplete_reason, usage, created_at, completed_at
-                 FROM responses WHERE id = $1 AND project_id = $2 AND deleted_at IS NULL",
-            )
-            .bind(id)
-            .bind(project_id)
-            .fetch_optional(pool)
-            .await?;
-            row.map(|r| stored_response(&r)).transpose()
-        })
+        let row: Option<ResponseRow> = with_pool!(self, |pool| {
+            sqlx::query_as(
+            "SELECT id, deployment_id, model, status, params, previous_response_id, store, background, handed_back,
+                    error_code, error_message, incomplete_reason, usage, created_at, completed_at
+             FROM responses WHERE id = $1 AND project_id = $2 AND deleted_at IS NULL",
+        )
+        .bind(id)
+        .bind(project_id)
+        .fetch_optional(pool)
+        .await
+        })?;
+        row.map(StoredResponse::try_from).transpose()
     }
 
     /// The id of the response that `project_id` created with this `Idempotency-Key`, if any.
@@ -334,13 +361,19 @@ impl Store {
         Ok(deleted > 0)
     }
 
-    /// Every context item of a response, in order.
-    pub async fn load_context(&self, response_id: &str) -> Result<Vec<Item>, StoreError> {
+    /// Every context item of a response of `project_id`, in order (none for another project's response).
+    pub async fn load_context(
+        &self,
+        project_id: &str,
+        response_id: &str,
+    ) -> Result<Vec<Item>, StoreError> {
         let _timer = crate::metrics::StoreTimer::start("load_context");
         let items: Vec<Value> = with_pool!(self, |pool| sqlx::query_scalar(
-            "SELECT item FROM response_input_items WHERE response_id = $1 ORDER BY position",
+            "SELECT i.item FROM response_input_items i JOIN responses r ON r.id = i.response_id
+             WHERE i.response_id = $1 AND r.project_id = $2 ORDER BY i.position",
         )
         .bind(response_id)
+        .bind(project_id)
         .fetch_all(pool)
         .await?);
         items
@@ -351,10 +384,11 @@ impl Store {
             .collect()
     }
 
-    /// One page of context items: `limit` items after the item `after` (in the listing's order),
-    /// and whether more follow. `Ok(None)` when `after` names no item of this response.
+    /// One page of the context items of a response of `project_id`: `limit` items after the item `after` (in
+    /// the listing's order), and whether more follow. `Ok(None)` when `after` names no item of this response.
     pub async fn input_items_page(
         &self,
+        project_id: &str,
         response_id: &str,
         after: Option<&str>,
         limit: i64,
@@ -366,10 +400,12 @@ impl Store {
             Some(item_id) => {
                 let position: Option<i32> = with_pool!(self, |pool| {
                     sqlx::query_scalar(
-                    "SELECT position FROM response_input_items WHERE response_id = $1 AND item_id = $2",
+                    "SELECT i.position FROM response_input_items i JOIN responses r ON r.id = i.response_id
+                     WHERE i.response_id = $1 AND i.item_id = $2 AND r.project_id = $3",
                 )
                 .bind(response_id)
                 .bind(item_id)
+                .bind(project_id)
                 .fetch_optional(pool)
                 .await?
                 });
@@ -380,15 +416,18 @@ impl Store {
             }
         };
         let query = match order {
-            Order::Asc => "SELECT item FROM response_input_items WHERE response_id = $1 AND position > COALESCE($2, -1)
-                 ORDER BY position ASC LIMIT $3",
-            Order::Desc => "SELECT item FROM response_input_items WHERE response_id = $1 AND position < COALESCE($2, 2147483647)
-                 ORDER BY position DESC LIMIT $3",
+            Order::Asc => "SELECT i.item FROM response_input_items i JOIN responses r ON r.id = i.response_id
+                 WHERE i.response_id = $1 AND r.project_id = $4 AND i.position > COALESCE($2, -1)
+                 ORDER BY i.position ASC LIMIT $3",
+            Order::Desc => "SELECT i.item FROM response_input_items i JOIN responses r ON r.id = i.response_id
+                 WHERE i.response_id = $1 AND r.project_id = $4 AND i.position < COALESCE($2, 2147483647)
+                 ORDER BY i.position DESC LIMIT $3",
         };
         let mut items: Vec<Value> = with_pool!(self, |pool| sqlx::query_scalar(query)
             .bind(response_id)
             .bind(start)
             .bind(limit + 1)
+            .bind(project_id)
             .fetch_all(pool)
             .await?);
         let has_more = items.len() as i64 > limit;
@@ -396,23 +435,29 @@ impl Store {
         Ok(Some((items, has_more)))
     }
 
-    /// Every step of a response, in order.
-    pub async fn load_steps(&self, response_id: &str) -> Result<Vec<Step>, StoreError> {
+    /// Every step of a response of `project_id`, in order (none for another project's response).
+    pub async fn load_steps(
+        &self,
+        project_id: &str,
+        response_id: &str,
+    ) -> Result<Vec<Step>, StoreError> {
         let _timer = crate::metrics::StoreTimer::start("load_steps");
-        with_pool!(self, |pool| {
-            let rows = sqlx::query(
-                "SELECT seq, state, body FROM steps WHERE response_id = $1 ORDER BY seq",
-            )
-            .bind(response_id)
-            .fetch_all(pool)
-            .await?;
-            rows.iter().map(step).collect()
-        })
+        let rows: Vec<StepReadRow> = with_pool!(self, |pool| {
+            sqlx::query_as(
+            "SELECT s.seq, s.state, s.body FROM steps s JOIN responses r ON r.id = s.response_id
+             WHERE s.response_id = $1 AND r.project_id = $2 ORDER BY s.seq",
+        )
+        .bind(response_id)
+        .bind(project_id)
+        .fetch_all(pool)
+        .await
+        })?;
+        rows.into_iter().map(Step::try_from).collect()
     }
 
     /// Writes one step boundary: new steps, changed steps and the response's ending, all or nothing.
     pub async fn write_steps(&self, write: &StepWrite<'_>) -> Result<(), StoreError> {
-        let _timer = crate::metrics::StoreTimer::start(if write.ending.is_some() {
+        let _timer = crate::metrics::StoreTimer::start(if write.ended.is_some() {
             "finish_response"
         } else {
             "write_steps"
@@ -426,9 +471,10 @@ impl Store {
                 serde_json::to_value(&step.body).map_err(|e| StoreError::Corrupt(e.to_string()))?,
             ));
         }
-        let ending = write.ending;
-        let usage = ending
-            .and_then(|e| e.usage)
+        let ended = write.ended.map(EndingColumns::of).unwrap_or_default();
+        let usage = write
+            .ended
+            .and_then(|r| r.usage)
             .map(|u| serde_json::to_value(u).unwrap_or(Value::Null));
         let id = write.response_id;
         let written = |e| StoreError::from_write(e, "step already recorded");
@@ -446,13 +492,14 @@ impl Store {
                     .bind(&changed_body);
                 columns
                     .bind(query)
-                    .bind(ending.map(|e| e.status.as_str()))
+                    .bind(ended.status)
                     .bind(&usage)
-                    .bind(ending.is_some_and(|e| e.handed_back))
-                    .bind(ending.and_then(|e| e.error.as_ref().map(|e| &e.0)))
-                    .bind(ending.and_then(|e| e.error.as_ref().map(|e| &e.1)))
-                    .bind(ending.and_then(|e| e.incomplete_reason.as_ref()))
+                    .bind(ended.handed_back)
+                    .bind(ended.error_code)
+                    .bind(ended.error_message)
+                    .bind(ended.incomplete_reason)
                     .bind(write.durability.synchronous_commit())
+                    .bind(ended.completed_at)
                     .execute(pool)
                     .await
                     .map_err(written)?;
@@ -475,19 +522,20 @@ impl Store {
                     .await?;
                 }
                 insert_step_rows!(tx, id, &added, write.at, write.at);
-                if let Some(ending) = ending {
+                if let Some(status) = ended.status {
                     sqlx::query(
                         "UPDATE responses SET status = $2, usage = $3, handed_back = $4, error_code = $5,
-                            error_message = $6, incomplete_reason = $7, completed_at = $8, updated_at = $8
+                            error_message = $6, incomplete_reason = $7, completed_at = $8, updated_at = $9
                          WHERE id = $1",
                     )
                     .bind(id)
-                    .bind(ending.status.as_str())
+                    .bind(status)
                     .bind(&usage)
-                    .bind(ending.handed_back)
-                    .bind(ending.error.as_ref().map(|e| &e.0))
-                    .bind(ending.error.as_ref().map(|e| &e.1))
-                    .bind(&ending.incomplete_reason)
+                    .bind(ended.handed_back)
+                    .bind(ended.error_code)
+                    .bind(ended.error_message)
+                    .bind(ended.incomplete_reason)
+                    .bind(ended.completed_at)
                     .bind(write.at)
                     .execute(&mut *tx)
                     .await?;
@@ -499,24 +547,6 @@ impl Store {
             }
         }
         Ok(())
-    }
-
-    /// Records how a response ended, and nothing else (durably).
-    pub async fn finish_response(
-        &self,
-        response_id: &str,
-        ending: &Ending,
-        completed_at: i64,
-    ) -> Result<(), StoreError> {
-        self.write_steps(&StepWrite {
-            response_id,
-            added: &[],
-            changed: &[],
-            ending: Some(ending),
-            at: completed_at,
-            durability: Durability::Flush,
-        })
-        .await
     }
 }
 
@@ -601,50 +631,104 @@ fn step_rows(steps: &[Step]) -> Result<Vec<StepRow<'_>>, StoreError> {
         .collect()
 }
 
-fn step(row: &impl Fields) -> Result<Step, StoreError> {
-    let state: String = row.field("state")?;
-    Ok(Step {
-        seq: row.field::<i32>("seq")? as u32,
-        state: StepState::parse(&state)
-            .ok_or_else(|| StoreError::Corrupt(format!("step state '{state}'")))?,
-        body: serde_json::from_value(row.field::<Value>("body")?)
-            .map_err(|e| StoreError::Corrupt(e.to_string()))?,
-    })
+/// A step as read back.
+#[derive(sqlx::FromRow)]
+struct StepReadRow {
+    seq: i32,
+    state: String,
+    body: Value,
 }
 
-fn stored_response(row: &impl Fields) -> Result<StoredResponse, StoreError> {
-    let status: String = row.field("status")?;
-    let params: ResponseParams = serde_json::from_value(row.field::<Value>("params")?)
-        .map_err(|e| StoreError::Corrupt(e.to_string()))?;
-    let usage: Option<Usage> = row
-        .field::<Option<Value>>("usage")?
-        .map(serde_json::from_value)
-        .transpose()
-        .map_err(|e| StoreError::Corrupt(e.to_string()))?;
-    let error = match (
-        row.field::<Option<String>>("error_code")?,
-        row.field::<Option<String>>("error_message")?,
-    ) {
-        (Some(code), Some(message)) => Some((code, message)),
-        _ => None,
-    };
-    Ok(StoredResponse {
-        record: ResponseRecord {
-            id: row.field("id")?,
-            created_at: row.field("created_at")?,
-            completed_at: row.field("completed_at")?,
-            status: ResponseStatus::parse(&status)
-                .ok_or_else(|| StoreError::Corrupt(format!("status '{status}'")))?,
-            model: row.field("model")?,
-            params,
-            previous_response_id: row.field("previous_response_id")?,
-            store: row.field("store")?,
-            background: row.field("background")?,
-            error,
-            incomplete_reason: row.field("incomplete_reason")?,
-            usage,
-        },
-        handed_back: row.field("handed_back")?,
-        deployment_id: row.field("deployment_id")?,
-    })
+impl TryFrom<StepReadRow> for Step {
+    type Error = StoreError;
+
+    fn try_from(row: StepReadRow) -> Result<Step, StoreError> {
+        Ok(Step {
+            seq: row.seq as u32,
+            state: StepState::parse(&row.state)
+                .ok_or_else(|| StoreError::Corrupt(format!("step state '{}'", row.state)))?,
+            body: serde_json::from_value(row.body)
+                .map_err(|e| StoreError::Corrupt(e.to_string()))?,
+        })
+    }
+}
+
+/// A response row as read back.
+#[derive(sqlx::FromRow)]
+struct ResponseRow {
+    id: String,
+    deployment_id: Option<String>,
+    model: String,
+    status: String,
+    params: Value,
+    previous_response_id: Option<String>,
+    store: bool,
+    background: bool,
+    handed_back: bool,
+    error_code: Option<String>,
+    error_message: Option<String>,
+    incomplete_reason: Option<String>,
+    usage: Option<Value>,
+    created_at: i64,
+    completed_at: Option<i64>,
+}
+
+impl TryFrom<ResponseRow> for StoredResponse {
+    type Error = StoreError;
+
+    fn try_from(row: ResponseRow) -> Result<StoredResponse, StoreError> {
+        let corrupt = |what: String| StoreError::Corrupt(format!("response '{}': {what}", row.id));
+        let status = ResponseStatus::parse(&row.status)
+            .ok_or_else(|| corrupt(format!("status '{}'", row.status)))?;
+        let ending = match status {
+            ResponseStatus::Queued | ResponseStatus::InProgress => None,
+            ResponseStatus::Completed => Some(Ending::Completed {
+                handed_back: row.handed_back,
+            }),
+            ResponseStatus::Cancelled => Some(Ending::Cancelled),
+            ResponseStatus::Incomplete => {
+                let reason = row.incomplete_reason.as_deref().unwrap_or_default();
+                Some(Ending::Incomplete {
+                    reason: IncompleteReason::parse(reason)
+                        .ok_or_else(|| corrupt(format!("incomplete reason '{reason}'")))?,
+                })
+            }
+            ResponseStatus::Failed => {
+                let code = row.error_code.as_deref().unwrap_or_default();
+                Some(Ending::Failed {
+                    code: FailureCode::parse(code)
+                        .ok_or_else(|| corrupt(format!("error code '{code}'")))?,
+                    message: row.error_message.clone().unwrap_or_default(),
+                })
+            }
+        };
+        let state = match (ending, status) {
+            (Some(ending), _) => ResponseState::Ended {
+                ending,
+                completed_at: row.completed_at.unwrap_or(row.created_at),
+            },
+            (None, ResponseStatus::Queued) => ResponseState::Queued,
+            (None, _) => ResponseState::InProgress,
+        };
+        let params = serde_json::from_value(row.params).map_err(|e| corrupt(e.to_string()))?;
+        let usage: Option<Usage> = row
+            .usage
+            .map(serde_json::from_value)
+            .transpose()
+            .map_err(|e| corrupt(e.to_string()))?;
+        Ok(StoredResponse {
+            record: ResponseRecord {
+                id: row.id,
+                created_at: row.created_at,
+                model: row.model,
+                params,
+                previous_response_id: row.previous_response_id,
+                store: row.store,
+                background: row.background,
+                state,
+                usage,
+            },
+            deployment_id: row.deployment_id,
+        })
+    }
 }

@@ -7,8 +7,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::common::sse::{
-    add_deployment, check_stream, content_type, post_stream, read_http_request, summary, Checked,
-    FrameReader, SSE_HEAD,
+    add_deployment, assert_replay_equals_stream, check_stream, content_type, post_stream,
+    read_http_request, summary, Checked, FrameReader, SSE_HEAD,
 };
 use crate::common::*;
 use gateway_e2e::TestGateway;
@@ -25,8 +25,8 @@ fn clock_tool() -> Value {
     })
 }
 
-/// Streams `body` after queueing `script`; checks the stream, and that `GET` answers exactly the
-/// response of the terminal event.
+/// Streams `body` after queueing `script`; checks the stream, that `GET` answers exactly the response of the
+/// terminal event, and that replaying the stored steps gives the very same events.
 async fn streamed(
     gw: &TestGateway,
     key: &str,
@@ -42,6 +42,7 @@ async fn streamed(
         stored.body, checked.terminal,
         "GET differs from the terminal event"
     );
+    assert_replay_equals_stream(gw, key, &checked).await;
     checked
 }
 
@@ -634,7 +635,7 @@ async fn a_client_that_disconnects_mid_stream_leaves_the_response_incomplete_and
     assert_eq!(output.len(), 1, "{stored:#}");
     assert_eq!(output[0]["type"], "mcp_call");
     assert_eq!(output[0]["status"], "completed");
-    let steps = gw.store.load_steps(&id).await.unwrap();
+    let steps = gw.store.load_steps(&tenant.project_id, &id).await.unwrap();
     assert_eq!(steps.len(), 2, "{steps:#?}");
     assert!(steps.iter().all(|s| s.state.is_ended()), "{steps:#?}");
     assert_eq!(stored_statuses(&gw).await, [(id, "incomplete".to_owned())]);

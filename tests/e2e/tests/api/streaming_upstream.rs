@@ -2,7 +2,10 @@
 //! tool calls, missing ids and indices, object arguments, unreliable `finish_reason`, missing usage, and
 //! streams that break off. Each stream is checked in full (see `common::sse`).
 
-use crate::common::sse::{add_deployment, check_stream, chunk, post_stream, raw_upstream, Checked};
+use crate::common::sse::{
+    add_deployment, assert_replay_equals_stream, check_stream, chunk, post_stream, raw_upstream,
+    Checked,
+};
 use crate::common::*;
 use gateway_e2e::{Tenant, TestGateway};
 use gateway_testkit::{Call, Reply, StreamMode};
@@ -464,6 +467,7 @@ async fn an_upstream_body_that_ends_cleanly_before_any_finish_reason_is_broken_a
         checked.terminal
     );
     assert_eq!(checked.item_kinds(), ["mcp_call:add", "message"]);
+    assert_replay_equals_stream(&gw, &tenant.key, &checked).await;
     assert_eq!(
         tool_bodies(&gw),
         [("add".to_owned(), json!({"a": 2, "b": 5}))]
@@ -488,6 +492,7 @@ async fn an_upstream_body_that_ends_cleanly_mid_text_fails_the_stream_with_the_t
     assert_eq!(checked.items.len(), 1);
     assert_eq!(checked.items[0].done["status"], "incomplete");
     assert_eq!(checked.terminal["output_text"], "Cut mid");
+    assert_replay_equals_stream(&gw, &tenant.key, &checked).await;
 }
 
 #[tokio::test]

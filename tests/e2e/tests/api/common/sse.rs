@@ -609,3 +609,30 @@ pub fn chunk(delta: Value, finish_reason: Option<&str>) -> String {
         "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason}]});
     format!("data: {chunk}\n\n")
 }
+
+/// Asserts that the events a client saw are exactly the core's replay of what the store holds for the
+/// response: the stream is a pure projection of the stored steps, sequence numbers included.
+pub async fn assert_replay_equals_stream(gw: &TestGateway, key: &str, checked: &Checked) {
+    let project = gw
+        .store
+        .project_for_key(key)
+        .await
+        .unwrap()
+        .expect("a live key");
+    let id = checked.id();
+    let stored = gw
+        .store
+        .load_response(&project, &id)
+        .await
+        .unwrap()
+        .expect("the streamed response is stored");
+    let steps = gw.store.load_steps(&project, &id).await.unwrap();
+    let replayed: Vec<Value> = gateway_core::events::replay(&stored.record, &steps)
+        .into_iter()
+        .map(|e| e.data)
+        .collect();
+    assert_eq!(
+        replayed, checked.events,
+        "the replay of the stored steps differs from the stream"
+    );
+}

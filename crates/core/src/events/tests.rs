@@ -1,0 +1,478 @@
+//! The event projection, table-tested: each row is a response's live progress, as the loop reports it, with the
+//! events a client must see. Every row also checks that replaying the stored steps gives the very same events,
+//! and that the items' output indices are their places in the final `output`.
+
+use std::collections::BTreeMap;
+
+use serde_json::json;
+
+use super::*;
+use crate::decide::IncompleteReason;
+use crate::request::ResponseParams;
+use crate::response::ResponseState;
+use crate::steps::{Finish, ModelStep, ToolOutcome, ToolStep, UpstreamFailure};
+
+fn params() -> ResponseParams {
+    ResponseParams {
+        instructions: None,
+        tools: Vec::new(),
+        tool_choice: json!("auto"),
+        parallel_tool_calls: true,
+        max_tool_calls: None,
+        temperature: None,
+        top_p: None,
+        max_output_tokens: None,
+        truncation: "disabled".into(),
+        text: json!({"format": {"type": "text"}}),
+        reasoning: None,
+        metadata: BTreeMap::new(),
+        user: None,
+        safety_identifier: None,
+        prompt_cache_key: None,
+        service_tier: None,
+    }
+}
+
+fn ended(ending: Ending) -> ResponseRecord {
+    ResponseRecord {
+        id: "resp_1".into(),
+        created_at: 1_700_000_000,
+        model: "m".into(),
+        params: params(),
+        previous_response_id: None,
+        store: true,
+        background: false,
+        state: ResponseState::Ended {
+            ending,
+            completed_at: 1_700_000_001,
+        },
+        usage: Some(Default::default()),
+    }
+}
+
+fn call(call_id: &str) -> ToolCall {
+    ToolCall {
+        item_id: format!("fc_{call_id}"),
+        call_id: call_id.into(),
+        name: "search".into(),
+        arguments: format!("{{\"q\":\"{call_id}\"}}"),
+    }
+}
+
+/// A streamed message: `pieces` are the deltas as the client saw them.
+fn streamed(id: &str, pieces: &[&str]) -> AssistantMessage {
+    AssistantMessage {
+        item_id: id.into(),
+        text: pieces.concat(),
+        deltas: pieces.iter().map(|p| p.chars().count() as u32).collect(),
+    }
+}
+
+fn model(seq: u32, message: Option<AssistantMessage>, calls: &[&str]) -> Step {
+    Step {
+        seq,
+        state: StepState::Succeeded,
+        body: StepBody::Model(ModelStep {
+            output: Some(ModelOutput {
+                message,
+                tool_calls: calls.iter().map(|c| call(c)).collect(),
+                usage: None,
+                finish: if calls.is_empty() {
+                    Finish::Stop
+                } else {
+                    Finish::ToolCalls
+                },
+            }),
+            failure: None,
+        }),
+    }
+}
+
+fn tool(seq: u32, batch: u32, call_id: &str, failed: bool, ended_rank: u32) -> Step {
+    let outcome = if failed {
+        ToolOutcome::error("it broke")
+    } else {
+        ToolOutcome::Output {
+            text: format!("out_{call_id}"),
+        }
+    };
+    Step {
+        seq,
+        state: if failed {
+            StepState::Failed
+        } else {
+            StepState::Succeeded
+        },
+        body: StepBody::Tool(ToolStep {
+            item_id: format!("mcp_{call_id}"),
+            call: call(call_id),
+            batch: Some(batch),
+            outcome: Some(outcome),
+            ended_rank: Some(ended_rank),
+        }),
+    }
+}
+
+fn output_of(step: &Step) -> &ModelOutput {
+    step.model().and_then(|m| m.output.as_ref()).unwrap()
+}
+
+/// Feeds the live progress of a run to a fresh projection and collects the events.
+fn live(
+    record: &ResponseRecord,
+    steps: &[Step],
+    feed: &dyn Fn(&mut EventProjection),
+) -> Vec<Event> {
+    let mut projection = EventProjection::new();
+    projection.handle(Progress::Started { record });
+    feed(&mut projection);
+    let ending = record.ending().unwrap();
+    let output = render_output(steps, ending.handed_back());
+    projection.handle(Progress::Ended {
+        record,
+        output: &output,
+    });
+    std::iter::from_fn(|| projection.poll()).collect()
+}
+
+fn kinds(events: &[Event]) -> Vec<&'static str> {
+    events.iter().map(|e| e.kind).collect()
+}
+
+/// Reports a run's live progress, given its steps.
+type Feed = Box<dyn Fn(&mut EventProjection, &[Step])>;
+
+struct Row {
+    name: &'static str,
+    record: ResponseRecord,
+    steps: Vec<Step>,
+    feed: Feed,
+    expected: Vec<&'static str>,
+}
+
+const START: [&str; 2] = ["response.created", "response.in_progress"];
+
+fn message_events(deltas: usize) -> Vec<&'static str> {
+    let mut kinds = vec!["response.output_item.added", "response.content_part.added"];
+    kinds.extend(std::iter::repeat_n("response.output_text.delta", deltas));
+    kinds.extend([
+        "response.output_text.done",
+        "response.content_part.done",
+        "response.output_item.done",
+    ]);
+    kinds
+}
+
+fn rows() -> Vec<Row> {
+    let mcp_added = [
+        "response.output_item.added",
+        "response.mcp_call.in_progress",
+    ];
+    vec![
+        Row {
+            name: "text",
+            record: ended(Ending::Completed { handed_back: false }),
+            steps: vec![model(
+                0,
+                Some(streamed("msg_1", &["Hel", "lo ", "wörld"])),
+                &[],
+            )],
+            feed: Box::new(|p, steps| {
+                for delta in ["Hel", "lo ", "wörld"] {
+                    p.handle(Progress::TextDelta {
+                        item_id: "msg_1",
+                        delta,
+                    });
+                }
+                p.handle(Progress::ModelEnded {
+                    output: output_of(&steps[0]),
+                });
+            }),
+            expected: [
+                START.to_vec(),
+                message_events(3),
+                vec!["response.completed"],
+            ]
+            .concat(),
+        },
+        Row {
+            name: "text that did not stream",
+            record: ended(Ending::Completed { handed_back: false }),
+            steps: vec![model(
+                0,
+                Some(AssistantMessage::whole("msg_1", "Hello")),
+                &[],
+            )],
+            feed: Box::new(|p, steps| {
+                p.handle(Progress::ModelEnded {
+                    output: output_of(&steps[0]),
+                });
+            }),
+            expected: [
+                START.to_vec(),
+                message_events(1),
+                vec!["response.completed"],
+            ]
+            .concat(),
+        },
+        Row {
+            name: "server tool batch, ended out of order, then the answer",
+            record: ended(Ending::Completed { handed_back: false }),
+            steps: vec![
+                model(0, Some(streamed("msg_0", &["Let me look."])), &["a", "b"]),
+                tool(1, 0, "a", false, 1),
+                tool(2, 0, "b", true, 0),
+                model(3, Some(streamed("msg_3", &["Found", " it."])), &[]),
+            ],
+            feed: Box::new(|p, steps| {
+                p.handle(Progress::TextDelta {
+                    item_id: "msg_0",
+                    delta: "Let me look.",
+                });
+                p.handle(Progress::ModelEnded {
+                    output: output_of(&steps[0]),
+                });
+                p.handle(Progress::ToolsStarted {
+                    steps: &[&steps[1], &steps[2]],
+                });
+                p.handle(Progress::ToolEnded { step: &steps[2] });
+                p.handle(Progress::ToolEnded { step: &steps[1] });
+                p.handle(Progress::TextDelta {
+                    item_id: "msg_3",
+                    delta: "Found",
+                });
+                p.handle(Progress::TextDelta {
+                    item_id: "msg_3",
+                    delta: " it.",
+                });
+                p.handle(Progress::ModelEnded {
+                    output: output_of(&steps[3]),
+                });
+            }),
+            expected: [
+                START.to_vec(),
+                message_events(1),
+                mcp_added.to_vec(),
+                mcp_added.to_vec(),
+                vec!["response.mcp_call.failed", "response.output_item.done"],
+                vec!["response.mcp_call.completed", "response.output_item.done"],
+                message_events(2),
+                vec!["response.completed"],
+            ]
+            .concat(),
+        },
+        Row {
+            name: "passthrough",
+            record: ended(Ending::Completed { handed_back: true }),
+            steps: vec![model(0, None, &["a", "b"])],
+            feed: Box::new(|p, steps| {
+                let output = output_of(&steps[0]);
+                p.handle(Progress::ModelEnded { output });
+                p.handle(Progress::HandedBack {
+                    calls: &output.tool_calls,
+                });
+            }),
+            expected: [
+                START.to_vec(),
+                [
+                    "response.output_item.added",
+                    "response.function_call_arguments.delta",
+                    "response.function_call_arguments.done",
+                    "response.output_item.done",
+                ]
+                .repeat(2),
+                vec!["response.completed"],
+            ]
+            .concat(),
+        },
+        Row {
+            name: "failure after some text streamed",
+            record: ended(Ending::server_error(
+                "The upstream model's stream broke off.",
+            )),
+            steps: vec![Step {
+                seq: 0,
+                state: StepState::Failed,
+                body: StepBody::Model(ModelStep {
+                    output: None,
+                    failure: Some(UpstreamFailure {
+                        message: "The upstream model's stream broke off.".into(),
+                        partial: Some(streamed("msg_1", &["Hel", "lo"])),
+                    }),
+                }),
+            }],
+            feed: Box::new(|p, steps| {
+                p.handle(Progress::TextDelta {
+                    item_id: "msg_1",
+                    delta: "Hel",
+                });
+                p.handle(Progress::TextDelta {
+                    item_id: "msg_1",
+                    delta: "lo",
+                });
+                let partial = steps[0]
+                    .model()
+                    .and_then(|m| m.failure.as_ref())
+                    .and_then(|f| f.partial.as_ref());
+                p.handle(Progress::ModelFailed { partial });
+            }),
+            expected: [
+                START.to_vec(),
+                message_events(2),
+                vec!["error", "response.failed"],
+            ]
+            .concat(),
+        },
+        Row {
+            name: "incomplete: a batch over max_tool_calls is not run",
+            record: ended(Ending::Incomplete {
+                reason: IncompleteReason::MaxToolCalls,
+            }),
+            steps: vec![model(0, None, &["a"])],
+            feed: Box::new(|p, steps| {
+                p.handle(Progress::ModelEnded {
+                    output: output_of(&steps[0]),
+                });
+            }),
+            expected: [START.to_vec(), vec!["response.incomplete"]].concat(),
+        },
+    ]
+}
+
+#[test]
+fn each_run_streams_its_events_and_a_replay_of_its_steps_equals_them() {
+    for row in rows() {
+        let events = live(&row.record, &row.steps, &|p| (row.feed)(p, &row.steps));
+        assert_eq!(kinds(&events), row.expected, "{}", row.name);
+        let numbers: Vec<u64> = events.iter().map(Event::sequence_number).collect();
+        assert_eq!(
+            numbers,
+            (0..events.len() as u64).collect::<Vec<_>>(),
+            "{}",
+            row.name
+        );
+        for event in &events {
+            assert_eq!(event.data["type"], event.kind, "{}", row.name);
+        }
+        assert_eq!(
+            replay(&row.record, &row.steps),
+            events,
+            "{}: replay",
+            row.name
+        );
+    }
+}
+
+#[test]
+fn item_events_carry_the_index_of_the_item_in_the_final_output() {
+    for row in rows() {
+        let events = replay(&row.record, &row.steps);
+        let terminal = events.last().unwrap();
+        let output = terminal.data["response"]["output"]
+            .as_array()
+            .unwrap()
+            .clone();
+        for done in events
+            .iter()
+            .filter(|e| e.kind == "response.output_item.done")
+        {
+            let index = done.data["output_index"].as_u64().unwrap() as usize;
+            assert_eq!(done.data["item"], output[index], "{}", row.name);
+        }
+    }
+}
+
+#[test]
+fn the_stream_starts_and_ends_with_the_response_as_it_was_then() {
+    let row = &rows()[0];
+    let events = replay(&row.record, &row.steps);
+    assert_eq!(events[0].data["response"]["status"], "in_progress");
+    assert_eq!(events[0].data["response"]["output"], json!([]));
+    assert_eq!(events[0].data["response"]["usage"], Value::Null);
+    let terminal = events.last().unwrap();
+    assert_eq!(terminal.data["response"]["status"], "completed");
+    assert_eq!(terminal.data["response"]["output_text"], "Hello wörld");
+}
+
+#[test]
+fn a_background_stream_starts_queued() {
+    let mut record = ended(Ending::Completed { handed_back: false });
+    record.background = true;
+    let events = replay(&record, &[model(0, None, &[])]);
+    assert_eq!(events[0].data["response"]["status"], "queued");
+    assert_eq!(events[1].data["response"]["status"], "in_progress");
+}
+
+#[test]
+fn a_failure_is_told_in_an_error_event_nested_and_flat_before_response_failed() {
+    let events = replay(&ended(Ending::server_error("boom")), &[]);
+    let error = &events[events.len() - 2];
+    assert_eq!(error.kind, "error");
+    assert_eq!(error.data["error"]["message"], "boom");
+    assert_eq!(error.data["error"]["type"], "server_error");
+    assert_eq!(error.data["message"], "boom");
+    assert_eq!(error.data["code"], "server_error");
+}
+
+#[test]
+fn a_response_still_running_replays_what_is_stored_and_no_end() {
+    let mut record = ended(Ending::Completed { handed_back: false });
+    record.state = ResponseState::InProgress;
+    let running_model = Step {
+        seq: 3,
+        state: StepState::Running,
+        body: StepBody::Model(ModelStep::default()),
+    };
+    let mut running_tool = tool(2, 0, "b", false, 0);
+    running_tool.state = StepState::Running;
+    if let StepBody::Tool(t) = &mut running_tool.body {
+        t.outcome = None;
+        t.ended_rank = None;
+    }
+    let steps = vec![
+        model(0, None, &["a", "b"]),
+        tool(1, 0, "a", false, 0),
+        running_tool,
+    ];
+    let events = replay(&record, &steps);
+    assert_eq!(
+        kinds(&events),
+        [
+            START.as_slice(),
+            &[
+                "response.output_item.added",
+                "response.mcp_call.in_progress"
+            ],
+            &[
+                "response.output_item.added",
+                "response.mcp_call.in_progress"
+            ],
+            &["response.mcp_call.completed", "response.output_item.done"],
+        ]
+        .concat()
+    );
+    let mut with_model = steps.clone();
+    with_model.push(running_model);
+    assert_eq!(
+        replay(&record, &with_model),
+        events,
+        "a model call under way shows nothing yet"
+    );
+}
+
+#[test]
+fn tool_steps_never_started_are_not_shown() {
+    let mut pending = tool(1, 0, "a", false, 0);
+    pending.state = StepState::Pending;
+    if let StepBody::Tool(t) = &mut pending.body {
+        t.outcome = None;
+    }
+    let record = ended(Ending::Incomplete {
+        reason: IncompleteReason::Deadline,
+    });
+    let events = replay(&record, &[model(0, None, &["a"]), pending]);
+    assert_eq!(
+        kinds(&events),
+        [START.as_slice(), &["response.incomplete"]].concat()
+    );
+}

@@ -1,0 +1,436 @@
+//! The driver loop: ask `decide_next_action`, carry the action out (a model call, a batch of tool calls, or the
+//! end), write at each step boundary, report progress, repeat.
+
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use gateway_core::chat::{self, scrub_nul};
+use gateway_core::context::{make_call_ids_unique, model_conversation};
+use gateway_core::decide::LoopInput;
+use gateway_core::events::Progress;
+use gateway_core::output::render_output;
+use gateway_core::request::FunctionTool;
+use gateway_core::response::Ending;
+use gateway_core::steps::{
+    total_usage, AssistantMessage, ModelStep, Step, StepBody, StepState, ToolOutcome, ToolStep,
+    UpstreamFailure,
+};
+use gateway_core::{decide_next_action, IncompleteReason, NextAction};
+use tokio::sync::mpsc;
+
+use super::journal::WRITE_LINGER;
+use super::{Engine, EngineError, Finished, ProgressSink, Run};
+use crate::clock::now;
+use crate::ids::new_id;
+use crate::store::responses::Durability;
+use crate::store::StoreError;
+use crate::tools::CallRef;
+
+/// Model text waiting for a slow reader: the upstream read waits when this many pieces are queued.
+const TEXT_BUFFER: usize = 64;
+
+/// How long a failing run may wait on its sink to tell a slow reader why the response ends.
+const TELL_TIMEOUT: Duration = Duration::from_secs(5);
+
+impl Engine {
+    /// Runs a prepared response to its end, reporting its progress to `sink`.
+    pub async fn run<S: ProgressSink>(
+        &self,
+        mut run: Run,
+        mut sink: S,
+    ) -> Result<Finished, EngineError> {
+        let source = match self.drive(&mut run, &mut sink).await {
+            Ok(finished) => return Ok(finished),
+            Err(source) => source,
+        };
+        tracing::error!(response.id = %run.record.id, error = %source, "store failed while running a response");
+        let message = format!(
+            "The gateway's store failed while running response '{}'; it was left unfinished.",
+            run.record.id
+        );
+        // A response whose row was never written left nothing behind and ran no tool (its first tool request
+        // waits for that write): the client may simply send it again.
+        let nothing_stored = run.journal.nothing_stored();
+        run.record.end(
+            Ending::server_error(message.clone()),
+            total_usage(&run.steps),
+            now(),
+        );
+        if run.journal.is_written() {
+            // Best effort: a response must not stay in progress for ever when its loop gave up; the steps not yet
+            // written go with its ending.
+            if let Err(again) = self.write(&mut run, Durability::Flush).await {
+                tracing::error!(response.id = %run.record.id, error = %again, "could not record the failure either");
+            }
+        }
+        // Best effort, bounded for a reader that takes nothing: it learns why its stream ends here, and the
+        // stream still ends with its one terminal event.
+        let output = render_output(&run.steps, false);
+        let tell = sink.report(Progress::Ended {
+            record: &run.record,
+            output: &output,
+        });
+        let _ = tokio::time::timeout(TELL_TIMEOUT, tell).await;
+        Err(if nothing_stored {
+            EngineError::NothingStored(source)
+        } else {
+            EngineError::Unfinished {
+                response_id: run.record.id.clone(),
+                source,
+            }
+        })
+    }
+
+    async fn drive<S: ProgressSink>(
+        &self,
+        run: &mut Run,
+        sink: &mut S,
+    ) -> Result<Finished, StoreError> {
+        sink.report(Progress::Started {
+            record: &run.record,
+        })
+        .await;
+        loop {
+            let action = decide_next_action(&LoopInput {
+                steps: &run.steps,
+                registered: &run.registered,
+                limits: run.limits,
+                deadline_passed: Instant::now() >= run.deadline,
+            });
+            tracing::debug!(response.id = %run.record.id, action = action.kind(), "next action");
+            // The client of a stream went away: stop before starting new work and say why. A response whose work
+            // is done ends as it would have; tool steps already recorded are run first, so that none is left
+            // pending.
+            let starts_work = matches!(
+                action,
+                NextAction::CallModel
+                    | NextAction::ResumeModelCall { .. }
+                    | NextAction::DispatchBatch { .. }
+            );
+            if starts_work && sink.is_closed() {
+                tracing::info!(response.id = %run.record.id, "stream client disconnected; stopping");
+                let ending = Ending::Incomplete {
+                    reason: IncompleteReason::ClientDisconnected,
+                };
+                return self.finish(run, ending, sink).await;
+            }
+            let ending = match action {
+                NextAction::CallModel => {
+                    let seq = run.steps.len() as u32;
+                    run.steps.push(Step {
+                        seq,
+                        state: StepState::Running,
+                        body: StepBody::Model(ModelStep::default()),
+                    });
+                    self.write_and_call_model(run, seq as usize, sink).await;
+                    continue;
+                }
+                NextAction::ResumeModelCall { seq } => {
+                    self.write_and_call_model(run, seq as usize, sink).await;
+                    continue;
+                }
+                NextAction::DispatchBatch { batch, calls } => {
+                    let first = run.steps.len() as u32;
+                    // Recorded with the next write, right before they run.
+                    run.steps
+                        .extend(calls.into_iter().enumerate().map(|(i, call)| Step {
+                            seq: first + i as u32,
+                            state: StepState::Pending,
+                            body: StepBody::Tool(ToolStep {
+                                item_id: new_id("mcp"),
+                                call,
+                                batch,
+                                outcome: None,
+                                ended_rank: None,
+                            }),
+                        }));
+                    continue;
+                }
+                NextAction::RunTools { seqs } => {
+                    self.run_tools(run, &seqs, sink).await?;
+                    continue;
+                }
+                NextAction::Complete => Ending::Completed { handed_back: false },
+                NextAction::HandBack { calls } => {
+                    sink.report(Progress::HandedBack { calls: &calls }).await;
+                    Ending::Completed { handed_back: true }
+                }
+                NextAction::Incomplete { reason } => Ending::Incomplete { reason },
+                NextAction::Fail { message } => Ending::server_error(message),
+            };
+            return self.finish(run, ending, sink).await;
+        }
+    }
+
+    /// Records how the response ended (waiting for the disk: clients see it), and reports it.
+    async fn finish<S: ProgressSink>(
+        &self,
+        run: &mut Run,
+        ending: Ending,
+        sink: &mut S,
+    ) -> Result<Finished, StoreError> {
+        // A model call recorded with the response but never made (the stream's client left first) did not
+        // start: the store says so.
+        for index in 0..run.steps.len() {
+            let step = &mut run.steps[index];
+            let never_called = matches!(&step.body, StepBody::Model(m) if m.output.is_none() && m.failure.is_none());
+            if step.state == StepState::Running && never_called {
+                step.state = StepState::Pending;
+                run.journal.touch(index);
+            }
+        }
+        let handed_back = ending.handed_back();
+        run.record.end(ending, total_usage(&run.steps), now());
+        // Clients see this ending: it waits for the disk, and so makes every earlier write durable too.
+        self.write(run, Durability::Flush).await?;
+        let finished = Finished {
+            record: run.record.clone(),
+            output: render_output(&run.steps, handed_back),
+        };
+        crate::metrics::response_finished(finished.record.status().as_str(), &run.steps);
+        sink.report(Progress::Ended {
+            record: &finished.record,
+            output: &finished.output,
+        })
+        .await;
+        Ok(finished)
+    }
+
+    /// Calls the model for step `index` (already recorded as running) and records what came back.
+    pub(super) async fn call_model<S: ProgressSink>(
+        &self,
+        run: &mut Run,
+        index: usize,
+        sink: &mut S,
+    ) {
+        let conversation = model_conversation(&run.context, &run.steps[..index]);
+        let mut tools: Vec<FunctionTool> = run.record.params.tools.clone();
+        tools.extend(run.server_tools.iter().map(|t| FunctionTool {
+            name: t.name.clone(),
+            description: Some(t.description.clone()),
+            parameters: Some(t.parameters.clone()),
+            strict: Some(t.strict),
+        }));
+        let body = chat::build_request(
+            &run.deployment.upstream_model,
+            &run.record.params,
+            &conversation,
+            &tools,
+        );
+        let started = Instant::now();
+        // The text a reader was shown while the call ran, as it was cut.
+        let mut shown = Shown::default();
+        let result = if sink.wants_text_deltas() {
+            // Text is passed on as the model produces it; the upstream read and the reader move together, so a
+            // slow reader slows the upstream read (backpressure).
+            let message_id = new_id("msg");
+            let (text_tx, mut text_rx) = mpsc::channel::<String>(TEXT_BUFFER);
+            let call =
+                self.upstream
+                    .complete_streaming(&run.deployment, &body, &message_id, text_tx);
+            let forward = async {
+                while let Some(delta) = text_rx.recv().await {
+                    let delta = scrub_nul(delta);
+                    sink.report(Progress::TextDelta {
+                        item_id: &message_id,
+                        delta: &delta,
+                    })
+                    .await;
+                    shown.push(&delta);
+                }
+            };
+            let (result, ()) = tokio::join!(call, forward);
+            shown.item_id = message_id;
+            result
+        } else {
+            self.upstream.complete(&run.deployment, &body).await
+        };
+        crate::metrics::upstream_call(&run.deployment.name, started, result.is_ok());
+        let step = &mut run.steps[index];
+        match result {
+            Ok(mut output) => {
+                // Upstreams that number calls per answer reuse ids; pairing by call_id needs them unique.
+                make_call_ids_unique(&mut output.tool_calls, &conversation, || new_id("call"));
+                if let Some(message) = &mut output.message {
+                    message.deltas = shown.deltas;
+                }
+                sink.report(Progress::ModelEnded { output: &output }).await;
+                step.state = StepState::Succeeded;
+                step.body = StepBody::Model(ModelStep {
+                    output: Some(output),
+                    failure: None,
+                });
+            }
+            Err(e) => {
+                tracing::warn!(response.id = %run.record.id, deployment = %run.deployment.name, error = %e, "model call failed");
+                let partial = shown.into_message();
+                sink.report(Progress::ModelFailed {
+                    partial: partial.as_ref(),
+                })
+                .await;
+                step.state = StepState::Failed;
+                step.body = StepBody::Model(ModelStep {
+                    output: None,
+                    failure: Some(UpstreamFailure {
+                        message: e.public_message(),
+                        partial,
+                    }),
+                });
+            }
+        }
+        // Recorded with the next write, which comes before any other side effect.
+        run.journal.touch(index);
+    }
+
+    /// Runs the tool steps `seqs` concurrently (bounded), recording each result as it arrives.
+    async fn run_tools<S: ProgressSink>(
+        &self,
+        run: &mut Run,
+        seqs: &[u32],
+        sink: &mut S,
+    ) -> Result<(), StoreError> {
+        for &seq in seqs {
+            run.steps[seq as usize].state = StepState::Running;
+            run.journal.touch(seq as usize);
+        }
+        // The calls are recorded as started, and the model answer that asked for them as ended, on disk before
+        // any request goes out: a restarted loop must never send a different call under the same step's
+        // Idempotency-Key.
+        if let Err(e) = self.write(run, Durability::Flush).await {
+            // Nothing went out: the failure's ending must not record these calls as started.
+            for &seq in seqs {
+                run.steps[seq as usize].state = StepState::Pending;
+            }
+            return Err(e);
+        }
+        let started: Vec<&Step> = seqs
+            .iter()
+            .filter_map(|s| run.steps.get(*s as usize))
+            .collect();
+        sink.report(Progress::ToolsStarted { steps: &started })
+            .await;
+        let mut next_rank = next_ended_rank(&run.steps, seqs);
+        let mut jobs = Vec::with_capacity(seqs.len());
+        for &seq in seqs {
+            let Some(tool) = run.steps[seq as usize].tool() else {
+                continue;
+            };
+            let source = run
+                .server_tools
+                .iter()
+                .find(|s| s.name == tool.call.name)
+                .cloned();
+            jobs.push((
+                seq as usize,
+                tool.call.clone(),
+                source,
+                format!("{}:{}", run.record.id, seq),
+            ));
+        }
+        let response_id = run.record.id.clone();
+        let calls = jobs.len();
+        let mut ended = 0;
+        let mut results = futures::stream::iter(jobs)
+            .map(|(index, call, source, key)| {
+                let response_id = &response_id;
+                async move {
+                    let outcome = match &source {
+                        Some(source) => {
+                            let at = CallRef {
+                                response_id,
+                                idempotency_key: &key,
+                            };
+                            self.tools.execute(source, &call, at).await
+                        }
+                        None => ToolOutcome::error(format!(
+                            "Tool '{}' is no longer available.",
+                            call.name
+                        )),
+                    };
+                    (index, outcome)
+                }
+            })
+            .buffer_unordered(self.limits.tool_concurrency.max(1));
+        // While siblings still run, an ended call is recorded soon, so that a restarted loop does not send it
+        // again: `WRITE_LINGER` after it ended, together with any that ended meanwhile. Calls of a batch that
+        // all end within the linger, and the batch's last results, go with the next write.
+        let mut linger_until: Option<tokio::time::Instant> = None;
+        loop {
+            let next = match linger_until {
+                None => results.next().await,
+                Some(deadline) => match tokio::time::timeout_at(deadline, results.next()).await {
+                    Ok(next) => next,
+                    Err(_) => {
+                        linger_until = None;
+                        self.write_relaxed(run).await;
+                        continue;
+                    }
+                },
+            };
+            let Some((index, outcome)) = next else {
+                break;
+            };
+            ended += 1;
+            let step = &mut run.steps[index];
+            step.state = if outcome.is_error() {
+                StepState::Failed
+            } else {
+                StepState::Succeeded
+            };
+            if let StepBody::Tool(tool) = &mut step.body {
+                tracing::debug!(response.id = %response_id, tool.name = %tool.call.name, failed = outcome.is_error(), "tool call ended");
+                tool.outcome = Some(outcome);
+                tool.ended_rank = Some(next_rank);
+                next_rank += 1;
+            }
+            sink.report(Progress::ToolEnded { step }).await;
+            run.journal.touch(index);
+            if ended < calls && linger_until.is_none() {
+                linger_until = Some(tokio::time::Instant::now() + WRITE_LINGER);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The rank the next call of `seqs`' batch to end gets: after every call of that batch that ended before (a
+/// run resumed after a crash continues the order its stream showed).
+fn next_ended_rank(steps: &[Step], seqs: &[u32]) -> u32 {
+    let batch = seqs
+        .first()
+        .and_then(|s| steps.get(*s as usize))
+        .and_then(Step::tool)
+        .map(|t| t.batch);
+    steps
+        .iter()
+        .filter_map(Step::tool)
+        .filter(|t| Some(t.batch) == batch)
+        .filter_map(|t| t.ended_rank)
+        .map(|rank| rank + 1)
+        .max()
+        .unwrap_or(0)
+}
+
+/// The text of a model call shown to a reader as it streamed, and how it was cut.
+#[derive(Default)]
+struct Shown {
+    item_id: String,
+    text: String,
+    deltas: Vec<u32>,
+}
+
+impl Shown {
+    fn push(&mut self, delta: &str) {
+        self.text.push_str(delta);
+        self.deltas.push(delta.chars().count() as u32);
+    }
+
+    /// The text shown, as the message that ends `incomplete` when the call failed; `None` when nothing was.
+    fn into_message(self) -> Option<AssistantMessage> {
+        (!self.text.is_empty()).then_some(AssistantMessage {
+            item_id: self.item_id,
+            text: self.text,
+            deltas: self.deltas,
+        })
+    }
+}

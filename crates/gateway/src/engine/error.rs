@@ -1,0 +1,48 @@
+//! `EngineError`: why the engine could not start or finish a response, for the API to render.
+
+use gateway_core::context::PairingError;
+use gateway_core::response::ResponseStatus;
+
+use crate::store::StoreError;
+
+/// Why a response could not be created or run. The API maps each variant to its OpenAI error.
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    /// `server.max_active_responses` responses are running; nothing was done.
+    #[error("the gateway is running as many responses as it may at once")]
+    Overloaded,
+    /// The project may use no deployment of this name (or there is none).
+    #[error("model '{model}' not found")]
+    ModelNotFound { model: String },
+    /// A client tool has the name of a server tool the key may use.
+    #[error("client tool '{name}' clashes with a server tool")]
+    ToolNameConflict { name: String, index: usize },
+    /// The context's tool calls and outputs do not pair; `param` names the offending input.
+    #[error("{error}")]
+    Pairing { error: PairingError, param: String },
+    /// `previous_response_id` names no response of this project.
+    #[error("previous response '{id}' not found")]
+    PreviousNotFound { id: String },
+    /// `previous_response_id` names a response that has not ended.
+    #[error("previous response '{id}' is still {}", status.as_str())]
+    PreviousInProgress { id: String, status: ResponseStatus },
+    /// Another create with the same `Idempotency-Key` is running the response.
+    #[error("a create with this Idempotency-Key is still running")]
+    IdempotencyInProgress,
+    /// The store failed before anything of the response was stored or done: sending it again is safe.
+    #[error("store failed before the response was stored: {0}")]
+    NothingStored(#[source] StoreError),
+    /// The store failed while the response ran; it was recorded as failed where the store allowed.
+    #[error("store failed while running response '{response_id}': {source}")]
+    Unfinished {
+        response_id: String,
+        #[source]
+        source: StoreError,
+    },
+    /// A read of the store failed while preparing the response.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// The task running the response ended without an answer (it panicked).
+    #[error("the response's task failed")]
+    TaskFailed,
+}

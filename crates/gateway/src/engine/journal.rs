@@ -1,0 +1,249 @@
+//! The write journal: what of a run is written when, and how durably (`docs/behaviour.md`, "How steps are
+//! written").
+//!
+//! A run writes at step boundaries, each one statement: the steps added and changed since the last boundary,
+//! and at the end how the response ended. The write before tool requests go out, and the end, wait for the
+//! disk; the others are relaxed (their loss is harmless: a model call is made again, a tool call is sent again
+//! under its `Idempotency-Key`). The write before a model call lingers alongside the call, and a finished tool
+//! call whose siblings still run lingers for company.
+
+use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use gateway_core::Step;
+
+use super::{Engine, ProgressSink, Run};
+use crate::clock::now;
+use crate::store::responses::{Durability, NewResponse, StepWrite};
+use crate::store::{Store, StoreError};
+
+/// How long a write that need not wait for the disk lingers for more to write with it: the write before a model
+/// call waits this long for the call to end (a model that answers sooner has it folded into the next write), and
+/// an ended tool call of a batch whose siblings still run waits this long for them.
+pub(super) const WRITE_LINGER: Duration = Duration::from_millis(5);
+
+/// What of a run is in the store.
+#[derive(Debug)]
+pub(super) struct Journal {
+    /// `store: false` responses run entirely in memory.
+    persist: bool,
+    /// The project of a stored response whose row is not written yet: it is written with the first boundary
+    /// that waits for the disk.
+    unwritten: Option<String>,
+    /// How many of the run's steps (the first ones) are in the store.
+    stored: usize,
+    /// Stored steps changed since the last write, by index.
+    changed: BTreeSet<usize>,
+}
+
+impl Journal {
+    /// The journal of a new run: `written` when its row and first `steps` were stored as it was prepared.
+    pub(super) fn new(persist: bool, project_id: &str, written: bool, steps: usize) -> Journal {
+        Journal {
+            persist,
+            unwritten: (persist && !written).then(|| project_id.to_owned()),
+            stored: if written { steps } else { 0 },
+            changed: BTreeSet::new(),
+        }
+    }
+
+    /// Whether nothing of the run is in the store yet (a stored response whose row was put off, or an unstored
+    /// one): a failure then left nothing behind, and no tool ran.
+    pub(super) fn nothing_stored(&self) -> bool {
+        !self.persist || self.unwritten.is_some()
+    }
+
+    /// Whether the response is stored and its row written.
+    pub(super) fn is_written(&self) -> bool {
+        self.persist && self.unwritten.is_none()
+    }
+
+    /// Notes that step `index` changed, so that the next write records it.
+    pub(super) fn touch(&mut self, index: usize) {
+        if index < self.stored {
+            self.changed.insert(index);
+        }
+    }
+}
+
+/// What changed in a stored run since its last write, taken out of it so that it can be written while the run
+/// goes on. Empty for a response that is not stored.
+#[derive(Default)]
+struct Changes {
+    response_id: String,
+    added: Vec<Step>,
+    changed: Vec<Step>,
+}
+
+impl Changes {
+    fn is_empty(&self) -> bool {
+        self.added.is_empty() && self.changed.is_empty()
+    }
+
+    async fn save(
+        &self,
+        store: &Store,
+        ended: Option<&gateway_core::response::ResponseRecord>,
+        durability: Durability,
+    ) -> Result<(), StoreError> {
+        let changed: Vec<&Step> = self.changed.iter().collect();
+        store
+            .write_steps(&StepWrite {
+                response_id: &self.response_id,
+                added: &self.added,
+                changed: &changed,
+                ended,
+                at: now(),
+                durability,
+            })
+            .await
+    }
+}
+
+impl Run {
+    /// The steps added and changed since the last write, now counted as written.
+    fn take_changes(&mut self) -> Changes {
+        let journal = &mut self.journal;
+        let changes = if journal.persist {
+            Changes {
+                response_id: self.record.id.clone(),
+                added: self.steps[journal.stored..].to_vec(),
+                changed: journal
+                    .changed
+                    .iter()
+                    .map(|&i| self.steps[i].clone())
+                    .collect(),
+            }
+        } else {
+            Changes::default()
+        };
+        journal.stored = self.steps.len();
+        journal.changed.clear();
+        changes
+    }
+
+    /// Changes whose write failed: they are written again with the next write.
+    fn give_back(&mut self, changes: Changes) {
+        let journal = &mut self.journal;
+        let first_added = changes
+            .added
+            .first()
+            .map_or(journal.stored, |step| step.seq as usize);
+        journal.stored = journal.stored.min(first_added);
+        for step in &changes.changed {
+            journal.changed.insert(step.seq as usize);
+        }
+        let stored = journal.stored;
+        journal.changed.retain(|&index| index < stored);
+    }
+}
+
+impl Engine {
+    /// The durability of a write whose loss in a crash of the database server is harmless: a model call is
+    /// made again, a tool call is sent again under its Idempotency-Key.
+    pub(super) fn relaxed(&self) -> Durability {
+        if self.flush_every_step {
+            Durability::Flush
+        } else {
+            Durability::Relaxed
+        }
+    }
+
+    /// The step boundary before a model call, then the call. A model call changes nothing outside the
+    /// gateway, so the (relaxed) write runs alongside it instead of before it, and only once the call has taken
+    /// `WRITE_LINGER`: a model that answers sooner has its boundary written together with the next one. A
+    /// response whose row is not written yet stays so until its first tool request or its ending.
+    pub(super) async fn write_and_call_model<S: ProgressSink>(
+        &self,
+        run: &mut Run,
+        index: usize,
+        sink: &mut S,
+    ) {
+        let changes = if run.journal.unwritten.is_none() {
+            run.take_changes()
+        } else {
+            Changes::default()
+        };
+        if changes.is_empty() {
+            return self.call_model(run, index, sink).await;
+        }
+        let sent = AtomicBool::new(false);
+        let written = {
+            let write = async {
+                tokio::time::sleep(WRITE_LINGER).await;
+                sent.store(true, Ordering::Relaxed);
+                changes.save(&self.store, None, self.relaxed()).await
+            };
+            let call = self.call_model(run, index, sink);
+            tokio::pin!(write, call);
+            tokio::select! {
+                () = &mut call => {
+                    // A write already sent is awaited (never abandoned halfway); one still lingering is dropped.
+                    if sent.load(Ordering::Relaxed) { Some(write.await) } else { None }
+                }
+                written = &mut write => {
+                    call.await;
+                    Some(written)
+                }
+            }
+        };
+        match written {
+            Some(Ok(())) => {}
+            None => run.give_back(changes),
+            Some(Err(e)) => {
+                tracing::warn!(response.id = %run.record.id, error = %e, "a step write failed; retrying it with the next one");
+                run.give_back(changes);
+            }
+        }
+    }
+
+    /// One step boundary: writes the steps added and changed since the last one, and the response's ending if
+    /// it has ended, in one statement. Nothing is written for a response that is not stored.
+    pub(super) async fn write(
+        &self,
+        run: &mut Run,
+        durability: Durability,
+    ) -> Result<(), StoreError> {
+        let ends = run.record.ending().is_some();
+        if let Some(project_id) = &run.journal.unwritten {
+            // The first write of a response whose row was put off: the row (with its ending, if this is it),
+            // its context and every step so far, at once.
+            self.store
+                .create_response(
+                    &NewResponse {
+                        record: &run.record,
+                        project_id,
+                        deployment_id: &run.deployment.id,
+                        server_tools: &run.server_tools,
+                        context: &run.context,
+                        steps: &run.steps,
+                        idempotency_key: None,
+                    },
+                    durability,
+                )
+                .await?;
+            run.journal.unwritten = None;
+            run.journal.stored = run.steps.len();
+            run.journal.changed.clear();
+            return Ok(());
+        }
+        let changes = run.take_changes();
+        if !changes.is_empty() || (run.journal.persist && ends) {
+            let ended = ends.then_some(&run.record);
+            if let Err(e) = changes.save(&self.store, ended, durability).await {
+                run.give_back(changes);
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+
+    /// A write whose loss is harmless (see `relaxed`): when it fails, what it held goes with the next write, and
+    /// the loop goes on.
+    pub(super) async fn write_relaxed(&self, run: &mut Run) {
+        if let Err(e) = self.write(run, self.relaxed()).await {
+            tracing::warn!(response.id = %run.record.id, error = %e, "a step write failed; retrying it with the next one");
+        }
+    }
+}

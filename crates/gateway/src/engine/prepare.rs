@@ -1,0 +1,215 @@
+//! Preparing a response: the request checked against the project's deployment, server tools and stored
+//! responses, its context assembled, and (for responses someone may look for while they run) its row written.
+//! Nothing is stored when any check fails.
+
+use std::collections::{BTreeSet, HashSet};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use gateway_core::context::{pair_calls, PairingError};
+use gateway_core::decide::LoopInput;
+use gateway_core::output::render_output;
+use gateway_core::request::ValidRequest;
+use gateway_core::response::{ResponseRecord, ResponseState};
+use gateway_core::steps::{ModelStep, Step, StepBody, StepState, ToolStep};
+use gateway_core::{decide_next_action, Item, Limits, NextAction};
+
+use super::journal::Journal;
+use super::{Engine, EngineError, Run};
+use crate::clock::now;
+use crate::ids::new_id;
+use crate::store::responses::NewResponse;
+use crate::store::StoreError;
+
+impl Engine {
+    /// Validates `request` against the project's deployments, tools and stored responses, and builds the run.
+    /// A streamed response, and one created with an `Idempotency-Key`, are stored now; any other stored response
+    /// with its first step boundary that waits for the disk (see `journal.rs`).
+    pub async fn prepare(
+        &self,
+        project_id: &str,
+        request: ValidRequest,
+        idempotency_key: Option<&str>,
+    ) -> Result<Run, EngineError> {
+        // A full gateway says so at once, before any work, rather than letting requests queue without bound.
+        let admitted = Arc::clone(&self.admission)
+            .try_acquire_owned()
+            .map_err(|_| {
+                crate::metrics::response_refused("overloaded");
+                EngineError::Overloaded
+            })?;
+        let resolution = self
+            .resolver
+            .resolve(project_id, &request.model)
+            .await?
+            .ok_or_else(|| EngineError::ModelNotFound {
+                model: request.model.clone(),
+            })?;
+        let registered: BTreeSet<String> =
+            resolution.tools.iter().map(|t| t.name.clone()).collect();
+        if let Some(index) = request
+            .params
+            .tools
+            .iter()
+            .position(|t| registered.contains(&t.name))
+        {
+            return Err(EngineError::ToolNameConflict {
+                name: request.params.tools[index].name.clone(),
+                index,
+            });
+        }
+
+        let mut context = match &request.previous_response_id {
+            Some(previous_id) => self.previous_context(project_id, previous_id).await?,
+            None => Vec::new(),
+        };
+        let first_new = context.len();
+        add_input(&mut context, request.input);
+        let carried = pair_calls(&context, &registered).map_err(|error| {
+            let param = match &error {
+                PairingError::OrphanOutput { index, .. } if *index >= first_new => {
+                    format!("input[{}]", index - first_new)
+                }
+                _ => "input".to_owned(),
+            };
+            EngineError::Pairing { error, param }
+        })?;
+
+        let limits = Limits {
+            max_tool_calls: Some(
+                request
+                    .params
+                    .max_tool_calls
+                    .map_or(self.limits.max_tool_calls, |n| {
+                        n.min(self.limits.max_tool_calls)
+                    }),
+            ),
+            max_model_calls: self.limits.max_model_calls,
+            max_failing_batches: self.limits.max_failing_batches,
+        };
+        let mut steps: Vec<Step> = carried
+            .into_iter()
+            .enumerate()
+            .map(|(seq, call)| Step {
+                seq: seq as u32,
+                state: StepState::Pending,
+                body: StepBody::Tool(ToolStep {
+                    item_id: new_id("mcp"),
+                    call,
+                    batch: None,
+                    outcome: None,
+                    ended_rank: None,
+                }),
+            })
+            .collect();
+        let first = decide_next_action(&LoopInput {
+            steps: &steps,
+            registered: &registered,
+            limits,
+            deadline_passed: false,
+        });
+        if first == NextAction::CallModel {
+            // The first model call is recorded with the response itself: one write instead of two.
+            steps.push(Step {
+                seq: steps.len() as u32,
+                state: StepState::Running,
+                body: StepBody::Model(ModelStep::default()),
+            });
+        }
+        let record = ResponseRecord {
+            id: new_id("resp"),
+            created_at: now(),
+            model: request.model,
+            params: request.params,
+            previous_response_id: request.previous_response_id,
+            store: request.store,
+            background: request.background,
+            state: ResponseState::InProgress,
+            usage: None,
+        };
+        // A response that someone may look for while it runs (its stream told the client its id) or that
+        // must be found by its Idempotency-Key is written now. Any other is written with its first step
+        // boundary: before a tool request goes out, or with its ending. Until then nothing outside this call
+        // knows it, and a crash leaves nothing half-done behind (the client, cut off, sends it again).
+        let write_now =
+            request.store && (request.stream || request.background || idempotency_key.is_some());
+        if write_now {
+            self.store
+                .create_response(
+                    &NewResponse {
+                        record: &record,
+                        project_id,
+                        deployment_id: &resolution.deployment.id,
+                        server_tools: &resolution.tools,
+                        context: &context,
+                        steps: &steps,
+                        idempotency_key,
+                    },
+                    self.relaxed(),
+                )
+                .await
+                .map_err(|e| match e {
+                    // Two creates with one Idempotency-Key raced: the other one is running it.
+                    StoreError::Conflict(_) => EngineError::IdempotencyInProgress,
+                    other => EngineError::NothingStored(other),
+                })?;
+        }
+        let journal = Journal::new(request.store, project_id, write_now, steps.len());
+        Ok(Run {
+            record,
+            deployment: resolution.deployment.clone(),
+            server_tools: resolution.tools.clone(),
+            registered,
+            context,
+            steps,
+            limits,
+            deadline: Instant::now() + Duration::from_millis(self.limits.response_deadline_ms),
+            journal,
+            _admitted: admitted,
+        })
+    }
+
+    /// The context a chained response starts from: the previous response's context, then its output.
+    async fn previous_context(
+        &self,
+        project_id: &str,
+        previous_id: &str,
+    ) -> Result<Vec<Item>, EngineError> {
+        let previous = self
+            .store
+            .load_response(project_id, previous_id)
+            .await?
+            .ok_or_else(|| EngineError::PreviousNotFound {
+                id: previous_id.to_owned(),
+            })?;
+        let Some(ending) = previous.record.ending() else {
+            return Err(EngineError::PreviousInProgress {
+                id: previous_id.to_owned(),
+                status: previous.record.status(),
+            });
+        };
+        let mut context = self.store.load_context(project_id, previous_id).await?;
+        let steps = self.store.load_steps(project_id, previous_id).await?;
+        context.extend(render_output(&steps, ending.handed_back()));
+        Ok(context)
+    }
+}
+
+/// Appends the request's input to the context. Ids that clients send are kept when unique within the context,
+/// and replaced otherwise; items without one get a fresh id.
+fn add_input(context: &mut Vec<Item>, input: Vec<Item>) {
+    let mut taken: HashSet<String> = context
+        .iter()
+        .filter_map(|i| i.id().map(str::to_owned))
+        .collect();
+    for mut item in input {
+        let keep = item
+            .id()
+            .is_some_and(|id| !id.is_empty() && !taken.contains(id));
+        if !keep {
+            item.set_id(new_id(item.id_prefix()));
+        }
+        taken.insert(item.id().unwrap_or_default().to_owned());
+        context.push(item);
+    }
+}
