@@ -91,6 +91,12 @@ struct Args {
     /// Process id of the gateway behind --gateway-url, for RSS and CPU figures.
     #[arg(long)]
     gateway_pid: Option<u32>,
+    /// A directory holding another `gateway` binary (e.g. the previous commit's release build) to compare
+    /// with: it runs beside the first on a database of its own, against the same mock model and tool server,
+    /// and the gateway, baseline and direct runs alternate slice by slice, so that the ratio between the two
+    /// gateways is taken under the same machine conditions.
+    #[arg(long, conflicts_with = "gateway_url")]
+    baseline_bin_dir: Option<PathBuf>,
 }
 
 /// What the bench runs against.
@@ -101,6 +107,25 @@ struct Harness {
     tools: Option<ChildProcess>,
     gateway_pid: Option<u32>,
     database: Option<Database>,
+    baseline: Option<Baseline>,
+}
+
+/// The gateway compared with (`--baseline-bin-dir`): its process, its database, its URL and key.
+struct Baseline {
+    process: ChildProcess,
+    database: Database,
+    key: String,
+}
+
+impl Baseline {
+    /// `request`, sent to the baseline gateway instead.
+    fn request(&self, request: &scenario::GatewayRequest) -> scenario::GatewayRequest {
+        scenario::GatewayRequest {
+            url: format!("{}/v1/responses", self.process.url),
+            key: self.key.clone(),
+            ..request.clone()
+        }
+    }
 }
 
 impl Harness {
@@ -123,6 +148,7 @@ impl Harness {
                 tools: None,
                 gateway_pid: args.gateway_pid,
                 database: None,
+                baseline: None,
             });
         }
         let bin_dir = match &args.bin_dir {
@@ -145,12 +171,56 @@ impl Harness {
             let _ = database.drop_database().await;
             return Err(e);
         }
-        match Harness::start_processes(&bin_dir, database, http).await {
-            Ok(harness) => Ok(harness),
+        let mut harness = match Harness::start_processes(&bin_dir, database, http).await {
+            Ok(harness) => harness,
             Err((e, database)) => {
                 if let Err(drop_error) = database.drop_database().await {
                     eprintln!("could not drop the bench database: {drop_error:#}");
                 }
+                return Err(e);
+            }
+        };
+        if let Some(dir) = &args.baseline_bin_dir {
+            match Harness::start_baseline(args, dir, &harness.endpoints, http).await {
+                Ok(baseline) => harness.baseline = Some(baseline),
+                Err(e) => {
+                    harness.stop().await;
+                    return Err(e.context("start the baseline gateway"));
+                }
+            }
+        }
+        Ok(harness)
+    }
+
+    /// Starts the baseline gateway from `dir` on a fresh database of its own, configured like the first.
+    async fn start_baseline(
+        args: &Args,
+        dir: &std::path::Path,
+        endpoints: &Endpoints,
+        http: &Client,
+    ) -> anyhow::Result<Baseline> {
+        if !dir.join("gateway").is_file() {
+            bail!("{} not found", dir.join("gateway").display());
+        }
+        let database = Database::create(&args.database_url).await?;
+        let started = async {
+            database.apply_settings(&args.db_settings).await?;
+            let token = format!("bench-admin-{}", uuid::Uuid::new_v4().simple());
+            let process = procs::start_gateway(dir, &database.url, &token)?;
+            let key =
+                setup::configure(http, &process.url, &token, &endpoints.mock, &endpoints.tools)
+                    .await?;
+            anyhow::Ok((process, key))
+        }
+        .await;
+        match started {
+            Ok((process, key)) => Ok(Baseline {
+                process,
+                database,
+                key,
+            }),
+            Err(e) => {
+                let _ = database.drop_database().await;
                 Err(e)
             }
         }
@@ -183,6 +253,7 @@ impl Harness {
                 mock: Some(mock),
                 tools: Some(tools),
                 database: Some(database),
+                baseline: None,
             }),
             Err(e) => Err((e, database)),
         }
@@ -195,12 +266,24 @@ impl Harness {
         {
             child.check_alive()?;
         }
+        if let Some(baseline) = &mut self.baseline {
+            baseline.process.check_alive()?;
+        }
         Ok(())
     }
 
     async fn stop(mut self) {
         // Children first: the database cannot be dropped while the gateway holds connections.
         drop(self.gateway.take());
+        if let Some(baseline) = self.baseline.take() {
+            let Baseline {
+                process, database, ..
+            } = baseline;
+            drop(process);
+            if let Err(e) = database.drop_database().await {
+                eprintln!("could not drop the baseline's bench database: {e:#}");
+            }
+        }
         drop(self.mock.take());
         drop(self.tools.take());
         if let Some(database) = self.database.take() {
@@ -304,11 +387,18 @@ impl Bench<'_> {
         let endpoints = &harness.endpoints;
         let (request, plan) = scenario::probe(http, endpoints, scenario).await?;
         let plan_text = plan.describe();
+        let baseline = harness
+            .baseline
+            .as_ref()
+            .map(|b| Target::Gateway(b.request(&request)));
         let gateway = Target::Gateway(request);
         let direct = Target::Direct(plan);
         if self.args.warmup > 0 {
             let warmup = Duration::from_secs(self.args.warmup);
             load::run(http, &gateway, self.load, warmup).await?;
+            if let Some(baseline) = &baseline {
+                load::run(http, baseline, self.load, warmup).await?;
+            }
             load::run(http, &direct, self.load, warmup).await?;
             reset_mocks(http, endpoints).await?;
         }
@@ -318,6 +408,10 @@ impl Bench<'_> {
             procs::reset_peak(pid);
         }
         let mut gateway_stats = Stats::new()?;
+        let mut baseline_stats = match baseline {
+            Some(_) => Some(Stats::new()?),
+            None => None,
+        };
         let mut direct_stats = Stats::new()?;
         let mut cpu_spans = Vec::new();
         let mut sampled = None;
@@ -336,6 +430,10 @@ impl Bench<'_> {
                 sampled = sampled.max(Some(sampler.finish().await));
             }
             reset_mocks(http, endpoints).await?;
+            if let (Some(target), Some(stats)) = (&baseline, &mut baseline_stats) {
+                stats.merge(&load::run(http, target, self.load, slice).await?);
+                reset_mocks(http, endpoints).await?;
+            }
             direct_stats.merge(&load::run(http, &direct, self.load, slice).await?);
             reset_mocks(http, endpoints).await?;
         }
@@ -352,6 +450,7 @@ impl Bench<'_> {
             cpu: CpuSnapshot::per_request(&cpu_spans, gateway_stats.ok, self.ticks_per_second),
             timings: timings.describe(gateway_stats.ok + gateway_stats.errors),
             gateway: gateway_stats,
+            baseline: baseline_stats,
             direct: direct_stats,
             peak_rss_kib: sampled.max(hwm),
         })))
@@ -509,9 +608,13 @@ async fn main() -> anyhow::Result<()> {
         started: utc_now(),
         machine: machine(),
         settings: format!(
-            "{} s per target after {} s warm-up, gateway and direct alternating {}, {}{}",
+            "{} s per target after {} s warm-up, gateway{} and direct alternating {}, {}{}",
             args.duration,
             args.warmup,
+            args.baseline_bin_dir.as_ref().map_or_else(String::new, |dir| format!(
+                ", baseline ({})",
+                dir.display()
+            )),
             if args.slice == 0 {
                 "once".to_owned()
             } else {

@@ -24,6 +24,8 @@ pub struct Measured {
     pub load_average: String,
     pub plan: String,
     pub gateway: Stats,
+    /// The baseline gateway's run (`--baseline-bin-dir`), alternated with the others.
+    pub baseline: Option<Stats>,
     pub direct: Stats,
     pub peak_rss_kib: Option<u64>,
     /// The gateway's own mean timings during the gateway run (from its `/metrics`).
@@ -84,6 +86,46 @@ fn mib(kib: Option<u64>) -> String {
 
 fn us(value: Option<f64>) -> String {
     value.map_or_else(|| "–".into(), |v| format!("{v:.0}"))
+}
+
+/// The gateway against the baseline gateway, scenario by scenario, when the run had one.
+fn render_baseline(out: &mut String, measured: &[&Measured]) {
+    let compared: Vec<(&Measured, &Stats)> = measured
+        .iter()
+        .filter_map(|m| Some((*m, m.baseline.as_ref()?)))
+        .collect();
+    if compared.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        out,
+        "Against the baseline gateway (alternated slice by slice with the gateway and direct runs; ratio = \
+         gateway req/s ÷ baseline req/s):\n"
+    );
+    let _ = writeln!(
+        out,
+        "| scenario | load | gw req/s | baseline req/s | ratio | gw p50 | baseline p50 | gw p99 | baseline p99 | errors gw/baseline |"
+    );
+    let _ = writeln!(out, "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|");
+    for (m, baseline) in compared {
+        let ratio = (baseline.rps() > 0.0).then(|| m.gateway.rps() / baseline.rps());
+        let _ = writeln!(
+            out,
+            "| {} | {} | {:.0} | {:.0} | {} | {} | {} | {} | {} | {}/{} |",
+            m.scenario.name(),
+            m.load.describe(),
+            m.gateway.rps(),
+            baseline.rps(),
+            ratio.map_or_else(|| "–".into(), |r| format!("{r:.3}")),
+            ms(m.gateway.ms(0.5)),
+            ms(baseline.ms(0.5)),
+            ms(m.gateway.ms(0.99)),
+            ms(baseline.ms(0.99)),
+            m.gateway.errors,
+            baseline.errors,
+        );
+    }
+    out.push('\n');
 }
 
 fn target_row(out: &mut String, target: &str, measured: String, met: Option<bool>) {
@@ -190,6 +232,7 @@ impl Report {
                 }
             }
             out.push('\n');
+            render_baseline(&mut out, &measured);
             for m in &measured {
                 let lag = quantile_ms(&m.gateway.send_lag, 0.99);
                 let _ = writeln!(
