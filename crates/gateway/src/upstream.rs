@@ -269,7 +269,8 @@ async fn read_chat_stream(
     out: &mut TextOut<'_>,
 ) -> Result<ModelOutput, UpstreamError> {
     use futures::StreamExt;
-    use gateway_core::chat_stream::{ChatStream, StreamDelta};
+    use gateway_core::chat_stream::ChatStream;
+    use gateway_core::steps::ModelDelta;
 
     let broken = |detail: String| UpstreamError::Broken {
         attempts: attempt,
@@ -300,7 +301,7 @@ async fn read_chat_stream(
                 .map_err(|e| UpstreamError::Parse(format!("bad chunk: {e}")))?;
             // The only chunk `push` refuses is an `{"error": ...}` chunk: the upstream gave up mid-answer.
             let deltas = stream.push(&value).map_err(|e| broken(e.0))?;
-            for StreamDelta::Text(delta) in deltas {
+            for ModelDelta::Text(delta) in deltas {
                 out.forwarded = true;
                 // A closed receiver means the client left; the answer is still read to its end and stored.
                 let _ = out.tx.send(delta).await;
