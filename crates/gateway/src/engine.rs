@@ -11,9 +11,10 @@ use gateway_core::decide::LoopInput;
 use gateway_core::output::{render_output, response_object, ResponseRecord, ResponseStatus};
 use gateway_core::request::{FunctionTool, ValidRequest};
 use gateway_core::steps::{
-    total_usage, ModelStep, Step, StepBody, StepState, ToolCall, ToolStep, UpstreamFailure,
+    total_usage, ModelDelta, ModelStep, Step, StepBody, StepState, ToolCall, ToolStep,
+    UpstreamFailure,
 };
-use gateway_core::{chat, decide_next_action, Item, Limits, NextAction};
+use gateway_core::{decide_next_action, Item, Limits, NextAction};
 use serde_json::Value;
 use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 
@@ -27,7 +28,7 @@ use crate::store::tenancy::{Deployment, ToolSource};
 use crate::store::{Store, StoreError};
 use crate::stream::{StreamSink, STREAM_BUFFER};
 use crate::tools::{CallRef, ToolExecutor};
-use crate::upstream::Upstream;
+use crate::upstream::{Live, ModelRequest, Upstream};
 
 /// How long a write that need not wait for the disk lingers for more to write with it: the write before a model
 /// call waits this long for the call to end (a model that answers sooner has it folded into the next write), and
@@ -542,28 +543,35 @@ impl Engine {
             parameters: Some(t.parameters.clone()),
             strict: Some(t.strict),
         }));
-        let body = chat::build_request(
-            &run.deployment.upstream_model,
-            &run.record.params,
-            &conversation,
-            &tools,
-        );
+        let request = ModelRequest {
+            params: &run.record.params,
+            conversation: &conversation,
+            tools: &tools,
+        };
         // Text a streaming client already saw when the call failed.
         let mut partial = None;
         let started = Instant::now();
         let result = match sink.as_mut() {
-            None => self.upstream.complete(&run.deployment, &body).await,
+            None => self.upstream.call(&run.deployment, &request, None).await,
             Some(sink) => {
                 // Text is passed on as the model produces it; the driver keeps the upstream call and the
                 // client's stream moving together, so a slow client slows the upstream read (backpressure).
-                let message_id = new_id("msg");
-                let (text_tx, mut text_rx) = mpsc::channel::<String>(STREAM_BUFFER);
-                let call =
-                    self.upstream
-                        .complete_streaming(&run.deployment, &body, &message_id, text_tx);
+                let message_id = &new_id("msg");
+                let (delta_tx, mut delta_rx) = mpsc::channel::<ModelDelta>(STREAM_BUFFER);
+                let (deployment, request) = (&run.deployment, &request);
+                let call = async move {
+                    let live = Live {
+                        message_id,
+                        deltas: &delta_tx,
+                    };
+                    // The sender is dropped with this block, which ends the forwarding below.
+                    self.upstream.call(deployment, request, Some(live)).await
+                };
                 let forward = async {
-                    while let Some(delta) = text_rx.recv().await {
-                        sink.text_delta(&message_id, &delta).await;
+                    while let Some(delta) = delta_rx.recv().await {
+                        match delta {
+                            ModelDelta::Text(text) => sink.text_delta(message_id, &text).await,
+                        }
                     }
                 };
                 let (result, ()) = tokio::join!(call, forward);
