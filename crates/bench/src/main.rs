@@ -207,9 +207,14 @@ impl Harness {
             database.apply_settings(&args.db_settings).await?;
             let token = format!("bench-admin-{}", uuid::Uuid::new_v4().simple());
             let process = procs::start_gateway(dir, &database.url, &token)?;
-            let key =
-                setup::configure(http, &process.url, &token, &endpoints.mock, &endpoints.tools)
-                    .await?;
+            let key = setup::configure(
+                http,
+                &process.url,
+                &token,
+                &endpoints.mock,
+                &endpoints.tools,
+            )
+            .await?;
             anyhow::Ok((process, key))
         }
         .await;
@@ -611,10 +616,9 @@ async fn main() -> anyhow::Result<()> {
             "{} s per target after {} s warm-up, gateway{} and direct alternating {}, {}{}",
             args.duration,
             args.warmup,
-            args.baseline_bin_dir.as_ref().map_or_else(String::new, |dir| format!(
-                ", baseline ({})",
-                dir.display()
-            )),
+            args.baseline_bin_dir
+                .as_ref()
+                .map_or_else(String::new, |dir| format!(", baseline ({})", dir.display())),
             if args.slice == 0 {
                 "once".to_owned()
             } else {

@@ -8,13 +8,7 @@
 use serde_json::Value;
 
 use crate::chat::{normalise_arguments, parse_usage, IdSource, ParseError};
-use crate::steps::{AssistantMessage, Finish, ModelOutput, ToolCall, Usage};
-
-/// What one chunk added that a client may see at once.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum StreamDelta {
-    Text(String),
-}
+use crate::steps::{AssistantMessage, Finish, ModelDelta, ModelOutput, ToolCall, Usage};
 
 #[derive(Debug, Clone, Default, PartialEq)]
 struct PartialCall {
@@ -41,7 +35,7 @@ impl ChatStream {
     }
 
     /// Reads one `data:` chunk. An `{"error": ...}` chunk is an error.
-    pub fn push(&mut self, chunk: &Value) -> Result<Vec<StreamDelta>, ParseError> {
+    pub fn push(&mut self, chunk: &Value) -> Result<Vec<ModelDelta>, ParseError> {
         if let Some(error) = chunk.get("error").filter(|e| !e.is_null()) {
             let message = error
                 .get("message")
@@ -72,7 +66,7 @@ impl ChatStream {
             .filter(|t| !t.is_empty())
         {
             self.text.push_str(text);
-            deltas.push(StreamDelta::Text(text.to_owned()));
+            deltas.push(ModelDelta::Text(text.to_owned()));
         }
         if let Some(calls) = delta.get("tool_calls").and_then(Value::as_array) {
             for call in calls {
@@ -247,7 +241,7 @@ mod tests {
         stream
             .push(&json!({"choices": [{"delta": {"content": "lo"}, "finish_reason": "stop"}]}))
             .unwrap();
-        assert_eq!(first, vec![StreamDelta::Text("Hel".into())]);
+        assert_eq!(first, vec![ModelDelta::Text("Hel".into())]);
         let output = stream.finish(&mut Counter(0)).unwrap();
         assert_eq!(output.message.unwrap().text, "Hello");
         assert_eq!(output.finish, Finish::Stop);

@@ -80,6 +80,14 @@ pub struct ModelOutput {
     pub finish: Finish,
 }
 
+/// What a streamed model call produced that the client may see at once, whatever the provider. Its
+/// accumulation is the call's `ModelOutput`; deltas are only passed on, never stored.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ModelDelta {
+    /// Assistant text, continuing the call's message.
+    Text(String),
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct AssistantMessage {
     pub item_id: String,

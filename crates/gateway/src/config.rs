@@ -115,7 +115,7 @@ pub struct UpstreamConfig {
     pub timeout_ms: u64,
     /// Retries after the first attempt, for 429, 5xx and connection errors.
     pub max_retries: u32,
-    /// Base of the exponential backoff between retries (with jitter).
+    /// Base of the backoff between retries (`retry::RetryPolicy`: exponential, equal jitter).
     pub backoff_ms: u64,
 }
 
@@ -136,6 +136,8 @@ pub struct ToolsConfig {
     pub default_timeout_ms: u64,
     /// Retries of a tool request whose connection failed before anything was sent.
     pub max_retries: u32,
+    /// Base of the backoff between those retries (`retry::RetryPolicy`: exponential, equal jitter).
+    pub backoff_ms: u64,
 }
 
 impl Default for ToolsConfig {
@@ -143,6 +145,7 @@ impl Default for ToolsConfig {
         ToolsConfig {
             default_timeout_ms: 30_000,
             max_retries: 2,
+            backoff_ms: 50,
         }
     }
 }

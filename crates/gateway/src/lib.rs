@@ -10,6 +10,7 @@ pub mod engine;
 pub mod ids;
 pub mod metrics;
 pub mod resolver;
+pub mod retry;
 pub mod seed;
 pub mod store;
 pub mod telemetry;

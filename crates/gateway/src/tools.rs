@@ -8,6 +8,7 @@ use secrecy::ExposeSecret;
 use serde_json::Value;
 
 use crate::config::ToolsConfig;
+use crate::retry::RetryPolicy;
 use crate::store::tenancy::ToolSource;
 
 /// Runs server tool calls; every failure becomes an error outcome that the model sees.
@@ -15,6 +16,7 @@ use crate::store::tenancy::ToolSource;
 pub struct ToolExecutor {
     http: reqwest::Client,
     config: ToolsConfig,
+    retry: RetryPolicy,
     /// Compiled argument schemas, by the schema's JSON text: compiling is far dearer than checking.
     validators: moka::sync::Cache<String, Arc<jsonschema::Validator>>,
 }
@@ -36,6 +38,7 @@ impl ToolExecutor {
             .build()?;
         Ok(ToolExecutor {
             http,
+            retry: RetryPolicy::new(config.max_retries, config.backoff_ms),
             config,
             validators: moka::sync::Cache::new(1024),
         })
@@ -67,40 +70,38 @@ impl ToolExecutor {
         } else {
             source.timeout_ms
         };
-        let mut attempt = 0;
-        loop {
-            attempt += 1;
-            let mut request = self
-                .http
-                .post(&source.url)
-                .timeout(Duration::from_millis(timeout_ms))
-                .header("Idempotency-Key", at.idempotency_key)
-                .header("X-Gateway-Tool-Name", &source.name)
-                .header("X-Gateway-Call-Id", &call.call_id)
-                .header("X-Gateway-Response-Id", at.response_id)
-                .json(&arguments);
-            if let Some(secret) = &source.secret {
-                request = request.bearer_auth(secret.expose_secret());
-            }
-            match request.send().await {
-                Ok(response) => return read_answer(&source.name, response).await,
+        let sent = self
+            .retry
+            .run(
+                |_| {
+                    let mut request = self
+                        .http
+                        .post(&source.url)
+                        .timeout(Duration::from_millis(timeout_ms))
+                        .header("Idempotency-Key", at.idempotency_key)
+                        .header("X-Gateway-Tool-Name", &source.name)
+                        .header("X-Gateway-Call-Id", &call.call_id)
+                        .header("X-Gateway-Response-Id", at.response_id)
+                        .json(&arguments);
+                    if let Some(secret) = &source.secret {
+                        request = request.bearer_auth(secret.expose_secret());
+                    }
+                    request.send()
+                },
                 // A refused connection sent nothing, so trying again cannot run the tool twice.
-                Err(e) if e.is_connect() && attempt <= self.config.max_retries => {
-                    tokio::time::sleep(Duration::from_millis(50 * u64::from(attempt))).await;
-                }
-                Err(e) if e.is_timeout() => {
-                    return ToolOutcome::error(format!(
-                        "Tool '{}' timed out after {timeout_ms} ms.",
-                        source.name
-                    ))
-                }
-                Err(e) => {
-                    tracing::warn!(tool.name = %source.name, error = %e, "tool request failed");
-                    return ToolOutcome::error(format!(
-                        "Tool '{}' could not be reached.",
-                        source.name
-                    ));
-                }
+                reqwest::Error::is_connect,
+                |_, _, _| {},
+            )
+            .await;
+        match sent {
+            Ok(response) => read_answer(&source.name, response).await,
+            Err(e) if e.is_timeout() => ToolOutcome::error(format!(
+                "Tool '{}' timed out after {timeout_ms} ms.",
+                source.name
+            )),
+            Err(e) => {
+                tracing::warn!(tool.name = %source.name, error = %e, "tool request failed");
+                ToolOutcome::error(format!("Tool '{}' could not be reached.", source.name))
             }
         }
     }

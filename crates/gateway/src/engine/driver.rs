@@ -4,7 +4,7 @@
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use gateway_core::chat::{self, scrub_nul};
+use gateway_core::chat::scrub_nul;
 use gateway_core::context::{make_call_ids_unique, model_conversation};
 use gateway_core::decide::LoopInput;
 use gateway_core::events::Progress;
@@ -12,8 +12,8 @@ use gateway_core::output::render_output;
 use gateway_core::request::FunctionTool;
 use gateway_core::response::Ending;
 use gateway_core::steps::{
-    total_usage, AssistantMessage, ModelStep, Step, StepBody, StepState, ToolOutcome, ToolStep,
-    UpstreamFailure,
+    total_usage, AssistantMessage, ModelDelta, ModelStep, Step, StepBody, StepState, ToolOutcome,
+    ToolStep, UpstreamFailure,
 };
 use gateway_core::{decide_next_action, IncompleteReason, NextAction};
 use tokio::sync::mpsc;
@@ -25,6 +25,7 @@ use crate::ids::new_id;
 use crate::store::responses::Durability;
 use crate::store::StoreError;
 use crate::tools::CallRef;
+use crate::upstream::{Live, ModelRequest};
 
 /// Model text waiting for a slow reader: the upstream read waits when this many pieces are queued.
 const TEXT_BUFFER: usize = 64;
@@ -211,39 +212,48 @@ impl Engine {
             parameters: Some(t.parameters.clone()),
             strict: Some(t.strict),
         }));
-        let body = chat::build_request(
-            &run.deployment.upstream_model,
-            &run.record.params,
-            &conversation,
-            &tools,
-        );
+        let request = ModelRequest {
+            params: &run.record.params,
+            conversation: &conversation,
+            tools: &tools,
+        };
         let started = Instant::now();
         // The text a reader was shown while the call ran, as it was cut.
         let mut shown = Shown::default();
         let result = if sink.wants_text_deltas() {
             // Text is passed on as the model produces it; the upstream read and the reader move together, so a
             // slow reader slows the upstream read (backpressure).
-            let message_id = new_id("msg");
-            let (text_tx, mut text_rx) = mpsc::channel::<String>(TEXT_BUFFER);
-            let call =
-                self.upstream
-                    .complete_streaming(&run.deployment, &body, &message_id, text_tx);
+            let message_id = &new_id("msg");
+            let (delta_tx, mut delta_rx) = mpsc::channel::<ModelDelta>(TEXT_BUFFER);
+            let (deployment, request) = (&run.deployment, &request);
+            let call = async move {
+                let live = Live {
+                    message_id,
+                    deltas: &delta_tx,
+                };
+                // The sender is dropped with this block, which ends the forwarding below.
+                self.upstream.call(deployment, request, Some(live)).await
+            };
             let forward = async {
-                while let Some(delta) = text_rx.recv().await {
-                    let delta = scrub_nul(delta);
-                    sink.report(Progress::TextDelta {
-                        item_id: &message_id,
-                        delta: &delta,
-                    })
-                    .await;
-                    shown.push(&delta);
+                while let Some(delta) = delta_rx.recv().await {
+                    match delta {
+                        ModelDelta::Text(text) => {
+                            let text = scrub_nul(text);
+                            sink.report(Progress::TextDelta {
+                                item_id: message_id,
+                                delta: &text,
+                            })
+                            .await;
+                            shown.push(&text);
+                        }
+                    }
                 }
             };
             let (result, ()) = tokio::join!(call, forward);
-            shown.item_id = message_id;
+            shown.item_id = message_id.clone();
             result
         } else {
-            self.upstream.complete(&run.deployment, &body).await
+            self.upstream.call(&run.deployment, &request, None).await
         };
         crate::metrics::upstream_call(&run.deployment.name, started, result.is_ok());
         let step = &mut run.steps[index];

@@ -2,6 +2,7 @@
 
 use super::backend::Fields;
 use super::{Store, StoreError};
+use gateway_core::entity::ProviderKind;
 use secrecy::SecretString;
 use sha2::{Digest, Sha256};
 
@@ -10,7 +11,7 @@ use sha2::{Digest, Sha256};
 pub struct Deployment {
     pub id: String,
     pub name: String,
-    pub provider_kind: String,
+    pub provider_kind: ProviderKind,
     pub base_url: String,
     pub upstream_model: String,
     pub api_key: Option<SecretString>,
@@ -98,11 +99,13 @@ impl Store {
     }
 }
 
-fn deployment(row: &impl Fields) -> Result<Deployment, sqlx::Error> {
+fn deployment(row: &impl Fields) -> Result<Deployment, StoreError> {
+    let provider_kind: String = row.field("provider_kind")?;
     Ok(Deployment {
         id: row.field("id")?,
         name: row.field("name")?,
-        provider_kind: row.field("provider_kind")?,
+        provider_kind: ProviderKind::parse(&provider_kind, "provider_kind")
+            .map_err(|e| StoreError::Corrupt(e.message))?,
         base_url: row.field("base_url")?,
         upstream_model: row.field("upstream_model")?,
         api_key: row

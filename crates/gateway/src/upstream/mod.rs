@@ -1,0 +1,252 @@
+//! Upstream model calls (SPEC section 8): one provider-neutral call, an adapter per provider kind behind it, and the
+//! retry rule they all share.
+
+mod openai_chat;
+mod sse;
+
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use gateway_core::chat::IdSource;
+use gateway_core::entity::ProviderKind;
+use gateway_core::request::{FunctionTool, ResponseParams};
+use gateway_core::steps::{ModelDelta, ModelOutput};
+use gateway_core::Item;
+use tokio::sync::mpsc;
+
+use crate::config::UpstreamConfig;
+use crate::ids::new_id;
+use crate::retry::RetryPolicy;
+use crate::store::tenancy::Deployment;
+
+/// Why a model call failed for good. Detail is for logs; clients get a generic message.
+#[derive(Debug, thiserror::Error)]
+pub enum UpstreamError {
+    #[error("upstream answered HTTP {status} after {attempts} attempt(s): {detail}")]
+    Status {
+        status: u16,
+        attempts: u32,
+        detail: String,
+    },
+    #[error("upstream unreachable after {attempts} attempt(s): {detail}")]
+    Transport { attempts: u32, detail: String },
+    /// A streamed answer that broke off: the connection dropped, an `{"error": ...}` chunk came, or the
+    /// body ended before the answer did.
+    #[error("upstream stream broke off after {attempts} attempt(s): {detail}")]
+    Broken { attempts: u32, detail: String },
+    #[error("upstream answer unreadable: {0}")]
+    Parse(String),
+    #[error("provider kind '{0}' is not supported yet")]
+    UnsupportedProvider(String),
+}
+
+impl UpstreamError {
+    /// What the response's `error.message` says: no upstream text, which may hold secrets or prompts.
+    pub fn public_message(&self) -> String {
+        match self {
+            UpstreamError::Status {
+                status, attempts, ..
+            } => {
+                format!("The upstream model failed: it answered HTTP {status} (after {attempts} attempt(s)).")
+            }
+            UpstreamError::Transport { attempts, .. } => {
+                format!("The upstream model could not be reached (after {attempts} attempt(s)).")
+            }
+            UpstreamError::Broken { attempts, .. } => {
+                format!("The upstream model's stream broke off (after {attempts} attempt(s)).")
+            }
+            UpstreamError::Parse(_) => "The upstream model's answer could not be read.".into(),
+            UpstreamError::UnsupportedProvider(kind) => {
+                format!("The deployment's provider kind '{kind}' is not supported yet.")
+            }
+        }
+    }
+
+    /// Whether another attempt may do better: a 429, a 5xx, no connection, or a stream that broke off. Any other
+    /// answer would be the same again.
+    fn is_retryable(&self) -> bool {
+        match self {
+            UpstreamError::Status { status, .. } => *status == 429 || (500..=599).contains(status),
+            UpstreamError::Transport { .. } | UpstreamError::Broken { .. } => true,
+            UpstreamError::Parse(_) | UpstreamError::UnsupportedProvider(_) => false,
+        }
+    }
+}
+
+/// What one model call sends, whatever the provider.
+#[derive(Debug, Clone, Copy)]
+pub struct ModelRequest<'a> {
+    pub params: &'a ResponseParams,
+    pub conversation: &'a [Item],
+    /// Client tools and server tools, as offered to the model.
+    pub tools: &'a [FunctionTool],
+}
+
+/// Where a streamed call's output goes as it arrives.
+#[derive(Debug, Clone, Copy)]
+pub struct Live<'a> {
+    /// The id of the message item the call's text is shown in; its output's message keeps it.
+    pub message_id: &'a str,
+    pub deltas: &'a mpsc::Sender<ModelDelta>,
+}
+
+/// Calls upstream models; holds one pooled HTTP client for all of them.
+#[derive(Debug, Clone)]
+pub struct Upstream {
+    http: reqwest::Client,
+    config: UpstreamConfig,
+    retry: RetryPolicy,
+}
+
+impl Upstream {
+    pub fn new(config: UpstreamConfig) -> Result<Upstream, reqwest::Error> {
+        let http = reqwest::Client::builder()
+            // Streams may run long: a stalled read is what fails them, not their total length. Whole
+            // (non-streaming) answers get a total timeout per request (`whole_answer_timeout`).
+            .connect_timeout(Duration::from_millis(config.timeout_ms.min(10_000)))
+            .read_timeout(Duration::from_millis(config.timeout_ms))
+            .pool_max_idle_per_host(256)
+            .build()?;
+        Ok(Upstream {
+            http,
+            retry: RetryPolicy::new(config.max_retries, config.backoff_ms),
+            config,
+        })
+    }
+
+    /// One model call to `deployment`'s provider: streamed upstream when `live` is given (deltas forwarded as
+    /// they arrive), whole otherwise; retried as SPEC 8 says.
+    pub async fn call(
+        &self,
+        deployment: &Deployment,
+        request: &ModelRequest<'_>,
+        live: Option<Live<'_>>,
+    ) -> Result<ModelOutput, UpstreamError> {
+        match deployment.provider_kind {
+            ProviderKind::OpenaiChat => openai_chat::call(self, deployment, request, live).await,
+            kind @ (ProviderKind::Anthropic | ProviderKind::OpenaiResponses) => {
+                Err(UpstreamError::UnsupportedProvider(kind.to_string()))
+            }
+        }
+    }
+
+    /// Runs the attempts of one model call (`attempt` is given each one's number, from 1): a retryable failure is
+    /// tried again, bounded, with backoff, but a streamed call only while none of its output reached `out`: once
+    /// the client saw text, a new attempt could not take it back.
+    async fn with_retries<Fut>(
+        &self,
+        deployment: &Deployment,
+        out: Option<&Forwarder<'_>>,
+        attempt: impl FnMut(u32) -> Fut,
+    ) -> Result<ModelOutput, UpstreamError>
+    where
+        Fut: Future<Output = Result<ModelOutput, UpstreamError>>,
+    {
+        self.retry
+            .run(
+                attempt,
+                |failure| failure.is_retryable() && !out.is_some_and(Forwarder::forwarded),
+                |attempt, failure, wait| {
+                    tracing::warn!(attempt, deployment = %deployment.name, error = %failure, wait_ms = wait.as_millis() as u64, "upstream call failed; retrying");
+                },
+            )
+            .await
+    }
+
+    /// Sends one attempt's request: an answer other than 2xx is `Status` (with the start of its body, for logs), no
+    /// answer is `Transport`.
+    async fn send(
+        &self,
+        request: reqwest::RequestBuilder,
+        attempt: u32,
+    ) -> Result<reqwest::Response, UpstreamError> {
+        let response = request.send().await.map_err(|e| UpstreamError::Transport {
+            attempts: attempt,
+            detail: e.to_string(),
+        })?;
+        let status = response.status();
+        if status.is_success() {
+            return Ok(response);
+        }
+        let detail = response.text().await.unwrap_or_default();
+        Err(UpstreamError::Status {
+            status: status.as_u16(),
+            attempts: attempt,
+            detail: truncate(&detail),
+        })
+    }
+
+    /// The whole of a non-streaming answer must arrive within this.
+    fn whole_answer_timeout(&self) -> Duration {
+        Duration::from_millis(self.config.timeout_ms)
+    }
+}
+
+/// A streamed call's `Live`, and whether any of the call's output was passed on yet.
+struct Forwarder<'a> {
+    live: Live<'a>,
+    forwarded: AtomicBool,
+}
+
+impl<'a> Forwarder<'a> {
+    fn new(live: Live<'a>) -> Forwarder<'a> {
+        Forwarder {
+            live,
+            forwarded: AtomicBool::new(false),
+        }
+    }
+
+    /// Passes `delta` on. A closed receiver means the client left; the answer is still read to its end and stored.
+    async fn send(&self, delta: ModelDelta) {
+        self.forwarded.store(true, Ordering::Relaxed);
+        let _ = self.live.deltas.send(delta).await;
+    }
+
+    fn forwarded(&self) -> bool {
+        self.forwarded.load(Ordering::Relaxed)
+    }
+
+    /// Ids for the streamed answer: its message keeps the id its events already used.
+    fn ids(&self) -> StreamIds<'a> {
+        StreamIds {
+            message_id: self.live.message_id,
+        }
+    }
+}
+
+/// Draws random ids for output items and for calls that came without an id.
+struct RandomIds;
+
+impl IdSource for RandomIds {
+    fn item_id(&mut self, prefix: &str) -> String {
+        new_id(prefix)
+    }
+
+    fn call_id(&mut self, _index: usize) -> String {
+        new_id("call")
+    }
+}
+
+/// Ids for a streamed answer: its message keeps the id its events already used.
+struct StreamIds<'a> {
+    message_id: &'a str,
+}
+
+impl IdSource for StreamIds<'_> {
+    fn item_id(&mut self, prefix: &str) -> String {
+        if prefix == "msg" {
+            self.message_id.to_owned()
+        } else {
+            new_id(prefix)
+        }
+    }
+
+    fn call_id(&mut self, _index: usize) -> String {
+        new_id("call")
+    }
+}
+
+fn truncate(text: &str) -> String {
+    text.chars().take(500).collect()
+}
