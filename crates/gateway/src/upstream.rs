@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 use gateway_core::chat::{self, IdSource};
+use gateway_core::entity::ProviderKind;
 use gateway_core::steps::ModelOutput;
 use rand::Rng;
 use secrecy::ExposeSecret;
@@ -94,9 +95,9 @@ impl Upstream {
         deployment: &Deployment,
         body: &Value,
     ) -> Result<ModelOutput, UpstreamError> {
-        if deployment.provider_kind != "openai_chat" {
+        if deployment.provider_kind != ProviderKind::OpenaiChat {
             return Err(UpstreamError::UnsupportedProvider(
-                deployment.provider_kind.clone(),
+                deployment.provider_kind.to_string(),
             ));
         }
         let url = format!(
@@ -182,9 +183,9 @@ impl Upstream {
         message_id: &str,
         text: tokio::sync::mpsc::Sender<String>,
     ) -> Result<ModelOutput, UpstreamError> {
-        if deployment.provider_kind != "openai_chat" {
+        if deployment.provider_kind != ProviderKind::OpenaiChat {
             return Err(UpstreamError::UnsupportedProvider(
-                deployment.provider_kind.clone(),
+                deployment.provider_kind.to_string(),
             ));
         }
         let mut body = body.clone();

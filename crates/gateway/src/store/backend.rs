@@ -7,7 +7,6 @@ use sqlx::postgres::{PgPoolOptions, PgRow};
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteRow,
 };
-use sqlx::types::Json;
 use sqlx::{Decode, Postgres, Row, Sqlite, Type};
 
 use super::{Backend, StoreError};
@@ -107,21 +106,14 @@ impl<T> Portable for T where
 {
 }
 
-/// Typed reads of a row of either backend, so that each row-to-struct conversion is written once.
+/// Typed reads of a row of either backend, for the conversions not (yet) derived with `sqlx::FromRow`.
 pub(super) trait Fields {
     /// The value of `column`.
     fn field<T: Portable>(&self, column: &str) -> Result<T, sqlx::Error>;
-
-    /// A list of ids: a `TEXT[]` on Postgres, a JSON array on SQLite (which has no arrays).
-    fn id_list(&self, column: &str) -> Result<Vec<String>, sqlx::Error>;
 }
 
 impl Fields for PgRow {
     fn field<T: Portable>(&self, column: &str) -> Result<T, sqlx::Error> {
-        self.try_get(column)
-    }
-
-    fn id_list(&self, column: &str) -> Result<Vec<String>, sqlx::Error> {
         self.try_get(column)
     }
 }
@@ -129,11 +121,6 @@ impl Fields for PgRow {
 impl Fields for SqliteRow {
     fn field<T: Portable>(&self, column: &str) -> Result<T, sqlx::Error> {
         self.try_get(column)
-    }
-
-    fn id_list(&self, column: &str) -> Result<Vec<String>, sqlx::Error> {
-        let Json(ids) = self.try_get::<Json<Vec<String>>, _>(column)?;
-        Ok(ids)
     }
 }
 
