@@ -7,7 +7,10 @@ use axum::http::request::Parts;
 use axum::http::{Method, StatusCode, Uri};
 use axum::routing::{get, put};
 use axum::{Json, Router};
-use gateway_core::request::is_valid_tool_name;
+use gateway_core::entity::{
+    check_non_empty, check_secret, EntityName, HttpUrl, ProviderKind, TimeoutMs, ToolName,
+    ToolParameters,
+};
 use rand::Rng;
 use secrecy::ExposeSecret;
 use serde::de::DeserializeOwned;
@@ -23,18 +26,6 @@ use crate::store::admin::{
     NewDeployment, NewToolSource, ProjectRow, ToolSourceChanges, ToolSourceRow,
 };
 use crate::store::tenancy::hash_key;
-
-/// Provider kinds a deployment may name.
-pub const PROVIDER_KINDS: [&str; 3] = ["openai_chat", "anthropic", "openai_responses"];
-
-/// Tool timeout used when a tool source does not name one.
-pub const DEFAULT_TOOL_TIMEOUT_MS: i64 = 30_000;
-
-/// Largest tool timeout a tool source may ask for (ten minutes).
-pub const MAX_TOOL_TIMEOUT_MS: i64 = 600_000;
-
-/// Longest name of a project, key, deployment or group, in characters.
-const MAX_NAME_CHARS: usize = 256;
 
 /// Random characters after `sk-` in a new API key (6 bits each).
 const KEY_RANDOM_CHARS: usize = 48;
@@ -324,139 +315,12 @@ fn not_null<T>(value: Option<Option<T>>, param: &str) -> Result<Option<T>, ApiEr
     }
 }
 
-/// Names of projects, keys, deployments and groups: non-empty, short, no surrounding space or control characters.
-fn check_name(name: &str, param: &str) -> Result<(), ApiError> {
-    if name.is_empty() {
-        return Err(invalid_value(
-            format!("'{param}' must not be empty."),
-            param,
-        ));
-    }
-    if name.chars().count() > MAX_NAME_CHARS {
-        return Err(invalid_value(
-            format!("'{param}' must be at most {MAX_NAME_CHARS} characters long."),
-            param,
-        ));
-    }
-    if name.trim() != name || name.chars().any(char::is_control) {
-        return Err(invalid_value(
-            format!(
-                "'{param}' must not start or end with whitespace or contain control characters."
-            ),
-            param,
-        ));
-    }
-    Ok(())
-}
-
-fn check_tool_name(name: &str) -> Result<(), ApiError> {
-    if is_valid_tool_name(name) {
-        Ok(())
-    } else {
-        Err(invalid_value(
-            format!("Invalid 'name': '{name}' must match ^[a-zA-Z0-9_-]{{1,64}}$."),
-            "name",
-        ))
-    }
-}
-
-fn check_kind(kind: &str) -> Result<(), ApiError> {
-    if PROVIDER_KINDS.contains(&kind) {
-        Ok(())
-    } else {
-        Err(invalid_value(
-            format!(
-                "Invalid 'provider.kind': '{kind}'; expected one of {}.",
-                PROVIDER_KINDS.join(", ")
-            ),
-            "provider.kind",
-        ))
-    }
-}
-
-/// An absolute `http`/`https` URL with a host and no embedded credentials (those belong in the secret
-/// fields, which are never shown; a URL is).
-fn check_url(url: &str, param: &str) -> Result<(), ApiError> {
-    // The URL parser forgives surrounding spaces; the stored value must be exactly what is used.
-    let problem = match reqwest::Url::parse(url) {
-        _ if url.trim() != url => Some("it must not start or end with whitespace".into()),
-        Err(e) => Some(format!("it is not a valid URL ({e})")),
-        Ok(parsed) if !matches!(parsed.scheme(), "http" | "https") => {
-            Some("the scheme must be http or https".into())
-        }
-        Ok(parsed) if parsed.host_str().is_none_or(str::is_empty) => Some("it has no host".into()),
-        Ok(parsed) if !parsed.username().is_empty() || parsed.password().is_some() => {
-            Some("it must not contain credentials; use the secret field instead".into())
-        }
-        Ok(_) => None,
-    };
-    match problem {
-        None => Ok(()),
-        Some(problem) => Err(invalid_value(
-            format!("Invalid '{param}': {problem}."),
-            param,
-        )),
-    }
-}
-
-fn check_non_empty(value: &str, param: &str) -> Result<(), ApiError> {
-    if value.trim().is_empty() {
-        Err(invalid_value(
-            format!("'{param}' must not be empty."),
-            param,
-        ))
-    } else {
-        Ok(())
-    }
-}
-
-/// Credentials are sent as an HTTP header, so they must be non-empty and free of control characters.
-/// The message never repeats the value.
-fn check_secret(secret: &str, param: &str) -> Result<(), ApiError> {
-    if secret.trim().is_empty() || secret.chars().any(char::is_control) {
-        Err(invalid_value(
-            format!("'{param}' must be non-empty and free of control characters; send null to remove it."),
-            param,
-        ))
-    } else {
-        Ok(())
-    }
-}
-
-/// A tool's `parameters`: a JSON object that compiles as a JSON Schema, describing an object.
-fn check_parameters(parameters: &Value) -> Result<(), ApiError> {
-    if !parameters.is_object() {
-        return Err(invalid_value(
-            "'parameters' must be a JSON Schema object.".into(),
-            "parameters",
-        ));
-    }
-    if let Some(kind) = parameters.get("type") {
-        if kind != "object" {
-            return Err(invalid_value(
-                format!("'parameters' must describe an object (\"type\": \"object\"), not {kind}."),
-                "parameters",
-            ));
-        }
-    }
-    match jsonschema::validator_for(parameters) {
-        Ok(_) => Ok(()),
-        Err(e) => Err(invalid_value(
-            format!("'parameters' is not a valid JSON Schema: {e}."),
-            "parameters",
-        )),
-    }
-}
-
-fn check_timeout(timeout_ms: i64) -> Result<(), ApiError> {
-    if (1..=MAX_TOOL_TIMEOUT_MS).contains(&timeout_ms) {
-        Ok(())
-    } else {
-        Err(invalid_value(
-            format!("Invalid 'timeout_ms': {timeout_ms}; expected an integer between 1 and {MAX_TOOL_TIMEOUT_MS}."),
-            "timeout_ms",
-        ))
-    }
+/// The `name` of a PATCH body of a project, key, deployment or group: absent, or a valid name.
+fn entity_name(name: Option<Option<String>>) -> Result<Option<EntityName>, ApiError> {
+    not_null(name, "name")?
+        .map(|name| EntityName::parse(name, "name"))
+        .transpose()
+        .map_err(ApiError::from)
 }
 
 // ---------------------------------------------------------------------------------------------------------
@@ -536,8 +400,7 @@ pub async fn create_project(
     State(state): State<AppState>,
     AdminJson(body): AdminJson<NameBody>,
 ) -> Result<Json<Value>, ApiError> {
-    let name = required(body.name, "name")?;
-    check_name(&name, "name")?;
+    let name = EntityName::parse(required(body.name, "name")?, "name")?;
     let project = state.store.create_project(&name).await?;
     tracing::info!(project.id = %project.id, "project created");
     Ok(Json(project_object(&project)))
@@ -573,13 +436,10 @@ pub async fn update_project(
     Ids(id): Ids<String>,
     AdminJson(body): AdminJson<NameBody>,
 ) -> Result<Json<Value>, ApiError> {
-    let name = not_null(body.name, "name")?;
-    if let Some(name) = &name {
-        check_name(name, "name")?;
-    }
+    let name = entity_name(body.name)?;
     let project = state
         .store
-        .update_project(&id, name.as_deref())
+        .update_project(&id, name.as_ref())
         .await?
         .ok_or_else(|| not_found("project", &id))?;
     tracing::info!(project.id = %project.id, "project updated");
@@ -622,8 +482,7 @@ pub async fn create_api_key(
     Ids(project_id): Ids<String>,
     AdminJson(body): AdminJson<NameBody>,
 ) -> Result<Json<Value>, ApiError> {
-    let name = required(body.name, "name")?;
-    check_name(&name, "name")?;
+    let name = EntityName::parse(required(body.name, "name")?, "name")?;
     let key = generate_key();
     let key_prefix: String = key.chars().take(KEY_PREFIX_CHARS).collect();
     let new = NewApiKey {
@@ -678,13 +537,10 @@ pub async fn update_api_key(
     Ids(id): Ids<String>,
     AdminJson(body): AdminJson<NameBody>,
 ) -> Result<Json<Value>, ApiError> {
-    let name = not_null(body.name, "name")?;
-    if let Some(name) = &name {
-        check_name(name, "name")?;
-    }
+    let name = entity_name(body.name)?;
     let key = state
         .store
-        .update_api_key(&id, name.as_deref())
+        .update_api_key(&id, name.as_ref())
         .await?
         .ok_or_else(|| not_found("API key", &id))?;
     Ok(Json(key_object(&key)))
@@ -714,13 +570,13 @@ pub async fn create_deployment(
     State(state): State<AppState>,
     AdminJson(body): AdminJson<DeploymentBody>,
 ) -> Result<Json<Value>, ApiError> {
-    let name = required(body.name, "name")?;
-    check_name(&name, "name")?;
+    let name = EntityName::parse(required(body.name, "name")?, "name")?;
     let provider = required(body.provider, "provider")?;
-    let kind = required(provider.kind, "provider.kind")?;
-    check_kind(&kind)?;
-    let base_url = required(provider.base_url, "provider.base_url")?;
-    check_url(&base_url, "provider.base_url")?;
+    let kind = ProviderKind::parse(&required(provider.kind, "provider.kind")?, "provider.kind")?;
+    let base_url = HttpUrl::parse(
+        required(provider.base_url, "provider.base_url")?,
+        "provider.base_url",
+    )?;
     let model = required(provider.model, "provider.model")?;
     check_non_empty(&model, "provider.model")?;
     let api_key = provider.api_key.flatten();
@@ -729,7 +585,7 @@ pub async fn create_deployment(
     }
     let new = NewDeployment {
         name: &name,
-        provider_kind: &kind,
+        provider_kind: kind,
         base_url: &base_url,
         upstream_model: &model,
         api_key: api_key.as_deref(),
@@ -770,21 +626,16 @@ pub async fn update_deployment(
     Ids(id): Ids<String>,
     AdminJson(body): AdminJson<DeploymentBody>,
 ) -> Result<Json<Value>, ApiError> {
-    let name = not_null(body.name, "name")?;
-    if let Some(name) = &name {
-        check_name(name, "name")?;
-    }
+    let name = entity_name(body.name)?;
     let provider = not_null(body.provider, "provider")?;
     let (mut kind, mut base_url, mut model, mut api_key) = (None, None, None, None);
     if let Some(provider) = provider {
-        kind = not_null(provider.kind, "provider.kind")?;
-        if let Some(kind) = &kind {
-            check_kind(kind)?;
-        }
-        base_url = not_null(provider.base_url, "provider.base_url")?;
-        if let Some(base_url) = &base_url {
-            check_url(base_url, "provider.base_url")?;
-        }
+        kind = not_null(provider.kind, "provider.kind")?
+            .map(|kind| ProviderKind::parse(&kind, "provider.kind"))
+            .transpose()?;
+        base_url = not_null(provider.base_url, "provider.base_url")?
+            .map(|url| HttpUrl::parse(url, "provider.base_url"))
+            .transpose()?;
         model = not_null(provider.model, "provider.model")?;
         if let Some(model) = &model {
             check_non_empty(model, "provider.model")?;
@@ -795,9 +646,9 @@ pub async fn update_deployment(
         }
     }
     let changes = DeploymentChanges {
-        name: name.as_deref(),
-        provider_kind: kind.as_deref(),
-        base_url: base_url.as_deref(),
+        name: name.as_ref(),
+        provider_kind: kind,
+        base_url: base_url.as_ref(),
         upstream_model: model.as_deref(),
         api_key: api_key.as_ref().map(Option::as_deref),
     };
@@ -832,8 +683,7 @@ pub async fn create_group(
     State(state): State<AppState>,
     AdminJson(body): AdminJson<NameBody>,
 ) -> Result<Json<Value>, ApiError> {
-    let name = required(body.name, "name")?;
-    check_name(&name, "name")?;
+    let name = EntityName::parse(required(body.name, "name")?, "name")?;
     let group = state.store.create_group(&name).await?;
     tracing::info!(group.id = %group.id, "deployment group created");
     Ok(Json(group_object(&group)))
@@ -869,13 +719,10 @@ pub async fn update_group(
     Ids(id): Ids<String>,
     AdminJson(body): AdminJson<NameBody>,
 ) -> Result<Json<Value>, ApiError> {
-    let name = not_null(body.name, "name")?;
-    if let Some(name) = &name {
-        check_name(name, "name")?;
-    }
+    let name = entity_name(body.name)?;
     let group = state
         .store
-        .update_group(&id, name.as_deref())
+        .update_group(&id, name.as_ref())
         .await?
         .ok_or_else(|| not_found("deployment group", &id))?;
     tracing::info!(group.id = %group.id, "deployment group updated");
@@ -997,15 +844,14 @@ pub async fn create_tool_source(
     State(state): State<AppState>,
     AdminJson(body): AdminJson<ToolSourceBody>,
 ) -> Result<Json<Value>, ApiError> {
-    let name = required(body.name, "name")?;
-    check_tool_name(&name)?;
+    let name = ToolName::parse(required(body.name, "name")?, "name")?;
     let description = body.description.flatten().unwrap_or_default();
-    let parameters = required(body.parameters, "parameters")?;
-    check_parameters(&parameters)?;
-    let url = required(body.url, "url")?;
-    check_url(&url, "url")?;
-    let timeout_ms = body.timeout_ms.flatten().unwrap_or(DEFAULT_TOOL_TIMEOUT_MS);
-    check_timeout(timeout_ms)?;
+    let parameters = ToolParameters::parse(required(body.parameters, "parameters")?, "parameters")?;
+    let url = HttpUrl::parse(required(body.url, "url")?, "url")?;
+    let timeout_ms = match body.timeout_ms.flatten() {
+        Some(timeout_ms) => TimeoutMs::parse(timeout_ms, "timeout_ms")?,
+        None => TimeoutMs::DEFAULT,
+    };
     let secret = body.secret.flatten();
     if let Some(secret) = &secret {
         check_secret(secret, "secret")?;
@@ -1055,32 +901,28 @@ pub async fn update_tool_source(
     Ids(id): Ids<String>,
     AdminJson(body): AdminJson<ToolSourceBody>,
 ) -> Result<Json<Value>, ApiError> {
-    let name = not_null(body.name, "name")?;
-    if let Some(name) = &name {
-        check_tool_name(name)?;
-    }
+    let name = not_null(body.name, "name")?
+        .map(|name| ToolName::parse(name, "name"))
+        .transpose()?;
     let description = body.description.map(Option::unwrap_or_default);
-    let parameters = not_null(body.parameters, "parameters")?;
-    if let Some(parameters) = &parameters {
-        check_parameters(parameters)?;
-    }
-    let url = not_null(body.url, "url")?;
-    if let Some(url) = &url {
-        check_url(url, "url")?;
-    }
-    let timeout_ms = not_null(body.timeout_ms, "timeout_ms")?;
-    if let Some(timeout_ms) = timeout_ms {
-        check_timeout(timeout_ms)?;
-    }
+    let parameters = not_null(body.parameters, "parameters")?
+        .map(|parameters| ToolParameters::parse(parameters, "parameters"))
+        .transpose()?;
+    let url = not_null(body.url, "url")?
+        .map(|url| HttpUrl::parse(url, "url"))
+        .transpose()?;
+    let timeout_ms = not_null(body.timeout_ms, "timeout_ms")?
+        .map(|timeout_ms| TimeoutMs::parse(timeout_ms, "timeout_ms"))
+        .transpose()?;
     if let Some(Some(secret)) = &body.secret {
         check_secret(secret, "secret")?;
     }
     let strict = not_null(body.strict, "strict")?;
     let changes = ToolSourceChanges {
-        name: name.as_deref(),
+        name: name.as_ref(),
         description: description.as_deref(),
         parameters: parameters.as_ref(),
-        url: url.as_deref(),
+        url: url.as_ref(),
         timeout_ms,
         secret: body.secret.as_ref().map(Option::as_deref),
         strict,
@@ -1126,57 +968,5 @@ mod tests {
         assert!(!same_secret("admin-token", "admin-tokeN"));
         assert!(!same_secret("admin-token", "admin-token-longer"));
         assert!(!same_secret("", "admin-token"));
-    }
-
-    #[test]
-    fn urls_must_be_http_with_a_host_and_no_credentials() {
-        let table = [
-            ("http://127.0.0.1:8080/v1", true),
-            ("https://api.example.com", true),
-            ("ftp://example.com", false),
-            ("not a url", false),
-            ("/relative/path", false),
-            ("http://user:pass@example.com", false),
-            (" http://example.com", false),
-            ("http://", false),
-            ("", false),
-        ];
-        for (url, ok) in table {
-            assert_eq!(check_url(url, "url").is_ok(), ok, "{url}");
-        }
-    }
-
-    #[test]
-    fn parameters_must_be_an_object_schema_that_compiles() {
-        let table = [
-            (
-                json!({"type": "object", "properties": {"a": {"type": "number"}}}),
-                true,
-            ),
-            (json!({}), true),
-            (json!({"type": "string"}), false),
-            (
-                json!({"type": "object", "properties": {"a": {"type": "no-such-type"}}}),
-                false,
-            ),
-            (
-                json!({"type": "object", "properties": {"a": {"pattern": "("}}}),
-                false,
-            ),
-            (json!([1, 2]), false),
-            (json!("object"), false),
-        ];
-        for (schema, ok) in table {
-            assert_eq!(check_parameters(&schema).is_ok(), ok, "{schema}");
-        }
-    }
-
-    #[test]
-    fn names_are_refused_when_empty_padded_or_too_long() {
-        assert!(check_name("acme", "name").is_ok());
-        assert!(check_name("", "name").is_err());
-        assert!(check_name(" acme", "name").is_err());
-        assert!(check_name("ac\nme", "name").is_err());
-        assert!(check_name(&"x".repeat(MAX_NAME_CHARS + 1), "name").is_err());
     }
 }

@@ -1,5 +1,7 @@
 //! API keys of projects: kept as a SHA-256 hash (never read back) and a short prefix to tell keys apart.
 
+use gateway_core::entity::EntityName;
+
 use crate::clock::now;
 use crate::ids::new_id;
 use crate::store::{Store, StoreError};
@@ -19,7 +21,7 @@ pub struct ApiKeyRow {
 #[derive(Debug, Clone)]
 pub struct NewApiKey<'a> {
     pub project_id: &'a str,
-    pub name: &'a str,
+    pub name: &'a EntityName,
     pub key_hash: &'a str,
     pub key_prefix: &'a str,
 }
@@ -45,7 +47,7 @@ impl Store {
         ))
         .bind(new_id("key"))
         .bind(new.project_id)
-        .bind(new.name)
+        .bind(new.name.as_str())
         .bind(new.key_hash)
         .bind(new.key_prefix)
         .bind(now())
@@ -91,7 +93,7 @@ impl Store {
     pub async fn update_api_key(
         &self,
         id: &str,
-        name: Option<&str>,
+        name: Option<&EntityName>,
     ) -> Result<Option<ApiKeyRow>, StoreError> {
         Ok(with_pool!(self, |pool| sqlx::query_as::<_, ApiKeyRow>(
             concat!(
@@ -100,7 +102,7 @@ impl Store {
             )
         )
         .bind(id)
-        .bind(name)
+        .bind(name.map(EntityName::as_str))
         .fetch_optional(pool)
         .await)?)
     }

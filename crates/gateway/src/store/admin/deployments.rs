@@ -1,6 +1,8 @@
 //! Deployments: the model names clients send, bound to an upstream provider. The upstream key is written
 //! here and only read back as `has_api_key`.
 
+use gateway_core::entity::{EntityName, HttpUrl, ProviderKind};
+
 use crate::clock::now;
 use crate::ids::new_id;
 use crate::store::{Store, StoreError};
@@ -10,7 +12,8 @@ use crate::store::{Store, StoreError};
 pub struct DeploymentRow {
     pub id: String,
     pub name: String,
-    pub provider_kind: String,
+    #[sqlx(try_from = "String")]
+    pub provider_kind: ProviderKind,
     pub base_url: String,
     pub upstream_model: String,
     pub has_api_key: bool,
@@ -20,9 +23,9 @@ pub struct DeploymentRow {
 /// A deployment to create.
 #[derive(Debug, Clone)]
 pub struct NewDeployment<'a> {
-    pub name: &'a str,
-    pub provider_kind: &'a str,
-    pub base_url: &'a str,
+    pub name: &'a EntityName,
+    pub provider_kind: ProviderKind,
+    pub base_url: &'a HttpUrl,
     pub upstream_model: &'a str,
     pub api_key: Option<&'a str>,
 }
@@ -30,9 +33,9 @@ pub struct NewDeployment<'a> {
 /// Changes to a deployment; `None` leaves a field as it is.
 #[derive(Debug, Clone, Default)]
 pub struct DeploymentChanges<'a> {
-    pub name: Option<&'a str>,
-    pub provider_kind: Option<&'a str>,
-    pub base_url: Option<&'a str>,
+    pub name: Option<&'a EntityName>,
+    pub provider_kind: Option<ProviderKind>,
+    pub base_url: Option<&'a HttpUrl>,
     pub upstream_model: Option<&'a str>,
     /// `Some(None)` clears the key, `Some(Some(k))` replaces it.
     pub api_key: Option<Option<&'a str>>,
@@ -58,15 +61,15 @@ impl Store {
             deployment_columns!()
         ))
         .bind(new_id("dep"))
-        .bind(new.name)
-        .bind(new.provider_kind)
-        .bind(new.base_url)
+        .bind(new.name.as_str())
+        .bind(new.provider_kind.as_str())
+        .bind(new.base_url.as_str())
         .bind(new.upstream_model)
         .bind(new.api_key)
         .bind(now())
         .fetch_one(pool)
         .await)
-        .map_err(|e| StoreError::from_write(e, &taken(new.name)))
+        .map_err(|e| StoreError::from_write(e, &taken(new.name.as_str())))
     }
 
     /// Every deployment, by name.
@@ -114,15 +117,15 @@ impl Store {
             deployment_columns!()
         ))
         .bind(id)
-        .bind(changes.name)
-        .bind(changes.provider_kind)
-        .bind(changes.base_url)
+        .bind(changes.name.map(EntityName::as_str))
+        .bind(changes.provider_kind.map(ProviderKind::as_str))
+        .bind(changes.base_url.map(HttpUrl::as_str))
         .bind(changes.upstream_model)
         .bind(changes.api_key.is_some())
         .bind(changes.api_key.flatten())
         .fetch_optional(pool)
         .await)
-        .map_err(|e| StoreError::from_write(e, &taken(changes.name.unwrap_or_default())))
+        .map_err(|e| StoreError::from_write(e, &taken(changes.name.map_or("", EntityName::as_str))))
     }
 
     /// Deletes a deployment and its group memberships; `false` when there was none.

@@ -1,5 +1,7 @@
 //! Deployment groups and their memberships: which deployments a project may use, and with which tool sources.
 
+use gateway_core::entity::EntityName;
+
 use crate::clock::now;
 use crate::ids::new_id;
 use crate::store::{Backend, Store, StoreError};
@@ -99,16 +101,16 @@ pub enum Membership {
 
 impl Store {
     /// Creates an empty group; `Conflict` when the name is taken.
-    pub async fn create_group(&self, name: &str) -> Result<GroupRow, StoreError> {
+    pub async fn create_group(&self, name: &EntityName) -> Result<GroupRow, StoreError> {
         with_pool!(self, |pool| sqlx::query_as::<_, GroupRow>(
             "INSERT INTO deployment_groups (id, name, created_at) VALUES ($1, $2, $3) RETURNING id, name, created_at",
         )
         .bind(new_id("grp"))
-        .bind(name)
+        .bind(name.as_str())
         .bind(now())
         .fetch_one(pool)
         .await)
-        .map_err(|e| StoreError::from_write(e, &taken(name)))
+        .map_err(|e| StoreError::from_write(e, &taken(name.as_str())))
     }
 
     /// Every group with its members, by name.
@@ -136,16 +138,16 @@ impl Store {
     pub async fn update_group(
         &self,
         id: &str,
-        name: Option<&str>,
+        name: Option<&EntityName>,
     ) -> Result<Option<GroupRow>, StoreError> {
         let updated = with_pool!(self, |pool| sqlx::query(
             "UPDATE deployment_groups SET name = COALESCE($2, name) WHERE id = $1"
         )
         .bind(id)
-        .bind(name)
+        .bind(name.map(EntityName::as_str))
         .execute(pool)
         .await
-        .map_err(|e| StoreError::from_write(e, &taken(name.unwrap_or_default())))?
+        .map_err(|e| StoreError::from_write(e, &taken(name.map_or("", EntityName::as_str))))?
         .rows_affected());
         if updated == 0 {
             return Ok(None);

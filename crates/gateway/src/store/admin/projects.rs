@@ -1,5 +1,7 @@
 //! Projects (tenants): the owners of API keys and responses.
 
+use gateway_core::entity::EntityName;
+
 use crate::clock::now;
 use crate::ids::new_id;
 use crate::store::{Store, StoreError};
@@ -14,16 +16,16 @@ pub struct ProjectRow {
 
 impl Store {
     /// Creates a project; `Conflict` when the name is taken.
-    pub async fn create_project(&self, name: &str) -> Result<ProjectRow, StoreError> {
+    pub async fn create_project(&self, name: &EntityName) -> Result<ProjectRow, StoreError> {
         with_pool!(self, |pool| sqlx::query_as::<_, ProjectRow>(
             "INSERT INTO projects (id, name, created_at) VALUES ($1, $2, $3) RETURNING id, name, created_at"
         )
         .bind(new_id("proj"))
-        .bind(name)
+        .bind(name.as_str())
         .bind(now())
         .fetch_one(pool)
         .await)
-        .map_err(|e| StoreError::from_write(e, &taken(name)))
+        .map_err(|e| StoreError::from_write(e, &taken(name.as_str())))
     }
 
     /// Every project, by name.
@@ -49,16 +51,16 @@ impl Store {
     pub async fn update_project(
         &self,
         id: &str,
-        name: Option<&str>,
+        name: Option<&EntityName>,
     ) -> Result<Option<ProjectRow>, StoreError> {
         with_pool!(self, |pool| sqlx::query_as::<_, ProjectRow>(
             "UPDATE projects SET name = COALESCE($2, name) WHERE id = $1 RETURNING id, name, created_at"
         )
         .bind(id)
-        .bind(name)
+        .bind(name.map(EntityName::as_str))
         .fetch_optional(pool)
         .await)
-        .map_err(|e| StoreError::from_write(e, &taken(name.unwrap_or_default())))
+        .map_err(|e| StoreError::from_write(e, &taken(name.map_or("", EntityName::as_str))))
     }
 
     /// Deletes a project with its keys, responses and group grants; `false` when there was none.

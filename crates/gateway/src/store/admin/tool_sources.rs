@@ -1,6 +1,7 @@
 //! Tool sources: server tools, each a function the model sees and the HTTP endpoint that runs it. The secret
 //! is written here and only read back as `has_secret`.
 
+use gateway_core::entity::{HttpUrl, TimeoutMs, ToolName, ToolParameters};
 use serde_json::Value;
 
 use crate::clock::now;
@@ -24,11 +25,11 @@ pub struct ToolSourceRow {
 /// A tool source to create.
 #[derive(Debug, Clone)]
 pub struct NewToolSource<'a> {
-    pub name: &'a str,
+    pub name: &'a ToolName,
     pub description: &'a str,
-    pub parameters: &'a Value,
-    pub url: &'a str,
-    pub timeout_ms: i64,
+    pub parameters: &'a ToolParameters,
+    pub url: &'a HttpUrl,
+    pub timeout_ms: TimeoutMs,
     pub secret: Option<&'a str>,
     pub strict: bool,
 }
@@ -36,11 +37,11 @@ pub struct NewToolSource<'a> {
 /// Changes to a tool source; `None` leaves a field as it is.
 #[derive(Debug, Clone, Default)]
 pub struct ToolSourceChanges<'a> {
-    pub name: Option<&'a str>,
+    pub name: Option<&'a ToolName>,
     pub description: Option<&'a str>,
-    pub parameters: Option<&'a Value>,
-    pub url: Option<&'a str>,
-    pub timeout_ms: Option<i64>,
+    pub parameters: Option<&'a ToolParameters>,
+    pub url: Option<&'a HttpUrl>,
+    pub timeout_ms: Option<TimeoutMs>,
     /// `Some(None)` clears the secret, `Some(Some(s))` replaces it.
     pub secret: Option<Option<&'a str>>,
     pub strict: Option<bool>,
@@ -66,17 +67,17 @@ impl Store {
             tool_source_columns!()
         ))
         .bind(new_id("tool"))
-        .bind(new.name)
+        .bind(new.name.as_str())
         .bind(new.description)
-        .bind(new.parameters)
-        .bind(new.url)
-        .bind(new.timeout_ms)
+        .bind(new.parameters.as_value())
+        .bind(new.url.as_str())
+        .bind(millis(new.timeout_ms))
         .bind(new.secret)
         .bind(new.strict)
         .bind(now())
         .fetch_one(pool)
         .await)
-        .map_err(|e| StoreError::from_write(e, &taken(new.name)))
+        .map_err(|e| StoreError::from_write(e, &taken(new.name.as_str())))
     }
 
     /// Every tool source, by name.
@@ -126,17 +127,17 @@ impl Store {
             tool_source_columns!()
         ))
         .bind(id)
-        .bind(changes.name)
+        .bind(changes.name.map(ToolName::as_str))
         .bind(changes.description)
-        .bind(changes.parameters)
-        .bind(changes.url)
-        .bind(changes.timeout_ms)
+        .bind(changes.parameters.map(ToolParameters::as_value))
+        .bind(changes.url.map(HttpUrl::as_str))
+        .bind(changes.timeout_ms.map(millis))
         .bind(changes.secret.is_some())
         .bind(changes.secret.flatten())
         .bind(changes.strict)
         .fetch_optional(pool)
         .await)
-        .map_err(|e| StoreError::from_write(e, &taken(changes.name.unwrap_or_default())))
+        .map_err(|e| StoreError::from_write(e, &taken(changes.name.map_or("", ToolName::as_str))))
     }
 
     /// Deletes a tool source and its group attachments; `false` when there was none.
@@ -144,6 +145,12 @@ impl Store {
         self.delete_by_id("DELETE FROM tool_sources WHERE id = $1", id)
             .await
     }
+}
+
+/// A timeout as the `BIGINT` column keeps it.
+fn millis(timeout: TimeoutMs) -> i64 {
+    // At most `TimeoutMs::MAX` (ten minutes), so it always fits.
+    i64::try_from(timeout.get()).unwrap_or(i64::MAX)
 }
 
 fn taken(name: &str) -> String {
