@@ -15,11 +15,11 @@ use axum::middleware::{self, Next};
 use axum::response::Response;
 use axum::routing::{get, put};
 use axum::{Json, Router};
-use gateway_core::entity::EntityName;
+use gateway_core::request::InvalidRequest;
 use secrecy::ExposeSecret;
 use serde::de::DeserializeOwned;
-use serde::{Deserialize, Deserializer};
-use serde_json::{json, Value};
+use serde::{Deserialize, Deserializer, Serialize};
+use serde_json::Value;
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
@@ -267,23 +267,59 @@ fn not_null<T>(value: Option<Option<T>>, param: &str) -> Result<Option<T>, ApiEr
     }
 }
 
-/// The `name` of a PATCH body of a project, key, deployment or group: absent, or a valid name.
-fn entity_name(name: Option<Option<String>>) -> Result<Option<EntityName>, ApiError> {
-    not_null(name, "name")?
-        .map(|name| EntityName::parse(name, "name"))
-        .transpose()
-        .map_err(ApiError::from)
+/// A field that must be present, parsed with `parse` (e.g. `EntityName::parse`), which names `param`.
+fn parse_required<T, U>(
+    value: Option<Option<T>>,
+    param: &str,
+    parse: impl FnOnce(T, &str) -> Result<U, InvalidRequest>,
+) -> Result<U, ApiError> {
+    Ok(parse(required(value, param)?, param)?)
+}
+
+/// A PATCH field that may be absent but not `null`, parsed with `parse` when present.
+fn parse_changed<T, U>(
+    value: Option<Option<T>>,
+    param: &str,
+    parse: impl FnOnce(T, &str) -> Result<U, InvalidRequest>,
+) -> Result<Option<U>, ApiError> {
+    match not_null(value, param)? {
+        Some(value) => Ok(Some(parse(value, param)?)),
+        None => Ok(None),
+    }
 }
 
 // ---------------------------------------------------------------------------------------------------------
 // Answers
 
-fn list(data: Vec<Value>) -> Json<Value> {
-    Json(json!({"object": "list", "data": data}))
+/// `{"object": "list", "data": [...]}`: every list answer.
+#[derive(Debug, Serialize)]
+pub struct List<T> {
+    object: &'static str,
+    data: Vec<T>,
 }
 
-fn deleted(id: &str, object: &str) -> Json<Value> {
-    Json(json!({"id": id, "object": object, "deleted": true}))
+/// Lists `rows` as their answer objects.
+fn list<R, T: From<R>>(rows: Vec<R>) -> Json<List<T>> {
+    Json(List {
+        object: "list",
+        data: rows.into_iter().map(T::from).collect(),
+    })
+}
+
+/// `{"id", "object", "deleted": true}`: the answer to a delete.
+#[derive(Debug, Serialize)]
+pub struct Deleted {
+    id: String,
+    object: &'static str,
+    deleted: bool,
+}
+
+fn deleted(id: String, object: &'static str) -> Json<Deleted> {
+    Json(Deleted {
+        id,
+        object,
+        deleted: true,
+    })
 }
 
 fn not_found(what: &str, id: &str) -> ApiError {
