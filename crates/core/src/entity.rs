@@ -154,6 +154,15 @@ impl ProviderKind {
     }
 }
 
+/// Reads a kind back from where it was stored as its name (the store's `provider_kind` column).
+impl TryFrom<String> for ProviderKind {
+    type Error = InvalidRequest;
+
+    fn try_from(kind: String) -> Result<ProviderKind, InvalidRequest> {
+        ProviderKind::parse(&kind, "provider_kind")
+    }
+}
+
 impl fmt::Display for ProviderKind {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())
@@ -297,6 +306,7 @@ mod tests {
     fn provider_kinds_round_trip_and_unknown_ones_list_the_choices() {
         for kind in ProviderKind::ALL {
             assert_eq!(ProviderKind::parse(kind.as_str(), "kind"), Ok(kind));
+            assert_eq!(ProviderKind::try_from(kind.to_string()), Ok(kind));
             assert_eq!(json!(kind), json!(kind.as_str()));
         }
         let error = ProviderKind::parse("bedrock", "provider.kind").unwrap_err();

@@ -1,8 +1,16 @@
 //! Start-up seeding: creates or updates the configured entities, idempotently, by name.
+//!
+//! Every seeded field is parsed with the same rules as the admin API (`gateway_core::entity`), so a seed
+//! cannot store what the admin API would refuse.
 
-use secrecy::ExposeSecret;
+use gateway_core::entity::{
+    check_non_empty, check_secret, EntityName, HttpUrl, ProviderKind, TimeoutMs, ToolName,
+    ToolParameters,
+};
+use gateway_core::request::InvalidRequest;
+use secrecy::{ExposeSecret, SecretString};
 
-use crate::config::SeedConfig;
+use crate::config::{SeedConfig, SeedDeployment, SeedGroup, SeedProject, SeedToolSource};
 use crate::store::admin::{
     DeploymentChanges, Member, Membership, NewApiKey, NewDeployment, NewToolSource,
     ToolSourceChanges,
@@ -23,211 +31,215 @@ pub enum SeedError {
     Store(#[from] StoreError),
 }
 
-const DEFAULT_TOOL_TIMEOUT_MS: i64 = 30_000;
-
 /// Applies `seed`: creates what is missing, updates what differs, never deletes. Running it twice changes
 /// nothing the second time.
 pub async fn apply(store: &Store, seed: &SeedConfig) -> Result<(), SeedError> {
     for (name, project) in &seed.projects {
-        let id = match store
-            .list_projects()
-            .await?
-            .into_iter()
-            .find(|p| &p.name == name)
-        {
-            Some(existing) => existing.id,
-            None => store.create_project(name).await?.id,
-        };
-        for (key_name, key) in &project.api_keys {
-            let key = key.expose_secret();
-            if !key.starts_with("sk-") || key.len() < 20 {
-                return Err(invalid(
-                    "api key",
-                    key_name,
-                    "a key must start with 'sk-' and have at least 20 characters",
-                ));
-            }
-            let new = NewApiKey {
-                project_id: &id,
-                name: key_name,
-                key_hash: &hash_key(key),
-                key_prefix: &key.chars().take(9).collect::<String>(),
-            };
-            match store.create_api_key(&new).await {
-                // The key exists already (maybe revoked since: it stays as it is).
-                Ok(_) | Err(StoreError::Conflict(_)) => {}
-                Err(other) => return Err(other.into()),
-            }
-        }
+        seed_project(store, name, project).await?;
     }
-
     for (name, deployment) in &seed.deployments {
-        if !matches!(
-            deployment.kind.as_str(),
-            "openai_chat" | "anthropic" | "openai_responses"
-        ) {
-            return Err(invalid(
-                "deployment",
-                name,
-                "kind must be openai_chat, anthropic or openai_responses",
-            ));
-        }
-        // An empty key (e.g. an unset variable in docker compose) means none.
-        let api_key = deployment
-            .api_key
-            .as_ref()
-            .map(|k| k.expose_secret())
-            .filter(|k| !k.is_empty());
-        match store
-            .list_deployments()
-            .await?
-            .into_iter()
-            .find(|d| &d.name == name)
-        {
-            Some(existing) => {
-                let changes = DeploymentChanges {
-                    name: None,
-                    provider_kind: Some(&deployment.kind),
-                    base_url: Some(&deployment.base_url),
-                    upstream_model: Some(&deployment.model),
-                    api_key: Some(api_key),
-                };
-                store.update_deployment(&existing.id, &changes).await?;
-            }
-            None => {
-                let new = NewDeployment {
-                    name,
-                    provider_kind: &deployment.kind,
-                    base_url: &deployment.base_url,
-                    upstream_model: &deployment.model,
-                    api_key,
-                };
-                store.create_deployment(&new).await?;
-            }
-        }
+        seed_deployment(store, name, deployment).await?;
     }
-
     for (name, tool) in &seed.tool_sources {
-        if !gateway_core::request::is_valid_tool_name(name) {
-            return Err(invalid(
-                "tool source",
-                name,
-                "the name must match ^[a-zA-Z0-9_-]{1,64}$",
+        seed_tool_source(store, name, tool).await?;
+    }
+    for (name, group) in &seed.deployment_groups {
+        seed_group(store, name, group).await?;
+    }
+    Ok(())
+}
+
+async fn seed_project(store: &Store, name: &str, project: &SeedProject) -> Result<(), SeedError> {
+    let name = EntityName::parse(name, "name").map_err(|e| invalid("project", name, e))?;
+    let existing = store
+        .list_projects()
+        .await?
+        .into_iter()
+        .find(|p| p.name == name.as_str());
+    let id = match existing {
+        Some(existing) => existing.id,
+        None => store.create_project(&name).await?.id,
+    };
+    for (key_name, key) in &project.api_keys {
+        let label = EntityName::parse(key_name.as_str(), "name")
+            .map_err(|e| invalid("api key", key_name, e))?;
+        let key = key.expose_secret();
+        if !key.starts_with("sk-") || key.len() < 20 {
+            return Err(problem(
+                "api key",
+                key_name,
+                "a key must start with 'sk-' and have at least 20 characters".into(),
             ));
         }
-        if !tool.parameters.is_object() || jsonschema::validator_for(&tool.parameters).is_err() {
-            return Err(invalid(
-                "tool source",
-                name,
-                "parameters must be a valid JSON Schema object",
-            ));
-        }
-        let timeout_ms = tool.timeout_ms.unwrap_or(DEFAULT_TOOL_TIMEOUT_MS);
-        let secret = tool
-            .secret
-            .as_ref()
-            .map(|s| s.expose_secret())
-            .filter(|s| !s.is_empty());
-        match store
-            .list_tool_sources()
-            .await?
-            .into_iter()
-            .find(|t| &t.name == name)
-        {
-            Some(existing) => {
-                let changes = ToolSourceChanges {
-                    name: None,
-                    description: Some(&tool.description),
-                    parameters: Some(&tool.parameters),
-                    url: Some(&tool.url),
-                    timeout_ms: Some(timeout_ms),
-                    secret: Some(secret),
-                    strict: Some(tool.strict),
-                };
-                store.update_tool_source(&existing.id, &changes).await?;
-            }
-            None => {
-                let new = NewToolSource {
-                    name,
-                    description: &tool.description,
-                    parameters: &tool.parameters,
-                    url: &tool.url,
-                    timeout_ms,
-                    secret,
-                    strict: tool.strict,
-                };
-                store.create_tool_source(&new).await?;
-            }
+        let new = NewApiKey {
+            project_id: &id,
+            name: &label,
+            key_hash: &hash_key(key),
+            key_prefix: &key.chars().take(9).collect::<String>(),
+        };
+        match store.create_api_key(&new).await {
+            // The key exists already (maybe revoked since: it stays as it is).
+            Ok(_) | Err(StoreError::Conflict(_)) => {}
+            Err(other) => return Err(other.into()),
         }
     }
+    Ok(())
+}
 
-    for (name, group) in &seed.deployment_groups {
-        let group_id = match store
-            .list_groups()
-            .await?
-            .into_iter()
-            .find(|g| &g.name == name)
-        {
-            Some(existing) => existing.id,
-            None => store.create_group(name).await?.id,
+async fn seed_deployment(
+    store: &Store,
+    name: &str,
+    deployment: &SeedDeployment,
+) -> Result<(), SeedError> {
+    let reject = |e| invalid("deployment", name, e);
+    let name = EntityName::parse(name, "name").map_err(reject)?;
+    let kind = ProviderKind::parse(&deployment.kind, "kind").map_err(reject)?;
+    let base_url = HttpUrl::parse(deployment.base_url.as_str(), "base_url").map_err(reject)?;
+    check_non_empty(&deployment.model, "model").map_err(reject)?;
+    let api_key = optional_secret(deployment.api_key.as_ref(), "api_key").map_err(reject)?;
+    let existing = store
+        .list_deployments()
+        .await?
+        .into_iter()
+        .find(|d| d.name == name.as_str());
+    if let Some(existing) = existing {
+        let changes = DeploymentChanges {
+            name: None,
+            provider_kind: Some(kind),
+            base_url: Some(&base_url),
+            upstream_model: Some(&deployment.model),
+            api_key: Some(api_key),
         };
-        let deployments = store.list_deployments().await?;
-        let projects = store.list_projects().await?;
-        let tools = store.list_tool_sources().await?;
-        let members = group
-            .deployments
-            .iter()
-            .map(|n| {
-                (
-                    Member::Deployment,
-                    n,
-                    deployments
-                        .iter()
-                        .find(|d| &d.name == n)
-                        .map(|d| d.id.clone()),
-                )
-            })
-            .chain(group.projects.iter().map(|n| {
-                (
-                    Member::Project,
-                    n,
-                    projects.iter().find(|p| &p.name == n).map(|p| p.id.clone()),
-                )
-            }))
-            .chain(group.tool_sources.iter().map(|n| {
-                (
-                    Member::ToolSource,
-                    n,
-                    tools.iter().find(|t| &t.name == n).map(|t| t.id.clone()),
-                )
-            }));
-        for (kind, member_name, member_id) in members {
-            let Some(member_id) = member_id else {
-                return Err(invalid(
+        store.update_deployment(&existing.id, &changes).await?;
+    } else {
+        let new = NewDeployment {
+            name: &name,
+            provider_kind: kind,
+            base_url: &base_url,
+            upstream_model: &deployment.model,
+            api_key,
+        };
+        store.create_deployment(&new).await?;
+    }
+    Ok(())
+}
+
+async fn seed_tool_source(
+    store: &Store,
+    name: &str,
+    tool: &SeedToolSource,
+) -> Result<(), SeedError> {
+    let reject = |e| invalid("tool source", name, e);
+    let name = ToolName::parse(name, "name").map_err(reject)?;
+    let parameters =
+        ToolParameters::parse(tool.parameters.clone(), "parameters").map_err(reject)?;
+    let url = HttpUrl::parse(tool.url.as_str(), "url").map_err(reject)?;
+    let timeout_ms = match tool.timeout_ms {
+        Some(timeout_ms) => TimeoutMs::parse(timeout_ms, "timeout_ms").map_err(reject)?,
+        None => TimeoutMs::DEFAULT,
+    };
+    let secret = optional_secret(tool.secret.as_ref(), "secret").map_err(reject)?;
+    let existing = store
+        .list_tool_sources()
+        .await?
+        .into_iter()
+        .find(|t| t.name == name.as_str());
+    if let Some(existing) = existing {
+        let changes = ToolSourceChanges {
+            name: None,
+            description: Some(&tool.description),
+            parameters: Some(&parameters),
+            url: Some(&url),
+            timeout_ms: Some(timeout_ms),
+            secret: Some(secret),
+            strict: Some(tool.strict),
+        };
+        store.update_tool_source(&existing.id, &changes).await?;
+    } else {
+        let new = NewToolSource {
+            name: &name,
+            description: &tool.description,
+            parameters: &parameters,
+            url: &url,
+            timeout_ms,
+            secret,
+            strict: tool.strict,
+        };
+        store.create_tool_source(&new).await?;
+    }
+    Ok(())
+}
+
+async fn seed_group(store: &Store, name: &str, group: &SeedGroup) -> Result<(), SeedError> {
+    let group_name =
+        EntityName::parse(name, "name").map_err(|e| invalid("deployment group", name, e))?;
+    let existing = store
+        .list_groups()
+        .await?
+        .into_iter()
+        .find(|g| g.name == group_name.as_str());
+    let group_id = match existing {
+        Some(existing) => existing.id,
+        None => store.create_group(&group_name).await?.id,
+    };
+    let deployments = store.list_deployments().await?;
+    let projects = store.list_projects().await?;
+    let tools = store.list_tool_sources().await?;
+    let members = (group.deployments.iter())
+        .map(|n| {
+            let id = deployments.iter().find(|d| &d.name == n).map(|d| &d.id);
+            (Member::Deployment, n, id)
+        })
+        .chain(group.projects.iter().map(|n| {
+            let id = projects.iter().find(|p| &p.name == n).map(|p| &p.id);
+            (Member::Project, n, id)
+        }))
+        .chain(group.tool_sources.iter().map(|n| {
+            let id = tools.iter().find(|t| &t.name == n).map(|t| &t.id);
+            (Member::ToolSource, n, id)
+        }));
+    for (kind, member_name, member_id) in members {
+        let Some(member_id) = member_id else {
+            return Err(problem(
+                "deployment group",
+                name,
+                format!("no {} named '{member_name}'", kind.as_str()),
+            ));
+        };
+        match store.attach_member(&group_id, kind, member_id).await? {
+            Membership::Done | Membership::NotAttached => {}
+            Membership::GroupMissing | Membership::MemberMissing => {
+                return Err(problem(
                     "deployment group",
                     name,
-                    &format!("no {} named '{member_name}'", kind.as_str()),
+                    "a member vanished while seeding".into(),
                 ));
-            };
-            match store.attach_member(&group_id, kind, &member_id).await? {
-                Membership::Done | Membership::NotAttached => {}
-                Membership::GroupMissing | Membership::MemberMissing => {
-                    return Err(invalid(
-                        "deployment group",
-                        name,
-                        "a member vanished while seeding",
-                    ));
-                }
             }
         }
     }
     Ok(())
 }
 
-fn invalid(entity: &'static str, name: &str, problem: &str) -> SeedError {
+/// A seeded credential: an empty one (e.g. an unset variable in docker compose) means none.
+fn optional_secret<'a>(
+    secret: Option<&'a SecretString>,
+    param: &str,
+) -> Result<Option<&'a str>, InvalidRequest> {
+    match secret.map(|s| s.expose_secret()).filter(|s| !s.is_empty()) {
+        Some(secret) => check_secret(secret, param).map(|()| Some(secret)),
+        None => Ok(None),
+    }
+}
+
+/// A seeded field that does not parse: the parser's message says which and why.
+fn invalid(entity: &'static str, name: &str, error: InvalidRequest) -> SeedError {
+    problem(entity, name, error.message)
+}
+
+fn problem(entity: &'static str, name: &str, problem: String) -> SeedError {
     SeedError::Invalid {
         entity,
         name: name.to_owned(),
-        problem: problem.to_owned(),
+        problem,
     }
 }

@@ -11,6 +11,9 @@ use gateway::store::admin::{
 use gateway::store::responses::{Durability, NewResponse, Order, StepWrite};
 use gateway::store::tenancy::{hash_key, ToolSource};
 use gateway::store::{Backend, Store, StoreError};
+use gateway_core::entity::{
+    EntityName, HttpUrl, ProviderKind, TimeoutMs, ToolName, ToolParameters,
+};
 use gateway_core::request::ResponseParams;
 use gateway_core::response::{Ending, ResponseRecord, ResponseState, ResponseStatus};
 use gateway_core::steps::{Step, StepState, Usage};
@@ -93,15 +96,39 @@ impl Scratch {
 
 // ---- fixtures ----
 
-async fn project(store: &Store, name: &str) -> String {
-    store.create_project(name).await.expect("project").id
+fn name(name: &str) -> EntityName {
+    EntityName::parse(name, "name").expect("a valid name")
+}
+
+fn tool_name(name: &str) -> ToolName {
+    ToolName::parse(name, "name").expect("a valid tool name")
+}
+
+fn url(url: &str) -> HttpUrl {
+    HttpUrl::parse(url, "url").expect("a valid URL")
+}
+
+fn timeout(ms: i64) -> TimeoutMs {
+    TimeoutMs::parse(ms, "timeout_ms").expect("a valid timeout")
+}
+
+fn schema(parameters: Value) -> ToolParameters {
+    ToolParameters::parse(parameters, "parameters").expect("a valid schema")
+}
+
+async fn project(store: &Store, project: &str) -> String {
+    store
+        .create_project(&name(project))
+        .await
+        .expect("project")
+        .id
 }
 
 async fn key(store: &Store, project_id: &str, key: &str) -> String {
     store
         .create_api_key(&NewApiKey {
             project_id,
-            name: "test",
+            name: &name("test"),
             key_hash: &hash_key(key),
             key_prefix: &key[..6],
         })
@@ -111,12 +138,12 @@ async fn key(store: &Store, project_id: &str, key: &str) -> String {
         .id
 }
 
-async fn deployment(store: &Store, name: &str) -> String {
+async fn deployment(store: &Store, deployment: &str) -> String {
     store
         .create_deployment(&NewDeployment {
-            name,
-            provider_kind: "openai_chat",
-            base_url: "http://127.0.0.1:9/v1",
+            name: &name(deployment),
+            provider_kind: ProviderKind::OpenaiChat,
+            base_url: &url("http://127.0.0.1:9/v1"),
             upstream_model: "mock-model",
             api_key: Some("sk-upstream"),
         })
@@ -128,11 +155,11 @@ async fn deployment(store: &Store, name: &str) -> String {
 async fn tool(store: &Store, name: &str) -> String {
     store
         .create_tool_source(&NewToolSource {
-            name,
+            name: &tool_name(name),
             description: "a tool",
-            parameters: &json!({"type": "object", "properties": {"a": {"type": "number"}}}),
-            url: "http://127.0.0.1:9/tools",
-            timeout_ms: 1000,
+            parameters: &schema(json!({"type": "object", "properties": {"a": {"type": "number"}}})),
+            url: &url("http://127.0.0.1:9/tools"),
+            timeout_ms: timeout(1000),
             secret: Some("tool-secret"),
             strict: true,
         })
@@ -141,8 +168,8 @@ async fn tool(store: &Store, name: &str) -> String {
         .id
 }
 
-async fn group(store: &Store, name: &str) -> String {
-    store.create_group(name).await.expect("group").id
+async fn group(store: &Store, group: &str) -> String {
+    store.create_group(&name(group)).await.expect("group").id
 }
 
 async fn attach(store: &Store, group_id: &str, kind: Member, member_id: &str) {
@@ -316,8 +343,8 @@ async fn the_store_answers_a_ping(store: Store) {
 }
 
 async fn projects_are_created_read_listed_renamed_and_deleted(store: Store) {
-    let beta = store.create_project("beta").await.expect("create");
-    let alpha = store.create_project("alpha").await.expect("create");
+    let beta = store.create_project(&name("beta")).await.expect("create");
+    let alpha = store.create_project(&name("alpha")).await.expect("create");
     assert!(beta.id.starts_with("proj_"), "{beta:?}");
     assert_eq!(beta.name, "beta");
     assert!(beta.created_at > 1_600_000_000);
@@ -332,7 +359,7 @@ async fn projects_are_created_read_listed_renamed_and_deleted(store: Store) {
         "listed by name"
     );
     let renamed = store
-        .update_project(&beta.id, Some("gamma"))
+        .update_project(&beta.id, Some(&name("gamma")))
         .await
         .expect("rename")
         .expect("exists");
@@ -346,7 +373,7 @@ async fn projects_are_created_read_listed_renamed_and_deleted(store: Store) {
     assert_eq!(unchanged, renamed);
     assert_eq!(
         store
-            .update_project("proj_missing", Some("x"))
+            .update_project("proj_missing", Some(&name("x")))
             .await
             .expect("update"),
         None
@@ -363,7 +390,7 @@ async fn api_keys_are_listed_renamed_and_revoked_once(store: Store) {
     let missing = store
         .create_api_key(&NewApiKey {
             project_id: "proj_missing",
-            name: "k",
+            name: &name("k"),
             key_hash: &hash_key("sk-nowhere"),
             key_prefix: "sk-now",
         })
@@ -397,7 +424,7 @@ async fn api_keys_are_listed_renamed_and_revoked_once(store: Store) {
     assert_eq!(first.revoked_at, None);
 
     let renamed = store
-        .update_api_key(&first_id, Some("ci"))
+        .update_api_key(&first_id, Some(&name("ci")))
         .await
         .expect("rename")
         .expect("exists");
@@ -427,7 +454,7 @@ async fn api_keys_are_listed_renamed_and_revoked_once(store: Store) {
     let duplicate = store
         .create_api_key(&NewApiKey {
             project_id: &project_id,
-            name: "again",
+            name: &name("again"),
             key_hash: &hash_key("sk-first-key"),
             key_prefix: "sk-fir",
         })
@@ -446,7 +473,7 @@ async fn deployments_never_read_back_their_api_key(store: Store) {
         .expect("get")
         .expect("exists");
     assert_eq!(created.name, "mock");
-    assert_eq!(created.provider_kind, "openai_chat");
+    assert_eq!(created.provider_kind, ProviderKind::OpenaiChat);
     assert_eq!(created.upstream_model, "mock-model");
     assert!(created.has_api_key);
 
@@ -454,7 +481,7 @@ async fn deployments_never_read_back_their_api_key(store: Store) {
         .update_deployment(
             &id,
             &DeploymentChanges {
-                base_url: Some("http://127.0.0.1:10/v1"),
+                base_url: Some(&url("http://127.0.0.1:10/v1")),
                 api_key: Some(None),
                 ..DeploymentChanges::default()
             },
@@ -492,17 +519,10 @@ async fn deployments_never_read_back_their_api_key(store: Store) {
         None
     );
 
-    let bad_kind = store
-        .create_deployment(&NewDeployment {
-            name: "bad",
-            provider_kind: "carrier_pigeon",
-            base_url: "http://127.0.0.1:9",
-            upstream_model: "m",
-            api_key: None,
-        })
-        .await;
+    // `ProviderKind` cannot name another kind, so the column's own check is tried with a raw insert.
+    let bad_kind = insert_deployment_of_kind(&store, "carrier_pigeon").await;
     assert!(
-        matches!(bad_kind, Err(StoreError::Database(_))),
+        matches!(bad_kind, Err(sqlx::Error::Database(_))),
         "the provider kind is checked: {bad_kind:?}"
     );
 
@@ -525,14 +545,15 @@ async fn tool_sources_keep_their_parameters_and_never_read_back_their_secret(sto
     assert!(created.strict);
     assert!(created.has_secret);
 
-    let parameters =
-        json!({"type": "object", "required": ["b"], "properties": {"b": {"type": "string"}}});
+    let parameters = schema(
+        json!({"type": "object", "required": ["b"], "properties": {"b": {"type": "string"}}}),
+    );
     let patched = store
         .update_tool_source(
             &id,
             &ToolSourceChanges {
                 parameters: Some(&parameters),
-                timeout_ms: Some(2500),
+                timeout_ms: Some(timeout(2500)),
                 secret: Some(None),
                 strict: Some(false),
                 ..ToolSourceChanges::default()
@@ -541,7 +562,7 @@ async fn tool_sources_keep_their_parameters_and_never_read_back_their_secret(sto
         .await
         .expect("update")
         .expect("exists");
-    assert_eq!(patched.parameters, parameters);
+    assert_eq!(&patched.parameters, parameters.as_value());
     assert_eq!(patched.timeout_ms, 2500);
     assert!(!patched.strict);
     assert!(!patched.has_secret);
@@ -633,7 +654,7 @@ async fn groups_list_their_members_sorted_and_memberships_say_what_is_missing(st
         Membership::GroupMissing
     );
     let renamed = store
-        .update_group(&group_id, Some("renamed"))
+        .update_group(&group_id, Some(&name("renamed")))
         .await
         .expect("rename")
         .expect("exists");
@@ -642,7 +663,7 @@ async fn groups_list_their_members_sorted_and_memberships_say_what_is_missing(st
     assert_eq!(renamed.project_ids, projects);
     assert_eq!(
         store
-            .update_group("grp_missing", Some("x"))
+            .update_group("grp_missing", Some(&name("x")))
             .await
             .expect("rename"),
         None
@@ -655,17 +676,21 @@ async fn duplicate_names_are_a_conflict_for_every_kind(store: Store) {
     }
     project(&store, "acme").await;
     let other_project = project(&store, "other").await;
-    conflict(store.create_project("acme").await);
-    conflict(store.update_project(&other_project, Some("acme")).await);
+    conflict(store.create_project(&name("acme")).await);
+    conflict(
+        store
+            .update_project(&other_project, Some(&name("acme")))
+            .await,
+    );
 
     deployment(&store, "mock").await;
     let other_deployment = deployment(&store, "other").await;
     conflict(
         store
             .create_deployment(&NewDeployment {
-                name: "mock",
-                provider_kind: "anthropic",
-                base_url: "http://127.0.0.1:9",
+                name: &name("mock"),
+                provider_kind: ProviderKind::Anthropic,
+                base_url: &url("http://127.0.0.1:9"),
                 upstream_model: "m",
                 api_key: None,
             })
@@ -676,7 +701,7 @@ async fn duplicate_names_are_a_conflict_for_every_kind(store: Store) {
             .update_deployment(
                 &other_deployment,
                 &DeploymentChanges {
-                    name: Some("mock"),
+                    name: Some(&name("mock")),
                     ..DeploymentChanges::default()
                 },
             )
@@ -685,19 +710,23 @@ async fn duplicate_names_are_a_conflict_for_every_kind(store: Store) {
 
     group(&store, "default").await;
     let other_group = group(&store, "other").await;
-    conflict(store.create_group("default").await);
-    conflict(store.update_group(&other_group, Some("default")).await);
+    conflict(store.create_group(&name("default")).await);
+    conflict(
+        store
+            .update_group(&other_group, Some(&name("default")))
+            .await,
+    );
 
     tool(&store, "add").await;
     let other_tool = tool(&store, "other").await;
     conflict(
         store
             .create_tool_source(&NewToolSource {
-                name: "add",
+                name: &tool_name("add"),
                 description: "",
-                parameters: &json!({}),
-                url: "http://127.0.0.1:9",
-                timeout_ms: 1,
+                parameters: &schema(json!({})),
+                url: &url("http://127.0.0.1:9"),
+                timeout_ms: timeout(1),
                 secret: None,
                 strict: false,
             })
@@ -708,7 +737,7 @@ async fn duplicate_names_are_a_conflict_for_every_kind(store: Store) {
             .update_tool_source(
                 &other_tool,
                 &ToolSourceChanges {
-                    name: Some("add"),
+                    name: Some(&tool_name("add")),
                     ..ToolSourceChanges::default()
                 },
             )
@@ -1242,6 +1271,17 @@ async fn step_writes_add_change_and_end_all_or_nothing(store: Store) {
     );
 }
 
+/// Inserts a deployment of `kind` past the store's typed input, as only a faulty writer could.
+async fn insert_deployment_of_kind(store: &Store, kind: &str) -> Result<(), sqlx::Error> {
+    let query =
+        "INSERT INTO deployments (id, name, provider_kind, base_url, upstream_model, created_at)
+                 VALUES ('dep_bad', 'bad', $1, 'http://127.0.0.1:9', 'm', 0)";
+    match store.backend() {
+        Backend::Postgres(pool) => sqlx::query(query).bind(kind).execute(pool).await.map(drop),
+        Backend::Sqlite(pool) => sqlx::query(query).bind(kind).execute(pool).await.map(drop),
+    }
+}
+
 /// `(seq, attempts)` of every step of a response.
 async fn attempts(store: &Store, response_id: &str) -> Vec<(i32, i32)> {
     let query = "SELECT seq, attempts FROM steps WHERE response_id = $1 ORDER BY seq";
@@ -1580,7 +1620,7 @@ async fn the_embedded_store_creates_its_directory_and_keeps_its_data_across_rest
     let url = format!("sqlite:{}", root.join("nested/dir/gateway.db").display());
     let first = Store::connect(&url, 2).await.expect("connect");
     first.migrate().await.expect("migrate");
-    first.create_project("kept").await.expect("project");
+    first.create_project(&name("kept")).await.expect("project");
     if let Backend::Sqlite(pool) = first.backend() {
         pool.close().await;
     }

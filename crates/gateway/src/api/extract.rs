@@ -3,7 +3,7 @@
 use axum::body::Bytes;
 use axum::extract::{FromRequest, FromRequestParts, Request};
 use axum::http::request::Parts;
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, StatusCode};
 use serde::de::DeserializeOwned;
 
 use super::error::ApiError;
@@ -80,7 +80,7 @@ impl FromRequestParts<AppState> for ProjectKey {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
-        let Some(key) = bearer(parts) else {
+        let Some(key) = bearer(&parts.headers) else {
             return Err(ApiError::unauthorized(
                 "You didn't provide an API key. Send it as 'Authorization: Bearer sk-...'.",
                 None,
@@ -97,9 +97,8 @@ impl FromRequestParts<AppState> for ProjectKey {
 }
 
 /// The bearer token of a request, if it has one.
-pub fn bearer(parts: &Parts) -> Option<&str> {
-    let value = parts
-        .headers
+pub fn bearer(headers: &HeaderMap) -> Option<&str> {
+    let value = headers
         .get(axum::http::header::AUTHORIZATION)?
         .to_str()
         .ok()?;

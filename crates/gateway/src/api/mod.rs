@@ -53,7 +53,7 @@ pub fn router(state: AppState, body_limit_bytes: usize) -> Router {
         )
         .nest(
             "/admin/v1",
-            admin::routes().layer(axum::middleware::from_fn_with_state(
+            admin::routes(state.clone()).layer(axum::middleware::from_fn_with_state(
                 state.clone(),
                 forget_cached_tenancy,
             )),

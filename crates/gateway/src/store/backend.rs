@@ -1,14 +1,10 @@
-//! Which database the store runs on: choosing it from the URL, opening its pool, and reading rows of either.
+//! Which database the store runs on: choosing it from the URL and opening its pool.
 
 use std::str::FromStr;
 use std::time::Duration;
 
-use sqlx::postgres::{PgPoolOptions, PgRow};
-use sqlx::sqlite::{
-    SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteRow,
-};
-use sqlx::types::Json;
-use sqlx::{Decode, Postgres, Row, Sqlite, Type};
+use sqlx::postgres::PgPoolOptions;
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions};
 
 use super::{Backend, StoreError};
 
@@ -94,47 +90,6 @@ async fn connect_sqlite(
 fn is_in_memory(url: &str) -> bool {
     let (path, query) = url.split_once('?').unwrap_or((url, ""));
     path.ends_with(":memory:") || query.split('&').any(|pair| pair == "mode=memory")
-}
-
-/// A column type that both backends decode.
-pub(super) trait Portable:
-    for<'r> Decode<'r, Postgres> + Type<Postgres> + for<'r> Decode<'r, Sqlite> + Type<Sqlite>
-{
-}
-
-impl<T> Portable for T where
-    T: for<'r> Decode<'r, Postgres> + Type<Postgres> + for<'r> Decode<'r, Sqlite> + Type<Sqlite>
-{
-}
-
-/// Typed reads of a row of either backend, so that each row-to-struct conversion is written once.
-pub(super) trait Fields {
-    /// The value of `column`.
-    fn field<T: Portable>(&self, column: &str) -> Result<T, sqlx::Error>;
-
-    /// A list of ids: a `TEXT[]` on Postgres, a JSON array on SQLite (which has no arrays).
-    fn id_list(&self, column: &str) -> Result<Vec<String>, sqlx::Error>;
-}
-
-impl Fields for PgRow {
-    fn field<T: Portable>(&self, column: &str) -> Result<T, sqlx::Error> {
-        self.try_get(column)
-    }
-
-    fn id_list(&self, column: &str) -> Result<Vec<String>, sqlx::Error> {
-        self.try_get(column)
-    }
-}
-
-impl Fields for SqliteRow {
-    fn field<T: Portable>(&self, column: &str) -> Result<T, sqlx::Error> {
-        self.try_get(column)
-    }
-
-    fn id_list(&self, column: &str) -> Result<Vec<String>, sqlx::Error> {
-        let Json(ids) = self.try_get::<Json<Vec<String>>, _>(column)?;
-        Ok(ids)
-    }
 }
 
 #[cfg(test)]

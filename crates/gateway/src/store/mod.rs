@@ -3,8 +3,8 @@
 //!
 //! One `Store` serves both backends. Most statements are portable (SQLite accepts Postgres's `$n`
 //! placeholders), so a method is written once and `with_pool!` compiles its body for each backend; where the
-//! SQL differs (arrays, `UNNEST`, `= ANY`) the method matches on the backend. Row-to-struct conversions are
-//! shared through `backend::Fields`.
+//! SQL differs (arrays, `UNNEST`, `= ANY`) the method matches on the backend. Row types derive `sqlx::FromRow`,
+//! which is generic over the row type, so one derive reads either backend.
 
 /// Runs `$body` with `$pool` bound to the store's pool, whichever backend it is. The body is compiled once per
 /// backend, so one SQL text, one list of binds and one row conversion serve both.

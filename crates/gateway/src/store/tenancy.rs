@@ -1,10 +1,10 @@
 //! Who a key belongs to, and which deployment and server tools a project may use for a model.
 
-use super::backend::Fields;
-use super::{Store, StoreError};
 use gateway_core::entity::ProviderKind;
 use secrecy::SecretString;
 use sha2::{Digest, Sha256};
+
+use super::{Store, StoreError};
 
 /// A deployment: the model name clients send, bound to an upstream provider.
 #[derive(Debug, Clone)]
@@ -66,7 +66,7 @@ impl Store {
     ) -> Result<Option<Resolution>, StoreError> {
         let _timer = crate::metrics::StoreTimer::start("resolve");
         with_pool!(self, |pool| {
-            let row = sqlx::query(
+            let deployment = sqlx::query_as::<_, DeploymentRecord>(
                 "SELECT d.id, d.name, d.provider_kind, d.base_url, d.upstream_model, d.api_key
                  FROM deployments d
                  WHERE d.name = $2 AND EXISTS (
@@ -78,9 +78,10 @@ impl Store {
             .bind(model)
             .fetch_optional(pool)
             .await?;
-            let Some(row) = row else { return Ok(None) };
-            let deployment = deployment(&row)?;
-            let rows = sqlx::query(
+            let Some(deployment) = deployment.map(Deployment::from) else {
+                return Ok(None);
+            };
+            let tools = sqlx::query_as::<_, ToolSourceRecord>(
                 "SELECT DISTINCT t.id, t.name, t.description, t.parameters, t.url, t.timeout_ms, t.secret, t.strict
                  FROM tool_sources t
                  JOIN group_tool_sources gt ON gt.tool_source_id = t.id
@@ -92,39 +93,65 @@ impl Store {
             .bind(project_id)
             .bind(&deployment.id)
             .fetch_all(pool)
-            .await?;
-            let tools = rows.iter().map(tool_source).collect::<Result<_, _>>()?;
+            .await?
+            .into_iter()
+            .map(ToolSource::from)
+            .collect();
             Ok(Some(Resolution { deployment, tools }))
         })
     }
 }
 
-fn deployment(row: &impl Fields) -> Result<Deployment, StoreError> {
-    let provider_kind: String = row.field("provider_kind")?;
-    Ok(Deployment {
-        id: row.field("id")?,
-        name: row.field("name")?,
-        provider_kind: ProviderKind::parse(&provider_kind, "provider_kind")
-            .map_err(|e| StoreError::Corrupt(e.message))?,
-        base_url: row.field("base_url")?,
-        upstream_model: row.field("upstream_model")?,
-        api_key: row
-            .field::<Option<String>>("api_key")?
-            .map(SecretString::from),
-    })
+/// A `Deployment` as read, before its key is wrapped as a secret.
+#[derive(sqlx::FromRow)]
+struct DeploymentRecord {
+    id: String,
+    name: String,
+    #[sqlx(try_from = "String")]
+    provider_kind: ProviderKind,
+    base_url: String,
+    upstream_model: String,
+    api_key: Option<String>,
 }
 
-fn tool_source(row: &impl Fields) -> Result<ToolSource, sqlx::Error> {
-    Ok(ToolSource {
-        id: row.field("id")?,
-        name: row.field("name")?,
-        description: row.field("description")?,
-        parameters: row.field("parameters")?,
-        url: row.field("url")?,
-        timeout_ms: row.field::<i64>("timeout_ms")?.max(0) as u64,
-        secret: row
-            .field::<Option<String>>("secret")?
-            .map(SecretString::from),
-        strict: row.field("strict")?,
-    })
+impl From<DeploymentRecord> for Deployment {
+    fn from(row: DeploymentRecord) -> Deployment {
+        Deployment {
+            id: row.id,
+            name: row.name,
+            provider_kind: row.provider_kind,
+            base_url: row.base_url,
+            upstream_model: row.upstream_model,
+            api_key: row.api_key.map(SecretString::from),
+        }
+    }
+}
+
+/// A `ToolSource` as read, before its secret is wrapped as one.
+#[derive(sqlx::FromRow)]
+struct ToolSourceRecord {
+    id: String,
+    name: String,
+    description: String,
+    parameters: serde_json::Value,
+    url: String,
+    timeout_ms: i64,
+    secret: Option<String>,
+    strict: bool,
+}
+
+impl From<ToolSourceRecord> for ToolSource {
+    fn from(row: ToolSourceRecord) -> ToolSource {
+        ToolSource {
+            id: row.id,
+            name: row.name,
+            description: row.description,
+            parameters: row.parameters,
+            url: row.url,
+            // Writers keep it in range, the column does not: a negative value reads as 0.
+            timeout_ms: u64::try_from(row.timeout_ms).unwrap_or(0),
+            secret: row.secret.map(SecretString::from),
+            strict: row.strict,
+        }
+    }
 }

@@ -1,0 +1,267 @@
+//! `/deployment_groups`: create, list, read, rename and delete groups, and attach or detach their members
+//! (deployments, projects, tool sources).
+
+use axum::extract::State;
+use axum::Json;
+use gateway_core::entity::EntityName;
+use serde::Serialize;
+
+use super::{
+    deleted, list, not_found, parse_changed, parse_required, AdminJson, Deleted, Ids, List,
+    NameBody,
+};
+use crate::api::error::ApiError;
+use crate::api::AppState;
+use crate::store::admin::{GroupRow, Member, Membership};
+use crate::store::StoreError;
+
+/// A deployment group as the admin API shows it, with its members' ids.
+#[derive(Debug, Serialize)]
+pub struct GroupObject {
+    id: String,
+    object: &'static str,
+    name: String,
+    deployment_ids: Vec<String>,
+    project_ids: Vec<String>,
+    tool_source_ids: Vec<String>,
+    created_at: i64,
+}
+
+impl From<GroupRow> for GroupObject {
+    fn from(row: GroupRow) -> GroupObject {
+        GroupObject {
+            id: row.id,
+            object: "deployment_group",
+            name: row.name,
+            deployment_ids: row.deployment_ids,
+            project_ids: row.project_ids,
+            tool_source_ids: row.tool_source_ids,
+            created_at: row.created_at,
+        }
+    }
+}
+
+/// `POST /deployment_groups`.
+pub async fn create_group(
+    State(state): State<AppState>,
+    AdminJson(body): AdminJson<NameBody>,
+) -> Result<Json<GroupObject>, ApiError> {
+    let name = parse_required(body.name, "name", EntityName::parse)?;
+    let group = state.store.create_group(&name).await?;
+    tracing::info!(group.id = %group.id, "deployment group created");
+    Ok(Json(group.into()))
+}
+
+/// `GET /deployment_groups`.
+pub async fn list_groups(
+    State(state): State<AppState>,
+) -> Result<Json<List<GroupObject>>, ApiError> {
+    let groups = state.store.list_groups().await?;
+    Ok(list(groups))
+}
+
+/// `GET /deployment_groups/{group_id}`.
+pub async fn get_group(
+    State(state): State<AppState>,
+    Ids(id): Ids<String>,
+) -> Result<Json<GroupObject>, ApiError> {
+    let group = state
+        .store
+        .get_group(&id)
+        .await?
+        .ok_or_else(|| not_found("deployment group", &id))?;
+    Ok(Json(group.into()))
+}
+
+/// `PATCH /deployment_groups/{group_id}`: renames the group.
+pub async fn update_group(
+    State(state): State<AppState>,
+    Ids(id): Ids<String>,
+    AdminJson(body): AdminJson<NameBody>,
+) -> Result<Json<GroupObject>, ApiError> {
+    let name = parse_changed(body.name, "name", EntityName::parse)?;
+    let group = state
+        .store
+        .update_group(&id, name.as_ref())
+        .await?
+        .ok_or_else(|| not_found("deployment group", &id))?;
+    tracing::info!(group.id = %group.id, "deployment group updated");
+    Ok(Json(group.into()))
+}
+
+/// `DELETE /deployment_groups/{group_id}`: removes its memberships, not its members.
+pub async fn delete_group(
+    State(state): State<AppState>,
+    Ids(id): Ids<String>,
+) -> Result<Json<Deleted>, ApiError> {
+    if !state.store.delete_group(&id).await? {
+        return Err(not_found("deployment group", &id));
+    }
+    tracing::info!(group.id = %id, "deployment group deleted");
+    Ok(deleted(id, "deployment_group"))
+}
+
+/// The answer to attaching or detaching a member: `{"group_id", "<kind>_id", "attached"}`.
+#[derive(Debug, Serialize)]
+pub struct MembershipObject {
+    group_id: String,
+    #[serde(flatten)]
+    member: MemberId,
+    attached: bool,
+}
+
+/// A member's id under the name of its kind's id field.
+#[derive(Debug, Serialize)]
+enum MemberId {
+    #[serde(rename = "deployment_id")]
+    Deployment(String),
+    #[serde(rename = "project_id")]
+    Project(String),
+    #[serde(rename = "tool_source_id")]
+    ToolSource(String),
+}
+
+impl MemberId {
+    fn new(kind: Member, id: String) -> MemberId {
+        match kind {
+            Member::Deployment => MemberId::Deployment(id),
+            Member::Project => MemberId::Project(id),
+            Member::ToolSource => MemberId::ToolSource(id),
+        }
+    }
+}
+
+/// Attaches (`attach`) or detaches a member of the group.
+async fn membership(
+    state: &AppState,
+    kind: Member,
+    (group_id, member_id): (String, String),
+    attach: bool,
+) -> Result<Json<MembershipObject>, ApiError> {
+    let outcome = if attach {
+        state.store.attach_member(&group_id, kind, &member_id).await
+    } else {
+        state.store.detach_member(&group_id, kind, &member_id).await
+    };
+    let what = kind.as_str().replace('_', " ");
+    match outcome {
+        Ok(Membership::Done) => {}
+        Ok(Membership::GroupMissing) => return Err(not_found("deployment group", &group_id)),
+        Ok(Membership::MemberMissing) => return Err(not_found(&what, &member_id)),
+        Ok(Membership::NotAttached) => {
+            return Err(ApiError::not_found(format!(
+                "The {what} '{member_id}' is not attached to deployment group '{group_id}'."
+            )))
+        }
+        // A concurrent delete of the group or the member.
+        Err(StoreError::NotFound) => {
+            return Err(ApiError::not_found(format!(
+                "No deployment group '{group_id}' or {what} '{member_id}'."
+            )))
+        }
+        Err(e) => return Err(e.into()),
+    }
+    tracing::info!(group.id = %group_id, member.kind = kind.as_str(), member.id = %member_id, attached = attach, "group membership changed");
+    Ok(Json(MembershipObject {
+        group_id,
+        member: MemberId::new(kind, member_id),
+        attached: attach,
+    }))
+}
+
+/// `PUT /deployment_groups/{group_id}/deployments/{deployment_id}`.
+pub async fn attach_deployment(
+    State(state): State<AppState>,
+    Ids(ids): Ids<(String, String)>,
+) -> Result<Json<MembershipObject>, ApiError> {
+    membership(&state, Member::Deployment, ids, true).await
+}
+
+/// `DELETE /deployment_groups/{group_id}/deployments/{deployment_id}`.
+pub async fn detach_deployment(
+    State(state): State<AppState>,
+    Ids(ids): Ids<(String, String)>,
+) -> Result<Json<MembershipObject>, ApiError> {
+    membership(&state, Member::Deployment, ids, false).await
+}
+
+/// `PUT /deployment_groups/{group_id}/projects/{project_id}`: grants the project the group.
+pub async fn attach_project(
+    State(state): State<AppState>,
+    Ids(ids): Ids<(String, String)>,
+) -> Result<Json<MembershipObject>, ApiError> {
+    membership(&state, Member::Project, ids, true).await
+}
+
+/// `DELETE /deployment_groups/{group_id}/projects/{project_id}`: withdraws the grant.
+pub async fn detach_project(
+    State(state): State<AppState>,
+    Ids(ids): Ids<(String, String)>,
+) -> Result<Json<MembershipObject>, ApiError> {
+    membership(&state, Member::Project, ids, false).await
+}
+
+/// `PUT /deployment_groups/{group_id}/tool_sources/{tool_source_id}`.
+pub async fn attach_tool_source(
+    State(state): State<AppState>,
+    Ids(ids): Ids<(String, String)>,
+) -> Result<Json<MembershipObject>, ApiError> {
+    membership(&state, Member::ToolSource, ids, true).await
+}
+
+/// `DELETE /deployment_groups/{group_id}/tool_sources/{tool_source_id}`.
+pub async fn detach_tool_source(
+    State(state): State<AppState>,
+    Ids(ids): Ids<(String, String)>,
+) -> Result<Json<MembershipObject>, ApiError> {
+    membership(&state, Member::ToolSource, ids, false).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn a_group_answers_the_documented_fields_with_its_members() {
+        let row = GroupRow {
+            id: "grp_1".into(),
+            name: "default".into(),
+            created_at: 1_735_689_600,
+            deployment_ids: vec!["dep_1".into()],
+            project_ids: vec!["proj_1".into(), "proj_2".into()],
+            tool_source_ids: Vec::new(),
+        };
+        assert_eq!(
+            serde_json::to_value(GroupObject::from(row)).unwrap(),
+            json!({
+                "id": "grp_1",
+                "object": "deployment_group",
+                "name": "default",
+                "deployment_ids": ["dep_1"],
+                "project_ids": ["proj_1", "proj_2"],
+                "tool_source_ids": [],
+                "created_at": 1_735_689_600,
+            })
+        );
+    }
+
+    #[test]
+    fn a_membership_names_the_member_by_its_kind() {
+        for (kind, field) in [
+            (Member::Deployment, "deployment_id"),
+            (Member::Project, "project_id"),
+            (Member::ToolSource, "tool_source_id"),
+        ] {
+            let answer = MembershipObject {
+                group_id: "grp_1".into(),
+                member: MemberId::new(kind, "m_1".into()),
+                attached: true,
+            };
+            assert_eq!(
+                serde_json::to_value(answer).unwrap(),
+                json!({"group_id": "grp_1", field: "m_1", "attached": true})
+            );
+        }
+    }
+}

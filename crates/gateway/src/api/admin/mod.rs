@@ -1,0 +1,340 @@
+//! Admin API under `/admin/v1`: the routes, the admin-token layer that guards them all, and what the
+//! entity modules share (body and path extractors, field helpers, small answers). Secrets (deployment API
+//! keys, tool-source secrets, API keys after creation) are never answered or logged.
+
+mod api_keys;
+mod deployments;
+mod groups;
+mod projects;
+mod tool_sources;
+
+use axum::extract::{FromRequest, FromRequestParts, Path, Request, State};
+use axum::http::request::Parts;
+use axum::http::{Method, StatusCode, Uri};
+use axum::middleware::{self, Next};
+use axum::response::Response;
+use axum::routing::{get, put};
+use axum::{Json, Router};
+use gateway_core::request::InvalidRequest;
+use secrecy::ExposeSecret;
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Deserializer, Serialize};
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+use subtle::ConstantTimeEq;
+
+use super::error::ApiError;
+use super::extract::{bearer, ApiJson};
+use super::AppState;
+
+/// Every admin route, to be nested under `/admin/v1`.
+pub fn routes(state: AppState) -> Router<AppState> {
+    Router::new()
+        .route(
+            "/projects",
+            get(projects::list_projects).post(projects::create_project),
+        )
+        .route(
+            "/projects/{project_id}",
+            get(projects::get_project)
+                .patch(projects::update_project)
+                .delete(projects::delete_project),
+        )
+        .route(
+            "/projects/{project_id}/api_keys",
+            get(api_keys::list_api_keys).post(api_keys::create_api_key),
+        )
+        .route(
+            "/api_keys/{key_id}",
+            get(api_keys::get_api_key)
+                .patch(api_keys::update_api_key)
+                .delete(api_keys::revoke_api_key),
+        )
+        .route(
+            "/deployments",
+            get(deployments::list_deployments).post(deployments::create_deployment),
+        )
+        .route(
+            "/deployments/{deployment_id}",
+            get(deployments::get_deployment)
+                .patch(deployments::update_deployment)
+                .delete(deployments::delete_deployment),
+        )
+        .route(
+            "/deployment_groups",
+            get(groups::list_groups).post(groups::create_group),
+        )
+        .route(
+            "/deployment_groups/{group_id}",
+            get(groups::get_group)
+                .patch(groups::update_group)
+                .delete(groups::delete_group),
+        )
+        .route(
+            "/deployment_groups/{group_id}/deployments/{member_id}",
+            put(groups::attach_deployment).delete(groups::detach_deployment),
+        )
+        .route(
+            "/deployment_groups/{group_id}/projects/{member_id}",
+            put(groups::attach_project).delete(groups::detach_project),
+        )
+        .route(
+            "/deployment_groups/{group_id}/tool_sources/{member_id}",
+            put(groups::attach_tool_source).delete(groups::detach_tool_source),
+        )
+        .route(
+            "/tool_sources",
+            get(tool_sources::list_tool_sources).post(tool_sources::create_tool_source),
+        )
+        .route(
+            "/tool_sources/{tool_source_id}",
+            get(tool_sources::get_tool_source)
+                .patch(tool_sources::update_tool_source)
+                .delete(tool_sources::delete_tool_source),
+        )
+        // Both apply to the routes above only, so they must stay last. The token is checked before any
+        // extractor reads the path or body; an unknown route or method answers 404 or 405 without it.
+        .route_layer(middleware::from_fn_with_state(state, require_admin_token))
+        .method_not_allowed_fallback(method_not_allowed)
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Authentication
+
+/// Lets a request through only with the admin token (`Authorization: Bearer <admin token>`). Without a
+/// configured token every admin request is refused: the admin API is disabled.
+async fn require_admin_token(
+    State(state): State<AppState>,
+    request: Request,
+    next: Next,
+) -> Result<Response, ApiError> {
+    let Some(expected) = state.admin_token.as_ref() else {
+        return Err(ApiError::unauthorized(
+            "The admin API is disabled: the gateway has no admin token configured.",
+            Some("admin_api_disabled"),
+        ));
+    };
+    let Some(given) = bearer(request.headers()) else {
+        return Err(ApiError::unauthorized(
+            "You didn't provide the admin token. Send it as 'Authorization: Bearer <admin token>'.",
+            None,
+        ));
+    };
+    if !same_secret(given, expected.expose_secret()) {
+        return Err(ApiError::unauthorized(
+            "Incorrect admin token provided.",
+            Some("invalid_admin_token"),
+        ));
+    }
+    Ok(next.run(request).await)
+}
+
+/// Compares two secrets in constant time: both are hashed to fixed-length digests first, so neither where
+/// they differ nor how long the expected one is shows in the time taken.
+fn same_secret(given: &str, expected: &str) -> bool {
+    let given = Sha256::digest(given.as_bytes());
+    let expected = Sha256::digest(expected.as_bytes());
+    given.as_slice().ct_eq(expected.as_slice()).into()
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Extractors
+
+/// Path parameters, with an OpenAI-shaped 400 when they cannot be read (e.g. bad percent-encoding).
+pub struct Ids<T>(pub T);
+
+impl<T: DeserializeOwned + Send, S: Send + Sync> FromRequestParts<S> for Ids<T> {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
+        match Path::<T>::from_request_parts(parts, state).await {
+            Ok(Path(value)) => Ok(Ids(value)),
+            Err(rejection) => Err(ApiError::invalid(
+                format!("Invalid path: {}", rejection.body_text()),
+                None,
+                None,
+            )),
+        }
+    }
+}
+
+/// A JSON object body: `ApiJson`'s 400s for unreadable bodies, then a 400 for anything but an object (serde
+/// would otherwise accept `["acme"]` as `{"name": "acme"}`), then typed with the offending field as `param`.
+pub struct AdminJson<T>(pub T);
+
+impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for AdminJson<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
+        let ApiJson(value) = ApiJson::<Value>::from_request(req, state).await?;
+        if !value.is_object() {
+            return Err(ApiError::invalid(
+                "The request body must be a JSON object.",
+                None,
+                Some("invalid_type"),
+            ));
+        }
+        serde_path_to_error::deserialize(value)
+            .map(AdminJson)
+            .map_err(|error| {
+                let path = error.path().to_string();
+                let inner = error.into_inner();
+                if path == "." || path.is_empty() {
+                    ApiError::invalid(
+                        format!("Invalid request body: {inner}."),
+                        None,
+                        Some("invalid_type"),
+                    )
+                } else if inner.to_string().starts_with("unknown field") {
+                    // serde's message lists the expected fields, which helps spot a typo.
+                    ApiError::invalid(
+                        format!("Unknown parameter: '{path}' ({inner})."),
+                        Some(&path),
+                        Some("unknown_parameter"),
+                    )
+                } else {
+                    ApiError::invalid(
+                        format!("Invalid type for '{path}': {inner}."),
+                        Some(&path),
+                        Some("invalid_type"),
+                    )
+                }
+            })
+    }
+}
+
+/// A known route asked with a method it does not serve: 405 in OpenAI's shape.
+pub async fn method_not_allowed(method: Method, uri: Uri) -> ApiError {
+    ApiError {
+        status: StatusCode::METHOD_NOT_ALLOWED,
+        ..ApiError::invalid(
+            format!("Method {method} is not allowed on {}.", uri.path()),
+            None,
+            Some("method_not_allowed"),
+        )
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Request bodies
+//
+// Every field is optional at the serde level and checked by hand, so that a missing field is a 400 naming
+// it as `param`. Fields of PATCH bodies distinguish "absent" (unchanged) from `null` (cleared, for the
+// secrets; refused for the rest). Unknown fields are refused, so a typo such as `secrets` is not silently
+// dropped.
+
+/// `{"name"}`: projects, API keys and deployment groups.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NameBody {
+    #[serde(default, deserialize_with = "nullable")]
+    name: Option<Option<String>>,
+}
+
+/// Present fields become `Some`, so that `null` (`Some(None)`) differs from absent (`None`, by `default`).
+fn nullable<'de, D: Deserializer<'de>, T: Deserialize<'de>>(
+    deserializer: D,
+) -> Result<Option<Option<T>>, D::Error> {
+    Option::<T>::deserialize(deserializer).map(Some)
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Fields
+
+fn missing(param: &str) -> ApiError {
+    ApiError::invalid(
+        format!("Missing required parameter: '{param}'."),
+        Some(param),
+        Some("missing_required_parameter"),
+    )
+}
+
+fn invalid_value(message: String, param: &str) -> ApiError {
+    ApiError::invalid(message, Some(param), Some("invalid_value"))
+}
+
+/// A field that must be present and not `null`.
+fn required<T>(value: Option<Option<T>>, param: &str) -> Result<T, ApiError> {
+    value.flatten().ok_or_else(|| missing(param))
+}
+
+/// A PATCH field that may be absent but not `null`.
+fn not_null<T>(value: Option<Option<T>>, param: &str) -> Result<Option<T>, ApiError> {
+    match value {
+        None => Ok(None),
+        Some(None) => Err(invalid_value(format!("'{param}' cannot be null."), param)),
+        Some(Some(v)) => Ok(Some(v)),
+    }
+}
+
+/// A field that must be present, parsed with `parse` (e.g. `EntityName::parse`), which names `param`.
+fn parse_required<T, U>(
+    value: Option<Option<T>>,
+    param: &str,
+    parse: impl FnOnce(T, &str) -> Result<U, InvalidRequest>,
+) -> Result<U, ApiError> {
+    Ok(parse(required(value, param)?, param)?)
+}
+
+/// A PATCH field that may be absent but not `null`, parsed with `parse` when present.
+fn parse_changed<T, U>(
+    value: Option<Option<T>>,
+    param: &str,
+    parse: impl FnOnce(T, &str) -> Result<U, InvalidRequest>,
+) -> Result<Option<U>, ApiError> {
+    match not_null(value, param)? {
+        Some(value) => Ok(Some(parse(value, param)?)),
+        None => Ok(None),
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Answers
+
+/// `{"object": "list", "data": [...]}`: every list answer.
+#[derive(Debug, Serialize)]
+pub struct List<T> {
+    object: &'static str,
+    data: Vec<T>,
+}
+
+/// Lists `rows` as their answer objects.
+fn list<R, T: From<R>>(rows: Vec<R>) -> Json<List<T>> {
+    Json(List {
+        object: "list",
+        data: rows.into_iter().map(T::from).collect(),
+    })
+}
+
+/// `{"id", "object", "deleted": true}`: the answer to a delete.
+#[derive(Debug, Serialize)]
+pub struct Deleted {
+    id: String,
+    object: &'static str,
+    deleted: bool,
+}
+
+fn deleted(id: String, object: &'static str) -> Json<Deleted> {
+    Json(Deleted {
+        id,
+        object,
+        deleted: true,
+    })
+}
+
+fn not_found(what: &str, id: &str) -> ApiError {
+    ApiError::not_found(format!("No {what} with id '{id}'."))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn secrets_compare_equal_only_when_identical() {
+        assert!(same_secret("admin-token", "admin-token"));
+        assert!(!same_secret("admin-token", "admin-tokeN"));
+        assert!(!same_secret("admin-token", "admin-token-longer"));
+        assert!(!same_secret("", "admin-token"));
+    }
+}

@@ -1,0 +1,140 @@
+//! Deployments: the model names clients send, bound to an upstream provider. The upstream key is written
+//! here and only read back as `has_api_key`.
+
+use gateway_core::entity::{EntityName, HttpUrl, ProviderKind};
+
+use crate::clock::now;
+use crate::ids::new_id;
+use crate::store::{Store, StoreError};
+
+/// A deployment, without its upstream credentials.
+#[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
+pub struct DeploymentRow {
+    pub id: String,
+    pub name: String,
+    #[sqlx(try_from = "String")]
+    pub provider_kind: ProviderKind,
+    pub base_url: String,
+    pub upstream_model: String,
+    pub has_api_key: bool,
+    pub created_at: i64,
+}
+
+/// A deployment to create.
+#[derive(Debug, Clone)]
+pub struct NewDeployment<'a> {
+    pub name: &'a EntityName,
+    pub provider_kind: ProviderKind,
+    pub base_url: &'a HttpUrl,
+    pub upstream_model: &'a str,
+    pub api_key: Option<&'a str>,
+}
+
+/// Changes to a deployment; `None` leaves a field as it is.
+#[derive(Debug, Clone, Default)]
+pub struct DeploymentChanges<'a> {
+    pub name: Option<&'a EntityName>,
+    pub provider_kind: Option<ProviderKind>,
+    pub base_url: Option<&'a HttpUrl>,
+    pub upstream_model: Option<&'a str>,
+    /// `Some(None)` clears the key, `Some(Some(k))` replaces it.
+    pub api_key: Option<Option<&'a str>>,
+}
+
+/// The columns of a `DeploymentRow`: whether there is a key, never the key.
+macro_rules! deployment_columns {
+    () => {
+        "id, name, provider_kind, base_url, upstream_model, (api_key IS NOT NULL) AS has_api_key, created_at"
+    };
+}
+
+impl Store {
+    /// Creates a deployment; `Conflict` when the name is taken.
+    pub async fn create_deployment(
+        &self,
+        new: &NewDeployment<'_>,
+    ) -> Result<DeploymentRow, StoreError> {
+        with_pool!(self, |pool| sqlx::query_as::<_, DeploymentRow>(concat!(
+            "INSERT INTO deployments (id, name, provider_kind, base_url, upstream_model, api_key, created_at)
+             VALUES ($1, $2, $3, $4, $5, $6, $7)
+             RETURNING ",
+            deployment_columns!()
+        ))
+        .bind(new_id("dep"))
+        .bind(new.name.as_str())
+        .bind(new.provider_kind.as_str())
+        .bind(new.base_url.as_str())
+        .bind(new.upstream_model)
+        .bind(new.api_key)
+        .bind(now())
+        .fetch_one(pool)
+        .await)
+        .map_err(|e| StoreError::from_write(e, &taken(new.name.as_str())))
+    }
+
+    /// Every deployment, by name.
+    pub async fn list_deployments(&self) -> Result<Vec<DeploymentRow>, StoreError> {
+        Ok(with_pool!(self, |pool| {
+            sqlx::query_as::<_, DeploymentRow>(concat!(
+                "SELECT ",
+                deployment_columns!(),
+                " FROM deployments ORDER BY name"
+            ))
+            .fetch_all(pool)
+            .await
+        })?)
+    }
+
+    /// One deployment.
+    pub async fn get_deployment(&self, id: &str) -> Result<Option<DeploymentRow>, StoreError> {
+        Ok(with_pool!(self, |pool| {
+            sqlx::query_as::<_, DeploymentRow>(concat!(
+                "SELECT ",
+                deployment_columns!(),
+                " FROM deployments WHERE id = $1"
+            ))
+            .bind(id)
+            .fetch_optional(pool)
+            .await
+        })?)
+    }
+
+    /// Applies changes to a deployment; `Ok(None)` when there is no such deployment.
+    pub async fn update_deployment(
+        &self,
+        id: &str,
+        changes: &DeploymentChanges<'_>,
+    ) -> Result<Option<DeploymentRow>, StoreError> {
+        with_pool!(self, |pool| sqlx::query_as::<_, DeploymentRow>(concat!(
+            "UPDATE deployments SET
+                name = COALESCE($2, name),
+                provider_kind = COALESCE($3, provider_kind),
+                base_url = COALESCE($4, base_url),
+                upstream_model = COALESCE($5, upstream_model),
+                api_key = CASE WHEN $6 THEN $7 ELSE api_key END
+             WHERE id = $1
+             RETURNING ",
+            deployment_columns!()
+        ))
+        .bind(id)
+        .bind(changes.name.map(EntityName::as_str))
+        .bind(changes.provider_kind.map(ProviderKind::as_str))
+        .bind(changes.base_url.map(HttpUrl::as_str))
+        .bind(changes.upstream_model)
+        .bind(changes.api_key.is_some())
+        .bind(changes.api_key.flatten())
+        .fetch_optional(pool)
+        .await)
+        .map_err(|e| StoreError::from_write(e, &taken(changes.name.map_or("", EntityName::as_str))))
+    }
+
+    /// Deletes a deployment and its group memberships; `false` when there was none.
+    pub async fn delete_deployment(&self, id: &str) -> Result<bool, StoreError> {
+        self.delete_by_id("DELETE FROM deployments WHERE id = $1", id)
+            .await
+    }
+}
+
+fn taken(name: &str) -> String {
+    format!("A deployment named '{name}' already exists.")
+}
