@@ -95,6 +95,30 @@ pub struct ResponseParams {
     pub service_tier: Option<String>,
 }
 
+impl Default for ResponseParams {
+    /// What a request that sets nothing runs with: as `validate` fills in the fields it leaves out.
+    fn default() -> ResponseParams {
+        ResponseParams {
+            instructions: None,
+            tools: Vec::new(),
+            tool_choice: Value::String("auto".into()),
+            parallel_tool_calls: true,
+            max_tool_calls: None,
+            temperature: None,
+            top_p: None,
+            max_output_tokens: None,
+            truncation: "disabled".into(),
+            text: serde_json::json!({"format": {"type": "text"}}),
+            reasoning: None,
+            metadata: BTreeMap::new(),
+            user: None,
+            safety_identifier: None,
+            prompt_cache_key: None,
+            service_tier: None,
+        }
+    }
+}
+
 /// A request that passed validation.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ValidRequest {
@@ -408,6 +432,7 @@ mod tests {
     #[test]
     fn string_input_becomes_one_user_message() {
         let valid = validate(body(json!({"model": "m", "input": "hi"}))).unwrap();
+        assert_eq!(valid.params, ResponseParams::default(), "the defaults");
         assert_eq!(valid.input, vec![Item::user_text("hi")]);
         assert!(valid.store);
         assert!(!valid.stream);

@@ -1,6 +1,5 @@
 //! Golden JSON tests for the Chat Completions translation, both ways.
 
-use std::collections::BTreeMap;
 
 use super::*;
 use crate::context::model_conversation;
@@ -10,24 +9,7 @@ use crate::steps::{ModelStep, Step, StepBody, StepState, ToolOutcome, ToolStep};
 // ---- helpers -------------------------------------------------------------------------------------
 
 fn params() -> ResponseParams {
-    ResponseParams {
-        instructions: None,
-        tools: Vec::new(),
-        tool_choice: json!("auto"),
-        parallel_tool_calls: true,
-        max_tool_calls: None,
-        temperature: None,
-        top_p: None,
-        max_output_tokens: None,
-        truncation: "disabled".into(),
-        text: json!({"format": {"type": "text"}}),
-        reasoning: None,
-        metadata: BTreeMap::new(),
-        user: None,
-        safety_identifier: None,
-        prompt_cache_key: None,
-        service_tier: None,
-    }
+    ResponseParams::default()
 }
 
 fn items(values: Value) -> Vec<Item> {

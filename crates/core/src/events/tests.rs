@@ -2,7 +2,6 @@
 //! events a client must see. Every row also checks that replaying the stored steps gives the very same events,
 //! and that the items' output indices are their places in the final `output`.
 
-use std::collections::BTreeMap;
 
 use serde_json::json;
 
@@ -13,24 +12,7 @@ use crate::response::ResponseState;
 use crate::steps::{Finish, ModelStep, ToolOutcome, ToolStep, UpstreamFailure};
 
 fn params() -> ResponseParams {
-    ResponseParams {
-        instructions: None,
-        tools: Vec::new(),
-        tool_choice: json!("auto"),
-        parallel_tool_calls: true,
-        max_tool_calls: None,
-        temperature: None,
-        top_p: None,
-        max_output_tokens: None,
-        truncation: "disabled".into(),
-        text: json!({"format": {"type": "text"}}),
-        reasoning: None,
-        metadata: BTreeMap::new(),
-        user: None,
-        safety_identifier: None,
-        prompt_cache_key: None,
-        service_tier: None,
-    }
+    ResponseParams::default()
 }
 
 fn ended(ending: Ending) -> ResponseRecord {

@@ -331,24 +331,7 @@ fn rendered_items_read_back_as_input_items() {
 // ---- response_object -----------------------------------------------------------------------------
 
 fn params() -> ResponseParams {
-    ResponseParams {
-        instructions: None,
-        tools: Vec::new(),
-        tool_choice: json!("auto"),
-        parallel_tool_calls: true,
-        max_tool_calls: None,
-        temperature: None,
-        top_p: None,
-        max_output_tokens: None,
-        truncation: "disabled".into(),
-        text: json!({"format": {"type": "text"}}),
-        reasoning: None,
-        metadata: BTreeMap::new(),
-        user: None,
-        safety_identifier: None,
-        prompt_cache_key: None,
-        service_tier: None,
-    }
+    ResponseParams::default()
 }
 
 fn record() -> ResponseRecord {
