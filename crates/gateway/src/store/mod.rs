@@ -159,21 +159,6 @@ impl Store {
         .await)?;
         Ok(applied >= expected)
     }
-
-    /// Whether the database answers.
-    pub async fn ping(&self) -> Result<(), StoreError> {
-        with_pool!(self, |pool| sqlx::query("SELECT 1")
-            .execute(pool)
-            .await
-            .map(drop))?;
-        Ok(())
-    }
-}
-
-impl From<Backend> for Store {
-    fn from(backend: Backend) -> Store {
-        Store { backend }
-    }
 }
 
 #[cfg(test)]
