@@ -93,8 +93,8 @@ struct Args {
     gateway_pid: Option<u32>,
     /// A directory holding another `gateway` binary (e.g. the previous commit's release build) to compare
     /// with: it runs beside the first on a database of its own, against the same mock model and tool server,
-    /// and the gateway, baseline and direct runs alternate slice by slice, so that the ratio between the two
-    /// gateways is taken under the same machine conditions.
+    /// and the gateway, baseline and direct runs alternate slice by slice (the two gateways taking turns at going
+    /// first), so that the ratio between the two gateways is taken under the same machine conditions.
     #[arg(long, conflicts_with = "gateway_url")]
     baseline_bin_dir: Option<PathBuf>,
 }
@@ -421,7 +421,16 @@ impl Bench<'_> {
         let mut cpu_spans = Vec::new();
         let mut sampled = None;
         let mut timings = Histograms::default();
-        for slice in self.slices() {
+        for (index, slice) in self.slices().into_iter().enumerate() {
+            // The first target of a slice runs right after the previous slice's direct run and fares worse: the
+            // two gateways take turns at going first, so that neither carries that bias.
+            let baseline_first = index % 2 == 1;
+            if baseline_first {
+                if let (Some(target), Some(stats)) = (&baseline, &mut baseline_stats) {
+                    stats.merge(&load::run(http, target, self.load, slice).await?);
+                    reset_mocks(http, endpoints).await?;
+                }
+            }
             let sampler = harness.gateway_pid.map(procs::RssSampler::start);
             let histograms = Histograms::scrape(http, &endpoints.gateway).await;
             let before = CpuSnapshot::take(harness);
@@ -435,9 +444,11 @@ impl Bench<'_> {
                 sampled = sampled.max(Some(sampler.finish().await));
             }
             reset_mocks(http, endpoints).await?;
-            if let (Some(target), Some(stats)) = (&baseline, &mut baseline_stats) {
-                stats.merge(&load::run(http, target, self.load, slice).await?);
-                reset_mocks(http, endpoints).await?;
+            if !baseline_first {
+                if let (Some(target), Some(stats)) = (&baseline, &mut baseline_stats) {
+                    stats.merge(&load::run(http, target, self.load, slice).await?);
+                    reset_mocks(http, endpoints).await?;
+                }
             }
             direct_stats.merge(&load::run(http, &direct, self.load, slice).await?);
             reset_mocks(http, endpoints).await?;
