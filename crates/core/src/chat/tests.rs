@@ -1,6 +1,5 @@
 //! Golden JSON tests for the Chat Completions translation, both ways.
 
-
 use super::*;
 use crate::context::model_conversation;
 use crate::request::{validate, CreateResponseBody};

@@ -2,7 +2,6 @@
 //! events a client must see. Every row also checks that replaying the stored steps gives the very same events,
 //! and that the items' output indices are their places in the final `output`.
 
-
 use serde_json::json;
 
 use super::*;
