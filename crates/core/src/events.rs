@@ -18,7 +18,7 @@ use crate::output::{
     assistant_message, function_call_item, mcp_call_item, message_with_status, render_output,
     response_object,
 };
-use crate::response::{Ending, ResponseRecord};
+use crate::response::{Ending, ResponseRecord, ResponseStatus};
 use crate::steps::{AssistantMessage, ModelOutput, Step, StepBody, StepState, ToolCall};
 
 /// One event of a response stream: its `type` and its whole JSON object (which repeats the type and carries
@@ -41,9 +41,11 @@ impl Event {
 /// What the loop reports as a response runs, in the order it happens.
 #[derive(Debug, Clone, Copy)]
 pub enum Progress<'a> {
-    /// The response started: `response.created` (queued, for a background response) and
-    /// `response.in_progress`.
-    Started { record: &'a ResponseRecord },
+    /// The response was created: `response.created`, and for a background response (created queued)
+    /// `response.queued`.
+    Created { record: &'a ResponseRecord },
+    /// The response's loop started: `response.in_progress`.
+    Running { record: &'a ResponseRecord },
     /// A piece of model text, as the upstream produced it.
     TextDelta { item_id: &'a str, delta: &'a str },
     /// A model call ended with this output; its message, if any, is complete.
@@ -103,9 +105,14 @@ impl EventProjection {
     /// Takes one report of the loop's progress; its events become available to [`poll`](Self::poll).
     pub fn handle(&mut self, progress: Progress<'_>) {
         match progress {
-            Progress::Started { record } => {
-                let started = response_object(&record.as_started(), &[]);
-                self.emit("response.created", json!({"response": started}));
+            Progress::Created { record } => {
+                let created = response_object(&record.as_started(), &[]);
+                self.emit("response.created", json!({"response": created}));
+                if record.background {
+                    self.emit("response.queued", json!({"response": created}));
+                }
+            }
+            Progress::Running { record } => {
                 let running = response_object(&record.as_in_progress(), &[]);
                 self.emit("response.in_progress", json!({"response": running}));
             }
@@ -311,11 +318,17 @@ impl EventProjection {
     }
 }
 
-/// The progress that a response's stored steps record, in the order it happened, fed to `projection`: the
-/// start, then each model call and each run of tool calls, then (for an ended response) the hand-back and the
-/// end. A model call that never ended shows nothing (it is made again when the response resumes).
+/// The progress that a response's stored steps record, in the order it happened, fed to `projection`: its
+/// creation and start, then each model call and each run of tool calls, then (for an ended response) the
+/// hand-back and the end. A model call that never ended shows nothing (it is made again when the response
+/// resumes). A background response that is still queued, or that a cancel ended before it started, never ran.
 pub fn project_stored(projection: &mut EventProjection, record: &ResponseRecord, steps: &[Step]) {
-    projection.handle(Progress::Started { record });
+    projection.handle(Progress::Created { record });
+    let never_ran = record.status() == ResponseStatus::Queued
+        || (record.ending() == Some(&Ending::Cancelled) && steps.is_empty());
+    if !never_ran {
+        projection.handle(Progress::Running { record });
+    }
     let mut index = 0;
     while index < steps.len() {
         match &steps[index].body {

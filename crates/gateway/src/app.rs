@@ -9,14 +9,19 @@ use tokio::net::TcpListener;
 
 use crate::api::{router, AppState};
 use crate::config::Config;
-use crate::engine::Engine;
+use crate::engine::{Engine, Worker};
 use crate::store::Store;
 
-/// A built gateway, bound to its port, not yet serving.
+/// How long open connections (streams following a response that runs on) may take to close once the runs of
+/// a stopping gateway are handed over.
+const CLOSE_WAIT: Duration = Duration::from_secs(2);
+
+/// A built gateway, bound to its port, its replica registered; not yet serving.
 pub struct Application {
     listener: TcpListener,
     router: axum::Router,
     store: Store,
+    worker: Worker,
     shutdown_grace: Duration,
 }
 
@@ -29,6 +34,9 @@ impl Application {
         store.migrate().await?;
         crate::seed::apply(&store, &config.seed).await?;
         let engine = Engine::new(store.clone(), &config)?;
+        // Before serving: the replica takes over at once whatever needs a replica (on the embedded store,
+        // whatever the last process left unfinished).
+        let worker = Worker::start(engine.clone()).await?;
         let state = AppState {
             store: store.clone(),
             engine,
@@ -41,6 +49,7 @@ impl Application {
             listener,
             router,
             store,
+            worker,
             shutdown_grace: Duration::from_millis(config.server.shutdown_grace_ms),
         })
     }
@@ -57,17 +66,24 @@ impl Application {
         &self.store
     }
 
-    /// Serves until `shutdown` resolves, stops accepting, then lets in-flight requests finish for at most
-    /// `server.shutdown_grace_ms`.
+    /// Serves until `shutdown` resolves. Then it stops accepting connections and work, lets the responses
+    /// running here finish for at most `server.shutdown_grace_ms`, tells the rest to stop where they are, and hands
+    /// every unfinished response over so that another replica resumes it at once.
     pub async fn run_until(
         self,
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> std::io::Result<()> {
-        let (stopping_tx, stopping_rx) = tokio::sync::oneshot::channel::<()>();
+        let (stopping_tx, stopping_rx) = tokio::sync::watch::channel(false);
         let signal = async move {
             shutdown.await;
-            tracing::info!("shutting down: no new connections; finishing requests in flight");
-            let _ = stopping_tx.send(());
+            tracing::info!("shutting down: no new connections; finishing responses in flight");
+            let _ = stopping_tx.send(true);
+        };
+        tokio::spawn(signal);
+        let stopping = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+            if rx.wait_for(|stopping| *stopping).await.is_err() {
+                std::future::pending::<()>().await;
+            }
         };
         // Streams write small frames: without TCP_NODELAY the first event after the head waits for a
         // delayed ACK (~40 ms).
@@ -76,19 +92,18 @@ impl Application {
                 tracing::debug!(error = %e, "could not set TCP_NODELAY");
             }
         });
-        let server = axum::serve(listener, self.router).with_graceful_shutdown(signal);
-        let grace = self.shutdown_grace;
-        let deadline = async move {
-            if stopping_rx.await.is_ok() {
-                tokio::time::sleep(grace).await;
-            } else {
-                std::future::pending::<()>().await;
-            }
-        };
+        let serving = axum::serve(listener, self.router)
+            .with_graceful_shutdown(stopping(stopping_rx.clone()));
+        let mut server = tokio::spawn(async move { serving.await });
         tokio::select! {
-            result = server => result,
-            () = deadline => {
-                tracing::warn!(grace_ms = grace.as_millis() as u64, "shutdown grace period over; stopping with requests in flight");
+            result = &mut server => return result.unwrap_or(Ok(())),
+            () = stopping(stopping_rx) => {}
+        }
+        self.worker.shutdown(self.shutdown_grace).await;
+        match tokio::time::timeout(CLOSE_WAIT, server).await {
+            Ok(result) => result.unwrap_or(Ok(())),
+            Err(_) => {
+                tracing::info!("closing the connections still open");
                 Ok(())
             }
         }

@@ -21,6 +21,7 @@ pub struct Config {
     pub tools: ToolsConfig,
     pub log: LogConfig,
     pub tenancy: TenancyConfig,
+    pub durability: DurabilityConfig,
     /// Entities created or updated at start-up, idempotently.
     pub seed: SeedConfig,
 }
@@ -150,6 +151,31 @@ impl Default for ToolsConfig {
     }
 }
 
+/// How replicas share the running responses (SPEC 9): leases, takeover, waits.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DurabilityConfig {
+    /// How long a replica keeps its responses without beating: after that, another replica takes them over.
+    /// It beats every third of this.
+    pub lease_ms: u64,
+    /// How often a replica looks for responses to take: queued ones nobody took, and those of a replica whose
+    /// lease ran out. A notification wakes it sooner for new queued ones.
+    pub sweep_interval_ms: u64,
+    /// How long a create repeated with the `Idempotency-Key` of a running response waits for it to end before
+    /// answering `409` (which SDKs retry); also how long a cancel waits for the response to stop.
+    pub wait_ms: u64,
+}
+
+impl Default for DurabilityConfig {
+    fn default() -> Self {
+        DurabilityConfig {
+            lease_ms: 10_000,
+            sweep_interval_ms: 2_000,
+            wait_ms: 10_000,
+        }
+    }
+}
+
 /// How long key and model resolutions read from the store are reused.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -226,6 +252,11 @@ impl Config {
                 "database.acquire_timeout_ms",
                 self.database.acquire_timeout_ms,
             ),
+            ("durability.lease_ms", self.durability.lease_ms),
+            (
+                "durability.sweep_interval_ms",
+                self.durability.sweep_interval_ms,
+            ),
         ];
         if self.server.max_active_responses > tokio::sync::Semaphore::MAX_PERMITS {
             return Err(format!(
@@ -244,6 +275,7 @@ impl Config {
 #[derive(Default, Serialize)]
 struct DefaultsShim {
     tenancy: TenancyConfig,
+    durability: DurabilityConfig,
     server: ServerConfig,
     limits: LimitsConfig,
     upstream: UpstreamConfig,

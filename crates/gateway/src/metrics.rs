@@ -4,7 +4,8 @@
 //! `http_request_duration_seconds{route}`, `upstream_calls_total{deployment,outcome}`,
 //! `upstream_call_duration_seconds{deployment}`, `tool_calls_total{tool,outcome}`,
 //! `tool_call_duration_seconds{tool}`, `loop_model_calls{status}` (model calls per response),
-//! `responses_total{status}`, `active_streams`, `store_duration_seconds{op}`.
+//! `responses_total{status}`, `active_streams`, `store_duration_seconds{op}`, `responses_refused_total{reason}`,
+//! `responses_resumed_total{reason}`, `leases_taken_over_total`, `queue_depth`, `queue_oldest_age_seconds`.
 
 use std::sync::OnceLock;
 use std::time::Instant;
@@ -83,7 +84,26 @@ pub fn response_finished(status: &'static str, steps: &[gateway_core::Step]) {
     metrics::histogram!("gateway_loop_model_calls", "status" => status).record(model_calls as f64);
 }
 
-/// A create was refused before any work (`reason`: `overloaded`).
+/// A replica took a response to run: a queued background one, or one it took over from a replica that stopped
+/// beating (or a process before it).
+pub fn response_resumed(queued: bool, taken_over: bool) {
+    let reason = if queued { "queued" } else { "resumed" };
+    metrics::counter!("gateway_responses_resumed_total", "reason" => reason).increment(1);
+    if taken_over {
+        metrics::counter!("gateway_leases_taken_over_total").increment(1);
+    }
+}
+
+/// How many background responses wait for a replica, and for how long the oldest has (seconds; 0 when none).
+pub fn queue_depth(depth: crate::store::ownership::QueueDepth, now: i64) {
+    metrics::gauge!("gateway_queue_depth").set(depth.queued as f64);
+    let age = depth
+        .oldest_created_at
+        .map_or(0, |created| (now - created).max(0));
+    metrics::gauge!("gateway_queue_oldest_age_seconds").set(age as f64);
+}
+
+/// A create was refused before any work (`reason`: `overloaded`, `shutting_down`).
 pub fn response_refused(reason: &'static str) {
     metrics::counter!("gateway_responses_refused_total", "reason" => reason).increment(1);
 }

@@ -41,6 +41,12 @@ impl RetryPolicy {
             .with_jitter()
     }
 
+    /// The waits before retry 1, 2, … as `run` takes them, for a caller whose attempts need state that a closure
+    /// cannot lend (a `&mut` borrowed across attempts).
+    pub fn waits(&self) -> impl Iterator<Item = Duration> {
+        backon::BackoffBuilder::build(self.backoff())
+    }
+
     /// Runs `attempt` (given its number, from 1) until it succeeds, fails in a way `retryable` refuses, or the
     /// retries are spent, and returns the last attempt's result. `on_retry` hears of every failure that is about to
     /// be retried, with its attempt number and the wait before the next attempt.
@@ -115,6 +121,15 @@ mod tests {
                 gap >= *wait && gap - *wait <= Duration::from_millis(1),
                 "told {wait:?}, took {gap:?}"
             );
+        }
+    }
+
+    #[test]
+    fn the_waits_grow_with_equal_jitter_and_end_with_the_retries() {
+        let waits: Vec<Duration> = RetryPolicy::new(3, 100).waits().collect();
+        assert_eq!(waits.len(), 3);
+        for (wait, ceiling) in waits.into_iter().zip([100, 200, 400]) {
+            assert!(within_equal_jitter(wait, ceiling), "{wait:?} for {ceiling}");
         }
     }
 

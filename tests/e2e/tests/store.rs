@@ -96,6 +96,9 @@ impl Scratch {
 
 // ---- fixtures ----
 
+/// The replica the tests write as.
+const OWNER: &str = "replica_test";
+
 fn name(name: &str) -> EntityName {
     EntityName::parse(name, "name").expect("a valid name")
 }
@@ -295,6 +298,8 @@ async fn create(
                 context: items,
                 steps,
                 idempotency_key,
+                owner: Some(OWNER),
+                deadline_at: Some(1_700_600_000_000),
             },
             Durability::Flush,
         )
@@ -317,8 +322,11 @@ async fn write_steps(
             ended: None,
             at: 1_700_000_050,
             durability,
+            owner: OWNER,
+            notify: false,
         })
         .await
+        .map(drop)
 }
 
 /// `step` in another state.
@@ -982,6 +990,8 @@ async fn a_response_written_when_it_ended_loads_back_ended_with_its_steps(store:
                 context: &context(2),
                 steps: &steps,
                 idempotency_key: None,
+                owner: Some(OWNER),
+                deadline_at: None,
             },
             Durability::Flush,
         )
@@ -1252,6 +1262,8 @@ async fn step_writes_add_change_and_end_all_or_nothing(store: Store) {
             ended: Some(&ended),
             at: 1_700_000_300,
             durability: Durability::Flush,
+            owner: OWNER,
+            notify: false,
         })
         .await
         .expect("finish");
@@ -1345,6 +1357,8 @@ async fn every_ending_round_trips_through_the_response_row(store: Store) {
                 ended: Some(&ended),
                 at: 1_700_000_100,
                 durability: Durability::Flush,
+                owner: OWNER,
+                notify: false,
             })
             .await
             .expect("finish");

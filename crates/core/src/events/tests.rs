@@ -105,7 +105,8 @@ fn live(
     feed: &dyn Fn(&mut EventProjection),
 ) -> Vec<Event> {
     let mut projection = EventProjection::new();
-    projection.handle(Progress::Started { record });
+    projection.handle(Progress::Created { record });
+    projection.handle(Progress::Running { record });
     feed(&mut projection);
     let ending = record.ending().unwrap();
     let output = render_output(steps, ending.handed_back());
@@ -380,8 +381,40 @@ fn a_background_stream_starts_queued() {
     let mut record = ended(Ending::Completed { handed_back: false });
     record.background = true;
     let events = replay(&record, &[model(0, None, &[])]);
+    assert_eq!(
+        kinds(&events)[..3],
+        [
+            "response.created",
+            "response.queued",
+            "response.in_progress"
+        ]
+    );
     assert_eq!(events[0].data["response"]["status"], "queued");
-    assert_eq!(events[1].data["response"]["status"], "in_progress");
+    assert_eq!(events[1].data["response"]["status"], "queued");
+    assert_eq!(events[2].data["response"]["status"], "in_progress");
+}
+
+#[test]
+fn a_background_response_that_never_ran_shows_no_start() {
+    let mut queued = ended(Ending::Completed { handed_back: false });
+    queued.background = true;
+    queued.state = ResponseState::Queued;
+    queued.usage = None;
+    assert_eq!(
+        kinds(&replay(&queued, &[])),
+        ["response.created", "response.queued"]
+    );
+    let mut cancelled = ended(Ending::Cancelled);
+    cancelled.background = true;
+    assert_eq!(
+        kinds(&replay(&cancelled, &[])),
+        ["response.created", "response.queued", "response.cancelled"]
+    );
+    let ran = replay(&cancelled, &[model(0, None, &["a"])]);
+    assert_eq!(
+        ran[2].kind, "response.in_progress",
+        "a cancel after it started"
+    );
 }
 
 #[test]

@@ -143,6 +143,23 @@ impl From<EngineError> for ApiError {
             EngineError::Overloaded => ApiError::overloaded(
                 "The gateway is running as many responses as it may at once; retry shortly.",
             ),
+            EngineError::ShuttingDown => ApiError::overloaded(
+                "This gateway is shutting down; retry shortly (another replica takes the request).",
+            ),
+            // Another replica finishes the response from its stored steps; a create with an Idempotency-Key
+            // (or one of which nothing was stored) may be sent again, and then answers its end.
+            EngineError::HandedOver {
+                response_id,
+                retry_safe,
+            } => ApiError {
+                retryable: retry_safe,
+                ..ApiError::server(format!(
+                    "Response '{response_id}' was handed over to another replica before it ended; read it with GET /v1/responses/{response_id}."
+                ))
+            },
+            EngineError::Deleted { response_id } => {
+                ApiError::not_found(format!("Response '{response_id}' was deleted while it ran."))
+            }
             EngineError::ModelNotFound { model } => ApiError {
                 status: StatusCode::NOT_FOUND,
                 ..ApiError::invalid(

@@ -33,9 +33,10 @@ impl AppState {
         self.engine.project_for_key(key).await
     }
 
-    /// Forgets cached key and model resolutions, so that an admin write holds from the next request on.
-    pub fn forget_cached_tenancy(&self) {
-        self.engine.forget_cached_tenancy();
+    /// Forgets cached key and model resolutions here and on every replica, so that an admin write holds from the
+    /// next request on.
+    pub async fn forget_cached_tenancy(&self) {
+        self.engine.forget_cached_tenancy().await;
     }
 }
 
@@ -50,6 +51,10 @@ pub fn router(state: AppState, body_limit_bytes: usize) -> Router {
         .route(
             "/v1/responses/{id}/input_items",
             get(responses::list_input_items),
+        )
+        .route(
+            "/v1/responses/{id}/cancel",
+            post(responses::cancel_response),
         )
         .nest(
             "/admin/v1",
@@ -78,7 +83,7 @@ async fn forget_cached_tenancy(
     let writes = request.method() != axum::http::Method::GET;
     let response = next.run(request).await;
     if writes && response.status().is_success() {
-        state.forget_cached_tenancy();
+        state.forget_cached_tenancy().await;
     }
     response
 }

@@ -1,4 +1,7 @@
-//! Handlers of `/v1/responses`: create, read, delete, and list input items.
+//! Handlers of `/v1/responses`: create (foreground, streamed or background), read (or re-attach to its stream),
+//! cancel, delete, and list input items.
+
+use std::time::Duration;
 
 use axum::extract::{Path, Query, State};
 use axum::http::HeaderMap;
@@ -9,12 +12,19 @@ use gateway_core::request::{validate, CreateResponseBody};
 use gateway_core::response::{Ending, ResponseRecord};
 use serde::Deserialize;
 use serde_json::{json, Value};
+use tokio::sync::broadcast;
+use tokio::time::Instant;
 
 use super::error::ApiError;
 use super::extract::{ApiJson, ProjectKey};
-use super::stream::event_stream;
+use super::stream::{event_stream, follow};
 use super::AppState;
+use crate::clock::now;
+use crate::store::ownership::channel;
 use crate::store::responses::{Order, StoredResponse};
+
+/// A waiting request reads the store again after this long without a sign of progress.
+const WAIT_POLL: Duration = Duration::from_millis(500);
 
 /// `POST /v1/responses`: a JSON answer, or with `stream: true` the Responses event stream.
 ///
@@ -41,20 +51,26 @@ pub async fn create_response(
             .response_for_idempotency_key(&project, key)
             .await?
         {
-            return replay(&state, &project, &id).await;
+            return repeat(&state, &project, &id).await;
         }
     }
     if request.background {
-        return Err(ApiError::invalid(
-            "Background mode is not supported yet.",
-            Some("background"),
-            None,
-        ));
+        // Answered at once; a background stream follows the response from its first event.
+        let stream = request.stream;
+        let (record, live) = state
+            .engine
+            .submit(&project, request, idempotency_key, stream)
+            .await?;
+        if stream {
+            let engine = state.engine.clone();
+            return Ok(follow(engine, state.store, project, record.id, None, live));
+        }
+        return Ok(Json(response_object(&record, &[])).into_response());
     }
     if request.stream {
         // Errors found before the stream starts are plain JSON errors (from `prepare`).
         let run = state.engine.prepare(&project, request, None).await?;
-        return Ok(event_stream(state.engine.clone(), run));
+        return Ok(event_stream(&state.engine, run));
     }
     let finished = state
         .engine
@@ -75,14 +91,72 @@ fn answer(record: &ResponseRecord, object: Value) -> Result<Response, ApiError> 
     Ok(Json(object).into_response())
 }
 
-/// Answers a repeated create with what the first one answered.
-async fn replay(state: &AppState, project: &str, id: &str) -> Result<Response, ApiError> {
+/// Answers a repeated create with what the first one answered: a background response as it stands now; a
+/// foreground one once it has ended (waiting a while for it, then a `409` that SDKs retry).
+async fn repeat(state: &AppState, project: &str, id: &str) -> Result<Response, ApiError> {
     let stored = find_response(state, project, id).await?;
-    if stored.record.ending().is_none() {
-        return Err(ApiError::idempotency_in_progress());
-    }
+    let stored = if stored.record.background || stored.record.ending().is_some() {
+        stored
+    } else {
+        wait_for_end(state, project, id)
+            .await?
+            .ok_or_else(ApiError::idempotency_in_progress)?
+    };
     let object = response_json(state, project, &stored).await?;
+    if stored.record.background {
+        return Ok(Json(object).into_response());
+    }
     answer(&stored.record, object)
+}
+
+/// Waits, for at most `durability.wait_ms`, until response `id` ends, whichever replica runs it; `None` when it
+/// has not ended by then.
+async fn wait_for_end(
+    state: &AppState,
+    project: &str,
+    id: &str,
+) -> Result<Option<StoredResponse>, ApiError> {
+    let replica = state.engine.replica();
+    let mut progress = replica.watch_progress();
+    let give_up = Instant::now() + replica.wait;
+    loop {
+        let stored = find_response(state, project, id).await?;
+        if stored.record.ending().is_some() {
+            return Ok(Some(stored));
+        }
+        let now = Instant::now();
+        if now >= give_up {
+            return Ok(None);
+        }
+        let poll = tokio::time::sleep((give_up - now).min(WAIT_POLL));
+        tokio::select! {
+            () = poll => {}
+            () = progressed(&mut progress, id) => {}
+        }
+    }
+}
+
+/// Resolves when response `id` may have progressed.
+async fn progressed(progress: &mut broadcast::Receiver<std::sync::Arc<str>>, id: &str) {
+    loop {
+        match progress.recv().await {
+            Ok(seen) if *seen == *id => return,
+            Ok(_) => {}
+            Err(broadcast::error::RecvError::Lagged(_)) => return,
+            Err(broadcast::error::RecvError::Closed) => std::future::pending().await,
+        }
+    }
+}
+
+/// Asks running response `id` to stop, on whichever replica runs it; ends it here when it is queued and no
+/// replica took it.
+async fn stop_response(state: &AppState, project: &str, id: &str) -> Result<(), ApiError> {
+    state.store.request_cancel(project, id).await?;
+    state.engine.tell_all(channel::CANCEL, id).await;
+    if state.store.cancel_queued(project, id, now()).await? {
+        state.engine.tell_all(channel::PROGRESS, id).await;
+    }
+    Ok(())
 }
 
 /// A response of `project`; another project's is a 404, exactly like a missing one.
@@ -129,17 +203,87 @@ fn idempotency_key(headers: &HeaderMap) -> Result<Option<&str>, ApiError> {
     }
 }
 
-/// `GET /v1/responses/{id}`.
+/// Query of `GET /v1/responses/{id}`.
+#[derive(Debug, Deserialize)]
+pub struct GetQuery {
+    stream: Option<String>,
+    starting_after: Option<String>,
+}
+
+/// `GET /v1/responses/{id}`: the response; with `stream=true`, its events after `starting_after` (all without
+/// it), replayed from the store with their original sequence numbers, then the live ones until it ends.
 pub async fn get_response(
+    State(state): State<AppState>,
+    ProjectKey(project): ProjectKey,
+    Path(id): Path<String>,
+    Query(query): Query<GetQuery>,
+) -> Result<Response, ApiError> {
+    let stream = match query.stream.as_deref() {
+        None | Some("false") | Some("0") => false,
+        Some("true") | Some("1") => true,
+        Some(other) => {
+            return Err(ApiError::invalid(
+                format!("Invalid 'stream': expected true or false, got '{other}'."),
+                Some("stream"),
+                None,
+            ))
+        }
+    };
+    let starting_after = match query.starting_after.as_deref() {
+        None => None,
+        Some(text) => Some(text.parse::<u64>().map_err(|_| {
+            ApiError::invalid(
+                format!("Invalid 'starting_after': expected a sequence number (an integer >= 0), got '{text}'."),
+                Some("starting_after"),
+                None,
+            )
+        })?),
+    };
+    let stored = find_response(&state, &project, &id).await?;
+    if stream {
+        let live = state.engine.replica().runs.follow(&id);
+        let engine = state.engine.clone();
+        return Ok(follow(
+            engine,
+            state.store,
+            project,
+            id,
+            starting_after,
+            live,
+        ));
+    }
+    Ok(Json(response_json(&state, &project, &stored).await?).into_response())
+}
+
+/// `POST /v1/responses/{id}/cancel`: stops a background response at its next step boundary (aborting tool
+/// calls in flight), on whichever replica runs it, and answers it `cancelled`. A response that already ended is
+/// answered as it is; a foreground one cannot be cancelled.
+pub async fn cancel_response(
     State(state): State<AppState>,
     ProjectKey(project): ProjectKey,
     Path(id): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
     let stored = find_response(&state, &project, &id).await?;
+    if !stored.record.background {
+        return Err(ApiError::invalid(
+            format!("Only background responses can be cancelled; response '{id}' was created without 'background': true."),
+            None,
+            None,
+        ));
+    }
+    let stored = if stored.record.ending().is_some() {
+        stored
+    } else {
+        stop_response(&state, &project, &id).await?;
+        match wait_for_end(&state, &project, &id).await? {
+            Some(stored) => stored,
+            None => find_response(&state, &project, &id).await?,
+        }
+    };
     Ok(Json(response_json(&state, &project, &stored).await?))
 }
 
-/// `DELETE /v1/responses/{id}`.
+/// `DELETE /v1/responses/{id}`: a response still running is cancelled first, wherever it runs.
 pub async fn delete_response(
     State(state): State<AppState>,
     ProjectKey(project): ProjectKey,
@@ -147,19 +291,13 @@ pub async fn delete_response(
 ) -> Result<Json<Value>, ApiError> {
     let stored = find_response(&state, &project, &id).await?;
     if stored.record.ending().is_none() {
-        // Its loop is still writing steps; deleting under it would break the loop, not stop it.
-        return Err(ApiError::invalid(
-            format!(
-                "Response '{id}' is still {}; it can be deleted once it ends.",
-                stored.record.status().as_str()
-            ),
-            None,
-            Some("response_in_progress"),
-        ));
+        // Its run stops at once; whatever it tries to write afterwards finds the response gone.
+        stop_response(&state, &project, &id).await?;
     }
     if !state.store.delete_response(&project, &id).await? {
         return Err(ApiError::response_not_found(&id));
     }
+    state.engine.tell_all(channel::PROGRESS, &id).await;
     Ok(Json(
         json!({"id": id, "object": "response", "deleted": true}),
     ))

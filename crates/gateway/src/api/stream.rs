@@ -1,90 +1,83 @@
-//! Live event streams over HTTP: the sink a streamed response reports to, which turns its progress into events
-//! through the core's projection, and the `text/event-stream` answer that carries them (with keep-alives).
+//! Event streams over HTTP (`text/event-stream`, with keep-alives): the stream of a response created with
+//! `stream: true`, and a follower that replays a stored response's events after a sequence number and then
+//! follows the live ones to the end, from any replica (re-attach, background streams).
 
 use std::convert::Infallible;
 use std::time::Duration;
 
 use axum::response::sse::{KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
-use gateway_core::events::{Event, EventProjection, Progress};
-use tokio::sync::mpsc;
+use gateway_core::events::{replay, Event};
+use tokio::sync::{broadcast, mpsc};
 
-use crate::engine::{Engine, ProgressSink, Run};
+use crate::engine::{Engine, EventSink, Run};
+use crate::store::Store;
 
 /// Events waiting for a slow client: the loop waits when this many are queued (backpressure).
 pub const STREAM_BUFFER: usize = 64;
-
-/// A client that takes no event for this long, its connection open, is treated as gone: its response stops at
-/// the next step boundary and gives back its place, instead of holding it for ever.
-pub const STREAM_STALL_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// While no event is sent for this long, a `: keep-alive` comment goes out, so that proxies and clients do not
 /// time out a stream that waits on a slow model or tool.
 pub const KEEP_ALIVE_INTERVAL: Duration = Duration::from_secs(15);
 
-/// Where a streamed response's events go while its loop runs: projected from its progress, then queued for
-/// the client.
-pub struct EventSink {
-    projection: EventProjection,
-    tx: mpsc::Sender<Event>,
-    closed: bool,
+/// A follower reads the store again after this long without a sign of progress (a notification may be lost).
+const FOLLOW_POLL: Duration = Duration::from_secs(1);
+
+/// The terminal events: a follower stops after one.
+const TERMINAL: [&str; 4] = [
+    "response.completed",
+    "response.incomplete",
+    "response.failed",
+    "response.cancelled",
+];
+
+/// Runs `run` (a foreground stream: it stops when its client leaves) on its own task and answers with its
+/// events as they come.
+pub fn event_stream(engine: &Engine, run: Run) -> Response {
+    let (tx, rx) = mpsc::channel(STREAM_BUFFER);
+    engine.spawn(run, EventSink::for_client(tx, true));
+    sse(rx)
 }
 
-impl EventSink {
-    pub fn new(tx: mpsc::Sender<Event>) -> EventSink {
-        EventSink {
-            projection: EventProjection::new(),
-            tx,
-            closed: false,
-        }
-    }
-
-    async fn send(&mut self, event: Event) {
-        if self.closed {
-            return;
-        }
-        match tokio::time::timeout(STREAM_STALL_TIMEOUT, self.tx.send(event)).await {
-            Ok(Ok(())) => {}
-            Ok(Err(_)) => self.closed = true,
-            Err(_) => {
-                tracing::info!("stream client stalled; treating it as gone");
-                self.closed = true;
-            }
-        }
-    }
-}
-
-impl ProgressSink for EventSink {
-    async fn report(&mut self, progress: Progress<'_>) {
-        self.projection.handle(progress);
-        while let Some(event) = self.projection.poll() {
-            self.send(event).await;
-        }
-    }
-
-    fn wants_text_deltas(&self) -> bool {
-        true
-    }
-
-    fn is_closed(&self) -> bool {
-        self.closed || self.tx.is_closed()
-    }
-}
-
-/// Runs `run` on its own task and answers with its events as they come (`text/event-stream`), each written
-/// whole as `event: <type>\ndata: <one line of JSON>\n\n`.
-pub fn event_stream(engine: Engine, run: Run) -> Response {
+/// The events of response `id` of `project` after sequence number `after` (all of them without one): those the
+/// store accounts for, then the live ones until the response ends. `live` follows the run when it runs here.
+pub fn follow(
+    engine: Engine,
+    store: Store,
+    project: String,
+    id: String,
+    after: Option<u64>,
+    live: Option<broadcast::Receiver<Event>>,
+) -> Response {
     let (tx, rx) = mpsc::channel(STREAM_BUFFER);
     tokio::spawn(tracing::Instrument::in_current_span(async move {
-        // Errors are told to the client inside the stream and logged by the engine.
-        let _open = crate::metrics::ActiveStream::open();
-        let _ = engine.run(run, EventSink::new(tx)).await;
+        let follower = Follower {
+            engine,
+            store,
+            project,
+            id,
+            next: after.map_or(0, |n| n.saturating_add(1)),
+            tx,
+        };
+        if let Err(e) = follower.run(live).await {
+            tracing::warn!(error = %e, "a stream follower stopped: the store failed");
+        }
     }));
-    let events = futures::stream::unfold(rx, |mut rx| async move {
-        let event = rx.recv().await?;
-        Some((Ok::<_, Infallible>(sse_event(&event)), rx))
+    sse(rx)
+}
+
+/// The SSE answer carrying `events`, each written whole as `event: <type>\ndata: <one line of JSON>\n\n`; the
+/// stream counts as open until its last frame is taken.
+fn sse(events: mpsc::Receiver<Event>) -> Response {
+    let open = crate::metrics::ActiveStream::open();
+    let frames = futures::stream::unfold((events, open), |(mut events, open)| async move {
+        let event = events.recv().await?;
+        let frame = axum::response::sse::Event::default()
+            .event(event.kind)
+            .data(event.data.to_string());
+        Some((Ok::<_, Infallible>(frame), (events, open)))
     });
-    Sse::new(events)
+    Sse::new(frames)
         .keep_alive(
             KeepAlive::new()
                 .interval(KEEP_ALIVE_INTERVAL)
@@ -93,90 +86,102 @@ pub fn event_stream(engine: Engine, run: Run) -> Response {
         .into_response()
 }
 
-fn sse_event(event: &Event) -> axum::response::sse::Event {
-    axum::response::sse::Event::default()
-        .event(event.kind)
-        .data(event.data.to_string())
+/// Follows one response for one client.
+struct Follower {
+    engine: Engine,
+    store: Store,
+    project: String,
+    id: String,
+    /// The sequence number of the next event to send.
+    next: u64,
+    tx: mpsc::Sender<Event>,
 }
 
-#[cfg(test)]
-mod tests {
-    use futures::FutureExt;
-    use gateway_core::steps::{Finish, ModelOutput};
+/// What woke a waiting follower.
+enum Woken {
+    /// The response may have progressed: read the store.
+    Progress,
+    /// A live event.
+    Live(Event),
+    /// The live events are lost to this follower (it fell behind, or the run ended here).
+    LiveGone,
+    /// The client left.
+    ClientGone,
+}
 
-    use super::*;
-
-    fn delta(sink: &mut EventSink, text: &str) -> Option<()> {
-        sink.report(Progress::TextDelta {
-            item_id: "msg_1",
-            delta: text,
-        })
-        .now_or_never()
-    }
-
-    #[tokio::test]
-    async fn a_sink_whose_client_reads_nothing_waits_once_its_buffer_is_full() {
-        let (tx, mut rx) = mpsc::channel(STREAM_BUFFER);
-        let mut sink = EventSink::new(tx);
-        // The first delta opens the message: output_item.added, content_part.added and the delta.
-        delta(&mut sink, "a");
-        for _ in 3..STREAM_BUFFER {
-            assert!(delta(&mut sink, "a").is_some(), "room left");
+impl Follower {
+    async fn run(
+        mut self,
+        mut live: Option<broadcast::Receiver<Event>>,
+    ) -> Result<(), crate::store::StoreError> {
+        let mut progress = self.engine.replica().watch_progress();
+        loop {
+            if live.is_none() {
+                live = self.engine.replica().runs.follow(&self.id);
+            }
+            // Everything the store accounts for, from where the client is.
+            let Some(stored) = self.store.load_response(&self.project, &self.id).await? else {
+                return Ok(()); // deleted
+            };
+            let steps = self.store.load_steps(&self.project, &self.id).await?;
+            for event in replay(&stored.record, &steps) {
+                if event.sequence_number() >= self.next && !self.send(event).await {
+                    return Ok(());
+                }
+            }
+            if stored.record.ending().is_some() {
+                return Ok(());
+            }
+            // Then the live events, as long as they follow on; anything else sends it back to the store.
+            let poll = tokio::time::sleep(FOLLOW_POLL);
+            tokio::pin!(poll);
+            loop {
+                let woken = tokio::select! {
+                    () = &mut poll => Woken::Progress,
+                    () = self.tx.closed() => Woken::ClientGone,
+                    signal = progress.recv() => match signal {
+                        Ok(id) if *id == *self.id => Woken::Progress,
+                        Ok(_) => continue,
+                        Err(broadcast::error::RecvError::Lagged(_)) => Woken::Progress,
+                        Err(broadcast::error::RecvError::Closed) => Woken::ClientGone,
+                    },
+                    event = next_live(&mut live) => match event {
+                        Some(event) => Woken::Live(event),
+                        None => Woken::LiveGone,
+                    },
+                };
+                match woken {
+                    Woken::Progress => break,
+                    Woken::ClientGone => return Ok(()),
+                    Woken::LiveGone => {
+                        live = None;
+                        break;
+                    }
+                    Woken::Live(event) if event.sequence_number() == self.next => {
+                        let last = TERMINAL.contains(&event.kind);
+                        if !self.send(event).await || last {
+                            return Ok(());
+                        }
+                    }
+                    // An event sent already, or one after a gap (the store fills it in).
+                    Woken::Live(_) => {}
+                }
+            }
         }
-        assert!(
-            delta(&mut sink, "b").is_none(),
-            "the sink waits instead of queueing without bound"
-        );
-        assert_eq!(
-            rx.recv().await.map(|e| e.kind),
-            Some("response.output_item.added")
-        );
-        assert!(delta(&mut sink, "c").is_some());
-        assert!(!sink.is_closed());
     }
 
-    #[tokio::test(start_paused = true)]
-    async fn a_client_that_stops_reading_is_treated_as_gone_after_the_stall_timeout() {
-        let (tx, _rx) = mpsc::channel(STREAM_BUFFER);
-        let mut sink = EventSink::new(tx);
-        // The first delta opens the message: three events; then one each, up to a full buffer.
-        for _ in 0..STREAM_BUFFER - 2 {
-            sink.report(Progress::TextDelta {
-                item_id: "msg_1",
-                delta: "a",
-            })
-            .await;
-        }
-        assert!(!sink.is_closed(), "a full buffer alone is backpressure");
-        let started = tokio::time::Instant::now();
-        // The receiver is alive but never reads: the send gives up after the stall timeout.
-        sink.report(Progress::TextDelta {
-            item_id: "msg_1",
-            delta: "b",
-        })
-        .await;
-        assert!(sink.is_closed());
-        assert!(started.elapsed() >= STREAM_STALL_TIMEOUT);
-        assert!(delta(&mut sink, "c").is_some());
+    /// Sends `event` and moves on; `false` when the client left.
+    async fn send(&mut self, event: Event) -> bool {
+        self.next = event.sequence_number() + 1;
+        self.tx.send(event).await.is_ok()
     }
+}
 
-    #[tokio::test]
-    async fn a_sink_whose_client_went_away_is_closed_and_drops_events() {
-        let (tx, rx) = mpsc::channel(STREAM_BUFFER);
-        let mut sink = EventSink::new(tx);
-        drop(rx);
-        assert!(sink.is_closed());
-        // Nothing blocks, however many events follow.
-        for _ in 0..STREAM_BUFFER * 2 {
-            assert!(delta(&mut sink, "a").is_some());
-        }
-        let output = ModelOutput {
-            finish: Finish::Stop,
-            ..ModelOutput::default()
-        };
-        assert!(sink
-            .report(Progress::ModelEnded { output: &output })
-            .now_or_never()
-            .is_some());
-    }
+/// The next live event, or `None` once there are none to have (no run here, it ended, or this follower fell too
+/// far behind).
+async fn next_live(live: &mut Option<broadcast::Receiver<Event>>) -> Option<Event> {
+    let Some(receiver) = live.as_mut() else {
+        return std::future::pending().await;
+    };
+    receiver.recv().await.ok()
 }

@@ -10,7 +10,7 @@ use gateway_core::decide::LoopInput;
 use gateway_core::events::Progress;
 use gateway_core::output::render_output;
 use gateway_core::request::FunctionTool;
-use gateway_core::response::Ending;
+use gateway_core::response::{Ending, ResponseState};
 use gateway_core::steps::{
     total_usage, AssistantMessage, ModelDelta, ModelStep, Step, StepBody, StepState, ToolOutcome,
     ToolStep, UpstreamFailure,
@@ -19,8 +19,8 @@ use gateway_core::{decide_next_action, IncompleteReason, NextAction};
 use tokio::sync::mpsc;
 
 use super::journal::WRITE_LINGER;
-use super::{Engine, EngineError, Finished, ProgressSink, Run};
-use crate::clock::now;
+use super::{Engine, EngineError, Finished, Origin, ProgressSink, Run, Stop};
+use crate::clock::{now, now_ms};
 use crate::ids::new_id;
 use crate::store::responses::Durability;
 use crate::store::StoreError;
@@ -33,16 +33,45 @@ const TEXT_BUFFER: usize = 64;
 /// How long a failing run may wait on its sink to tell a slow reader why the response ends.
 const TELL_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// Why a run stopped without an ending of its own.
+enum Interrupted {
+    /// This replica gave the response up: it shuts down, another replica took the response over, or the response
+    /// was deleted. Nothing more is written.
+    GivenUp,
+    /// The store failed.
+    Store(StoreError),
+}
+
+impl From<StoreError> for Interrupted {
+    fn from(error: StoreError) -> Interrupted {
+        match error {
+            StoreError::NotOwner => Interrupted::GivenUp,
+            other => Interrupted::Store(other),
+        }
+    }
+}
+
 impl Engine {
-    /// Runs a prepared response to its end, reporting its progress to `sink`.
+    /// Runs a prepared (or resumed) response to its end, reporting its progress to `sink`.
     pub async fn run<S: ProgressSink>(
         &self,
         mut run: Run,
         mut sink: S,
     ) -> Result<Finished, EngineError> {
+        sink.follow_with(std::sync::Arc::clone(&run.registration.hub));
         let source = match self.drive(&mut run, &mut sink).await {
             Ok(finished) => return Ok(finished),
-            Err(source) => source,
+            Err(Interrupted::GivenUp) => return Err(self.given_up(&run).await),
+            Err(Interrupted::Store(source))
+                if source.is_transient() && run.journal.is_written() =>
+            {
+                // The store did not answer for a lease: give the response up, and release it once the store
+                // answers again, so that a replica (maybe this one) resumes it from its stored steps.
+                tracing::warn!(response.id = %run.record.id, error = %source, "the store stopped answering; handing the response over");
+                self.replica.release_later(&run.record.id);
+                return Err(self.given_up(&run).await);
+            }
+            Err(Interrupted::Store(source)) => source,
         };
         tracing::error!(response.id = %run.record.id, error = %source, "store failed while running a response");
         let message = format!(
@@ -82,16 +111,73 @@ impl Engine {
         })
     }
 
+    /// What the client of a run that gave its response up is told: it was deleted, or another replica finishes it.
+    async fn given_up(&self, run: &Run) -> EngineError {
+        let response_id = run.record.id.clone();
+        tracing::info!(response.id = %response_id, "response handed over before it ended");
+        if run.journal.is_written() {
+            if let Ok(None) = self
+                .store
+                .load_response(&run.project_id, &response_id)
+                .await
+            {
+                return EngineError::Deleted { response_id };
+            }
+        }
+        EngineError::HandedOver {
+            retry_safe: run.journal.nothing_stored() || run.keyed,
+            response_id,
+        }
+    }
+
     async fn drive<S: ProgressSink>(
         &self,
         run: &mut Run,
         sink: &mut S,
-    ) -> Result<Finished, StoreError> {
-        sink.report(Progress::Started {
-            record: &run.record,
-        })
-        .await;
+    ) -> Result<Finished, Interrupted> {
+        match run.origin {
+            Origin::New => {
+                sink.report(Progress::Created {
+                    record: &run.record,
+                })
+                .await;
+                sink.report(Progress::Running {
+                    record: &run.record,
+                })
+                .await;
+            }
+            Origin::Queued => {
+                // Its deadline runs from now.
+                let deadline_at = now_ms() + self.deadline_ms();
+                run.journal.deadline_at = Some(deadline_at);
+                run.deadline =
+                    Instant::now() + Duration::from_millis(self.limits.response_deadline_ms);
+                if self
+                    .store
+                    .start_queued(&run.record.id, &self.replica.id, deadline_at)
+                    .await?
+                {
+                    run.heard(Stop::Cancel);
+                }
+                if run.stop().is_none() {
+                    run.record.state = ResponseState::InProgress;
+                    sink.report(Progress::Running {
+                        record: &run.record,
+                    })
+                    .await;
+                }
+            }
+            Origin::Resumed => {}
+        }
         loop {
+            match run.stop() {
+                Some(Stop::Cancel) => {
+                    tracing::info!(response.id = %run.record.id, "response cancelled");
+                    return self.finish(run, Ending::Cancelled, sink).await;
+                }
+                Some(Stop::Abandon) => return Err(Interrupted::GivenUp),
+                None => {}
+            }
             let action = decide_next_action(&LoopInput {
                 steps: &run.steps,
                 registered: &run.registered,
@@ -169,7 +255,7 @@ impl Engine {
         run: &mut Run,
         ending: Ending,
         sink: &mut S,
-    ) -> Result<Finished, StoreError> {
+    ) -> Result<Finished, Interrupted> {
         // A model call recorded with the response but never made (the stream's client left first) did not
         // start: the store says so.
         for index in 0..run.steps.len() {
@@ -220,10 +306,14 @@ impl Engine {
         let started = Instant::now();
         // The text a reader was shown while the call ran, as it was cut.
         let mut shown = Shown::default();
-        let result = if sink.wants_text_deltas() {
+        let message_id = new_id("msg");
+        let call = async {
+            if !sink.wants_text_deltas() {
+                return self.upstream.call(&run.deployment, &request, None).await;
+            }
             // Text is passed on as the model produces it; the upstream read and the reader move together, so a
             // slow reader slows the upstream read (backpressure).
-            let message_id = &new_id("msg");
+            let message_id = message_id.as_str();
             let (delta_tx, mut delta_rx) = mpsc::channel::<ModelDelta>(TEXT_BUFFER);
             let (deployment, request) = (&run.deployment, &request);
             let call = async move {
@@ -250,10 +340,34 @@ impl Engine {
                 }
             };
             let (result, ()) = tokio::join!(call, forward);
-            shown.item_id = message_id.clone();
             result
-        } else {
-            self.upstream.call(&run.deployment, &request, None).await
+        };
+        let told_to_stop = told_to_stop(run);
+        let result = tokio::select! {
+            result = call => Some(result),
+            () = told_to_stop => None,
+        };
+        shown.item_id = message_id;
+        let Some(result) = result else {
+            // Told to stop mid-call: the call is dropped, and its connection with it. A cancel records it as
+            // failed; a replica giving the response up leaves it running, to be made again by whoever resumes it.
+            if run.stop() == Some(Stop::Cancel) {
+                let partial = shown.into_message();
+                sink.report(Progress::ModelFailed {
+                    partial: partial.as_ref(),
+                })
+                .await;
+                run.steps[index].state = StepState::Failed;
+                run.steps[index].body = StepBody::Model(ModelStep {
+                    output: None,
+                    failure: Some(UpstreamFailure {
+                        message: CANCELLED.into(),
+                        partial,
+                    }),
+                });
+                run.journal.touch(index);
+            }
+            return;
         };
         crate::metrics::upstream_call(&run.deployment.name, started, result.is_ok());
         let step = &mut run.steps[index];
@@ -365,17 +479,44 @@ impl Engine {
         // again: `WRITE_LINGER` after it ended, together with any that ended meanwhile. Calls of a batch that
         // all end within the linger, and the batch's last results, go with the next write.
         let mut linger_until: Option<tokio::time::Instant> = None;
+        let mut told_to_stop = std::pin::pin!(told_to_stop(run));
         loop {
-            let next = match linger_until {
-                None => results.next().await,
-                Some(deadline) => match tokio::time::timeout_at(deadline, results.next()).await {
-                    Ok(next) => next,
-                    Err(_) => {
-                        linger_until = None;
-                        self.write_relaxed(run).await;
-                        continue;
+            let lingering = async {
+                match linger_until {
+                    Some(deadline) => tokio::time::sleep_until(deadline).await,
+                    None => std::future::pending().await,
+                }
+            };
+            let next = tokio::select! {
+                () = &mut told_to_stop => {
+                    // The calls still running are dropped, and their connections with them. A cancel records them
+                    // as failed; a replica giving the response up leaves them running, to be sent again (under the
+                    // same Idempotency-Key) by whoever resumes it.
+                    if run.stop() == Some(Stop::Cancel) {
+                        for &seq in seqs {
+                            let index = seq as usize;
+                            let step = &mut run.steps[index];
+                            if step.state.is_ended() {
+                                continue;
+                            }
+                            step.state = StepState::Failed;
+                            if let StepBody::Tool(tool) = &mut step.body {
+                                tool.outcome = Some(ToolOutcome::error(CANCELLED));
+                                tool.ended_rank = Some(next_rank);
+                                next_rank += 1;
+                            }
+                            sink.report(Progress::ToolEnded { step }).await;
+                            run.journal.touch(index);
+                        }
                     }
-                },
+                    break;
+                }
+                () = lingering => {
+                    linger_until = None;
+                    self.write_relaxed(run).await;
+                    continue;
+                }
+                next = results.next() => next,
             };
             let Some((index, outcome)) = next else {
                 break;
@@ -400,6 +541,20 @@ impl Engine {
             }
         }
         Ok(())
+    }
+}
+
+/// What a cancelled model or tool call records as its failure.
+const CANCELLED: &str = "The response was cancelled before this call ended.";
+
+/// Resolves once `run` is told to stop (at once if it was already).
+fn told_to_stop(run: &Run) -> impl std::future::Future<Output = ()> + Send + 'static {
+    let mut stop = run.registration.stop.clone();
+    async move {
+        if stop.wait_for(Option::is_some).await.is_err() {
+            // The registration outlives the run; should it go, nothing will tell the run to stop.
+            std::future::pending::<()>().await;
+        }
     }
 }
 

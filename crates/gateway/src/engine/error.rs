@@ -11,6 +11,9 @@ pub enum EngineError {
     /// `server.max_active_responses` responses are running; nothing was done.
     #[error("the gateway is running as many responses as it may at once")]
     Overloaded,
+    /// The replica is shutting down and takes no new work; nothing was done.
+    #[error("the gateway is shutting down")]
+    ShuttingDown,
     /// The project may use no deployment of this name (or there is none).
     #[error("model '{model}' not found")]
     ModelNotFound { model: String },
@@ -39,6 +42,17 @@ pub enum EngineError {
         #[source]
         source: StoreError,
     },
+    /// This replica gave the response up before it ended (it shut down, lost the response to another replica, or
+    /// the store stopped answering): another replica finishes it from its stored steps.
+    #[error("response '{response_id}' was handed over before it ended")]
+    HandedOver {
+        response_id: String,
+        /// Whether the client may send its create again (it carried an `Idempotency-Key`, or nothing was stored).
+        retry_safe: bool,
+    },
+    /// The response was deleted while it ran.
+    #[error("response '{response_id}' was deleted while it ran")]
+    Deleted { response_id: String },
     /// A read of the store failed while preparing the response.
     #[error(transparent)]
     Store(#[from] StoreError),

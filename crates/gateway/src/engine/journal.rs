@@ -13,15 +13,19 @@ use std::time::Duration;
 
 use gateway_core::Step;
 
-use super::{Engine, ProgressSink, Run};
+use super::{Engine, ProgressSink, Run, Stop};
 use crate::clock::now;
-use crate::store::responses::{Durability, NewResponse, StepWrite};
+use crate::retry::RetryPolicy;
+use crate::store::responses::{Durability, NewResponse, StepWrite, WriteOutcome};
 use crate::store::{Store, StoreError};
 
 /// How long a write that need not wait for the disk lingers for more to write with it: the write before a model
 /// call waits this long for the call to end (a model that answers sooner has it folded into the next write), and
 /// an ended tool call of a batch whose siblings still run waits this long for them.
 pub(super) const WRITE_LINGER: Duration = Duration::from_millis(5);
+
+/// The first wait before a write that must land is tried again, after the store failed for a moment.
+const STORE_RETRY_BASE_MS: u64 = 100;
 
 /// What of a run is in the store.
 #[derive(Debug)]
@@ -35,16 +39,41 @@ pub(super) struct Journal {
     stored: usize,
     /// Stored steps changed since the last write, by index.
     changed: BTreeSet<usize>,
+    /// Whether followers (a re-attached stream, a repeated create) are told of each write.
+    notify: bool,
+    /// When the response's deadline passes (milliseconds); `None` until a queued response starts.
+    pub(super) deadline_at: Option<i64>,
 }
 
 impl Journal {
     /// The journal of a new run: `written` when its row and first `steps` were stored as it was prepared.
-    pub(super) fn new(persist: bool, project_id: &str, written: bool, steps: usize) -> Journal {
+    pub(super) fn new(
+        persist: bool,
+        project_id: &str,
+        written: bool,
+        steps: usize,
+        notify: bool,
+        deadline_at: Option<i64>,
+    ) -> Journal {
         Journal {
             persist,
             unwritten: (persist && !written).then(|| project_id.to_owned()),
             stored: if written { steps } else { 0 },
             changed: BTreeSet::new(),
+            notify,
+            deadline_at,
+        }
+    }
+
+    /// The journal of a run resumed from the store, where all of its `steps` are.
+    pub(super) fn resumed(steps: usize, deadline_at: Option<i64>) -> Journal {
+        Journal {
+            persist: true,
+            unwritten: None,
+            stored: steps,
+            changed: BTreeSet::new(),
+            notify: true,
+            deadline_at,
         }
     }
 
@@ -76,6 +105,14 @@ struct Changes {
     changed: Vec<Step>,
 }
 
+/// How one write goes out: as which replica, how durably, told to followers or not.
+#[derive(Clone, Copy)]
+struct Writing<'a> {
+    owner: &'a str,
+    durability: Durability,
+    notify: bool,
+}
+
 impl Changes {
     fn is_empty(&self) -> bool {
         self.added.is_empty() && self.changed.is_empty()
@@ -85,8 +122,8 @@ impl Changes {
         &self,
         store: &Store,
         ended: Option<&gateway_core::response::ResponseRecord>,
-        durability: Durability,
-    ) -> Result<(), StoreError> {
+        writing: Writing<'_>,
+    ) -> Result<WriteOutcome, StoreError> {
         let changed: Vec<&Step> = self.changed.iter().collect();
         store
             .write_steps(&StepWrite {
@@ -95,7 +132,9 @@ impl Changes {
                 changed: &changed,
                 ended,
                 at: now(),
-                durability,
+                durability: writing.durability,
+                owner: writing.owner,
+                notify: writing.notify,
             })
             .await
     }
@@ -169,11 +208,16 @@ impl Engine {
             return self.call_model(run, index, sink).await;
         }
         let sent = AtomicBool::new(false);
+        let writing = Writing {
+            owner: &self.replica.id,
+            durability: self.relaxed(),
+            notify: run.journal.notify,
+        };
         let written = {
             let write = async {
                 tokio::time::sleep(WRITE_LINGER).await;
                 sent.store(true, Ordering::Relaxed);
-                changes.save(&self.store, None, self.relaxed()).await
+                changes.save(&self.store, None, writing).await
             };
             let call = self.call_model(run, index, sink);
             tokio::pin!(write, call);
@@ -189,8 +233,9 @@ impl Engine {
             }
         };
         match written {
-            Some(Ok(())) => {}
+            Some(Ok(outcome)) => self.took(run, outcome),
             None => run.give_back(changes),
+            Some(Err(StoreError::NotOwner)) => run.heard(Stop::Abandon),
             Some(Err(e)) => {
                 tracing::warn!(response.id = %run.record.id, error = %e, "a step write failed; retrying it with the next one");
                 run.give_back(changes);
@@ -198,13 +243,51 @@ impl Engine {
         }
     }
 
+    /// What a write that went through means for the run: followers are told, and a cancel is heeded.
+    fn took(&self, run: &mut Run, outcome: WriteOutcome) {
+        if outcome.cancel_requested {
+            run.heard(Stop::Cancel);
+        }
+        if run.journal.notify {
+            self.replica.progressed(&run.record.id);
+        }
+    }
+
     /// One step boundary: writes the steps added and changed since the last one, and the response's ending if
-    /// it has ended, in one statement. Nothing is written for a response that is not stored.
+    /// it has ended, in one statement. Nothing is written for a response that is not stored. A write that must
+    /// reach the disk, of a response already in the store, is tried again while the store fails for a moment, for
+    /// at most a lease: by then another replica may take the response over. A replica that no longer drives the
+    /// response writes nothing (`NotOwner`).
     pub(super) async fn write(
         &self,
         run: &mut Run,
         durability: Durability,
     ) -> Result<(), StoreError> {
+        let give_up_at = tokio::time::Instant::now() + self.replica.lease;
+        let mut waits = RetryPolicy::new(u32::MAX, STORE_RETRY_BASE_MS).waits();
+        loop {
+            let failure = match self.write_once(run, durability).await {
+                Ok(()) => return Ok(()),
+                Err(failure) => failure,
+            };
+            // A response not yet in the store left nothing behind: its client is better told at once (and may
+            // send it again) than kept waiting.
+            let retry = durability == Durability::Flush
+                && failure.is_transient()
+                && run.journal.is_written()
+                && run.stop() != Some(Stop::Abandon);
+            let wait = waits
+                .next()
+                .filter(|wait| retry && tokio::time::Instant::now() + *wait < give_up_at);
+            let Some(wait) = wait else {
+                return Err(failure);
+            };
+            tracing::warn!(response.id = %run.record.id, error = %failure, "a step write failed; trying again");
+            tokio::time::sleep(wait).await;
+        }
+    }
+
+    async fn write_once(&self, run: &mut Run, durability: Durability) -> Result<(), StoreError> {
         let ends = run.record.ending().is_some();
         if let Some(project_id) = &run.journal.unwritten {
             // The first write of a response whose row was put off: the row (with its ending, if this is it),
@@ -219,6 +302,8 @@ impl Engine {
                         context: &run.context,
                         steps: &run.steps,
                         idempotency_key: None,
+                        owner: Some(&self.replica.id),
+                        deadline_at: run.journal.deadline_at,
                     },
                     durability,
                 )
@@ -231,9 +316,21 @@ impl Engine {
         let changes = run.take_changes();
         if !changes.is_empty() || (run.journal.persist && ends) {
             let ended = ends.then_some(&run.record);
-            if let Err(e) = changes.save(&self.store, ended, durability).await {
-                run.give_back(changes);
-                return Err(e);
+            let writing = Writing {
+                owner: &self.replica.id,
+                durability,
+                notify: run.journal.notify,
+            };
+            match changes.save(&self.store, ended, writing).await {
+                Ok(outcome) => self.took(run, outcome),
+                Err(StoreError::NotOwner) => {
+                    run.heard(Stop::Abandon);
+                    return Err(StoreError::NotOwner);
+                }
+                Err(e) => {
+                    run.give_back(changes);
+                    return Err(e);
+                }
             }
         }
         Ok(())

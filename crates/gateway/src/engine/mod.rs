@@ -1,16 +1,24 @@
-//! The engine: prepares responses and drives their loop over stored steps.
+//! The engine: prepares responses and drives their loop over stored steps, on whichever replica owns them.
 //!
 //! * [`prepare`](Engine::prepare) (in `prepare.rs`) checks a request against the project's deployments, tools and
 //!   stored responses and builds the [`Run`], storing nothing when it fails;
 //! * [`run`](Engine::run) (in `driver.rs`) drives it to its end: ask `decide_next_action`, carry the action out,
-//!   report progress to a [`ProgressSink`], repeat;
-//! * `journal.rs` decides what is written when (the step boundaries, their durability and linger).
+//!   report progress to a [`ProgressSink`], repeat; it stops early when told to (`runs.rs`);
+//! * `journal.rs` decides what is written when (the step boundaries, their durability and linger), and only
+//!   while this replica owns the response;
+//! * `worker.rs` keeps this replica's lease, takes over the responses of replicas that stopped beating and
+//!   the background responses nobody took, and hands its own over on shutdown; `resume.rs` rebuilds a run from
+//!   its stored steps.
 
 mod driver;
 mod error;
 mod journal;
 mod prepare;
 mod progress;
+mod replica;
+mod resume;
+mod runs;
+mod worker;
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -23,15 +31,20 @@ use serde_json::Value;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 pub use error::EngineError;
-pub use progress::{ProgressSink, Silent};
+pub use progress::{EventSink, ProgressSink, Silent};
+pub use replica::Replica;
+pub use runs::Stop;
+pub use worker::Worker;
 
 use crate::config::Config;
 use crate::resolver::Resolver;
+use crate::store::ownership::channel;
 use crate::store::tenancy::{Deployment, ToolSource};
 use crate::store::{Store, StoreError};
 use crate::tools::ToolExecutor;
 use crate::upstream::Upstream;
 use journal::Journal;
+use runs::Registration;
 
 /// Runs responses: preparation against the tenancy and the stored context, and the loop itself. Cheap to clone.
 #[derive(Debug, Clone)]
@@ -46,11 +59,26 @@ pub struct Engine {
     flush_every_step: bool,
     /// One permit per response running (`server.max_active_responses`).
     admission: Arc<Semaphore>,
+    replica: Arc<Replica>,
+}
+
+/// How a run came to be, which decides what it reports first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Origin {
+    /// Prepared from a request: it reports its creation and start.
+    New,
+    /// A queued background response that starts now: its creation was reported when it was queued.
+    Queued,
+    /// Resumed from its stored steps after its replica stopped: what they hold was reported before.
+    Resumed,
 }
 
 /// One response being driven: everything the loop needs, held in memory while it runs.
 pub struct Run {
     record: ResponseRecord,
+    project_id: String,
+    /// Created with an `Idempotency-Key`: a repeated create may wait for its end.
+    keyed: bool,
     deployment: Deployment,
     server_tools: Vec<ToolSource>,
     registered: BTreeSet<String>,
@@ -58,8 +86,14 @@ pub struct Run {
     steps: Vec<Step>,
     limits: Limits,
     deadline: Instant,
+    origin: Origin,
     /// What of this run is in the store, and what is still to write.
     journal: Journal,
+    /// Its place among this replica's runs: how it is told to stop.
+    registration: Registration,
+    /// What a write learnt: a cancel asked the response to stop (a notification may not have arrived), or this
+    /// replica no longer drives it.
+    store_says: Option<Stop>,
     /// This response's place among those running; given back when the run ends.
     _admitted: OwnedSemaphorePermit,
 }
@@ -67,6 +101,22 @@ pub struct Run {
 impl Run {
     pub fn response_id(&self) -> &str {
         &self.record.id
+    }
+
+    /// Why the run must stop now, if it must; giving the response up wins over a cancel.
+    fn stop(&self) -> Option<Stop> {
+        let told = *self.registration.stop.borrow();
+        match (told, self.store_says) {
+            (Some(Stop::Abandon), _) | (_, Some(Stop::Abandon)) => Some(Stop::Abandon),
+            (told, said) => told.or(said),
+        }
+    }
+
+    /// Notes what a write learnt about the response.
+    fn heard(&mut self, stop: Stop) {
+        if self.store_says != Some(Stop::Abandon) {
+            self.store_says = Some(stop);
+        }
     }
 }
 
@@ -85,7 +135,7 @@ impl Finished {
 }
 
 impl Engine {
-    /// An engine on `store`, with the upstream, tool and tenancy settings of `config`.
+    /// An engine on `store`, with the upstream, tool, tenancy and durability settings of `config`.
     pub fn new(store: Store, config: &Config) -> Result<Engine, reqwest::Error> {
         Ok(Engine {
             resolver: Resolver::new(
@@ -97,8 +147,14 @@ impl Engine {
             limits: config.limits.clone(),
             flush_every_step: config.database.flush_every_step,
             admission: Arc::new(Semaphore::new(config.server.max_active_responses)),
+            replica: Arc::new(Replica::new(&config.durability)),
             store,
         })
+    }
+
+    /// This replica.
+    pub fn replica(&self) -> &Replica {
+        &self.replica
     }
 
     /// The project of a live API key.
@@ -106,9 +162,9 @@ impl Engine {
         self.resolver.project_for_key(key).await
     }
 
-    /// Forgets cached key and model resolutions (after an admin write).
-    pub fn forget_cached_tenancy(&self) {
-        self.resolver.invalidate();
+    /// Forgets cached key and model resolutions (after an admin write), here and on every other replica.
+    pub async fn forget_cached_tenancy(&self) {
+        self.tell_all(channel::TENANCY, "").await;
     }
 
     /// Prepares and runs a response to its end, reporting to nobody. The loop runs on its own task, so a client
@@ -130,5 +186,14 @@ impl Engine {
             tracing::error!(error = %e, "response task failed");
             EngineError::TaskFailed
         })?
+    }
+
+    /// Starts `run` on its own task, reporting to `sink`; its end is not awaited.
+    pub fn spawn<S: ProgressSink + 'static>(&self, run: Run, sink: S) {
+        let engine = self.clone();
+        tokio::spawn(tracing::Instrument::in_current_span(async move {
+            // Errors are recorded with the response and logged where they happened.
+            let _ = engine.run(run, sink).await;
+        }));
     }
 }

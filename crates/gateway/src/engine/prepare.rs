@@ -14,30 +14,100 @@ use gateway_core::response::{ResponseRecord, ResponseState};
 use gateway_core::steps::{ModelStep, Step, StepBody, StepState, ToolStep};
 use gateway_core::{decide_next_action, Item, Limits, NextAction};
 
+use gateway_core::events::Event;
+use tokio::sync::broadcast;
+
+use crate::store::ownership::channel;
+
 use super::journal::Journal;
-use super::{Engine, EngineError, Run};
-use crate::clock::now;
+use super::{Engine, EngineError, Origin, Run};
+use crate::clock::{now, now_ms};
 use crate::ids::new_id;
 use crate::store::responses::NewResponse;
 use crate::store::StoreError;
 
+/// What preparing a request gave.
+// It lives for the length of one call, moved once: boxing the run would cost an allocation for nothing.
+#[allow(clippy::large_enum_variant)]
+pub enum Prepared {
+    /// A run to start now.
+    Run(Run),
+    /// A background response stored as queued, for the first replica with room to take.
+    Queued(ResponseRecord),
+}
+
 impl Engine {
-    /// Validates `request` against the project's deployments, tools and stored responses, and builds the run.
-    /// A streamed response, and one created with an `Idempotency-Key`, are stored now; any other stored response
-    /// with its first step boundary that waits for the disk (see `journal.rs`).
+    /// Validates a foreground `request` against the project's deployments, tools and stored responses, and
+    /// builds the run. A streamed response, and one created with an `Idempotency-Key`, are stored now; any other
+    /// stored response with its first step boundary that waits for the disk (see `journal.rs`).
     pub async fn prepare(
         &self,
         project_id: &str,
         request: ValidRequest,
         idempotency_key: Option<&str>,
     ) -> Result<Run, EngineError> {
-        // A full gateway says so at once, before any work, rather than letting requests queue without bound.
-        let admitted = Arc::clone(&self.admission)
-            .try_acquire_owned()
-            .map_err(|_| {
+        match self
+            .prepare_any(project_id, request, idempotency_key)
+            .await?
+        {
+            Prepared::Run(run) => Ok(run),
+            // Only a background request is queued.
+            Prepared::Queued(_) => Err(EngineError::Overloaded),
+        }
+    }
+
+    /// Stores a background request as queued and starts it when this replica has room; otherwise the first
+    /// replica with room takes it. Answers the response as it was stored, and (with `follow`) its live events
+    /// when it runs here.
+    pub async fn submit(
+        &self,
+        project_id: &str,
+        request: ValidRequest,
+        idempotency_key: Option<&str>,
+        follow: bool,
+    ) -> Result<(ResponseRecord, Option<broadcast::Receiver<Event>>), EngineError> {
+        match self
+            .prepare_any(project_id, request, idempotency_key)
+            .await?
+        {
+            Prepared::Run(run) => {
+                let record = run.record.clone();
+                // Following before the run starts, so that no live event is missed.
+                let live = follow
+                    .then(|| self.replica.runs.follow(&record.id))
+                    .flatten();
+                let sink = super::EventSink::for_followers(&run.record, &run.steps);
+                self.spawn(run, sink);
+                Ok((record, live))
+            }
+            Prepared::Queued(record) => {
+                // No room here: whichever replica has room takes it.
+                self.tell_all(channel::WORK, "").await;
+                Ok((record, None))
+            }
+        }
+    }
+
+    async fn prepare_any(
+        &self,
+        project_id: &str,
+        request: ValidRequest,
+        idempotency_key: Option<&str>,
+    ) -> Result<Prepared, EngineError> {
+        if !self.replica.is_accepting() {
+            crate::metrics::response_refused("shutting_down");
+            return Err(EngineError::ShuttingDown);
+        }
+        // A full gateway says so at once, before any work, rather than letting requests queue without bound;
+        // a background request waits in the store for a replica with room instead.
+        let admitted = match Arc::clone(&self.admission).try_acquire_owned() {
+            Ok(permit) => Some(permit),
+            Err(_) if request.background => None,
+            Err(_) => {
                 crate::metrics::response_refused("overloaded");
-                EngineError::Overloaded
-            })?;
+                return Err(EngineError::Overloaded);
+            }
+        };
         let resolution = self
             .resolver
             .resolve(project_id, &request.model)
@@ -75,18 +145,7 @@ impl Engine {
             EngineError::Pairing { error, param }
         })?;
 
-        let limits = Limits {
-            max_tool_calls: Some(
-                request
-                    .params
-                    .max_tool_calls
-                    .map_or(self.limits.max_tool_calls, |n| {
-                        n.min(self.limits.max_tool_calls)
-                    }),
-            ),
-            max_model_calls: self.limits.max_model_calls,
-            max_failing_batches: self.limits.max_failing_batches,
-        };
+        let limits = self.limits_for(request.params.max_tool_calls);
         let mut steps: Vec<Step> = carried
             .into_iter()
             .enumerate()
@@ -108,8 +167,9 @@ impl Engine {
             limits,
             deadline_passed: false,
         });
-        if first == NextAction::CallModel {
-            // The first model call is recorded with the response itself: one write instead of two.
+        if first == NextAction::CallModel && !request.background {
+            // The first model call is recorded with the response itself: one write instead of two. A background
+            // response records it when a replica starts it.
             steps.push(Step {
                 seq: steps.len() as u32,
                 state: StepState::Running,
@@ -124,9 +184,15 @@ impl Engine {
             previous_response_id: request.previous_response_id,
             store: request.store,
             background: request.background,
-            state: ResponseState::InProgress,
+            state: if request.background {
+                ResponseState::Queued
+            } else {
+                ResponseState::InProgress
+            },
             usage: None,
         };
+        // A foreground response's deadline runs from now; a background one's from when a replica starts it.
+        let deadline_at = (!request.background).then(|| now_ms() + self.deadline_ms());
         // A response that someone may look for while it runs (its stream told the client its id) or that
         // must be found by its Idempotency-Key is written now. Any other is written with its first step
         // boundary: before a tool request goes out, or with its ending. Until then nothing outside this call
@@ -144,6 +210,8 @@ impl Engine {
                         context: &context,
                         steps: &steps,
                         idempotency_key,
+                        owner: admitted.is_some().then_some(self.replica.id.as_str()),
+                        deadline_at,
                     },
                     self.relaxed(),
                 )
@@ -154,9 +222,29 @@ impl Engine {
                     other => EngineError::NothingStored(other),
                 })?;
         }
-        let journal = Journal::new(request.store, project_id, write_now, steps.len());
-        Ok(Run {
+        let Some(admitted) = admitted else {
+            return Ok(Prepared::Queued(record));
+        };
+        let registration = self
+            .replica
+            .runs
+            .register(&record.id)
+            .ok_or(EngineError::TaskFailed)?;
+        // Followers (a re-attached stream, a repeated create) of a response someone may look for are told as it
+        // progresses.
+        let followed = request.stream || request.background || idempotency_key.is_some();
+        let journal = Journal::new(
+            request.store,
+            project_id,
+            write_now,
+            steps.len(),
+            followed,
+            deadline_at,
+        );
+        Ok(Prepared::Run(Run {
             record,
+            project_id: project_id.to_owned(),
+            keyed: idempotency_key.is_some(),
             deployment: resolution.deployment.clone(),
             server_tools: resolution.tools.clone(),
             registered,
@@ -164,9 +252,32 @@ impl Engine {
             steps,
             limits,
             deadline: Instant::now() + Duration::from_millis(self.limits.response_deadline_ms),
+            origin: if request.background {
+                Origin::Queued
+            } else {
+                Origin::New
+            },
             journal,
+            registration,
+            store_says: None,
             _admitted: admitted,
-        })
+        }))
+    }
+
+    /// The loop's limits for a request that asked for `max_tool_calls`: it may lower the operator's ceiling, not
+    /// raise it.
+    pub(super) fn limits_for(&self, max_tool_calls: Option<u32>) -> Limits {
+        let ceiling = self.limits.max_tool_calls;
+        Limits {
+            max_tool_calls: Some(max_tool_calls.map_or(ceiling, |n| n.min(ceiling))),
+            max_model_calls: self.limits.max_model_calls,
+            max_failing_batches: self.limits.max_failing_batches,
+        }
+    }
+
+    /// The whole-response deadline, in milliseconds.
+    pub(super) fn deadline_ms(&self) -> i64 {
+        i64::try_from(self.limits.response_deadline_ms).unwrap_or(i64::MAX)
     }
 
     /// The context a chained response starts from: the previous response's context, then its output.

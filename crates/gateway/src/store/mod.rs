@@ -19,6 +19,7 @@ macro_rules! with_pool {
 
 pub mod admin;
 mod backend;
+pub mod ownership;
 pub mod responses;
 pub mod tenancy;
 
@@ -49,6 +50,9 @@ pub enum StoreError {
     /// No pooled connection became free within `database.acquire_timeout_ms`: the store is busy, not broken.
     #[error("no store connection became free in time")]
     Busy,
+    /// A write for a response this replica no longer drives: another replica took it over, or it was deleted.
+    #[error("the response is no longer driven by this replica")]
+    NotOwner,
     #[error("database error: {0}")]
     Database(#[source] sqlx::Error),
     #[error("migration failed: {0}")]
@@ -72,6 +76,41 @@ impl StoreError {
             }
         }
         StoreError::from(error)
+    }
+}
+
+impl StoreError {
+    /// Whether the store may well answer if asked again in a moment: it was busy, or the connection to the
+    /// database failed (the server restarting, a network hiccup), as opposed to a refused or unreadable write.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            StoreError::Busy => true,
+            StoreError::Database(error) => match error {
+                sqlx::Error::Io(_)
+                | sqlx::Error::Tls(_)
+                | sqlx::Error::Protocol(_)
+                | sqlx::Error::PoolTimedOut
+                | sqlx::Error::PoolClosed
+                | sqlx::Error::WorkerCrashed => true,
+                sqlx::Error::Database(db) => db.code().is_some_and(|code| {
+                    // Connection exceptions (08…), an administrator shutdown or restart (57P01–57P03), a
+                    // serialization failure or deadlock (40001, 40P01), SQLite's busy and locked (5, 6).
+                    code.starts_with("08")
+                        || matches!(
+                            &*code,
+                            "57P01" | "57P02" | "57P03" | "40001" | "40P01" | "5" | "6"
+                        )
+                }),
+                _ => false,
+            },
+            StoreError::NotFound
+            | StoreError::Conflict(_)
+            | StoreError::Corrupt(_)
+            | StoreError::NotOwner
+            | StoreError::Migrate(_)
+            | StoreError::UnsupportedUrl
+            | StoreError::Directory(_) => false,
+        }
     }
 }
 

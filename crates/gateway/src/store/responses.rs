@@ -22,6 +22,10 @@ pub struct NewResponse<'a> {
     pub steps: &'a [Step],
     /// The client's `Idempotency-Key`, unique per project.
     pub idempotency_key: Option<&'a str>,
+    /// The replica that drives it; `None` for a background response left queued for any replica.
+    pub owner: Option<&'a str>,
+    /// When its deadline passes (milliseconds); `None` until it starts (a queued background response).
+    pub deadline_at: Option<i64>,
 }
 
 /// A stored response and what is needed to continue or show it.
@@ -29,6 +33,22 @@ pub struct NewResponse<'a> {
 pub struct StoredResponse {
     pub record: ResponseRecord,
     pub deployment_id: Option<String>,
+}
+
+/// Everything stored about a running response that a replica needs to resume it.
+#[derive(Debug, Clone)]
+pub struct StoredRun {
+    pub record: ResponseRecord,
+    pub project_id: String,
+    pub deployment_id: Option<String>,
+    /// The server tools it started with, as resolved then (without their secrets).
+    pub server_tools: Vec<ToolSource>,
+    /// When its deadline passes (milliseconds); `None` for a queued response that has not started.
+    pub deadline_at: Option<i64>,
+    /// Whether it was created with an `Idempotency-Key` (a repeated create may be waiting for it).
+    pub keyed: bool,
+    pub context: Vec<Item>,
+    pub steps: Vec<Step>,
 }
 
 /// Listing order of `input_items`.
@@ -73,6 +93,17 @@ pub struct StepWrite<'a> {
     /// `updated_at` of everything written and `created_at` of added steps.
     pub at: i64,
     pub durability: Durability,
+    /// The replica that drives the response: nothing is written unless it still owns it.
+    pub owner: &'a str,
+    /// Whether followers of the response (a re-attached stream, a repeated create) are told it progressed.
+    pub notify: bool,
+}
+
+/// What a step write learnt about the response.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WriteOutcome {
+    /// A cancel (or the delete of the response) asked it to stop.
+    pub cancel_requested: bool,
 }
 
 /// How a response ended, as the columns of its row hold it.
@@ -137,16 +168,31 @@ macro_rules! insert_step_rows {
     };
 }
 
-/// The response row's insert, shared by both backends: parameters `$1`..`$18` in the order `bind_response_row!`
+/// Binds a `StepColumns`' six columns as the next six array parameters of `$query`, in the order `UNNEST` reads
+/// them (a macro, because sqlx's statement types have no common trait for `bind`).
+macro_rules! bind_step_columns {
+    ($query:expr, $columns:expr) => {{
+        let columns = &$columns;
+        $query
+            .bind(&columns.seq)
+            .bind(&columns.kind)
+            .bind(&columns.state)
+            .bind(&columns.body)
+            .bind(&columns.call_id)
+            .bind(&columns.tool_name)
+    }};
+}
+
+/// The response row's insert, shared by both backends: parameters `$1`..`$20` in the order `bind_response_row!`
 /// binds them. A deployment deleted while the response ran is recorded as none, as `ON DELETE SET NULL` does
 /// for rows written earlier; `updated_at` is the ending time of a response written when it ended.
 macro_rules! insert_response_row {
     () => {
         "INSERT INTO responses (id, project_id, deployment_id, model, status, params, server_tools,
             previous_response_id, store, background, created_at, updated_at, idempotency_key,
-            usage, handed_back, error_code, error_message, incomplete_reason, completed_at)
+            usage, handed_back, error_code, error_message, incomplete_reason, completed_at, owner, deadline_at)
          VALUES ($1, $2, (SELECT id FROM deployments WHERE id = $3), $4, $5, $6, $7, $8, $9, $10, $11,
-            COALESCE($18, $11), $12, $13, $14, $15, $16, $17, $18)"
+            COALESCE($18, $11), $12, $13, $14, $15, $16, $17, $18, $19, $20)"
     };
 }
 
@@ -175,6 +221,8 @@ macro_rules! bind_response_row {
             .bind(ended.error_message)
             .bind(ended.incomplete_reason)
             .bind(ended.completed_at)
+            .bind(new.owner)
+            .bind(new.deadline_at)
     }};
 }
 
@@ -186,37 +234,47 @@ const PG_CREATE_RESPONSE: &str = concat!(
     insert_response_row!(),
     "), items AS (
     INSERT INTO response_input_items (response_id, position, item_id, item)
-    SELECT $1, * FROM UNNEST($19::int4[], $20::text[], $21::jsonb[])
+    SELECT $1, * FROM UNNEST($21::int4[], $22::text[], $23::jsonb[])
 ), added AS (
     INSERT INTO steps (response_id, seq, kind, state, body, call_id, tool_name, attempts, created_at, updated_at)
     SELECT $1, s.seq, s.kind, s.state, s.body, s.call_id, s.tool_name,
            CASE WHEN s.state = 'pending' THEN 0 ELSE 1 END, $11, COALESCE($18, $11)
-    FROM UNNEST($22::int4[], $23::text[], $24::text[], $25::jsonb[], $26::text[], $27::text[])
+    FROM UNNEST($24::int4[], $25::text[], $26::text[], $27::jsonb[], $28::text[], $29::text[])
         AS s(seq, kind, state, body, call_id, tool_name)
 )
-SELECT set_config('synchronous_commit', COALESCE($28, current_setting('synchronous_commit')), true)"
+SELECT set_config('synchronous_commit', COALESCE($30, current_setting('synchronous_commit')), true)"
 );
 
-/// Postgres: one step boundary as one statement. Changed steps count an attempt when they start running;
-/// the response row is touched only when `$12` (its ending status) is set.
+/// Postgres: one step boundary as one statement, written only while replica `$20` owns the response (the row is
+/// locked for the statement, so a takeover waits for it): a replica that lost the response writes nothing, and
+/// learns it from `cancel_requested` being NULL. Changed steps count an attempt when they start running; the
+/// response row is changed only when `$12` (its ending status) is set. With `$21`, followers of the response
+/// are told it progressed.
 const PG_WRITE_STEPS: &str = "
-WITH changed AS (
+WITH owned AS (
+    SELECT cancel_requested FROM responses WHERE id = $1 AND owner = $20 FOR UPDATE
+), changed AS (
     UPDATE steps SET state = u.state, body = u.body, updated_at = $2,
         attempts = steps.attempts + CASE WHEN u.state = 'running' THEN 1 ELSE 0 END
     FROM UNNEST($3::int4[], $4::text[], $5::jsonb[]) AS u(seq, state, body)
-    WHERE steps.response_id = $1 AND steps.seq = u.seq
+    WHERE steps.response_id = $1 AND steps.seq = u.seq AND EXISTS (SELECT 1 FROM owned)
 ), added AS (
     INSERT INTO steps (response_id, seq, kind, state, body, call_id, tool_name, attempts, created_at, updated_at)
     SELECT $1, s.seq, s.kind, s.state, s.body, s.call_id, s.tool_name,
            CASE WHEN s.state = 'pending' THEN 0 ELSE 1 END, $2, $2
     FROM UNNEST($6::int4[], $7::text[], $8::text[], $9::jsonb[], $10::text[], $11::text[])
         AS s(seq, kind, state, body, call_id, tool_name)
+    WHERE EXISTS (SELECT 1 FROM owned)
 ), ended AS (
     UPDATE responses SET status = $12, usage = $13, handed_back = $14, error_code = $15, error_message = $16,
         incomplete_reason = $17, completed_at = $19, updated_at = $2
-    WHERE id = $1 AND $12::text IS NOT NULL
+    WHERE id = $1 AND $12::text IS NOT NULL AND EXISTS (SELECT 1 FROM owned)
+), notified AS (
+    SELECT pg_notify('gateway_progress', $1) FROM owned WHERE $21
 )
-SELECT set_config('synchronous_commit', COALESCE($18, current_setting('synchronous_commit')), true)";
+SELECT (SELECT cancel_requested FROM owned) AS cancel_requested,
+       (SELECT COUNT(*) FROM notified) AS notified,
+       set_config('synchronous_commit', COALESCE($18, current_setting('synchronous_commit')), true) AS commit";
 
 impl Store {
     /// Writes a new response, its context items and first steps at once: one statement on Postgres, one
@@ -261,8 +319,7 @@ impl Store {
                 .bind(&positions)
                 .bind(&ids)
                 .bind(&items);
-                columns
-                    .bind(query)
+                bind_step_columns!(query, columns)
                     .bind(durability.synchronous_commit())
                     .execute(pool)
                     .await
@@ -321,7 +378,7 @@ impl Store {
             sqlx::query_as(
             "SELECT id, deployment_id, model, status, params, previous_response_id, store, background, handed_back,
                     error_code, error_message, incomplete_reason, usage, created_at, completed_at
-             FROM responses WHERE id = $1 AND project_id = $2 AND deleted_at IS NULL",
+             FROM responses WHERE id = $1 AND project_id = $2",
         )
         .bind(id)
         .bind(project_id)
@@ -329,6 +386,83 @@ impl Store {
         .await
         })?;
         row.map(StoredResponse::try_from).transpose()
+    }
+
+    /// Everything needed to resume a response of `project_id` that this replica took over.
+    pub async fn load_run(
+        &self,
+        project_id: &str,
+        id: &str,
+    ) -> Result<Option<StoredRun>, StoreError> {
+        let _timer = crate::metrics::StoreTimer::start("load_run");
+        let Some(stored) = self.load_response(project_id, id).await? else {
+            return Ok(None);
+        };
+        let (server_tools, deadline_at, keyed): (Value, Option<i64>, bool) = with_pool!(
+            self,
+            |pool| {
+                sqlx::query_as(
+                "SELECT server_tools, deadline_at, idempotency_key IS NOT NULL FROM responses WHERE id = $1",
+            )
+            .bind(id)
+            .fetch_one(pool)
+            .await
+            }
+        )?;
+        let server_tools = serde_json::from_value(server_tools)
+            .map_err(|e| StoreError::Corrupt(format!("server tools of '{id}': {e}")))?;
+        Ok(Some(StoredRun {
+            record: stored.record,
+            project_id: project_id.to_owned(),
+            deployment_id: stored.deployment_id,
+            server_tools,
+            deadline_at,
+            keyed,
+            context: self.load_context(project_id, id).await?,
+            steps: self.load_steps(project_id, id).await?,
+        }))
+    }
+
+    /// Starts a queued background response that `owner` took: it is in progress from now, with its deadline.
+    /// Answers whether a cancel already asked it to stop; `NotOwner` when the replica no longer drives it.
+    pub async fn start_queued(
+        &self,
+        id: &str,
+        owner: &str,
+        deadline_at: i64,
+    ) -> Result<bool, StoreError> {
+        let cancel_requested: Option<bool> = with_pool!(self, |pool| sqlx::query_scalar(
+            "UPDATE responses SET status = 'in_progress', deadline_at = $3
+             WHERE id = $1 AND owner = $2 AND status IN ('queued', 'in_progress')
+             RETURNING cancel_requested",
+        )
+        .bind(id)
+        .bind(owner)
+        .bind(deadline_at)
+        .fetch_optional(pool)
+        .await)?;
+        cancel_requested.ok_or(StoreError::NotOwner)
+    }
+
+    /// Ends as `cancelled` a queued background response of `project_id` that no replica took: nobody else will.
+    /// `false` when it is not (or no longer) such a response.
+    pub async fn cancel_queued(
+        &self,
+        project_id: &str,
+        id: &str,
+        at: i64,
+    ) -> Result<bool, StoreError> {
+        let ended = with_pool!(self, |pool| sqlx::query(
+            "UPDATE responses SET status = 'cancelled', completed_at = $3, updated_at = $3
+             WHERE id = $1 AND project_id = $2 AND status = 'queued' AND owner IS NULL",
+        )
+        .bind(id)
+        .bind(project_id)
+        .bind(at)
+        .execute(pool)
+        .await
+        .map(|done| done.rows_affected()))?;
+        Ok(ended > 0)
     }
 
     /// The id of the response that `project_id` created with this `Idempotency-Key`, if any.
@@ -456,7 +590,7 @@ impl Store {
     }
 
     /// Writes one step boundary: new steps, changed steps and the response's ending, all or nothing.
-    pub async fn write_steps(&self, write: &StepWrite<'_>) -> Result<(), StoreError> {
+    pub async fn write_steps(&self, write: &StepWrite<'_>) -> Result<WriteOutcome, StoreError> {
         let _timer = crate::metrics::StoreTimer::start(if write.ended.is_some() {
             "finish_response"
         } else {
@@ -478,20 +612,19 @@ impl Store {
             .map(|u| serde_json::to_value(u).unwrap_or(Value::Null));
         let id = write.response_id;
         let written = |e| StoreError::from_write(e, "step already recorded");
-        match &self.backend {
+        let cancel_requested: Option<bool> = match &self.backend {
             Backend::Postgres(pool) => {
                 let columns = StepColumns::from(&added);
                 let changed_seq: Vec<i32> = changed.iter().map(|c| c.0).collect();
                 let changed_state: Vec<&str> = changed.iter().map(|c| c.1).collect();
                 let changed_body: Vec<&Value> = changed.iter().map(|c| &c.2).collect();
-                let query = sqlx::query(PG_WRITE_STEPS)
+                let query = sqlx::query_scalar(PG_WRITE_STEPS)
                     .bind(id)
                     .bind(write.at)
                     .bind(&changed_seq)
                     .bind(&changed_state)
                     .bind(&changed_body);
-                columns
-                    .bind(query)
+                bind_step_columns!(query, columns)
                     .bind(ended.status)
                     .bind(&usage)
                     .bind(ended.handed_back)
@@ -500,53 +633,73 @@ impl Store {
                     .bind(ended.incomplete_reason)
                     .bind(write.durability.synchronous_commit())
                     .bind(ended.completed_at)
-                    .execute(pool)
+                    .bind(write.owner)
+                    .bind(write.notify)
+                    .fetch_one(pool)
                     .await
-                    .map_err(written)?;
+                    .map_err(written)?
             }
             Backend::Sqlite(pool) => {
-                let saved: Result<(), sqlx::Error> = async {
-                let mut tx = pool.begin().await?;
-                for (seq, state, body) in &changed {
-                    sqlx::query(
-                        "UPDATE steps SET state = $3, body = $4, updated_at = $5,
-                            attempts = attempts + CASE WHEN $3 = 'running' THEN 1 ELSE 0 END
-                         WHERE response_id = $1 AND seq = $2",
+                let saved: Result<Option<bool>, sqlx::Error> = async {
+                    let mut tx = pool.begin().await?;
+                    // The ownership check writes the row first, so that the transaction holds the write lock from
+                    // its first statement.
+                    let owned: Option<bool> = sqlx::query_scalar(
+                        "UPDATE responses SET updated_at = $3 WHERE id = $1 AND owner = $2
+                         RETURNING cancel_requested",
                     )
                     .bind(id)
-                    .bind(seq)
-                    .bind(state)
-                    .bind(body)
+                    .bind(write.owner)
                     .bind(write.at)
-                    .execute(&mut *tx)
+                    .fetch_optional(&mut *tx)
                     .await?;
-                }
-                insert_step_rows!(tx, id, &added, write.at, write.at);
-                if let Some(status) = ended.status {
-                    sqlx::query(
-                        "UPDATE responses SET status = $2, usage = $3, handed_back = $4, error_code = $5,
-                            error_message = $6, incomplete_reason = $7, completed_at = $8, updated_at = $9
-                         WHERE id = $1",
-                    )
-                    .bind(id)
-                    .bind(status)
-                    .bind(&usage)
-                    .bind(ended.handed_back)
-                    .bind(ended.error_code)
-                    .bind(ended.error_message)
-                    .bind(ended.incomplete_reason)
-                    .bind(ended.completed_at)
-                    .bind(write.at)
-                    .execute(&mut *tx)
-                    .await?;
-                }
-                tx.commit().await
+                    if owned.is_none() {
+                        return Ok(None);
+                    }
+                    for (seq, state, body) in &changed {
+                        sqlx::query(
+                            "UPDATE steps SET state = $3, body = $4, updated_at = $5,
+                                attempts = attempts + CASE WHEN $3 = 'running' THEN 1 ELSE 0 END
+                             WHERE response_id = $1 AND seq = $2",
+                        )
+                        .bind(id)
+                        .bind(seq)
+                        .bind(state)
+                        .bind(body)
+                        .bind(write.at)
+                        .execute(&mut *tx)
+                        .await?;
+                    }
+                    insert_step_rows!(tx, id, &added, write.at, write.at);
+                    if let Some(status) = ended.status {
+                        sqlx::query(
+                            "UPDATE responses SET status = $2, usage = $3, handed_back = $4, error_code = $5,
+                                error_message = $6, incomplete_reason = $7, completed_at = $8, updated_at = $9
+                             WHERE id = $1",
+                        )
+                        .bind(id)
+                        .bind(status)
+                        .bind(&usage)
+                        .bind(ended.handed_back)
+                        .bind(ended.error_code)
+                        .bind(ended.error_message)
+                        .bind(ended.incomplete_reason)
+                        .bind(ended.completed_at)
+                        .bind(write.at)
+                        .execute(&mut *tx)
+                        .await?;
+                    }
+                    tx.commit().await?;
+                    Ok(owned)
                 }
                 .await;
-                saved.map_err(written)?;
+                saved.map_err(written)?
             }
+        };
+        match cancel_requested {
+            Some(cancel_requested) => Ok(WriteOutcome { cancel_requested }),
+            None => Err(StoreError::NotOwner),
         }
-        Ok(())
     }
 }
 
@@ -576,22 +729,6 @@ struct StepColumns<'a> {
     call_id: Vec<Option<&'a str>>,
     tool_name: Vec<Option<&'a str>>,
 }
-
-impl<'a> StepColumns<'a> {
-    /// Binds the six columns as the next six array parameters, in the order `UNNEST` reads them.
-    fn bind(&'a self, query: PgQuery<'a>) -> PgQuery<'a> {
-        query
-            .bind(&self.seq)
-            .bind(&self.kind)
-            .bind(&self.state)
-            .bind(&self.body)
-            .bind(&self.call_id)
-            .bind(&self.tool_name)
-    }
-}
-
-/// A Postgres statement being bound.
-type PgQuery<'q> = sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments>;
 
 impl<'a> From<&'a Vec<StepRow<'a>>> for StepColumns<'a> {
     fn from(rows: &'a Vec<StepRow<'a>>) -> StepColumns<'a> {

@@ -100,6 +100,36 @@ impl Store {
             Ok(Some(Resolution { deployment, tools }))
         })
     }
+
+    /// A deployment by id, whatever groups it is in: what a resumed response runs on.
+    pub async fn deployment_by_id(&self, id: &str) -> Result<Option<Deployment>, StoreError> {
+        let found = with_pool!(self, |pool| {
+            sqlx::query_as::<_, DeploymentRecord>(
+            "SELECT id, name, provider_kind, base_url, upstream_model, api_key FROM deployments WHERE id = $1",
+        )
+        .bind(id)
+        .fetch_optional(pool)
+        .await
+        })?;
+        Ok(found.map(Deployment::from))
+    }
+
+    /// The tool sources with these ids that still exist, as they are now (with their secrets): what a resumed
+    /// response calls.
+    pub async fn tool_sources_by_id(&self, ids: &[String]) -> Result<Vec<ToolSource>, StoreError> {
+        let mut sources = Vec::with_capacity(ids.len());
+        for id in ids {
+            let found = with_pool!(self, |pool| sqlx::query_as::<_, ToolSourceRecord>(
+                "SELECT id, name, description, parameters, url, timeout_ms, secret, strict
+                 FROM tool_sources WHERE id = $1",
+            )
+            .bind(id)
+            .fetch_optional(pool)
+            .await)?;
+            sources.extend(found.map(ToolSource::from));
+        }
+        Ok(sources)
+    }
 }
 
 /// A `Deployment` as read, before its key is wrapped as a secret.

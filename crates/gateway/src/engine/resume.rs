@@ -1,0 +1,116 @@
+//! Resuming a response from its stored steps, on the replica that took it: a model call that never ended is made
+//! again, a tool call that was in flight is sent again under the same `Idempotency-Key`, pending steps run, all
+//! through `decide_next_action`. A queued background response starts the same way.
+
+use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
+
+use gateway_core::response::{Ending, ResponseStatus};
+use gateway_core::steps::total_usage;
+use tokio::sync::OwnedSemaphorePermit;
+
+use super::journal::Journal;
+use super::{Engine, EventSink, Origin, Run};
+use crate::clock::{now, now_ms};
+use crate::store::ownership::Claimed;
+use crate::store::responses::{Durability, StepWrite, StoredRun};
+use crate::store::StoreError;
+
+impl Engine {
+    /// Resumes (or starts) a response this replica claimed, on its own task, in the place `admitted` holds.
+    pub(super) async fn resume(
+        &self,
+        claimed: Claimed,
+        admitted: OwnedSemaphorePermit,
+    ) -> Result<(), StoreError> {
+        let Some(stored) = self
+            .store
+            .load_run(&claimed.project_id, &claimed.id)
+            .await?
+        else {
+            return Ok(()); // deleted meanwhile
+        };
+        if stored.record.ending().is_some() {
+            return Ok(());
+        }
+        let Some(registration) = self.replica.runs.register(&claimed.id) else {
+            return Ok(()); // it runs here already
+        };
+        let origin = if stored.record.status() == ResponseStatus::Queued {
+            Origin::Queued
+        } else {
+            Origin::Resumed
+        };
+        crate::metrics::response_resumed(origin == Origin::Queued, claimed.taken_over);
+        tracing::info!(
+            response.id = %claimed.id,
+            taken_over = claimed.taken_over,
+            queued = origin == Origin::Queued,
+            "resuming a response"
+        );
+        let deployment = match &stored.deployment_id {
+            Some(id) => self.store.deployment_by_id(id).await?,
+            None => None,
+        };
+        let Some(deployment) = deployment else {
+            return self
+                .end_unresumable(
+                    stored,
+                    "The deployment this response ran on no longer exists; it cannot be resumed.",
+                )
+                .await;
+        };
+        let ids: Vec<String> = stored.server_tools.iter().map(|t| t.id.clone()).collect();
+        // The tools it started with, as they are now (with their secrets); one deleted since is "no longer
+        // available" to the loop.
+        let server_tools = self.store.tool_sources_by_id(&ids).await?;
+        let registered: BTreeSet<String> =
+            stored.server_tools.iter().map(|t| t.name.clone()).collect();
+        let remaining_ms = stored.deadline_at.map_or(0, |at| (at - now_ms()).max(0));
+        let sink = EventSink::for_followers(&stored.record, &stored.steps);
+        let run = Run {
+            limits: self.limits_for(stored.record.params.max_tool_calls),
+            project_id: stored.project_id,
+            keyed: stored.keyed,
+            deployment,
+            server_tools,
+            registered,
+            context: stored.context,
+            journal: Journal::resumed(stored.steps.len(), stored.deadline_at),
+            steps: stored.steps,
+            deadline: Instant::now() + Duration::from_millis(remaining_ms.unsigned_abs()),
+            record: stored.record,
+            origin,
+            registration,
+            store_says: None,
+            _admitted: admitted,
+        };
+        self.spawn(run, sink);
+        Ok(())
+    }
+
+    /// Ends a taken response that cannot run again, with `message` as its failure.
+    async fn end_unresumable(&self, stored: StoredRun, message: &str) -> Result<(), StoreError> {
+        tracing::warn!(response.id = %stored.record.id, "{message}");
+        let mut record = stored.record;
+        record.end(
+            Ending::server_error(message),
+            total_usage(&stored.steps),
+            now(),
+        );
+        self.store
+            .write_steps(&StepWrite {
+                response_id: &record.id,
+                added: &[],
+                changed: &[],
+                ended: Some(&record),
+                at: now(),
+                durability: Durability::Flush,
+                owner: &self.replica.id,
+                notify: true,
+            })
+            .await?;
+        self.replica.progressed(&record.id);
+        Ok(())
+    }
+}

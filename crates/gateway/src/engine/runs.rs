@@ -1,0 +1,195 @@
+//! The responses this replica drives right now: how to stop each one, and where its live events go while
+//! somebody follows it.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+
+use gateway_core::events::Event;
+use tokio::sync::{broadcast, watch, Notify};
+
+/// Live events kept for a follower that reads slowly; one that falls further behind reads the store instead.
+const HUB_CAPACITY: usize = 64;
+
+/// Why a run must stop before its work is done.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stop {
+    /// A cancel (or the delete of the response): stop at once, abort what is in flight, end `cancelled`.
+    Cancel,
+    /// This replica gives the response up (shutdown, or it lost it): stop without writing anything more, so that
+    /// another replica resumes it from its stored steps.
+    Abandon,
+}
+
+/// Where a run's live events go once somebody follows it: created on the first follower, so that a run nobody
+/// follows keeps no channel.
+pub type Hub = Arc<OnceLock<broadcast::Sender<Event>>>;
+
+struct Entry {
+    stop: watch::Sender<Option<Stop>>,
+    hub: Hub,
+}
+
+/// The runs of this replica, by response id.
+#[derive(Default)]
+pub struct Runs {
+    entries: Mutex<HashMap<String, Entry>>,
+    emptied: Notify,
+}
+
+/// A run's place in the registry, given back when it is dropped.
+pub struct Registration {
+    runs: Arc<Runs>,
+    id: String,
+    /// Changes when the run must stop.
+    pub stop: watch::Receiver<Option<Stop>>,
+    pub hub: Hub,
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        let mut entries = self.runs.lock();
+        entries.remove(&self.id);
+        if entries.is_empty() {
+            self.runs.emptied.notify_waiters();
+        }
+    }
+}
+
+impl std::fmt::Debug for Runs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Runs")
+            .field("running", &self.len())
+            .finish()
+    }
+}
+
+impl Runs {
+    fn lock(&self) -> MutexGuard<'_, HashMap<String, Entry>> {
+        // A panic while holding the lock leaves the map consistent (every change is one insert or remove).
+        self.entries
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Registers the run of response `id`; `None` when it already runs here.
+    pub fn register(self: &Arc<Self>, id: &str) -> Option<Registration> {
+        let mut entries = self.lock();
+        if entries.contains_key(id) {
+            return None;
+        }
+        let (stop, receiver) = watch::channel(None);
+        let hub: Hub = Arc::default();
+        entries.insert(
+            id.to_owned(),
+            Entry {
+                stop,
+                hub: Arc::clone(&hub),
+            },
+        );
+        Some(Registration {
+            runs: Arc::clone(self),
+            id: id.to_owned(),
+            stop: receiver,
+            hub,
+        })
+    }
+
+    /// Asks the run of response `id` to stop; `false` when it does not run here.
+    pub fn stop(&self, id: &str, why: Stop) -> bool {
+        match self.lock().get(id) {
+            Some(entry) => {
+                entry.stop.send_if_modified(|stop| {
+                    // A cancel does not undo an abandon, and an abandon wins over a cancel: the replica that resumes
+                    // the response sees its cancel request in the store.
+                    let changed = *stop != Some(Stop::Abandon) && *stop != Some(why);
+                    if changed {
+                        *stop = Some(why);
+                    }
+                    changed
+                });
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Asks every run to stop.
+    pub fn stop_all(&self, why: Stop) {
+        let ids: Vec<String> = self.lock().keys().cloned().collect();
+        for id in ids {
+            self.stop(&id, why);
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.lock().len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Waits until no run is left.
+    pub async fn wait_empty(&self) {
+        loop {
+            let emptied = self.emptied.notified();
+            if self.is_empty() {
+                return;
+            }
+            emptied.await;
+        }
+    }
+
+    /// Follows the live events of the run of response `id`, when it runs here.
+    pub fn follow(&self, id: &str) -> Option<broadcast::Receiver<Event>> {
+        let entries = self.lock();
+        let hub = &entries.get(id)?.hub;
+        Some(
+            hub.get_or_init(|| broadcast::channel(HUB_CAPACITY).0)
+                .subscribe(),
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_run_is_registered_once_stopped_by_id_and_gone_when_its_registration_drops() {
+        let runs = Arc::new(Runs::default());
+        let mut first = runs.register("resp_1").expect("registered");
+        assert!(runs.register("resp_1").is_none(), "one run per response");
+        assert!(runs.stop("resp_1", Stop::Cancel));
+        assert!(!runs.stop("resp_2", Stop::Cancel));
+        first.stop.changed().await.expect("told");
+        assert_eq!(*first.stop.borrow(), Some(Stop::Cancel));
+
+        let waiting = tokio::spawn({
+            let runs = Arc::clone(&runs);
+            async move { runs.wait_empty().await }
+        });
+        drop(first);
+        waiting.await.expect("emptied");
+        assert!(runs.is_empty());
+    }
+
+    #[test]
+    fn an_abandon_is_not_undone_by_a_cancel() {
+        let runs = Arc::new(Runs::default());
+        let registration = runs.register("resp_1").expect("registered");
+        runs.stop_all(Stop::Abandon);
+        runs.stop("resp_1", Stop::Cancel);
+        assert_eq!(*registration.stop.borrow(), Some(Stop::Abandon));
+    }
+
+    #[test]
+    fn a_hub_is_made_for_the_first_follower_only() {
+        let runs = Arc::new(Runs::default());
+        let registration = runs.register("resp_1").expect("registered");
+        assert!(registration.hub.get().is_none(), "nobody follows yet");
+        let _follower = runs.follow("resp_1").expect("runs here");
+        assert!(registration.hub.get().is_some());
+        assert!(runs.follow("resp_2").is_none());
+    }
+}

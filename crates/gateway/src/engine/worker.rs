@@ -1,0 +1,235 @@
+//! The replica's duties besides serving requests: it beats (keeping its lease on the responses it drives), takes
+//! what needs a replica (queued background responses nobody took, the responses of a replica that stopped
+//! beating, whatever an earlier process left unfinished), hears the other replicas (Postgres `LISTEN`), and on
+//! shutdown lets its runs finish within the grace, then hands the rest over at once.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use sqlx::postgres::PgListener;
+use tokio::sync::OwnedSemaphorePermit;
+use tokio::task::JoinHandle;
+
+use super::{Engine, Stop};
+use crate::store::ownership::channel;
+use crate::store::{Backend, StoreError};
+
+/// Responses a replica takes at once, at most (it takes no more than it has room for).
+const CLAIM_BATCH: usize = 32;
+
+/// How long runs that were told to give their response up may take to stop, at shutdown.
+const ABANDON_WAIT: Duration = Duration::from_secs(5);
+
+/// The running duties of a replica; `shutdown` ends them.
+pub struct Worker {
+    engine: Engine,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl Worker {
+    /// Registers the replica and starts its duties. It looks for work at once, so a process that starts on a
+    /// store with unfinished responses resumes them.
+    pub async fn start(engine: Engine) -> Result<Worker, StoreError> {
+        let replica = Arc::clone(&engine.replica);
+        engine.store.heartbeat(&replica.id).await?;
+        if let Backend::Sqlite(_) = engine.store.backend() {
+            // The embedded store serves one process: any other that used it is gone.
+            engine.store.forget_other_replicas(&replica.id).await?;
+        }
+        let mut tasks = vec![
+            tokio::spawn(beat(engine.clone())),
+            tokio::spawn(claim(engine.clone())),
+        ];
+        if let Backend::Postgres(pool) = engine.store.backend() {
+            tasks.push(tokio::spawn(listen(engine.clone(), pool.clone())));
+        }
+        replica.work.notify_one();
+        tracing::info!(replica.id = %replica.id, "replica started");
+        Ok(Worker { engine, tasks })
+    }
+
+    /// Stops taking work, lets the runs finish within `grace`, tells the rest to give their response up, and
+    /// hands every unfinished response over, so that another replica takes it at once.
+    pub async fn shutdown(self, grace: Duration) {
+        let replica = &self.engine.replica;
+        replica.stop_accepting();
+        let runs = &replica.runs;
+        if tokio::time::timeout(grace, runs.wait_empty())
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                running = runs.len(),
+                "shutdown grace over; handing the responses still running over"
+            );
+            runs.stop_all(Stop::Abandon);
+            let _ = tokio::time::timeout(ABANDON_WAIT, runs.wait_empty()).await;
+        }
+        for task in &self.tasks {
+            task.abort();
+        }
+        let store = &self.engine.store;
+        match store.release(&replica.id).await {
+            Ok(released) => {
+                tracing::info!(released, "handed the unfinished responses over");
+                if released > 0 {
+                    let _ = store.notify(channel::WORK, "").await;
+                }
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "could not hand the unfinished responses over; they are taken when the lease expires")
+            }
+        }
+    }
+}
+
+/// Keeps the lease: beats every third of it. Each beat also releases what runs gave up while the store did not
+/// answer, heeds cancels whose notification was missed, and reports the queue.
+async fn beat(engine: Engine) {
+    let replica = Arc::clone(&engine.replica);
+    let mut ticks = tokio::time::interval(replica.lease / 3);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        ticks.tick().await;
+        if let Err(e) = engine.store.heartbeat(&replica.id).await {
+            tracing::warn!(error = %e, "heartbeat failed");
+            continue;
+        }
+        let mut released = false;
+        for id in replica.take_to_release() {
+            match engine.store.release_one(&id, &replica.id).await {
+                Ok(()) => released = true,
+                Err(_) => replica.release_later(&id),
+            }
+        }
+        if released {
+            replica.work.notify_one();
+            let _ = engine.store.notify(channel::WORK, "").await;
+        }
+        match engine.store.cancels_requested(&replica.id).await {
+            Ok(ids) => {
+                for id in ids {
+                    replica.runs.stop(&id, Stop::Cancel);
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "could not read cancel requests"),
+        }
+        match engine.store.queue_depth().await {
+            Ok(depth) => crate::metrics::queue_depth(depth, crate::clock::now()),
+            Err(e) => tracing::debug!(error = %e, "could not read the queue depth"),
+        }
+    }
+}
+
+/// Takes what needs a replica, as much as this one has room for: every sweep interval, and at once when told a
+/// response is waiting.
+async fn claim(engine: Engine) {
+    let replica = Arc::clone(&engine.replica);
+    loop {
+        tokio::select! {
+            () = tokio::time::sleep(replica.sweep_interval) => {}
+            () = replica.work.notified() => {}
+        }
+        if !replica.is_accepting() {
+            continue;
+        }
+        let mut room: Vec<OwnedSemaphorePermit> = Vec::new();
+        while room.len() < CLAIM_BATCH {
+            match Arc::clone(&engine.admission).try_acquire_owned() {
+                Ok(permit) => room.push(permit),
+                Err(_) => break,
+            }
+        }
+        if room.is_empty() {
+            continue;
+        }
+        let limit = room.len() as i64;
+        let claimed = match engine
+            .store
+            .claim(&replica.id, replica.lease_ms(), limit)
+            .await
+        {
+            Ok(claimed) => claimed,
+            Err(e) => {
+                tracing::warn!(error = %e, "could not look for responses to take");
+                continue;
+            }
+        };
+        if claimed.len() as i64 == limit {
+            // There may be more: look again at once.
+            replica.work.notify_one();
+        }
+        for (taken, admitted) in claimed.into_iter().zip(room) {
+            let engine = engine.clone();
+            tokio::spawn(async move {
+                let id = taken.id.clone();
+                if let Err(e) = engine.resume(taken, admitted).await {
+                    tracing::warn!(response.id = %id, error = %e, "could not resume a response; releasing it");
+                    engine.replica.release_later(&id);
+                }
+            });
+        }
+    }
+}
+
+/// Hears the other replicas: progress for followers, cancels, work waiting, admin changes. The listener holds
+/// a connection of its own, outside the store's pool, so that it takes none of the pool's places.
+async fn listen(engine: Engine, pool: sqlx::PgPool) {
+    let own = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .max_lifetime(None)
+        .idle_timeout(None)
+        .connect_lazy_with((*pool.connect_options()).clone());
+    loop {
+        let mut listener = match PgListener::connect_with(&own).await {
+            Ok(listener) => listener,
+            Err(e) => {
+                tracing::warn!(error = %e, "could not listen for notifications; trying again");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                continue;
+            }
+        };
+        if let Err(e) = listener.listen_all(channel::ALL).await {
+            tracing::warn!(error = %e, "could not listen for notifications; trying again");
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            continue;
+        }
+        loop {
+            // The listener reconnects by itself; notifications sent meanwhile are lost, and the polls (the
+            // sweep, the beat's cancel check, followers' timeouts) make up for them.
+            match listener.recv().await {
+                Ok(notification) => {
+                    engine.hear(notification.channel(), notification.payload());
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "notification listener failed");
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+            }
+        }
+    }
+}
+
+impl Engine {
+    /// Acts on a notification on `channel` with `payload`.
+    pub(super) fn hear(&self, channel: &str, payload: &str) {
+        match channel {
+            channel::PROGRESS => self.replica.progressed(payload),
+            channel::CANCEL => {
+                self.replica.runs.stop(payload, Stop::Cancel);
+            }
+            channel::WORK => self.replica.work.notify_one(),
+            channel::TENANCY => self.resolver.invalidate(),
+            _ => {}
+        }
+    }
+
+    /// Tells this replica and every other one (`channel`, `payload`): acted on here at once, and sent to the
+    /// others through the store.
+    pub async fn tell_all(&self, channel: &str, payload: &str) {
+        self.hear(channel, payload);
+        if let Err(e) = self.store.notify(channel, payload).await {
+            tracing::warn!(error = %e, channel, "could not notify the other replicas");
+        }
+    }
+}

@@ -1,0 +1,256 @@
+//! Who drives each running response (SPEC 9): replicas with heartbeats, ownership, takeover, release on
+//! shutdown, cancel requests, and the notifications that carry progress and admin changes between replicas.
+//!
+//! Postgres is the coordination engine: a replica owns the responses it drives for as long as it keeps beating
+//! (its lease); any replica takes over the running responses of one that stopped beating, claiming them with
+//! `FOR UPDATE SKIP LOCKED` so that two replicas never take the same one. Times are milliseconds of the
+//! database's clock, so replicas whose clocks disagree still agree on who is alive. The embedded store serves
+//! one process, which takes over at start-up whatever an earlier process left unfinished.
+
+use super::{Backend, Store, StoreError};
+
+/// The database clock in milliseconds, as Postgres reads it.
+macro_rules! pg_now_ms {
+    () => {
+        "(extract(epoch from clock_timestamp()) * 1000)::bigint"
+    };
+}
+
+/// The database clock in milliseconds, as SQLite reads it.
+macro_rules! sqlite_now_ms {
+    () => {
+        "CAST(unixepoch('subsec') * 1000 AS INTEGER)"
+    };
+}
+
+/// A running response a replica took to drive.
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
+pub struct Claimed {
+    pub id: String,
+    pub project_id: String,
+    /// Whether another replica drove it before (and stopped beating); `false` for a queued response nobody took.
+    pub taken_over: bool,
+}
+
+/// How many background responses wait for a replica, and since when the oldest does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct QueueDepth {
+    pub queued: i64,
+    /// `created_at` (seconds) of the oldest queued response.
+    pub oldest_created_at: Option<i64>,
+}
+
+/// The channels the replicas notify each other on.
+pub mod channel {
+    /// A response progressed (payload: its id): followers read its stored events again.
+    pub const PROGRESS: &str = "gateway_progress";
+    /// A cancel or the delete of a running response (payload: its id): its owner stops it.
+    pub const CANCEL: &str = "gateway_cancel";
+    /// A response waits for a replica (payload empty): replicas with room claim it at once.
+    pub const WORK: &str = "gateway_work";
+    /// An admin write (payload empty): every replica forgets its cached tenancy answers.
+    pub const TENANCY: &str = "gateway_tenancy";
+    pub const ALL: [&str; 4] = [PROGRESS, CANCEL, WORK, TENANCY];
+}
+
+impl Store {
+    /// Records that `replica` is alive now (registering it the first time).
+    pub async fn heartbeat(&self, replica: &str) -> Result<(), StoreError> {
+        let _timer = crate::metrics::StoreTimer::start("heartbeat");
+        match &self.backend {
+            Backend::Postgres(pool) => {
+                sqlx::query(concat!(
+                    "INSERT INTO replicas (id, started_at, heartbeat_at) VALUES ($1, ",
+                    pg_now_ms!(),
+                    ", ",
+                    pg_now_ms!(),
+                    ") ON CONFLICT (id) DO UPDATE SET heartbeat_at = EXCLUDED.heartbeat_at"
+                ))
+                .bind(replica)
+                .execute(pool)
+                .await?;
+            }
+            Backend::Sqlite(pool) => {
+                sqlx::query(concat!(
+                    "INSERT INTO replicas (id, started_at, heartbeat_at) VALUES ($1, ",
+                    sqlite_now_ms!(),
+                    ", ",
+                    sqlite_now_ms!(),
+                    ") ON CONFLICT (id) DO UPDATE SET heartbeat_at = excluded.heartbeat_at"
+                ))
+                .bind(replica)
+                .execute(pool)
+                .await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Takes up to `limit` running responses that no live replica drives, oldest first: queued ones nobody took,
+    /// and those whose owner has not beaten for `lease_ms`. Two replicas never take the same one.
+    pub async fn claim(
+        &self,
+        replica: &str,
+        lease_ms: i64,
+        limit: i64,
+    ) -> Result<Vec<Claimed>, StoreError> {
+        let _timer = crate::metrics::StoreTimer::start("claim");
+        let claimed = match &self.backend {
+            Backend::Postgres(pool) => {
+                sqlx::query_as(concat!(
+                    "WITH candidates AS (
+                        SELECT r.id, r.owner FROM responses r
+                        WHERE r.status IN ('queued', 'in_progress')
+                          AND (r.owner IS NULL OR NOT EXISTS (
+                              SELECT 1 FROM replicas p
+                              WHERE p.id = r.owner AND p.heartbeat_at > ",
+                    pg_now_ms!(),
+                    " - $2))
+                        ORDER BY r.created_at, r.id
+                        LIMIT $3
+                        FOR UPDATE OF r SKIP LOCKED)
+                    UPDATE responses r SET owner = $1 FROM candidates c WHERE r.id = c.id
+                    RETURNING r.id, r.project_id, c.owner IS NOT NULL AS taken_over"
+                ))
+                .bind(replica)
+                .bind(lease_ms)
+                .bind(limit)
+                .fetch_all(pool)
+                .await?
+            }
+            Backend::Sqlite(pool) => {
+                // One process writes this store: the candidates read in the transaction stay candidates.
+                let mut tx = pool.begin().await?;
+                let candidates: Vec<Claimed> = sqlx::query_as(concat!(
+                    "SELECT r.id, r.project_id, r.owner IS NOT NULL AS taken_over FROM responses r
+                     WHERE r.status IN ('queued', 'in_progress')
+                       AND (r.owner IS NULL OR NOT EXISTS (
+                           SELECT 1 FROM replicas p WHERE p.id = r.owner AND p.heartbeat_at > ",
+                    sqlite_now_ms!(),
+                    " - $1))
+                     ORDER BY r.created_at, r.id LIMIT $2"
+                ))
+                .bind(lease_ms)
+                .bind(limit)
+                .fetch_all(&mut *tx)
+                .await?;
+                for candidate in &candidates {
+                    sqlx::query("UPDATE responses SET owner = $2 WHERE id = $1")
+                        .bind(&candidate.id)
+                        .bind(replica)
+                        .execute(&mut *tx)
+                        .await?;
+                }
+                tx.commit().await?;
+                candidates
+            }
+        };
+        Ok(claimed)
+    }
+
+    /// Forgets every other replica: the embedded store serves one process, so any other that used it is gone,
+    /// and what it left unfinished may be taken at once.
+    pub async fn forget_other_replicas(&self, replica: &str) -> Result<(), StoreError> {
+        with_pool!(self, |pool| sqlx::query(
+            "DELETE FROM replicas WHERE id <> $1"
+        )
+        .bind(replica)
+        .execute(pool)
+        .await
+        .map(|done| done.rows_affected()))?;
+        Ok(())
+    }
+
+    /// Gives up every running response `replica` drives and forgets the replica (a graceful shutdown): another
+    /// replica takes them over without waiting for the lease to expire. Returns how many it gave up.
+    pub async fn release(&self, replica: &str) -> Result<u64, StoreError> {
+        let _timer = crate::metrics::StoreTimer::start("release");
+        let released = with_pool!(self, |pool| {
+            let mut tx = pool.begin().await?;
+            let released = sqlx::query(
+                "UPDATE responses SET owner = NULL
+                 WHERE owner = $1 AND status IN ('queued', 'in_progress')",
+            )
+            .bind(replica)
+            .execute(&mut *tx)
+            .await?
+            .rows_affected();
+            sqlx::query("DELETE FROM replicas WHERE id = $1")
+                .bind(replica)
+                .execute(&mut *tx)
+                .await?;
+            tx.commit().await?;
+            Ok::<u64, sqlx::Error>(released)
+        })?;
+        Ok(released)
+    }
+
+    /// Gives up one running response `replica` drives, so that a replica resumes it from its stored steps.
+    pub async fn release_one(&self, id: &str, replica: &str) -> Result<(), StoreError> {
+        with_pool!(self, |pool| sqlx::query(
+            "UPDATE responses SET owner = NULL
+             WHERE id = $1 AND owner = $2 AND status IN ('queued', 'in_progress')"
+        )
+        .bind(id)
+        .bind(replica)
+        .execute(pool)
+        .await
+        .map(|done| done.rows_affected()))?;
+        Ok(())
+    }
+
+    /// The running responses `replica` drives that a cancel (or delete) asked to stop: the fallback for a
+    /// notification that did not arrive.
+    pub async fn cancels_requested(&self, replica: &str) -> Result<Vec<String>, StoreError> {
+        let ids = with_pool!(self, |pool| sqlx::query_scalar(
+            "SELECT id FROM responses
+             WHERE owner = $1 AND cancel_requested AND status IN ('queued', 'in_progress')"
+        )
+        .bind(replica)
+        .fetch_all(pool)
+        .await)?;
+        Ok(ids)
+    }
+
+    /// Asks a running response of `project_id` to stop; `false` when none is running under that id.
+    pub async fn request_cancel(&self, project_id: &str, id: &str) -> Result<bool, StoreError> {
+        let updated = with_pool!(self, |pool| sqlx::query(
+            "UPDATE responses SET cancel_requested = TRUE
+             WHERE id = $1 AND project_id = $2 AND status IN ('queued', 'in_progress')"
+        )
+        .bind(id)
+        .bind(project_id)
+        .execute(pool)
+        .await
+        .map(|done| done.rows_affected()))?;
+        Ok(updated > 0)
+    }
+
+    /// The background responses waiting for a replica.
+    pub async fn queue_depth(&self) -> Result<QueueDepth, StoreError> {
+        let (queued, oldest_created_at): (i64, Option<i64>) = with_pool!(self, |pool| {
+            sqlx::query_as(
+                "SELECT COUNT(*), MIN(created_at) FROM responses WHERE status = 'queued'",
+            )
+            .fetch_one(pool)
+            .await
+        })?;
+        Ok(QueueDepth {
+            queued,
+            oldest_created_at,
+        })
+    }
+
+    /// Tells every replica listening on `channel` (Postgres `NOTIFY`; nothing on the embedded store, whose one
+    /// process tells itself directly).
+    pub async fn notify(&self, channel: &str, payload: &str) -> Result<(), StoreError> {
+        if let Backend::Postgres(pool) = &self.backend {
+            sqlx::query("SELECT pg_notify($1, $2)")
+                .bind(channel)
+                .bind(payload)
+                .execute(pool)
+                .await?;
+        }
+        Ok(())
+    }
+}
