@@ -95,9 +95,18 @@ impl Application {
         let serving = axum::serve(listener, self.router)
             .with_graceful_shutdown(stopping(stopping_rx.clone()));
         let mut server = tokio::spawn(async move { serving.await });
-        tokio::select! {
-            result = &mut server => return result.unwrap_or(Ok(())),
-            () = stopping(stopping_rx) => {}
+        let stopped_early = tokio::select! {
+            // The server ends on its own only when it fails; once the shutdown began it may end at once (no
+            // connection open) and the hand-over below must still happen.
+            result = &mut server => Some(result.unwrap_or(Ok(()))),
+            () = stopping(stopping_rx.clone()) => None,
+        };
+        if let Some(result) = stopped_early {
+            if !*stopping_rx.borrow() {
+                return result;
+            }
+            self.worker.shutdown(self.shutdown_grace).await;
+            return result;
         }
         self.worker.shutdown(self.shutdown_grace).await;
         match tokio::time::timeout(CLOSE_WAIT, server).await {

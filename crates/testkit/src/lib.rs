@@ -2,6 +2,7 @@
 //!
 //! * [`mock_model`] — a scripted mock of the OpenAI Chat Completions API ([`MockModel`]).
 //! * [`tool_server`] — an example tool server with deterministic tools ([`ToolServer`]).
+//! * `scratch` (feature `scratch`) — a fresh database per test, Postgres or an embedded-store file.
 //!
 //! Both servers run in-process on a tokio task, bind to a port of your choice (port 0 in
 //! tests) and stop when the last handle is dropped. They never touch the real network.
@@ -11,6 +12,8 @@
 //! bound, so a test can start it with `--bind 127.0.0.1:0` and read the port.
 
 pub mod mock_model;
+#[cfg(feature = "scratch")]
+pub mod scratch;
 mod server;
 pub mod tool_server;
 

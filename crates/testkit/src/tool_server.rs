@@ -6,7 +6,8 @@
 //!
 //! Control surface (for out-of-process tests): `GET /_tools/calls` answers a JSON array of
 //! `{"tool", "headers", "body"}` (headers as an object of lower-case names; repeated headers
-//! joined by `", "`), and `POST /_tools/reset` forgets the recorded calls.
+//! joined by `", "`), `POST /_tools/reset` forgets the recorded calls, and `POST /_tools/gate/open`
+//! and `/close` open and close the gate that `gate` calls wait for.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -23,6 +24,9 @@ use serde_json::{json, Value};
 use tokio::sync::oneshot;
 
 use crate::server::{self, header_pairs, lock, ServerGuard};
+
+/// How long a `gate` call waits for the gate to open before answering 504.
+const GATE_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// How long a `barrier` call waits for its peers before answering 504.
 const BARRIER_TIMEOUT: Duration = Duration::from_secs(10);
@@ -125,6 +129,11 @@ pub fn tool_definitions() -> Vec<ToolDefinition> {
             }),
         },
         ToolDefinition {
+            name: "gate",
+            description: "Wait until the gate is opened (by the test, or `POST /_tools/gate/open`), then answer.",
+            parameters: json!({"type": "object", "properties": {}, "additionalProperties": false}),
+        },
+        ToolDefinition {
             name: "barrier",
             description: "Wait until n barrier calls are in flight at the same time, then answer all of them.",
             parameters: json!({
@@ -145,13 +154,31 @@ struct Barrier {
     waiting: Vec<(u64, usize, oneshot::Sender<()>)>,
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Shared {
     calls: Mutex<Vec<RecordedCall>>,
+    /// Woken by every recorded call.
+    called: tokio::sync::Notify,
     in_flight: AtomicUsize,
     max_in_flight: AtomicUsize,
     barrier: Mutex<Barrier>,
     next_barrier_id: AtomicU64,
+    /// Whether `gate` calls answer (`true`) or wait.
+    gate: tokio::sync::watch::Sender<bool>,
+}
+
+impl Default for Shared {
+    fn default() -> Shared {
+        Shared {
+            calls: Mutex::default(),
+            called: tokio::sync::Notify::new(),
+            in_flight: AtomicUsize::default(),
+            max_in_flight: AtomicUsize::default(),
+            barrier: Mutex::default(),
+            next_barrier_id: AtomicU64::default(),
+            gate: tokio::sync::watch::channel(false).0,
+        }
+    }
 }
 
 impl Shared {
@@ -216,6 +243,8 @@ impl ToolServer {
             .route("/health", get(health))
             .route("/_tools/calls", get(recorded_calls))
             .route("/_tools/reset", post(reset))
+            .route("/_tools/gate/open", post(open_gate))
+            .route("/_tools/gate/close", post(close_gate))
             .fallback(not_found)
             .with_state(Arc::clone(&shared));
         let guard = server::spawn("example-tools", addr, router).await?;
@@ -235,6 +264,41 @@ impl ToolServer {
     /// Every call received, in arrival order.
     pub fn calls(&self) -> Vec<RecordedCall> {
         lock(&self.shared.calls).clone()
+    }
+
+    /// Waits until at least `n` calls of `tool` have been received (recorded before they are answered), and
+    /// returns them; `None` after `timeout`.
+    pub async fn wait_for_calls(
+        &self,
+        tool: &str,
+        n: usize,
+        timeout: Duration,
+    ) -> Option<Vec<RecordedCall>> {
+        let waiting = async {
+            loop {
+                let called = self.shared.called.notified();
+                let calls: Vec<RecordedCall> = self
+                    .calls()
+                    .into_iter()
+                    .filter(|c| c.tool == tool)
+                    .collect();
+                if calls.len() >= n {
+                    return calls;
+                }
+                called.await;
+            }
+        };
+        tokio::time::timeout(timeout, waiting).await.ok()
+    }
+
+    /// Lets every `gate` call answer, those waiting and those to come.
+    pub fn open_gate(&self) {
+        self.shared.gate.send_replace(true);
+    }
+
+    /// Makes `gate` calls wait again.
+    pub fn close_gate(&self) {
+        self.shared.gate.send_replace(false);
     }
 
     /// Forgets the recorded calls and restarts [`ToolServer::max_in_flight`] from the requests
@@ -270,6 +334,7 @@ async fn call_tool(
         headers: header_pairs(&headers),
         body: args.clone(),
     });
+    shared.called.notify_waiters();
     tracing::debug!(tool = %tool, args = %args, "tool call");
 
     match tool.as_str() {
@@ -297,6 +362,20 @@ async fn call_tool(
             }
             None => bad_request("missing non-negative integer argument \"ms\""),
         },
+        "gate" => {
+            let mut gate = shared.gate.subscribe();
+            let opened = tokio::time::timeout(GATE_TIMEOUT, async move {
+                gate.wait_for(|open| *open).await.is_ok()
+            })
+            .await;
+            match opened {
+                Ok(true) => Json(json!({"gate": "open"})).into_response(),
+                _ => error(
+                    StatusCode::GATEWAY_TIMEOUT,
+                    "the gate was not opened in time",
+                ),
+            }
+        }
         "barrier" => match args.get("n").and_then(Value::as_u64) {
             Some(n) => barrier(&shared, n).await,
             None => bad_request("missing non-negative integer argument \"n\""),
@@ -363,6 +442,16 @@ async fn recorded_calls(State(shared): State<Arc<Shared>>) -> Json<Value> {
 async fn reset(State(shared): State<Arc<Shared>>) -> Json<Value> {
     shared.reset();
     Json(json!({"calls": 0}))
+}
+
+async fn open_gate(State(shared): State<Arc<Shared>>) -> Json<Value> {
+    shared.gate.send_replace(true);
+    Json(json!({"gate": "open"}))
+}
+
+async fn close_gate(State(shared): State<Arc<Shared>>) -> Json<Value> {
+    shared.gate.send_replace(false);
+    Json(json!({"gate": "closed"}))
 }
 
 async fn health() -> Json<Value> {

@@ -205,6 +205,7 @@ async fn tool_definitions_describe_every_tool_with_an_object_schema() -> TestRes
             "plain_text",
             "fail",
             "slow",
+            "gate",
             "barrier"
         ]
     );
@@ -218,6 +219,7 @@ async fn tool_definitions_describe_every_tool_with_an_object_schema() -> TestRes
     }
     // Every defined tool is served.
     let tools = ToolServer::start().await?;
+    tools.open_gate();
     for definition in &definitions {
         let (status, _) = match definition.name {
             "plain_text" => (200, Value::Null),
@@ -229,5 +231,25 @@ async fn tool_definitions_describe_every_tool_with_an_object_schema() -> TestRes
         };
         assert_ne!(status, 404, "{}", definition.name);
     }
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_gate_call_waits_until_the_gate_opens_and_later_ones_pass_at_once() -> TestResult {
+    let tools = ToolServer::start().await?;
+    let waiting = tokio::spawn({
+        let tools = tools.clone();
+        async move { call(&tools, "gate", json!({})).await }
+    });
+    let arrived = tools
+        .wait_for_calls("gate", 1, std::time::Duration::from_secs(10))
+        .await
+        .expect("the call arrives");
+    assert_eq!(arrived.len(), 1);
+    assert!(!waiting.is_finished(), "the gate is closed");
+
+    tools.open_gate();
+    assert_eq!(waiting.await??, (200, json!({"gate": "open"})));
+    assert_eq!(call(&tools, "gate", json!({})).await?.0, 200);
     Ok(())
 }

@@ -7,17 +7,15 @@
 //! Test-support code: a setup step that fails must fail the test at once, so `expect` is the right tool here.
 #![allow(clippy::expect_used, clippy::unwrap_used, clippy::panic)]
 
-pub mod scratch;
-
 use std::time::Duration;
 
 use gateway::config::Config;
 use gateway::store::{Backend, Store};
 use gateway::Application;
 use gateway_testkit::mock_model::MockModel;
+pub use gateway_testkit::scratch::ScratchDatabase;
 use gateway_testkit::tool_server::{tool_definitions, ToolServer};
 use reqwest::{Method, RequestBuilder, StatusCode};
-pub use scratch::ScratchDatabase;
 use serde_json::{json, Value};
 
 /// A running gateway with its mock upstream, tool server and database.
@@ -91,6 +89,7 @@ impl TestGateway {
         config.admin.token = Some(admin_token.clone().into());
         config.database.max_connections = 5;
         config.upstream.backoff_ms = 1;
+        config.durability.sweep_interval_ms = 100;
         config.database.url = Some(db.url().to_owned().into());
         adjust(&mut config);
         let app = Application::build(config).await.expect("build gateway");

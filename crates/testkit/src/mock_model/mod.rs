@@ -64,6 +64,8 @@ struct Shared {
     script: Mutex<VecDeque<Reply>>,
     /// Every request received: body (Null if not JSON) and headers.
     received: Mutex<Vec<(Value, Headers)>>,
+    /// Woken by every request received.
+    arrived: tokio::sync::Notify,
     next_call: AtomicU64,
     next_completion: AtomicU64,
 }
@@ -136,6 +138,21 @@ impl MockModel {
             .collect()
     }
 
+    /// Waits until at least `n` chat completion requests have been received (recorded before they are
+    /// answered); `false` after `timeout`.
+    pub async fn wait_for_requests(&self, n: usize, timeout: std::time::Duration) -> bool {
+        let waiting = async {
+            loop {
+                let arrived = self.shared.arrived.notified();
+                if lock(&self.shared.received).len() >= n {
+                    return;
+                }
+                arrived.await;
+            }
+        };
+        tokio::time::timeout(timeout, waiting).await.is_ok()
+    }
+
     /// Forgets the script and the recorded requests (call ids keep counting, so they stay unique).
     pub fn reset(&self) {
         self.shared.reset();
@@ -172,6 +189,7 @@ async fn chat_completions(
         parsed.clone().unwrap_or(Value::Null),
         header_pairs(&headers),
     ));
+    shared.arrived.notify_waiters();
     let Some(request) = parsed.filter(Value::is_object) else {
         return json_error(400, "request body must be a JSON object");
     };

@@ -8,6 +8,7 @@ mod common;
 
 mod admin;
 mod chaining;
+mod durability;
 mod embedded;
 mod idempotency;
 mod operations;

@@ -225,18 +225,28 @@ pub fn check_stream(events: Vec<Value>) -> Checked {
         );
     }
 
-    // The start: created, then in_progress, both with the response as it starts.
+    // The start: created, then in_progress, both with the response as it starts; a background response is
+    // created queued, and says so before it starts.
+    let background = events[1]["type"] == "response.queued";
+    let start = if background { 3 } else { 2 };
     assert_eq!(events[0]["type"], "response.created", "{events:#?}");
-    assert_eq!(events[1]["type"], "response.in_progress", "{events:#?}");
+    assert_eq!(
+        events[start - 1]["type"],
+        "response.in_progress",
+        "{events:#?}"
+    );
     let created = &events[0]["response"];
     assert_eq!(created["object"], "response", "{created:#}");
-    assert_eq!(created["status"], "in_progress", "{created:#}");
+    let created_status = if background { "queued" } else { "in_progress" };
+    assert_eq!(created["status"], created_status, "{created:#}");
     assert_eq!(created["output"], json!([]), "{created:#}");
     assert_eq!(created["usage"], Value::Null, "{created:#}");
     let id = created["id"].as_str().expect("response id").to_owned();
     assert!(id.starts_with("resp_"), "{created:#}");
-    assert_eq!(events[1]["response"]["id"], id.as_str());
-    assert_eq!(events[1]["response"]["status"], "in_progress");
+    for event in &events[1..start] {
+        assert_eq!(event["response"]["id"], id.as_str());
+    }
+    assert_eq!(events[start - 1]["response"]["status"], "in_progress");
 
     // Exactly one terminal event, last, carrying the response with the matching status.
     let terminals: Vec<usize> = events
@@ -255,10 +265,12 @@ pub fn check_stream(events: Vec<Value>) -> Checked {
     };
     assert_eq!(terminal["status"], expected_status, "{terminal:#}");
     assert!(
-        events[2..]
+        events[start..]
             .iter()
-            .all(|e| e["type"] != "response.created" && e["type"] != "response.in_progress"),
-        "created / in_progress repeated: {events:#?}"
+            .all(|e| e["type"] != "response.created"
+                && e["type"] != "response.queued"
+                && e["type"] != "response.in_progress"),
+        "created / queued / in_progress repeated: {events:#?}"
     );
 
     // An error event: nested and flat, only in a failed stream, right before response.failed.
@@ -294,7 +306,7 @@ pub fn check_stream(events: Vec<Value>) -> Checked {
     // Items: added first, done last, indices 0..n in order of first appearance, one item id per index.
     let mut items: Vec<ItemTrace> = Vec::new();
     let mut open: Vec<bool> = Vec::new();
-    for event in &events[2..last] {
+    for event in &events[start..last] {
         let kind = event["type"].as_str().unwrap_or_default();
         if kind == "error" {
             continue;
