@@ -5,13 +5,6 @@
 //! By default it starts everything itself from the target directory it was built in: a fresh Postgres
 //! database, `mock-model`, `example-tools` and `gateway serve`, configured through the admin API.
 
-mod load;
-mod procs;
-mod report;
-mod scenario;
-mod setup;
-mod timings;
-
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -21,12 +14,12 @@ use clap::Parser;
 use reqwest::Client;
 use serde_json::json;
 
-use load::{Load, Stats};
-use procs::ChildProcess;
-use report::{CpuPerRequest, Measured, Outcome, Report, StreamsMeasured};
-use scenario::{reset_mocks, Endpoints, Scenario, Target};
-use setup::Database;
-use timings::Histograms;
+use gateway_bench::load::{self, Load, Stats};
+use gateway_bench::procs::{self, ChildProcess};
+use gateway_bench::report::{CpuPerRequest, Measured, Outcome, Report, StreamsMeasured};
+use gateway_bench::scenario::{self, reset_mocks, Endpoints, Scenario, Target};
+use gateway_bench::setup::{self, Database};
+use gateway_bench::timings::Histograms;
 
 /// Load generator for the gateway. Scenarios: text-stored, text-unstored, tool-round, parallel-tools,
 /// passthrough, stream-text, open-streams.
@@ -206,7 +199,7 @@ impl Harness {
         let started = async {
             database.apply_settings(&args.db_settings).await?;
             let token = format!("bench-admin-{}", uuid::Uuid::new_v4().simple());
-            let process = procs::start_gateway(dir, &database.url, &token)?;
+            let process = procs::start_gateway(dir, &database.url, &token, &[])?;
             let key = setup::configure(
                 http,
                 &process.url,
@@ -240,7 +233,7 @@ impl Harness {
             let mock = procs::start_testkit(bin_dir, "mock-model")?;
             let tools = procs::start_testkit(bin_dir, "example-tools")?;
             let token = format!("bench-admin-{}", uuid::Uuid::new_v4().simple());
-            let gateway = procs::start_gateway(bin_dir, &database.url, &token)?;
+            let gateway = procs::start_gateway(bin_dir, &database.url, &token, &[])?;
             let key = setup::configure(http, &gateway.url, &token, &mock.url, &tools.url).await?;
             anyhow::Ok((mock, tools, gateway, key))
         }

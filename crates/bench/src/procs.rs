@@ -32,6 +32,8 @@ pub struct ChildProcess {
     pub name: String,
     pub pid: u32,
     pub url: String,
+    /// What the child said of itself when ready (a gateway's replica id); empty for the testkit servers.
+    pub ident: String,
     pub log: Arc<Mutex<LogTail>>,
     child: Child,
 }
@@ -50,6 +52,12 @@ impl ChildProcess {
             Some(status) => bail!("{} exited with {status}", self.name),
             None => Ok(()),
         }
+    }
+
+    /// Kills the child (SIGKILL) and reaps it: nothing of it runs on.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 
     /// Counts of the warnings and errors the child logged, with the last few of them.
@@ -75,7 +83,10 @@ pub fn start_testkit(bin_dir: &Path, name: &str) -> anyhow::Result<ChildProcess>
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit());
     start(name, command, |line| {
-        line.trim().strip_prefix("listening on ").map(str::to_owned)
+        line.trim().strip_prefix("listening on ").map(|url| Ready {
+            url: url.to_owned(),
+            ident: String::new(),
+        })
     })
     .with_context(|| format!("start {}", path.display()))
 }
@@ -86,6 +97,7 @@ pub fn start_gateway(
     bin_dir: &Path,
     database_url: &str,
     admin_token: &str,
+    settings: &[(&str, &str)],
 ) -> anyhow::Result<ChildProcess> {
     let path = bin_dir.join("gateway");
     let mut command = Command::new(&path);
@@ -99,21 +111,37 @@ pub fn start_gateway(
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit());
+    for (key, value) in settings {
+        command.env(key, value);
+    }
     start("gateway", command, |line| {
         let value: Value = serde_json::from_str(line).ok()?;
         let fields = value.get("fields")?;
         if fields.get("message")?.as_str()? != "gateway listening" {
             return None;
         }
-        Some(format!("http://{}", fields.get("address")?.as_str()?))
+        Some(Ready {
+            url: format!("http://{}", fields.get("address")?.as_str()?),
+            ident: fields
+                .get("replica.id")
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_owned(),
+        })
     })
     .with_context(|| format!("start {}", path.display()))
+}
+
+/// What a child's readiness line said: where it listens, and who it is.
+struct Ready {
+    url: String,
+    ident: String,
 }
 
 fn start(
     name: &str,
     mut command: Command,
-    ready: fn(&str) -> Option<String>,
+    ready: fn(&str) -> Option<Ready>,
 ) -> anyhow::Result<ChildProcess> {
     let mut child = command.spawn()?;
     let pid = child.id();
@@ -123,7 +151,7 @@ fn start(
         bail!("{name}: no stdout");
     };
     let log = Arc::new(Mutex::new(LogTail::default()));
-    let (tx, rx) = mpsc::channel::<String>();
+    let (tx, rx) = mpsc::channel::<Ready>();
     let tail = Arc::clone(&log);
     // The child blocks when its stdout pipe is full, so this thread reads it until the end.
     std::thread::spawn(move || drain(stdout, tail, ready, tx));
@@ -131,12 +159,14 @@ fn start(
         name: name.to_owned(),
         pid,
         url: String::new(),
+        ident: String::new(),
         log,
         child,
     };
     match rx.recv_timeout(READY_TIMEOUT) {
-        Ok(url) => {
-            process.url = url;
+        Ok(ready) => {
+            process.url = ready.url;
+            process.ident = ready.ident;
             Ok(process)
         }
         Err(mpsc::RecvTimeoutError::Timeout) => {
@@ -152,16 +182,16 @@ fn start(
 fn drain(
     stdout: impl Read,
     tail: Arc<Mutex<LogTail>>,
-    ready: fn(&str) -> Option<String>,
-    tx: mpsc::Sender<String>,
+    ready: fn(&str) -> Option<Ready>,
+    tx: mpsc::Sender<Ready>,
 ) {
     let mut announced = false;
     for line in BufReader::new(stdout).lines() {
         let Ok(line) = line else { break };
         if !announced {
-            if let Some(url) = ready(&line) {
+            if let Some(found) = ready(&line) {
                 announced = true;
-                let _ = tx.send(url);
+                let _ = tx.send(found);
                 continue;
             }
         }

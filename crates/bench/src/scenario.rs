@@ -21,10 +21,11 @@ pub enum Scenario {
     Passthrough,
     StreamText,
     OpenStreams,
+    Background,
 }
 
 impl Scenario {
-    pub const ALL: [Scenario; 7] = [
+    pub const ALL: [Scenario; 8] = [
         Scenario::TextStored,
         Scenario::TextUnstored,
         Scenario::ToolRound,
@@ -32,6 +33,7 @@ impl Scenario {
         Scenario::Passthrough,
         Scenario::StreamText,
         Scenario::OpenStreams,
+        Scenario::Background,
     ];
 
     pub fn name(self) -> &'static str {
@@ -43,6 +45,7 @@ impl Scenario {
             Scenario::Passthrough => "passthrough",
             Scenario::StreamText => "stream-text",
             Scenario::OpenStreams => "open-streams",
+            Scenario::Background => "background",
         }
     }
 
@@ -60,6 +63,9 @@ impl Scenario {
             Scenario::StreamText => "`stream: true`, one model call answering text, stored",
             Scenario::OpenStreams => {
                 "N concurrent `stream: true` requests held open by a slow upstream"
+            }
+            Scenario::Background => {
+                "`background: true` text: the create answers `queued` at once, the response runs after (run it at a fixed --rate: a closed loop queues without bound)"
             }
         }
     }
@@ -129,6 +135,10 @@ impl Scenario {
                 json!({"model": PLAIN_MODEL, "input": text, "stream": true, "store": true}),
                 Expect::Text,
             ),
+            Scenario::Background => (
+                json!({"model": PLAIN_MODEL, "input": text, "background": true}),
+                Expect::Queued,
+            ),
         }
     }
 }
@@ -142,6 +152,8 @@ pub enum Expect {
     ServerTools(usize),
     /// `completed`, with this many `function_call` items.
     HandBack(usize),
+    /// `queued` (a background create, answered before it runs).
+    Queued,
 }
 
 #[derive(Deserialize)]
@@ -161,6 +173,12 @@ struct ItemShape {
 
 impl Expect {
     fn check(self, response: ResponseShape) -> Result<(), String> {
+        if let Expect::Queued = self {
+            return match response.status.as_str() {
+                "queued" => Ok(()),
+                other => Err(format!("response status '{other}', expected 'queued'")),
+            };
+        }
         if response.status != "completed" {
             return Err(format!("response status '{}'", response.status));
         }
@@ -178,6 +196,7 @@ impl Expect {
                         .all(|i| i.status.as_deref() == Some("completed"))
             }
             Expect::HandBack(n) => count("function_call") == n,
+            Expect::Queued => true,
         };
         if ok {
             Ok(())

@@ -96,7 +96,7 @@ pub const PLAIN_MODEL: &str = "mock";
 pub const TOOLS_MODEL: &str = "mock-tools";
 
 /// The testkit tools attached to [`TOOLS_MODEL`].
-pub const SERVER_TOOLS: [&str; 3] = ["add", "echo", "get_weather"];
+pub const SERVER_TOOLS: [&str; 4] = ["add", "echo", "get_weather", "slow"];
 
 async fn admin(
     http: &Client,

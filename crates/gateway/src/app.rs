@@ -66,6 +66,11 @@ impl Application {
         &self.store
     }
 
+    /// This replica's id: the `owner` of the responses it runs.
+    pub fn replica_id(&self) -> &str {
+        self.worker.replica_id()
+    }
+
     /// Serves until `shutdown` resolves. Then it stops accepting connections and work, lets the responses
     /// running here finish for at most `server.shutdown_grace_ms`, tells the rest to stop where they are, and hands
     /// every unfinished response over so that another replica resumes it at once.

@@ -42,7 +42,7 @@ async fn main() -> anyhow::Result<()> {
     match cli.command {
         Command::Serve => {
             let app = Application::build(config).await?;
-            tracing::info!(address = %app.local_addr()?, "gateway listening");
+            tracing::info!(address = %app.local_addr()?, replica.id = %app.replica_id(), "gateway listening");
             app.run_until(shutdown_signal()).await?;
             tracing::info!("gateway stopped");
         }

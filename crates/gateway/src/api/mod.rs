@@ -65,7 +65,7 @@ pub fn router(state: AppState, body_limit_bytes: usize) -> Router {
         )
         .route("/healthz", get(health))
         .route("/readyz", get(ready))
-        .route("/metrics", get(crate::metrics::render))
+        .route("/metrics", get(metrics))
         .route_layer(axum::middleware::from_fn(crate::metrics::track_requests))
         .fallback(not_found)
         .method_not_allowed_fallback(admin::method_not_allowed)
@@ -86,6 +86,18 @@ async fn forget_cached_tenancy(
         state.forget_cached_tenancy().await;
     }
     response
+}
+
+/// `GET /metrics`: the counters and histograms kept as the gateway works, and the queue of background responses
+/// as the store holds it now.
+async fn metrics(
+    axum::extract::State(state): axum::extract::State<AppState>,
+) -> axum::response::Response {
+    match state.store.queue_depth().await {
+        Ok(depth) => crate::metrics::queue_depth(depth, crate::clock::now()),
+        Err(e) => tracing::warn!(error = %e, "could not read the queue depth"),
+    }
+    crate::metrics::render().await
 }
 
 async fn health() -> &'static str {

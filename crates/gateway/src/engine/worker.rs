@@ -48,6 +48,11 @@ impl Worker {
         Ok(Worker { engine, tasks })
     }
 
+    /// The replica's id.
+    pub fn replica_id(&self) -> &str {
+        &self.engine.replica.id
+    }
+
     /// Stops taking work, lets the runs finish within `grace`, tells the rest to give their response up, and
     /// hands every unfinished response over, so that another replica takes it at once.
     pub async fn shutdown(self, grace: Duration) {
@@ -84,7 +89,7 @@ impl Worker {
 }
 
 /// Keeps the lease: beats every third of it. Each beat also releases what runs gave up while the store did not
-/// answer, heeds cancels whose notification was missed, and reports the queue.
+/// answer, and heeds cancels whose notification was missed.
 async fn beat(engine: Engine) {
     let replica = Arc::clone(&engine.replica);
     let mut ticks = tokio::time::interval(replica.lease / 3);
@@ -113,10 +118,6 @@ async fn beat(engine: Engine) {
                 }
             }
             Err(e) => tracing::warn!(error = %e, "could not read cancel requests"),
-        }
-        match engine.store.queue_depth().await {
-            Ok(depth) => crate::metrics::queue_depth(depth, crate::clock::now()),
-            Err(e) => tracing::debug!(error = %e, "could not read the queue depth"),
         }
     }
 }

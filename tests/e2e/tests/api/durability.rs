@@ -333,3 +333,42 @@ async fn a_get_with_a_bad_stream_or_starting_after_is_a_400_naming_it() {
         assert_error(&answer, 400, Some(param), None);
     }
 }
+
+#[tokio::test]
+async fn the_queue_and_the_responses_taken_from_it_show_in_the_metrics() {
+    let gw = TestGateway::start_with(|c| c.server.max_active_responses = 1).await;
+    let tenant = gw.tenant("acme").await;
+    gw.attach_tool(&tenant.group_id, "gate").await;
+    let before = metrics_text(&gw).await;
+    background_gate_call(&gw, &tenant).await;
+    gate_calls(&gw.tools, 1).await;
+    let queued = id_of(
+        &create_ok(
+            &gw,
+            &tenant.key,
+            json!({"model": "mock", "input": "Waited.", "background": true}),
+        )
+        .await,
+    );
+
+    let waiting = metrics_text(&gw).await;
+    assert_eq!(
+        sample(&waiting, "gateway_queue_depth", &[]),
+        1.0,
+        "{waiting}"
+    );
+    assert!(sample(&waiting, "gateway_queue_oldest_age_seconds", &[]) >= 0.0);
+    gw.tools.open_gate();
+    follow(&gw, &tenant.key, &queued, None).await;
+
+    let after = metrics_text(&gw).await;
+    assert_eq!(sample(&after, "gateway_queue_depth", &[]), 0.0, "{after}");
+    let taken = |text: &str| {
+        sample(
+            text,
+            "gateway_responses_resumed_total",
+            &["reason=\"queued\""],
+        )
+    };
+    assert_eq!(taken(&after) - taken(&before), 1.0, "{after}");
+}

@@ -51,13 +51,6 @@ async fn every_answer_carries_a_request_id_and_keeps_the_clients() {
 }
 
 /// The value of the sample of `name` whose labels contain every one of `labels`, or 0.
-fn sample(text: &str, name: &str, labels: &[&str]) -> f64 {
-    text.lines()
-        .filter(|line| line.starts_with(name) && labels.iter().all(|l| line.contains(l)))
-        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
-}
-
 #[tokio::test]
 async fn a_request_moves_the_counters_it_should() {
     let (gw, tenant) = gateway_with_tools(&["add"]).await;

@@ -74,6 +74,18 @@ pub async fn metrics_text(gw: &TestGateway) -> String {
         .expect("metrics text")
 }
 
+/// The sum of the samples of metric `name` whose labels include every one of `labels`, in a `/metrics` text.
+pub fn sample(text: &str, name: &str, labels: &[&str]) -> f64 {
+    text.lines()
+        .filter(|line| {
+            line.strip_prefix(name)
+                .is_some_and(|rest| rest.starts_with([' ', '{']))
+                && labels.iter().all(|l| line.contains(l))
+        })
+        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
 /// `(id, status)` of every stored response.
 pub async fn stored_statuses(gw: &TestGateway) -> Vec<(String, String)> {
     gw.fetch_text_pairs("SELECT id, status FROM responses ORDER BY created_at, id")
