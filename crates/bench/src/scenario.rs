@@ -463,7 +463,16 @@ pub async fn probe(
     if let Err(e) = gateway_call(http, &request).await {
         bail!("the probe request failed: {e}");
     }
-    let model_calls = get_json(http, &format!("{}/_mock/requests", endpoints.mock)).await?;
+    let mut model_calls = get_json(http, &format!("{}/_mock/requests", endpoints.mock)).await?;
+    // A background response does its work after the answer: the direct plan is that work.
+    let waiting_since = Instant::now();
+    while scenario == Scenario::Background
+        && model_calls.as_array().is_none_or(Vec::is_empty)
+        && waiting_since.elapsed() < std::time::Duration::from_secs(5)
+    {
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        model_calls = get_json(http, &format!("{}/_mock/requests", endpoints.mock)).await?;
+    }
     let tool_calls = get_json(http, &format!("{}/_tools/calls", endpoints.tools)).await?;
     reset_mocks(http, endpoints).await?;
 

@@ -120,6 +120,8 @@ async fn wait_for_end(
     let mut progress = replica.watch_progress();
     let give_up = Instant::now() + replica.wait;
     loop {
+        // The replica that runs it (if another) tells of its progress while somebody waits.
+        state.engine.follow(id).await;
         let stored = find_response(state, project, id).await?;
         if stored.record.ending().is_some() {
             return Ok(Some(stored));

@@ -115,9 +115,15 @@ impl Follower {
         mut live: Option<broadcast::Receiver<Event>>,
     ) -> Result<(), crate::store::StoreError> {
         let mut progress = self.engine.replica().watch_progress();
+        let mut said_at: Option<tokio::time::Instant> = None;
         loop {
             if live.is_none() {
                 live = self.engine.replica().runs.follow(&self.id);
+            }
+            if said_at.is_none_or(|at| at.elapsed() >= FOLLOW_POLL) {
+                // The replica that runs it (if another) tells of its progress while somebody follows.
+                self.engine.follow(&self.id).await;
+                said_at = Some(tokio::time::Instant::now());
             }
             // Everything the store accounts for, from where the client is.
             let Some(stored) = self.store.load_response(&self.project, &self.id).await? else {

@@ -39,8 +39,6 @@ pub(super) struct Journal {
     stored: usize,
     /// Stored steps changed since the last write, by index.
     changed: BTreeSet<usize>,
-    /// Whether followers (a re-attached stream, a repeated create) are told of each write.
-    notify: bool,
     /// When the response's deadline passes (milliseconds); `None` until a queued response starts.
     pub(super) deadline_at: Option<i64>,
 }
@@ -52,7 +50,6 @@ impl Journal {
         project_id: &str,
         written: bool,
         steps: usize,
-        notify: bool,
         deadline_at: Option<i64>,
     ) -> Journal {
         Journal {
@@ -60,7 +57,6 @@ impl Journal {
             unwritten: (persist && !written).then(|| project_id.to_owned()),
             stored: if written { steps } else { 0 },
             changed: BTreeSet::new(),
-            notify,
             deadline_at,
         }
     }
@@ -72,7 +68,6 @@ impl Journal {
             unwritten: None,
             stored: steps,
             changed: BTreeSet::new(),
-            notify: true,
             deadline_at,
         }
     }
@@ -211,7 +206,7 @@ impl Engine {
         let writing = Writing {
             owner: &self.replica.id,
             durability: self.relaxed(),
-            notify: run.journal.notify,
+            notify: run.registration.is_followed(),
         };
         let written = {
             let write = async {
@@ -243,14 +238,13 @@ impl Engine {
         }
     }
 
-    /// What a write that went through means for the run: followers are told, and a cancel is heeded.
+    /// What a write that went through means for the run: followers on this replica are told, and a cancel is
+    /// heeded. (Followers elsewhere were told by the write itself, when there were any.)
     fn took(&self, run: &mut Run, outcome: WriteOutcome) {
         if outcome.cancel_requested {
             run.heard(Stop::Cancel);
         }
-        if run.journal.notify {
-            self.replica.progressed(&run.record.id);
-        }
+        self.replica.progressed(&run.record.id);
     }
 
     /// One step boundary: writes the steps added and changed since the last one, and the response's ending if
@@ -319,7 +313,7 @@ impl Engine {
             let writing = Writing {
                 owner: &self.replica.id,
                 durability,
-                notify: run.journal.notify,
+                notify: run.registration.is_followed(),
             };
             match changes.save(&self.store, ended, writing).await {
                 Ok(outcome) => self.took(run, outcome),

@@ -23,7 +23,7 @@ use super::journal::Journal;
 use super::{Engine, EngineError, Origin, Run};
 use crate::clock::{now, now_ms};
 use crate::ids::new_id;
-use crate::store::responses::NewResponse;
+use crate::store::responses::{Durability, NewResponse};
 use crate::store::StoreError;
 
 /// What preparing a request gave.
@@ -213,7 +213,14 @@ impl Engine {
                         owner: admitted.is_some().then_some(self.replica.id.as_str()),
                         deadline_at,
                     },
-                    self.relaxed(),
+                    // A background response is answered `queued` at once: it must outlive a crash of the
+                    // database server from then on. The others run on, and their next writes make this one
+                    // durable before anything else happens.
+                    if request.background {
+                        Durability::Flush
+                    } else {
+                        self.relaxed()
+                    },
                 )
                 .await
                 .map_err(|e| match e {
@@ -230,15 +237,11 @@ impl Engine {
             .runs
             .register(&record.id)
             .ok_or(EngineError::TaskFailed)?;
-        // Followers (a re-attached stream, a repeated create) of a response someone may look for are told as it
-        // progresses.
-        let followed = request.stream || request.background || idempotency_key.is_some();
         let journal = Journal::new(
             request.store,
             project_id,
             write_now,
             steps.len(),
-            followed,
             deadline_at,
         );
         Ok(Prepared::Run(Run {

@@ -2,13 +2,19 @@
 //! somebody follows it.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::time::{Duration, Instant};
 
 use gateway_core::events::Event;
 use tokio::sync::{broadcast, watch, Notify};
 
 /// Live events kept for a follower that reads slowly; one that falls further behind reads the store instead.
 const HUB_CAPACITY: usize = 64;
+
+/// How long a run tells other replicas of its progress after one of them said it follows it; followers say so
+/// again while they wait.
+pub const FOLLOWED_FOR: Duration = Duration::from_secs(5);
 
 /// Why a run must stop before its work is done.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -27,13 +33,37 @@ pub type Hub = Arc<OnceLock<broadcast::Sender<Event>>>;
 struct Entry {
     stop: watch::Sender<Option<Stop>>,
     hub: Hub,
+    followed: Followed,
+}
+
+/// Until when somebody on another replica follows a run (milliseconds since the registry began; 0: nobody).
+#[derive(Debug, Clone, Default)]
+pub struct Followed(Arc<AtomicU64>);
+
+impl Followed {
+    /// Whether a follower on another replica may be waiting for this run's progress now.
+    pub fn now(&self, epoch: Instant) -> bool {
+        let until = self.0.load(Ordering::Relaxed);
+        until != 0 && epoch.elapsed().as_millis() < u128::from(until)
+    }
 }
 
 /// The runs of this replica, by response id.
-#[derive(Default)]
 pub struct Runs {
     entries: Mutex<HashMap<String, Entry>>,
     emptied: Notify,
+    /// What `Followed` counts from.
+    epoch: Instant,
+}
+
+impl Default for Runs {
+    fn default() -> Runs {
+        Runs {
+            entries: Mutex::default(),
+            emptied: Notify::new(),
+            epoch: Instant::now(),
+        }
+    }
 }
 
 /// A run's place in the registry, given back when it is dropped.
@@ -43,6 +73,14 @@ pub struct Registration {
     /// Changes when the run must stop.
     pub stop: watch::Receiver<Option<Stop>>,
     pub hub: Hub,
+    followed: Followed,
+}
+
+impl Registration {
+    /// Whether a follower on another replica may be waiting for this run's progress now.
+    pub fn is_followed(&self) -> bool {
+        self.followed.now(self.runs.epoch)
+    }
 }
 
 impl Drop for Registration {
@@ -79,11 +117,13 @@ impl Runs {
         }
         let (stop, receiver) = watch::channel(None);
         let hub: Hub = Arc::default();
+        let followed = Followed::default();
         entries.insert(
             id.to_owned(),
             Entry {
                 stop,
                 hub: Arc::clone(&hub),
+                followed: followed.clone(),
             },
         );
         Some(Registration {
@@ -91,6 +131,7 @@ impl Runs {
             id: id.to_owned(),
             stop: receiver,
             hub,
+            followed,
         })
     }
 
@@ -140,6 +181,16 @@ impl Runs {
         }
     }
 
+    /// Notes that somebody on another replica follows the run of response `id` (if it runs here): its writes
+    /// tell the other replicas for a while.
+    pub fn mark_followed(&self, id: &str) {
+        if let Some(entry) = self.lock().get(id) {
+            let until = self.epoch.elapsed() + FOLLOWED_FOR;
+            let until = u64::try_from(until.as_millis()).unwrap_or(u64::MAX);
+            entry.followed.0.fetch_max(until, Ordering::Relaxed);
+        }
+    }
+
     /// Follows the live events of the run of response `id`, when it runs here.
     pub fn follow(&self, id: &str) -> Option<broadcast::Receiver<Event>> {
         let entries = self.lock();
@@ -181,6 +232,16 @@ mod tests {
         runs.stop_all(Stop::Abandon);
         runs.stop("resp_1", Stop::Cancel);
         assert_eq!(*registration.stop.borrow(), Some(Stop::Abandon));
+    }
+
+    #[test]
+    fn a_run_is_followed_for_a_while_once_marked() {
+        let runs = Arc::new(Runs::default());
+        let registration = runs.register("resp_1").expect("registered");
+        assert!(!registration.is_followed());
+        runs.mark_followed("resp_1");
+        runs.mark_followed("resp_2");
+        assert!(registration.is_followed());
     }
 
     #[test]

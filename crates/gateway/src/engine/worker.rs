@@ -221,7 +221,16 @@ impl Engine {
             }
             channel::WORK => self.replica.work.notify_one(),
             channel::TENANCY => self.resolver.invalidate(),
+            channel::FOLLOW => self.replica.runs.mark_followed(payload),
             _ => {}
+        }
+    }
+
+    /// Says that somebody on this replica waits for response `id`'s progress: the replica that runs it (if
+    /// another) notifies each of its step writes for a while. Waiters say it again as they wait.
+    pub async fn follow(&self, id: &str) {
+        if self.replica.runs.follow(id).is_none() {
+            self.tell_all(channel::FOLLOW, id).await;
         }
     }
 

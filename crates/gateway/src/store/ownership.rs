@@ -50,7 +50,9 @@ pub mod channel {
     pub const WORK: &str = "gateway_work";
     /// An admin write (payload empty): every replica forgets its cached tenancy answers.
     pub const TENANCY: &str = "gateway_tenancy";
-    pub const ALL: [&str; 4] = [PROGRESS, CANCEL, WORK, TENANCY];
+    /// Somebody waits for a response's progress (payload: its id): its owner notifies `PROGRESS` for a while.
+    pub const FOLLOW: &str = "gateway_follow";
+    pub const ALL: [&str; 5] = [PROGRESS, CANCEL, WORK, TENANCY, FOLLOW];
 }
 
 impl Store {
