@@ -102,11 +102,11 @@ async fn repeat(state: &AppState, project: &str, id: &str) -> Result<Response, A
             .await?
             .ok_or_else(ApiError::idempotency_in_progress)?
     };
-    let object = response_json(state, project, &stored).await?;
-    if stored.record.background {
+    let (record, object) = response_json(state, project, &stored.record.id).await?;
+    if record.background {
         return Ok(Json(object).into_response());
     }
-    answer(&stored.record, object)
+    answer(&record, object)
 }
 
 /// Waits, for at most `durability.wait_ms`, until response `id` ends, whichever replica runs it; `None` when it
@@ -174,16 +174,22 @@ async fn find_response(
         .ok_or_else(|| ApiError::response_not_found(id))
 }
 
-/// A stored response as the API shows it, with its output rendered from its steps.
+/// A response of `project` as the API shows it, its output rendered from its steps, both read at one moment;
+/// another project's is a 404, exactly like a missing one.
 async fn response_json(
     state: &AppState,
     project: &str,
-    stored: &StoredResponse,
-) -> Result<Value, ApiError> {
-    let record = &stored.record;
-    let steps = state.store.load_steps(project, &record.id).await?;
+    id: &str,
+) -> Result<(ResponseRecord, Value), ApiError> {
+    let (stored, steps) = state
+        .store
+        .load_with_steps(project, id)
+        .await?
+        .ok_or_else(|| ApiError::response_not_found(id))?;
+    let record = stored.record;
     let handed_back = record.ending().is_some_and(Ending::handed_back);
-    Ok(response_object(record, &render_output(&steps, handed_back)))
+    let object = response_object(&record, &render_output(&steps, handed_back));
+    Ok((record, object))
 }
 
 /// The `Idempotency-Key` header, when present: 1 to 255 visible ASCII characters.
@@ -241,8 +247,8 @@ pub async fn get_response(
             )
         })?),
     };
-    let stored = find_response(&state, &project, &id).await?;
     if stream {
+        find_response(&state, &project, &id).await?;
         let live = state.engine.replica().runs.follow(&id);
         let engine = state.engine.clone();
         return Ok(follow(
@@ -254,7 +260,7 @@ pub async fn get_response(
             live,
         ));
     }
-    Ok(Json(response_json(&state, &project, &stored).await?).into_response())
+    Ok(Json(response_json(&state, &project, &id).await?.1).into_response())
 }
 
 /// `POST /v1/responses/{id}/cancel`: stops a background response at its next step boundary (aborting tool
@@ -282,7 +288,9 @@ pub async fn cancel_response(
             None => find_response(&state, &project, &id).await?,
         }
     };
-    Ok(Json(response_json(&state, &project, &stored).await?))
+    Ok(Json(
+        response_json(&state, &project, &stored.record.id).await?.1,
+    ))
 }
 
 /// `DELETE /v1/responses/{id}`: a response still running is cancelled first, wherever it runs.

@@ -126,10 +126,10 @@ impl Follower {
                 said_at = Some(tokio::time::Instant::now());
             }
             // Everything the store accounts for, from where the client is.
-            let Some(stored) = self.store.load_response(&self.project, &self.id).await? else {
+            let Some((stored, steps)) = self.store.load_with_steps(&self.project, &self.id).await?
+            else {
                 return Ok(()); // deleted
             };
-            let steps = self.store.load_steps(&self.project, &self.id).await?;
             for event in replay(&stored.record, &steps) {
                 if event.sequence_number() >= self.next && !self.send(event).await {
                     return Ok(());

@@ -7,7 +7,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use sqlx::postgres::PgListener;
-use tokio::sync::OwnedSemaphorePermit;
 use tokio::task::JoinHandle;
 
 use super::{Engine, Stop};
@@ -134,17 +133,13 @@ async fn claim(engine: Engine) {
         if !replica.is_accepting() {
             continue;
         }
-        let mut room: Vec<OwnedSemaphorePermit> = Vec::new();
-        while room.len() < CLAIM_BATCH {
-            match Arc::clone(&engine.admission).try_acquire_owned() {
-                Ok(permit) => room.push(permit),
-                Err(_) => break,
-            }
-        }
-        if room.is_empty() {
+        // As many as there is room for now; each takes its place when it starts. Holding places before knowing
+        // whether anything waits would turn requests away for nothing.
+        let room = engine.admission.available_permits().min(CLAIM_BATCH);
+        if room == 0 {
             continue;
         }
-        let limit = room.len() as i64;
+        let limit = room as i64;
         let claimed = match engine
             .store
             .claim(&replica.id, replica.lease_ms(), limit)
@@ -160,7 +155,15 @@ async fn claim(engine: Engine) {
             // There may be more: look again at once.
             replica.work.notify_one();
         }
-        for (taken, admitted) in claimed.into_iter().zip(room) {
+        for taken in claimed {
+            let Ok(admitted) = Arc::clone(&engine.admission).try_acquire_owned() else {
+                // Requests took the room meanwhile: give it back for another replica (or this one, later).
+                if let Err(e) = engine.store.release_one(&taken.id, &replica.id).await {
+                    tracing::warn!(response.id = %taken.id, error = %e, "could not give a response back");
+                    replica.release_later(&taken.id);
+                }
+                continue;
+            };
             let engine = engine.clone();
             tokio::spawn(async move {
                 let id = taken.id.clone();

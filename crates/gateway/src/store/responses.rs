@@ -28,6 +28,17 @@ pub struct NewResponse<'a> {
     pub deadline_at: Option<i64>,
 }
 
+/// A response row of a project: `$1` its id, `$2` the project.
+const RESPONSE_BY_ID: &str =
+    "SELECT id, deployment_id, model, status, params, previous_response_id, store, background,
+        handed_back, error_code, error_message, incomplete_reason, usage, created_at, completed_at
+     FROM responses WHERE id = $1 AND project_id = $2";
+
+/// The steps of a response of a project, in order: `$1` its id, `$2` the project.
+const STEPS_OF_RESPONSE: &str =
+    "SELECT s.seq, s.state, s.body FROM steps s JOIN responses r ON r.id = s.response_id
+     WHERE s.response_id = $1 AND r.project_id = $2 ORDER BY s.seq";
+
 /// A stored response and what is needed to continue or show it.
 #[derive(Debug, Clone)]
 pub struct StoredResponse {
@@ -386,6 +397,49 @@ impl Store {
         .await
         })?;
         row.map(StoredResponse::try_from).transpose()
+    }
+
+    /// A response of `project_id` and its steps as of one moment (one snapshot): what its events and its output
+    /// are projected from. Two reads apart could pair a row with steps written after it (a `queued` row with the
+    /// steps of the run that started meanwhile).
+    pub async fn load_with_steps(
+        &self,
+        project_id: &str,
+        id: &str,
+    ) -> Result<Option<(StoredResponse, Vec<Step>)>, StoreError> {
+        let _timer = crate::metrics::StoreTimer::start("load_with_steps");
+        let (row, steps): (Option<ResponseRow>, Vec<StepReadRow>) = with_pool!(self, |pool| {
+            let mut tx = pool.begin().await?;
+            // SQLite reads a snapshot in a transaction already; Postgres needs to be asked.
+            if matches!(self.backend, Backend::Postgres(_)) {
+                sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+                    .execute(&mut *tx)
+                    .await?;
+            }
+            let row = sqlx::query_as(RESPONSE_BY_ID)
+                .bind(id)
+                .bind(project_id)
+                .fetch_optional(&mut *tx)
+                .await?;
+            let steps = match row {
+                Some(_) => {
+                    sqlx::query_as(STEPS_OF_RESPONSE)
+                        .bind(id)
+                        .bind(project_id)
+                        .fetch_all(&mut *tx)
+                        .await?
+                }
+                None => Vec::new(),
+            };
+            tx.commit().await?;
+            Ok::<_, sqlx::Error>((row, steps))
+        })?;
+        let Some(row) = row else { return Ok(None) };
+        let steps = steps
+            .into_iter()
+            .map(Step::try_from)
+            .collect::<Result<_, _>>()?;
+        Ok(Some((StoredResponse::try_from(row)?, steps)))
     }
 
     /// Everything needed to resume a response of `project_id` that this replica took over.
