@@ -1,20 +1,22 @@
 //! Translation to and from OpenAI-compatible Chat Completions, normalising what real servers send.
 
+use std::borrow::Cow;
 use std::collections::HashSet;
 
 use serde_json::{json, Map, Value};
 
 use crate::context::outputs_by_call_id;
 use crate::items::{parts_text, ContentPart, Item, MessageContent, Role};
-use crate::request::{FunctionTool, ResponseParams};
+use crate::request::ResponseParams;
 use crate::steps::{AssistantMessage, Finish, ModelOutput, ToolCall, Usage};
+use crate::toolset::{model_tool_choice, OfferedTool, ToolInput};
 
 /// Builds the Chat Completions request body for one model call.
 pub fn build_request(
     upstream_model: &str,
     params: &ResponseParams,
     conversation: &[Item],
-    tools: &[FunctionTool],
+    tools: &[OfferedTool],
 ) -> Value {
     let mut body = Map::new();
     body.insert("model".into(), json!(upstream_model));
@@ -27,7 +29,10 @@ pub fn build_request(
             "tools".into(),
             Value::Array(tools.iter().map(chat_tool).collect()),
         );
-        body.insert("tool_choice".into(), chat_tool_choice(&params.tool_choice));
+        body.insert(
+            "tool_choice".into(),
+            chat_tool_choice(&model_tool_choice(&params.tool_choice, tools)),
+        );
         body.insert(
             "parallel_tool_calls".into(),
             json!(params.parallel_tool_calls),
@@ -73,27 +78,27 @@ pub fn build_request(
     Value::Object(body)
 }
 
-fn chat_tool(tool: &FunctionTool) -> Value {
+fn chat_tool(tool: &OfferedTool) -> Value {
+    let tool = tool.as_function();
     let mut function = Map::new();
     function.insert("name".into(), json!(tool.name));
     if let Some(d) = tool.description.as_deref().filter(|d| !d.is_empty()) {
         function.insert("description".into(), json!(d));
     }
-    let parameters = match &tool.parameters {
-        Some(p) if p.is_object() => p.clone(),
-        _ => json!({"type": "object", "properties": {}}),
-    };
-    function.insert("parameters".into(), parameters);
-    if let Some(strict) = tool.strict {
-        function.insert("strict".into(), json!(strict));
+    if let ToolInput::Json { parameters, strict } = &tool.input {
+        function.insert("parameters".into(), parameters.clone());
+        if let Some(strict) = strict {
+            function.insert("strict".into(), json!(strict));
+        }
     }
     json!({"type": "function", "function": function})
 }
 
+/// `tool_choice` in Chat's shape, from the choice as the model sees it ([`model_tool_choice`]).
 fn chat_tool_choice(choice: &Value) -> Value {
     match choice {
         Value::Object(map) => match map.get("type").and_then(Value::as_str) {
-            Some("function") => {
+            Some("function" | "custom") => {
                 json!({"type": "function", "function": {"name": map.get("name").cloned().unwrap_or(Value::Null)}})
             }
             // Chat Completions has no allowed_tools; its mode is the closest faithful choice.
@@ -127,15 +132,23 @@ fn messages(instructions: Option<&str>, conversation: &[Item]) -> Vec<Value> {
                 );
                 index += 1;
             }
-            Item::FunctionCall(_) | Item::McpCall(_) => {
-                let mut calls: Vec<(&str, &str, &str)> = Vec::new();
+            Item::FunctionCall(_) | Item::CustomToolCall(_) | Item::McpCall(_) => {
+                let mut calls: Vec<(&str, &str, Cow<'_, str>)> = Vec::new();
                 while let Some(item) = conversation.get(index) {
                     let call = match item {
-                        Item::FunctionCall(c) => {
-                            (c.call_id.as_str(), c.name.as_str(), c.arguments.as_str())
-                        }
+                        Item::FunctionCall(c) => (
+                            c.call_id.as_str(),
+                            c.name.as_str(),
+                            Cow::Borrowed(c.arguments.as_str()),
+                        ),
+                        // A free-form input, as the function of one string it was offered as.
+                        Item::CustomToolCall(c) => (
+                            c.call_id.as_str(),
+                            c.name.as_str(),
+                            Cow::Owned(json!({"input": c.input}).to_string()),
+                        ),
                         Item::McpCall(c) => match c.pairing_id() {
-                            Some(id) => (id, c.name.as_str(), c.arguments.as_str()),
+                            Some(id) => (id, c.name.as_str(), Cow::Borrowed(c.arguments.as_str())),
                             None => {
                                 index += 1;
                                 continue;
@@ -164,7 +177,9 @@ fn messages(instructions: Option<&str>, conversation: &[Item]) -> Vec<Value> {
                 }
             }
             // Outputs were placed right after their calls; reasoning is not sent to chat upstreams.
-            Item::FunctionCallOutput(_) | Item::Reasoning(_) => index += 1,
+            Item::FunctionCallOutput(_) | Item::CustomToolCallOutput(_) | Item::Reasoning(_) => {
+                index += 1
+            }
         }
     }
     messages
@@ -268,15 +283,16 @@ pub fn parse_response(body: &Value, ids: &mut dyn IdSource) -> Result<ModelOutpu
                     "tool call {index} has no function name"
                 )));
             }
-            tool_calls.push(ToolCall {
-                item_id: ids.item_id("fc"),
-                call_id: match call.get("id").and_then(Value::as_str) {
-                    Some(id) if !id.is_empty() => id.to_owned(),
-                    _ => ids.call_id(index),
-                },
-                name: name.to_owned(),
-                arguments: normalise_arguments(function.get("arguments")),
-            });
+            let call_id = match call.get("id").and_then(Value::as_str) {
+                Some(id) if !id.is_empty() => id.to_owned(),
+                _ => ids.call_id(index),
+            };
+            tool_calls.push(ToolCall::function(
+                ids.item_id("fc"),
+                call_id,
+                name,
+                normalise_arguments(function.get("arguments")),
+            ));
         }
     }
     let finish = match choice.get("finish_reason").and_then(Value::as_str) {

@@ -156,16 +156,17 @@ impl ChatStream {
                 Some(value) if call.arguments.is_empty() => normalise_arguments(Some(value)),
                 _ => normalise_arguments(Some(&Value::String(call.arguments))),
             };
-            tool_calls.push(ToolCall {
-                item_id: ids.item_id("fc"),
-                call_id: if call.id.is_empty() {
-                    ids.call_id(position)
-                } else {
-                    call.id
-                },
-                name: call.name,
+            let call_id = if call.id.is_empty() {
+                ids.call_id(position)
+            } else {
+                call.id
+            };
+            tool_calls.push(ToolCall::function(
+                ids.item_id("fc"),
+                call_id,
+                call.name,
                 arguments,
-            });
+            ));
         }
         let finish = match self.finish {
             Some(Finish::Stop) | None if !tool_calls.is_empty() => Finish::ToolCalls,

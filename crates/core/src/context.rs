@@ -3,10 +3,10 @@
 use std::collections::{BTreeSet, HashMap, HashSet};
 
 use crate::items::{
-    FunctionCallItem, FunctionCallOutputItem, FunctionOutput, Item, MessageContent, MessageItem,
-    Role,
+    FunctionCallOutputItem, FunctionOutput, Item, MessageContent, MessageItem, Role,
 };
-use crate::steps::{Step, StepBody, ToolCall};
+use crate::steps::{CallKind, Step, StepBody, ToolCall};
+use crate::toolset::call_item;
 
 /// The conversation for the next model call: the stored context, then what the steps produced.
 pub fn model_conversation(context: &[Item], steps: &[Step]) -> Vec<Item> {
@@ -26,13 +26,7 @@ pub fn model_conversation(context: &[Item], steps: &[Step]) -> Vec<Item> {
                     }));
                 }
                 for call in &output.tool_calls {
-                    conversation.push(Item::FunctionCall(FunctionCallItem {
-                        id: Some(call.item_id.clone()),
-                        call_id: call.call_id.clone(),
-                        name: call.name.clone(),
-                        arguments: call.arguments.clone(),
-                        status: Some("completed".into()),
-                    }));
+                    conversation.push(call_item(call, "completed"));
                 }
             }
             StepBody::Tool(tool) => {
@@ -51,68 +45,120 @@ pub fn model_conversation(context: &[Item], steps: &[Step]) -> Vec<Item> {
     conversation
 }
 
-/// A context whose tool calls and outputs do not pair up.
+/// A context whose tool calls and outputs do not pair up. `index` is the item's position in the context.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum PairingError {
     #[error("No tool call found for function call output with call_id '{call_id}'.")]
     OrphanOutput { call_id: String, index: usize },
     #[error("No tool output found for function call '{name}' with call_id '{call_id}': send a function_call_output for it.")]
     UnansweredCall { call_id: String, name: String },
+    #[error("Duplicate tool call: call_id '{call_id}' is already used by an earlier call.")]
+    DuplicateCall { call_id: String, index: usize },
+    #[error("Duplicate tool output: the call with call_id '{call_id}' is already answered.")]
+    DuplicateOutput { call_id: String, index: usize },
+}
+
+impl PairingError {
+    /// Position in the context of the item at fault, when one item is.
+    pub fn index(&self) -> Option<usize> {
+        match self {
+            PairingError::OrphanOutput { index, .. }
+            | PairingError::DuplicateCall { index, .. }
+            | PairingError::DuplicateOutput { index, .. } => Some(*index),
+            PairingError::UnansweredCall { .. } => None,
+        }
+    }
 }
 
 /// Checks that every output answers a call and every call is answered, by `call_id` (never by position).
 ///
 /// Calls to registered server tools that the client left unanswered are returned: the gateway runs them
-/// before the next model call. `context` is the whole context (previous ones first, new input last).
+/// before the next model call. `context` is the whole context (previous ones first, new input last);
+/// `first_new` is where the client's new input starts. A call id used twice, or answered twice, is refused
+/// when the repeat is in the new input; the stored chain repeats ids by design (a handed-back server call
+/// shows again as the `mcp_call` that ran it), and there the first occurrence wins.
 pub fn pair_calls(
     context: &[Item],
+    first_new: usize,
     registered: &BTreeSet<String>,
 ) -> Result<Vec<ToolCall>, PairingError> {
-    let mut calls: Vec<&FunctionCallItem> = Vec::new();
+    // Calls by call_id, in order; each id names one call and is answered at most once.
+    let mut calls: Vec<ToolCall> = Vec::new();
     let mut known_ids: HashSet<&str> = HashSet::new();
     let mut answered: HashSet<&str> = HashSet::new();
     for (index, item) in context.iter().enumerate() {
         match item {
-            Item::FunctionCall(call) => {
-                known_ids.insert(&call.call_id);
-                calls.push(call);
-            }
-            Item::McpCall(call) => {
-                if let Some(id) = call.pairing_id() {
-                    known_ids.insert(id);
-                    answered.insert(id);
+            Item::FunctionCall(_) | Item::CustomToolCall(_) | Item::McpCall(_) => {
+                let Some(call_id) = item.call_id() else {
+                    continue;
+                };
+                if !known_ids.insert(call_id) {
+                    if index >= first_new {
+                        return Err(PairingError::DuplicateCall {
+                            call_id: call_id.to_owned(),
+                            index,
+                        });
+                    }
+                    if matches!(item, Item::McpCall(_)) {
+                        answered.insert(call_id);
+                    }
+                    continue;
+                }
+                match item {
+                    Item::FunctionCall(call) => calls.push(ToolCall {
+                        item_id: call.id.clone().unwrap_or_else(|| call.call_id.clone()),
+                        call_id: call.call_id.clone(),
+                        namespace: call.namespace.clone(),
+                        name: call.name.clone(),
+                        arguments: call.arguments.clone(),
+                        kind: CallKind::Function,
+                    }),
+                    Item::CustomToolCall(call) => calls.push(ToolCall {
+                        item_id: call.id.clone().unwrap_or_else(|| call.call_id.clone()),
+                        call_id: call.call_id.clone(),
+                        namespace: call.namespace.clone(),
+                        name: call.name.clone(),
+                        arguments: call.input.clone(),
+                        kind: CallKind::Custom,
+                    }),
+                    // An mcp_call carries its own result.
+                    _ => {
+                        answered.insert(call_id);
+                    }
                 }
             }
-            Item::FunctionCallOutput(output) => {
-                if !known_ids.contains(output.call_id.as_str()) {
+            Item::FunctionCallOutput(_) | Item::CustomToolCallOutput(_) => {
+                let Some(call_id) = item.call_id() else {
+                    continue;
+                };
+                if !known_ids.contains(call_id) {
                     return Err(PairingError::OrphanOutput {
-                        call_id: output.call_id.clone(),
+                        call_id: call_id.to_owned(),
                         index,
                     });
                 }
-                answered.insert(&output.call_id);
+                if !answered.insert(call_id) && index >= first_new {
+                    return Err(PairingError::DuplicateOutput {
+                        call_id: call_id.to_owned(),
+                        index,
+                    });
+                }
             }
             Item::Message(_) | Item::Reasoning(_) => {}
         }
     }
     let mut carried = Vec::new();
-    let mut seen: HashSet<&str> = HashSet::new();
     for call in calls {
-        if answered.contains(call.call_id.as_str()) || !seen.insert(&call.call_id) {
+        if answered.contains(call.call_id.as_str()) {
             continue;
         }
-        if !registered.contains(&call.name) {
+        if !call.is_server_call(registered) {
             return Err(PairingError::UnansweredCall {
-                call_id: call.call_id.clone(),
-                name: call.name.clone(),
+                call_id: call.call_id,
+                name: call.name,
             });
         }
-        carried.push(ToolCall {
-            item_id: call.id.clone().unwrap_or_else(|| call.call_id.clone()),
-            call_id: call.call_id.clone(),
-            name: call.name.clone(),
-            arguments: call.arguments.clone(),
-        });
+        carried.push(call);
     }
     Ok(carried)
 }
@@ -122,10 +168,17 @@ pub fn outputs_by_call_id(conversation: &[Item]) -> HashMap<&str, String> {
     let mut outputs = HashMap::new();
     for item in conversation {
         match item {
-            Item::FunctionCallOutput(output) => {
+            Item::FunctionCallOutput(FunctionCallOutputItem {
+                call_id, output, ..
+            })
+            | Item::CustomToolCallOutput(crate::items::CustomToolCallOutputItem {
+                call_id,
+                output,
+                ..
+            }) => {
                 outputs
-                    .entry(output.call_id.as_str())
-                    .or_insert_with(|| output.output.to_text());
+                    .entry(call_id.as_str())
+                    .or_insert_with(|| output.to_text());
             }
             Item::McpCall(call) => {
                 if let Some(id) = call.pairing_id() {
@@ -139,7 +192,10 @@ pub fn outputs_by_call_id(conversation: &[Item]) -> HashMap<&str, String> {
                     outputs.entry(id).or_insert(text);
                 }
             }
-            Item::Message(_) | Item::FunctionCall(_) | Item::Reasoning(_) => {}
+            Item::Message(_)
+            | Item::FunctionCall(_)
+            | Item::CustomToolCall(_)
+            | Item::Reasoning(_) => {}
         }
     }
     outputs
@@ -157,13 +213,7 @@ pub fn make_call_ids_unique(
 ) {
     let mut used: HashSet<String> = HashSet::new();
     for item in conversation {
-        let id = match item {
-            Item::FunctionCall(call) => Some(call.call_id.as_str()),
-            Item::FunctionCallOutput(output) => Some(output.call_id.as_str()),
-            Item::McpCall(call) => call.pairing_id(),
-            Item::Message(_) | Item::Reasoning(_) => None,
-        };
-        if let Some(id) = id {
+        if let Some(id) = item.call_id() {
             used.insert(id.to_owned());
         }
     }
@@ -196,7 +246,7 @@ mod tests {
             {"type": "function_call_output", "call_id": "a", "output": "A"},
             {"type": "function_call_output", "call_id": "b", "output": "B"},
         ]));
-        assert_eq!(pair_calls(&context, &registered(&[])), Ok(vec![]));
+        assert_eq!(pair_calls(&context, 0, &registered(&[])), Ok(vec![]));
         let outputs = outputs_by_call_id(&context);
         assert_eq!(outputs["a"], "A");
         assert_eq!(outputs["b"], "B");
@@ -207,7 +257,7 @@ mod tests {
         let context =
             items(json!([{"type": "function_call_output", "call_id": "zz", "output": "x"}]));
         assert!(matches!(
-            pair_calls(&context, &registered(&[])),
+            pair_calls(&context, 0, &registered(&[])),
             Err(PairingError::OrphanOutput { .. })
         ));
     }
@@ -218,7 +268,7 @@ mod tests {
             {"type": "function_call", "id": "fc_1", "call_id": "s", "name": "server", "arguments": "{}"},
             {"type": "function_call", "id": "fc_2", "call_id": "c", "name": "client", "arguments": "{}"},
         ]));
-        let err = pair_calls(&context, &registered(&["server"])).unwrap_err();
+        let err = pair_calls(&context, 0, &registered(&["server"])).unwrap_err();
         assert_eq!(
             err,
             PairingError::UnansweredCall {
@@ -231,9 +281,77 @@ mod tests {
         answered.extend(items(
             json!([{"type": "function_call_output", "call_id": "c", "output": "ok"}]),
         ));
-        let carried = pair_calls(&answered, &registered(&["server"])).unwrap();
+        let carried = pair_calls(&answered, 0, &registered(&["server"])).unwrap();
         assert_eq!(carried.len(), 1);
         assert_eq!(carried[0].call_id, "s");
+    }
+
+    #[test]
+    fn a_call_id_used_twice_or_answered_twice_is_refused_with_its_position() {
+        let twice_called = items(json!([
+            {"type": "function_call", "call_id": "a", "name": "client", "arguments": "{}"},
+            {"type": "custom_tool_call", "call_id": "a", "name": "patch", "input": "x"},
+        ]));
+        assert_eq!(
+            pair_calls(&twice_called, 0, &registered(&[])),
+            Err(PairingError::DuplicateCall {
+                call_id: "a".into(),
+                index: 1
+            })
+        );
+        let twice_answered = items(json!([
+            {"type": "function_call", "call_id": "a", "name": "client", "arguments": "{}"},
+            {"type": "function_call_output", "call_id": "a", "output": "1"},
+            {"type": "function_call_output", "call_id": "a", "output": "2"},
+        ]));
+        assert_eq!(
+            pair_calls(&twice_answered, 0, &registered(&[])),
+            Err(PairingError::DuplicateOutput {
+                call_id: "a".into(),
+                index: 2
+            })
+        );
+    }
+
+    #[test]
+    fn the_stored_chain_may_repeat_a_call_as_the_mcp_call_that_ran_it() {
+        let context = items(json!([
+            {"type": "function_call", "call_id": "s", "name": "server", "arguments": "{}"},
+            {"type": "function_call", "call_id": "c", "name": "client", "arguments": "{}"},
+            {"type": "mcp_call", "id": "mcp_1", "call_id": "s", "name": "server", "server_label": "gateway",
+             "arguments": "{}", "output": "1", "status": "completed"},
+            {"type": "function_call_output", "call_id": "c", "output": "2"},
+        ]));
+        assert_eq!(pair_calls(&context, 3, &registered(&[])), Ok(vec![]));
+        assert_eq!(
+            pair_calls(&context, 2, &registered(&[])),
+            Err(PairingError::DuplicateCall {
+                call_id: "s".into(),
+                index: 2
+            }),
+            "the same repeat in the client's own input is refused"
+        );
+    }
+
+    #[test]
+    fn custom_tool_calls_pair_with_their_outputs() {
+        let context = items(json!([
+            {"type": "custom_tool_call", "call_id": "p", "name": "apply_patch", "input": "*** Begin Patch"},
+            {"type": "custom_tool_call_output", "call_id": "p", "output": "Done"},
+        ]));
+        assert_eq!(
+            pair_calls(&context, 0, &registered(&["apply_patch"])),
+            Ok(vec![])
+        );
+        assert_eq!(outputs_by_call_id(&context)["p"], "Done");
+        let unanswered = &context[..1];
+        assert!(
+            matches!(
+                pair_calls(unanswered, 0, &registered(&["apply_patch"])),
+                Err(PairingError::UnansweredCall { .. })
+            ),
+            "a custom call is always the client's, whatever the server tools are called"
+        );
     }
 
     #[test]
@@ -242,7 +360,7 @@ mod tests {
             {"type": "mcp_call", "id": "mcp_1", "call_id": "s", "server_label": "gateway", "name": "server",
              "arguments": "{}", "output": "42", "error": null},
         ]));
-        assert_eq!(pair_calls(&context, &registered(&[])), Ok(vec![]));
+        assert_eq!(pair_calls(&context, 0, &registered(&[])), Ok(vec![]));
         assert_eq!(outputs_by_call_id(&context)["s"], "42");
     }
 
@@ -254,12 +372,7 @@ mod tests {
             {"type": "mcp_call", "id": "mcp_1", "call_id": "call_m", "server_label": "gateway", "name": "g",
              "arguments": "{}", "output": "y", "error": null},
         ]));
-        let call = |id: &str| ToolCall {
-            item_id: format!("fc_{id}"),
-            call_id: id.into(),
-            name: "f".into(),
-            arguments: "{}".into(),
-        };
+        let call = |id: &str| ToolCall::function(format!("fc_{id}"), id, "f", "{}");
         let mut calls = vec![
             call("call_0"),
             call("call_new"),

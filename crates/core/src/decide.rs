@@ -180,7 +180,7 @@ pub fn decide_next_action(input: &LoopInput<'_>) -> NextAction {
         .map(|c| (*c).clone())
         .collect();
     if !missing.is_empty() {
-        if batch_steps.is_empty() && missing.iter().any(|c| !input.registered.contains(&c.name)) {
+        if batch_steps.is_empty() && missing.iter().any(|c| !c.is_server_call(input.registered)) {
             return NextAction::HandBack { calls: missing };
         }
         if input.deadline_passed {

@@ -137,6 +137,12 @@ impl ProviderKind {
         }
     }
 
+    /// Whether the API takes `custom` tools (free-form input, grammars) as they are; the others see each as a
+    /// function of one string.
+    pub fn has_custom_tools(self) -> bool {
+        self == ProviderKind::OpenaiResponses
+    }
+
     pub fn parse(kind: &str, param: &str) -> Result<ProviderKind, InvalidRequest> {
         ProviderKind::ALL
             .into_iter()

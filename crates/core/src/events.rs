@@ -15,11 +15,11 @@ use serde_json::{json, Map, Value};
 
 use crate::items::Item;
 use crate::output::{
-    assistant_message, function_call_item, mcp_call_item, message_with_status, render_output,
-    response_object,
+    assistant_message, mcp_call_item, message_with_status, render_output, response_object,
 };
 use crate::response::{Ending, ResponseRecord, ResponseStatus};
-use crate::steps::{AssistantMessage, ModelOutput, Step, StepBody, StepState, ToolCall};
+use crate::steps::{AssistantMessage, CallKind, ModelOutput, Step, StepBody, StepState, ToolCall};
+use crate::toolset::call_item;
 
 /// One event of a response stream: its `type` and its whole JSON object (which repeats the type and carries
 /// its `sequence_number`).
@@ -250,7 +250,8 @@ impl EventProjection {
         );
     }
 
-    /// A handed-back call: a `function_call` item with its arguments streamed whole.
+    /// A handed-back call: a `function_call` item with its arguments streamed whole, or a `custom_tool_call`
+    /// with its input.
     fn handed_back(&mut self, call: &ToolCall) {
         let index = self.take_output_index();
         let empty = ToolCall {
@@ -259,19 +260,33 @@ impl EventProjection {
         };
         self.emit(
             "response.output_item.added",
-            json!({"output_index": index, "item": item_json(&function_call_item(&empty, "in_progress"))}),
+            json!({"output_index": index, "item": item_json(&call_item(&empty, "in_progress"))}),
         );
-        self.emit(
-            "response.function_call_arguments.delta",
-            json!({"item_id": call.item_id, "output_index": index, "delta": call.arguments}),
-        );
-        self.emit(
-            "response.function_call_arguments.done",
-            json!({"item_id": call.item_id, "output_index": index, "name": call.name, "arguments": call.arguments}),
-        );
+        match call.kind {
+            CallKind::Function => {
+                self.emit(
+                    "response.function_call_arguments.delta",
+                    json!({"item_id": call.item_id, "output_index": index, "delta": call.arguments}),
+                );
+                self.emit(
+                    "response.function_call_arguments.done",
+                    json!({"item_id": call.item_id, "output_index": index, "name": call.name, "arguments": call.arguments}),
+                );
+            }
+            CallKind::Custom => {
+                self.emit(
+                    "response.custom_tool_call_input.delta",
+                    json!({"item_id": call.item_id, "output_index": index, "delta": call.arguments}),
+                );
+                self.emit(
+                    "response.custom_tool_call_input.done",
+                    json!({"item_id": call.item_id, "output_index": index, "input": call.arguments}),
+                );
+            }
+        }
         self.emit(
             "response.output_item.done",
-            json!({"output_index": index, "item": item_json(&function_call_item(call, "completed"))}),
+            json!({"output_index": index, "item": item_json(&call_item(call, "completed"))}),
         );
     }
 

@@ -1,4 +1,5 @@
-//! Responses API items (messages, function calls and outputs, server tool calls) as the gateway stores them.
+//! Responses API items (messages, function and custom tool calls and their outputs, server tool calls) as the
+//! gateway stores them.
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -10,6 +11,8 @@ pub enum Item {
     Message(MessageItem),
     FunctionCall(FunctionCallItem),
     FunctionCallOutput(FunctionCallOutputItem),
+    CustomToolCall(CustomToolCallItem),
+    CustomToolCallOutput(CustomToolCallOutputItem),
     McpCall(McpCallItem),
     Reasoning(ReasoningItem),
 }
@@ -82,6 +85,9 @@ pub struct FunctionCallItem {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub id: Option<String>,
     pub call_id: String,
+    /// The namespace of a function declared inside a `namespace` tool.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
     pub name: String,
     pub arguments: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -90,6 +96,31 @@ pub struct FunctionCallItem {
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct FunctionCallOutputItem {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    pub call_id: String,
+    pub output: FunctionOutput,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<String>,
+}
+
+/// A call of a `custom` tool: free-form text `input` instead of JSON arguments.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CustomToolCallItem {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    pub call_id: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
+    pub name: String,
+    pub input: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<String>,
+}
+
+/// The client's answer to a `custom_tool_call`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CustomToolCallOutputItem {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub id: Option<String>,
     pub call_id: String,
@@ -188,6 +219,8 @@ impl Item {
             Item::Message(m) => m.id.as_deref(),
             Item::FunctionCall(c) => c.id.as_deref(),
             Item::FunctionCallOutput(o) => o.id.as_deref(),
+            Item::CustomToolCall(c) => c.id.as_deref(),
+            Item::CustomToolCallOutput(o) => o.id.as_deref(),
             Item::McpCall(c) => c.id.as_deref(),
             Item::Reasoning(r) => r.id.as_deref(),
         }
@@ -199,6 +232,8 @@ impl Item {
             Item::Message(m) => &mut m.id,
             Item::FunctionCall(c) => &mut c.id,
             Item::FunctionCallOutput(o) => &mut o.id,
+            Item::CustomToolCall(c) => &mut c.id,
+            Item::CustomToolCallOutput(o) => &mut o.id,
             Item::McpCall(c) => &mut c.id,
             Item::Reasoning(r) => &mut r.id,
         };
@@ -211,8 +246,22 @@ impl Item {
             Item::Message(_) => "msg",
             Item::FunctionCall(_) => "fc",
             Item::FunctionCallOutput(_) => "fco",
+            Item::CustomToolCall(_) => "ctc",
+            Item::CustomToolCallOutput(_) => "ctco",
             Item::McpCall(_) => "mcp",
             Item::Reasoning(_) => "rs",
+        }
+    }
+
+    /// The `call_id` of a tool call or tool output: what pairs them.
+    pub fn call_id(&self) -> Option<&str> {
+        match self {
+            Item::FunctionCall(c) => Some(&c.call_id),
+            Item::FunctionCallOutput(o) => Some(&o.call_id),
+            Item::CustomToolCall(c) => Some(&c.call_id),
+            Item::CustomToolCallOutput(o) => Some(&o.call_id),
+            Item::McpCall(c) => c.pairing_id(),
+            Item::Message(_) | Item::Reasoning(_) => None,
         }
     }
 
@@ -249,12 +298,26 @@ pub struct ItemError {
     pub message: String,
 }
 
-/// Reads one input item as clients send it: messages may omit `type`.
-pub fn parse_input_item(value: Value) -> Result<Item, ItemError> {
+/// An input item as a client sends it: an item, or a reference to a stored one that the shell resolves.
+#[derive(Debug, Clone, PartialEq)]
+pub enum InputItem {
+    Item(Item),
+    /// `{"type": "item_reference", "id"}`: stands for a stored item of the same project.
+    Reference {
+        id: String,
+    },
+}
+
+/// Reads one input item as clients send it: messages may omit `type`, item references too.
+pub fn parse_input_item(value: Value) -> Result<InputItem, ItemError> {
     let value = match value {
         Value::Object(mut map) => {
-            if !map.contains_key("type") && map.contains_key("role") {
-                map.insert("type".into(), Value::String("message".into()));
+            if !map.contains_key("type") || map.get("type") == Some(&Value::Null) {
+                if map.contains_key("role") {
+                    map.insert("type".into(), Value::String("message".into()));
+                } else if map.len() == 1 || (map.len() == 2 && map.contains_key("type")) {
+                    map.insert("type".into(), Value::String("item_reference".into()));
+                }
             }
             Value::Object(map)
         }
@@ -270,11 +333,23 @@ pub fn parse_input_item(value: Value) -> Result<Item, ItemError> {
         .unwrap_or_default()
         .to_owned();
     match kind.as_str() {
-        "message" | "function_call" | "function_call_output" | "mcp_call" | "reasoning" => {
-            serde_json::from_value(value).map_err(|e| ItemError {
+        "message"
+        | "function_call"
+        | "function_call_output"
+        | "custom_tool_call"
+        | "custom_tool_call_output"
+        | "mcp_call"
+        | "reasoning" => serde_json::from_value(value)
+            .map(InputItem::Item)
+            .map_err(|e| ItemError {
                 message: format!("invalid '{kind}' item: {e}"),
-            })
-        }
+            }),
+        "item_reference" => match value.get("id").and_then(Value::as_str) {
+            Some(id) if !id.is_empty() => Ok(InputItem::Reference { id: id.to_owned() }),
+            _ => Err(ItemError {
+                message: "an 'item_reference' needs the 'id' of a stored item".into(),
+            }),
+        },
         "" => Err(ItemError {
             message: "an input item needs a 'type' (or a 'role' for a message)".into(),
         }),
@@ -304,7 +379,7 @@ mod tests {
     #[test]
     fn message_without_type_is_read_as_a_message() {
         let item = parse_input_item(json!({"role": "user", "content": "hi"}));
-        assert_eq!(item, Ok(Item::user_text("hi")));
+        assert_eq!(item, Ok(InputItem::Item(Item::user_text("hi"))));
     }
 
     #[test]
@@ -313,7 +388,7 @@ mod tests {
             json!({"type": "function_call", "id": "fc_1", "call_id": "call_1",
             "name": "f", "arguments": "{}", "status": "completed"}),
         );
-        let Ok(Item::FunctionCall(call)) = item else {
+        let Ok(InputItem::Item(Item::FunctionCall(call))) = item else {
             unreachable!("not a function call: {item:?}")
         };
         assert_eq!(call.id.as_deref(), Some("fc_1"));
@@ -324,6 +399,45 @@ mod tests {
     fn unknown_item_type_is_named_in_the_error() {
         let err = parse_input_item(json!({"type": "computer_call"})).unwrap_err();
         assert!(err.message.contains("computer_call"), "{}", err.message);
+    }
+
+    #[test]
+    fn item_references_are_read_with_or_without_their_type() {
+        for value in [
+            json!({"type": "item_reference", "id": "msg_1"}),
+            json!({"id": "msg_1"}),
+            json!({"type": null, "id": "msg_1"}),
+        ] {
+            assert_eq!(
+                parse_input_item(value.clone()),
+                Ok(InputItem::Reference { id: "msg_1".into() }),
+                "{value}"
+            );
+        }
+        let err = parse_input_item(json!({"type": "item_reference"})).unwrap_err();
+        assert!(err.message.contains("'id'"), "{}", err.message);
+    }
+
+    #[test]
+    fn custom_tool_calls_and_outputs_are_read() {
+        let call = parse_input_item(
+            json!({"type": "custom_tool_call", "call_id": "c1", "name": "apply_patch",
+            "input": "*** Begin Patch", "namespace": "edit"}),
+        )
+        .unwrap();
+        let InputItem::Item(Item::CustomToolCall(call)) = call else {
+            unreachable!("not a custom tool call: {call:?}")
+        };
+        assert_eq!(call.input, "*** Begin Patch");
+        assert_eq!(call.namespace.as_deref(), Some("edit"));
+        let output = parse_input_item(
+            json!({"type": "custom_tool_call_output", "call_id": "c1", "output": "done"}),
+        )
+        .unwrap();
+        assert!(matches!(
+            output,
+            InputItem::Item(Item::CustomToolCallOutput(_))
+        ));
     }
 
     #[test]

@@ -14,6 +14,7 @@ pub mod output;
 pub mod request;
 pub mod response;
 pub mod steps;
+pub mod toolset;
 
 pub use decide::{decide_next_action, IncompleteReason, Limits, NextAction};
 pub use items::Item;

@@ -2,19 +2,18 @@
 
 use serde_json::{json, Map, Value};
 
-use crate::items::{
-    ContentPart, FunctionCallItem, Item, McpCallItem, MessageContent, MessageItem, Role,
-};
+use crate::items::{ContentPart, Item, McpCallItem, MessageContent, MessageItem, Role};
 use crate::response::{Ending, ResponseRecord, ResponseState};
-use crate::steps::{Step, StepBody, StepState, ToolCall, ToolOutcome, ToolStep, Usage};
+use crate::steps::{Step, StepBody, StepState, ToolOutcome, ToolStep, Usage};
+use crate::toolset::{call_item, DeclaredTool};
 
 /// `server_label` of the `mcp_call` items that show server tool calls.
 pub const SERVER_LABEL: &str = "gateway";
 
 /// The output items of a response, in the order they happened.
 ///
-/// Server tool calls that ran show as `mcp_call` items. Calls of the last batch show as `function_call`
-/// items only when that batch was handed back to the client; calls never run (a limit was reached, or the
+/// Server tool calls that ran show as `mcp_call` items. Calls of the last batch show as `function_call` (or
+/// `custom_tool_call`) items only when that batch was handed back to the client; calls never run (a limit was reached, or the
 /// tool step was recorded but never started) are left out. A model call that broke off after streaming
 /// some text shows that text as an `incomplete` message.
 pub fn render_output(steps: &[Step], handed_back: bool) -> Vec<Item> {
@@ -38,7 +37,7 @@ pub fn render_output(steps: &[Step], handed_back: bool) -> Vec<Item> {
                 }
                 if handed_back && Some(index) == last_model {
                     for call in &output.tool_calls {
-                        items.push(function_call_item(call, "completed"));
+                        items.push(call_item(call, "completed"));
                     }
                 }
             }
@@ -47,17 +46,6 @@ pub fn render_output(steps: &[Step], handed_back: bool) -> Vec<Item> {
         }
     }
     items
-}
-
-/// A handed-back call as a `function_call` item with `status`.
-pub fn function_call_item(call: &ToolCall, status: &str) -> Item {
-    Item::FunctionCall(FunctionCallItem {
-        id: Some(call.item_id.clone()),
-        call_id: call.call_id.clone(),
-        name: call.name.clone(),
-        arguments: call.arguments.clone(),
-        status: Some(status.into()),
-    })
 }
 
 /// A server tool step as an `mcp_call` item: in progress until its outcome is known.
@@ -101,11 +89,7 @@ pub fn message_with_status(id: &str, text: &str, status: &str) -> Item {
 /// The `Response` object, with every field OpenAI returns.
 pub fn response_object(record: &ResponseRecord, output: &[Item]) -> Value {
     let params = &record.params;
-    let tools: Vec<Value> = params
-        .tools
-        .iter()
-        .map(|t| json!({"type": "function", "name": t.name, "description": t.description, "parameters": t.parameters, "strict": t.strict}))
-        .collect();
+    let tools: Vec<Value> = params.tools.iter().map(DeclaredTool::to_json).collect();
     let output_text: String = output
         .iter()
         .filter_map(|item| match item {

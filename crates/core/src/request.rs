@@ -5,7 +5,9 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::items::{json_kind, parse_input_item, Item};
+use crate::items::{json_kind, parse_input_item, InputItem};
+pub use crate::toolset::{is_valid_tool_name, FunctionTool};
+use crate::toolset::{parse_tools, validate_tool_choice, DeclaredTool};
 
 /// A client's mistake, rendered by the API as a 400 in OpenAI's error shape.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -61,24 +63,12 @@ pub struct CreateResponseBody {
     pub top_logprobs: Option<i64>,
 }
 
-/// A function tool, as the client declares it or as a tool source defines it.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct FunctionTool {
-    pub name: String,
-    #[serde(default)]
-    pub description: Option<String>,
-    #[serde(default)]
-    pub parameters: Option<Value>,
-    #[serde(default)]
-    pub strict: Option<bool>,
-}
-
 /// The parameters a response runs with, normalised; stored with the response and echoed in it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ResponseParams {
     pub instructions: Option<String>,
-    /// The client's own (function) tools.
-    pub tools: Vec<FunctionTool>,
+    /// The client's tools, as declared (echoed in the response).
+    pub tools: Vec<DeclaredTool>,
     pub tool_choice: Value,
     pub parallel_tool_calls: bool,
     pub max_tool_calls: Option<u32>,
@@ -123,7 +113,8 @@ impl Default for ResponseParams {
 #[derive(Debug, Clone, PartialEq)]
 pub struct ValidRequest {
     pub model: String,
-    pub input: Vec<Item>,
+    /// The new input; item references are resolved by the shell, which can read stored items.
+    pub input: Vec<InputItem>,
     pub params: ResponseParams,
     pub previous_response_id: Option<String>,
     pub store: bool,
@@ -266,10 +257,10 @@ fn range_error(param: &str, value: f64, min: &str, max: &str) -> InvalidRequest 
     )
 }
 
-fn parse_input(input: Option<Value>) -> Result<Vec<Item>, InvalidRequest> {
+fn parse_input(input: Option<Value>) -> Result<Vec<InputItem>, InvalidRequest> {
     match input {
         None | Some(Value::Null) => Ok(Vec::new()),
-        Some(Value::String(text)) => Ok(vec![Item::user_text(text)]),
+        Some(Value::String(text)) => Ok(vec![InputItem::Item(crate::items::Item::user_text(text))]),
         Some(Value::Array(values)) => values
             .into_iter()
             .enumerate()
@@ -284,81 +275,6 @@ fn parse_input(input: Option<Value>) -> Result<Vec<Item>, InvalidRequest> {
             "input",
         )
         .with_code("invalid_type")),
-    }
-}
-
-/// Whether a function name is one the OpenAI API accepts.
-pub fn is_valid_tool_name(name: &str) -> bool {
-    !name.is_empty()
-        && name.len() <= 64
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
-}
-
-fn parse_tools(values: Vec<Value>) -> Result<Vec<FunctionTool>, InvalidRequest> {
-    let mut tools: Vec<FunctionTool> = Vec::with_capacity(values.len());
-    for (i, value) in values.into_iter().enumerate() {
-        let kind = value
-            .get("type")
-            .and_then(Value::as_str)
-            .unwrap_or_default();
-        if kind != "function" {
-            let message = if kind.is_empty() {
-                format!("Missing required parameter: 'tools[{i}].type'.")
-            } else {
-                format!("Tools of type '{kind}' are not supported by this gateway; only 'function' tools are.")
-            };
-            return Err(InvalidRequest::new(message, format!("tools[{i}].type")));
-        }
-        let tool: FunctionTool = serde_json::from_value(value).map_err(|e| {
-            InvalidRequest::new(format!("Invalid 'tools[{i}]': {e}"), format!("tools[{i}]"))
-        })?;
-        if !is_valid_tool_name(&tool.name) {
-            return Err(InvalidRequest::new(
-                format!(
-                    "Invalid 'tools[{i}].name': '{}' must match ^[a-zA-Z0-9_-]{{1,64}}$.",
-                    tool.name
-                ),
-                format!("tools[{i}].name"),
-            ));
-        }
-        if let Some(params) = &tool.parameters {
-            if !params.is_object() && !params.is_null() {
-                return Err(InvalidRequest::new(
-                    format!("Invalid 'tools[{i}].parameters': expected a JSON Schema object."),
-                    format!("tools[{i}].parameters"),
-                ));
-            }
-        }
-        if tools.iter().any(|t| t.name == tool.name) {
-            return Err(InvalidRequest::new(
-                format!("Duplicate tool name '{}' in 'tools'.", tool.name),
-                format!("tools[{i}].name"),
-            ));
-        }
-        tools.push(tool);
-    }
-    Ok(tools)
-}
-
-fn validate_tool_choice(choice: &Value) -> Result<(), InvalidRequest> {
-    let valid = match choice {
-        Value::String(s) => matches!(s.as_str(), "none" | "auto" | "required"),
-        Value::Object(map) => match map.get("type").and_then(Value::as_str) {
-            Some("function") => map.get("name").and_then(Value::as_str).is_some(),
-            Some("allowed_tools") => map.get("tools").is_some_and(Value::is_array),
-            _ => false,
-        },
-        _ => false,
-    };
-    if valid {
-        Ok(())
-    } else {
-        Err(InvalidRequest::new(
-            "Invalid 'tool_choice': expected 'none', 'auto', 'required', {\"type\":\"function\",\"name\":...} or {\"type\":\"allowed_tools\",...}.",
-            "tool_choice",
-        ))
     }
 }
 
@@ -433,7 +349,10 @@ mod tests {
     fn string_input_becomes_one_user_message() {
         let valid = validate(body(json!({"model": "m", "input": "hi"}))).unwrap();
         assert_eq!(valid.params, ResponseParams::default(), "the defaults");
-        assert_eq!(valid.input, vec![Item::user_text("hi")]);
+        assert_eq!(
+            valid.input,
+            vec![InputItem::Item(crate::items::Item::user_text("hi"))]
+        );
         assert!(valid.store);
         assert!(!valid.stream);
     }
@@ -461,8 +380,35 @@ mod tests {
                 "input[0]",
             ),
             (
-                json!({"model": "m", "input": "x", "tools": [{"type": "web_search"}]}),
+                json!({"model": "m", "input": "x", "tools": [{"type": "Web Search"}]}),
                 "tools[0].type",
+            ),
+            (
+                json!({"model": "m", "input": "x", "tools": [{"name": "f"}]}),
+                "tools[0].type",
+            ),
+            (
+                json!({"model": "m", "input": "x", "tools": [{"type": "function", "name": "f",
+                    "parameters": {"type": "nonsense", "properties": 5}}]}),
+                "tools[0].parameters",
+            ),
+            (
+                json!({"model": "m", "input": "x", "tools": [{"type": "custom", "name": "c",
+                    "format": {"type": "grammar", "syntax": "ebnf", "definition": "x"}}]}),
+                "tools[0].format",
+            ),
+            (
+                json!({"model": "m", "input": "x", "tools": [{"type": "namespace", "name": "ns", "tools": []}]}),
+                "tools[0].tools",
+            ),
+            (
+                json!({"model": "m", "input": "x", "tools": [{"type": "namespace", "name": "ns",
+                    "tools": [{"type": "web_search"}]}]}),
+                "tools[0].tools[0].type",
+            ),
+            (
+                json!({"model": "m", "input": "x", "tools": [{"type": "mcp"}]}),
+                "tools[0].server_label",
             ),
             (
                 json!({"model": "m", "input": "x", "tools": [{"type": "function", "name": "a b"}]}),

@@ -142,14 +142,61 @@ pub enum Finish {
 }
 
 /// A tool call the model asked for. `call_id` is never empty: missing upstream ids are synthesised.
+///
+/// `name` and `namespace` are the tool's own, as the client declared it; the model saw the flat name
+/// ([`crate::toolset::flat_name`]).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ToolCall {
-    /// Id of the output item that shows this call (`fc_...` or `mcp_...`).
+    /// Id of the output item that shows this call (`fc_...`, `ctc_...` or `mcp_...`).
     pub item_id: String,
     pub call_id: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
     pub name: String,
-    /// JSON text of the arguments, as the model produced it.
+    /// JSON text of the arguments as the model produced it; for a custom tool, its free-form input.
     pub arguments: String,
+    #[serde(default, skip_serializing_if = "CallKind::is_function")]
+    pub kind: CallKind,
+}
+
+/// Whether a call takes JSON arguments (a function) or free-form text (a custom tool).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CallKind {
+    #[default]
+    Function,
+    Custom,
+}
+
+impl CallKind {
+    pub fn is_function(&self) -> bool {
+        *self == CallKind::Function
+    }
+}
+
+impl ToolCall {
+    /// A call of a function tool outside any namespace: what upstreams produce before the toolset names it.
+    pub fn function(
+        item_id: impl Into<String>,
+        call_id: impl Into<String>,
+        name: impl Into<String>,
+        arguments: impl Into<String>,
+    ) -> ToolCall {
+        ToolCall {
+            item_id: item_id.into(),
+            call_id: call_id.into(),
+            namespace: None,
+            name: name.into(),
+            arguments: arguments.into(),
+            kind: CallKind::Function,
+        }
+    }
+
+    /// Whether the gateway runs this call: a plain function named like one of the server tools. A call inside a
+    /// namespace, or of a custom tool, is always the client's.
+    pub fn is_server_call(&self, registered: &std::collections::BTreeSet<String>) -> bool {
+        self.namespace.is_none() && self.kind.is_function() && registered.contains(&self.name)
+    }
 }
 
 /// Token usage of one model call (or of a whole response, summed).

@@ -2,8 +2,10 @@
 
 use super::*;
 use crate::context::model_conversation;
+use crate::items::InputItem;
 use crate::request::{validate, CreateResponseBody};
 use crate::steps::{ModelStep, Step, StepBody, StepState, ToolOutcome, ToolStep};
+use crate::toolset::FunctionTool;
 
 // ---- helpers -------------------------------------------------------------------------------------
 
@@ -20,16 +22,16 @@ fn tool(
     description: Option<&str>,
     parameters: Option<Value>,
     strict: Option<bool>,
-) -> FunctionTool {
-    FunctionTool {
+) -> OfferedTool {
+    OfferedTool::function(&FunctionTool {
         name: name.into(),
         description: description.map(Into::into),
         parameters,
         strict,
-    }
+    })
 }
 
-fn weather_tool() -> FunctionTool {
+fn weather_tool() -> OfferedTool {
     tool(
         "get_weather",
         Some("Weather by city"),
@@ -73,12 +75,7 @@ fn answer_with_calls(tool_calls: Value, finish_reason: &str) -> Value {
 }
 
 fn call(item_id: &str, call_id: &str, name: &str, arguments: &str) -> ToolCall {
-    ToolCall {
-        item_id: item_id.into(),
-        call_id: call_id.into(),
-        name: name.into(),
-        arguments: arguments.into(),
-    }
+    ToolCall::function(item_id, call_id, name, arguments)
 }
 
 // ---- build_request: messages ---------------------------------------------------------------------
@@ -92,7 +89,15 @@ fn instructions_lead_and_string_input_becomes_a_user_message() {
         .unwrap(),
     )
     .unwrap();
-    let body = build_request("upstream-model", &valid.params, &valid.input, &[]);
+    let input: Vec<Item> = valid
+        .input
+        .into_iter()
+        .map(|i| match i {
+            InputItem::Item(item) => item,
+            InputItem::Reference { .. } => unreachable!("no references here"),
+        })
+        .collect();
+    let body = build_request("upstream-model", &valid.params, &input, &[]);
     assert_eq!(
         body,
         json!({

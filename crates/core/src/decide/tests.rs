@@ -9,12 +9,12 @@ use crate::steps::{
 
 /// A tool call as the model asked for it. Names starting with `client_` are never registered.
 fn call(call_id: &str, name: &str) -> ToolCall {
-    ToolCall {
-        item_id: format!("fc_{call_id}"),
-        call_id: call_id.into(),
-        name: name.into(),
-        arguments: format!("{{\"id\":\"{call_id}\"}}"),
-    }
+    ToolCall::function(
+        format!("fc_{call_id}"),
+        call_id,
+        name,
+        format!("{{\"id\":\"{call_id}\"}}"),
+    )
 }
 
 fn calls(specs: &[(&str, &str)]) -> Vec<ToolCall> {

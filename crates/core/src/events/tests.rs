@@ -32,12 +32,12 @@ fn ended(ending: Ending) -> ResponseRecord {
 }
 
 fn call(call_id: &str) -> ToolCall {
-    ToolCall {
-        item_id: format!("fc_{call_id}"),
-        call_id: call_id.into(),
-        name: "search".into(),
-        arguments: format!("{{\"q\":\"{call_id}\"}}"),
-    }
+    ToolCall::function(
+        format!("fc_{call_id}"),
+        call_id,
+        "search",
+        format!("{{\"q\":\"{call_id}\"}}"),
+    )
 }
 
 /// A streamed message: `pieces` are the deltas as the client saw them.

@@ -10,16 +10,17 @@ use crate::steps::{
     AssistantMessage, Finish, ModelOutput, ModelStep, StepState, ToolCall, ToolStep,
     UpstreamFailure,
 };
+use crate::toolset::DeclaredTool;
 
 // ---- step builders -------------------------------------------------------------------------------
 
 fn call(call_id: &str, name: &str) -> ToolCall {
-    ToolCall {
-        item_id: format!("fc_{call_id}"),
-        call_id: call_id.into(),
-        name: name.into(),
-        arguments: format!("{{\"q\":\"{call_id}\"}}"),
-    }
+    ToolCall::function(
+        format!("fc_{call_id}"),
+        call_id,
+        name,
+        format!("{{\"q\":\"{call_id}\"}}"),
+    )
 }
 
 /// A model call that said `text` (if any) and asked for these `(call_id, name)` calls.
@@ -324,7 +325,10 @@ fn rendered_items_read_back_as_input_items() {
     let items = render_output(&steps, true);
     for item in &items {
         let value = serde_json::to_value(item).unwrap();
-        assert_eq!(crate::items::parse_input_item(value).as_ref(), Ok(item));
+        assert_eq!(
+            crate::items::parse_input_item(value),
+            Ok(crate::items::InputItem::Item(item.clone()))
+        );
     }
 }
 
@@ -389,18 +393,18 @@ fn every_request_parameter_is_echoed() {
     r.params = ResponseParams {
         instructions: Some("Be terse.".into()),
         tools: vec![
-            FunctionTool {
+            DeclaredTool::Function(FunctionTool {
                 name: "get_weather".into(),
                 description: Some("Weather".into()),
                 parameters: Some(json!({"type": "object"})),
                 strict: Some(true),
-            },
-            FunctionTool {
+            }),
+            DeclaredTool::Function(FunctionTool {
                 name: "bare".into(),
                 description: None,
                 parameters: None,
                 strict: None,
-            },
+            }),
         ],
         tool_choice: json!({"type": "function", "name": "get_weather"}),
         parallel_tool_calls: false,
@@ -460,12 +464,12 @@ fn every_request_parameter_is_echoed() {
 #[test]
 fn echoed_tools_always_carry_description_parameters_and_strict() {
     let mut r = record();
-    r.params.tools = vec![FunctionTool {
+    r.params.tools = vec![DeclaredTool::Function(FunctionTool {
         name: "bare".into(),
         description: None,
         parameters: None,
         strict: None,
-    }];
+    })];
     let object = response_object(&r, &[]);
     let tool = object["tools"][0].as_object().unwrap();
     for key in ["type", "name", "description", "parameters", "strict"] {

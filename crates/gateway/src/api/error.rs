@@ -173,10 +173,27 @@ impl From<EngineError> for ApiError {
                 Some(&format!("tools[{index}].name")),
                 Some("tool_name_conflict"),
             ),
+            EngineError::UnsupportedTool { kind, index } => ApiError::invalid(
+                format!("Tools of type '{kind}' are not supported by this deployment (its 'unsupported_tools' policy is 'reject'); remove the tool or use another model."),
+                Some(&format!("tools[{index}].type")),
+                Some("unsupported_tool_type"),
+            ),
+            EngineError::UnknownToolChoice { name } => ApiError::invalid(
+                format!("Tool choice '{name}' not found in 'tools' parameter."),
+                Some("tool_choice"),
+                None,
+            ),
+            EngineError::ItemNotFound { id, index } => ApiError::invalid(
+                format!("Item with id '{id}' not found."),
+                Some(&format!("input[{index}]")),
+                Some("item_not_found"),
+            ),
             EngineError::Pairing { error, param } => {
                 let code = match &error {
                     PairingError::OrphanOutput { .. } => "function_call_output_without_call",
                     PairingError::UnansweredCall { .. } => "function_call_output_missing",
+                    PairingError::DuplicateCall { .. } => "duplicate_call_id",
+                    PairingError::DuplicateOutput { .. } => "duplicate_function_call_output",
                 };
                 ApiError::invalid(error.to_string(), Some(&param), Some(code))
             }

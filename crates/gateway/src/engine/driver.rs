@@ -9,19 +9,19 @@ use gateway_core::context::{make_call_ids_unique, model_conversation};
 use gateway_core::decide::LoopInput;
 use gateway_core::events::Progress;
 use gateway_core::output::render_output;
-use gateway_core::request::FunctionTool;
 use gateway_core::response::{Ending, ResponseState};
 use gateway_core::steps::{
     total_usage, AssistantMessage, ModelDelta, ModelStep, Step, StepBody, StepState, ToolOutcome,
     ToolStep, UpstreamFailure,
 };
+use gateway_core::toolset::{flatten_namespaces, name_calls, offered_client_tools, OfferedTool};
 use gateway_core::{decide_next_action, IncompleteReason, NextAction};
 use tokio::sync::mpsc;
 
 use super::journal::WRITE_LINGER;
 use super::{Engine, EngineError, Finished, Origin, ProgressSink, Run, Stop};
 use crate::clock::{now, now_ms};
-use crate::ids::new_id;
+use crate::ids::{item_id, new_id};
 use crate::store::responses::Durability;
 use crate::store::StoreError;
 use crate::tools::CallRef;
@@ -224,7 +224,7 @@ impl Engine {
                             seq: first + i as u32,
                             state: StepState::Pending,
                             body: StepBody::Tool(ToolStep {
-                                item_id: new_id("mcp"),
+                                item_id: item_id("mcp", &run.record.id),
                                 call,
                                 batch,
                                 outcome: None,
@@ -290,15 +290,19 @@ impl Engine {
         index: usize,
         sink: &mut S,
     ) {
-        let conversation = model_conversation(&run.context, &run.steps[..index]);
-        let mut tools: Vec<FunctionTool> = run.record.params.tools.clone();
-        tools.extend(run.server_tools.iter().map(|t| FunctionTool {
+        let mut conversation = model_conversation(&run.context, &run.steps[..index]);
+        flatten_namespaces(&mut conversation);
+        let mut tools = offered_client_tools(&run.record.params.tools);
+        tools.extend(run.server_tools.iter().map(|t| OfferedTool {
             name: t.name.clone(),
             description: Some(t.description.clone()),
-            parameters: Some(t.parameters.clone()),
-            strict: Some(t.strict),
+            input: gateway_core::toolset::ToolInput::Json {
+                parameters: t.parameters.clone(),
+                strict: Some(t.strict),
+            },
         }));
         let request = ModelRequest {
+            response_id: &run.record.id,
             params: &run.record.params,
             conversation: &conversation,
             tools: &tools,
@@ -306,7 +310,7 @@ impl Engine {
         let started = Instant::now();
         // The text a reader was shown while the call ran, as it was cut.
         let mut shown = Shown::default();
-        let message_id = new_id("msg");
+        let message_id = item_id("msg", &run.record.id);
         let call = async {
             if !sink.wants_text_deltas() {
                 return self.upstream.call(&run.deployment, &request, None).await;
@@ -375,6 +379,8 @@ impl Engine {
             Ok(mut output) => {
                 // Upstreams that number calls per answer reuse ids; pairing by call_id needs them unique.
                 make_call_ids_unique(&mut output.tool_calls, &conversation, || new_id("call"));
+                // The model called tools by the flat names it was offered; the client sees its own.
+                name_calls(&run.record.params.tools, &mut output.tool_calls);
                 if let Some(message) = &mut output.message {
                     message.deltas = shown.deltas;
                 }

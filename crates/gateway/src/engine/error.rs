@@ -20,6 +20,15 @@ pub enum EngineError {
     /// A client tool has the name of a server tool the key may use.
     #[error("client tool '{name}' clashes with a server tool")]
     ToolNameConflict { name: String, index: usize },
+    /// The deployment refuses tools of a type it cannot serve (`unsupported_tools: reject`).
+    #[error("tools of type '{kind}' are not supported by this deployment")]
+    UnsupportedTool { kind: String, index: usize },
+    /// `tool_choice` names a tool that is not among the tools.
+    #[error("tool_choice names '{name}', which is not among the tools")]
+    UnknownToolChoice { name: String },
+    /// An `item_reference` names no stored item of this project.
+    #[error("item '{id}' not found")]
+    ItemNotFound { id: String, index: usize },
     /// The context's tool calls and outputs do not pair; `param` names the offending input.
     #[error("{error}")]
     Pairing { error: PairingError, param: String },

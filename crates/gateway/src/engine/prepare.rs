@@ -6,12 +6,16 @@ use std::collections::{BTreeSet, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use gateway_core::context::{pair_calls, PairingError};
+use gateway_core::context::pair_calls;
 use gateway_core::decide::LoopInput;
+use gateway_core::items::InputItem;
 use gateway_core::output::render_output;
 use gateway_core::request::ValidRequest;
 use gateway_core::response::{ResponseRecord, ResponseState};
 use gateway_core::steps::{ModelStep, Step, StepBody, StepState, ToolStep};
+use gateway_core::toolset::{
+    forced_tool_name, unserved_tools, DeclaredTool, UnsupportedTools, IGNORED_TOOLS_KEY,
+};
 use gateway_core::{decide_next_action, Item, Limits, NextAction};
 
 use gateway_core::events::Event;
@@ -22,7 +26,7 @@ use crate::store::ownership::channel;
 use super::journal::Journal;
 use super::{Engine, EngineError, Origin, Run};
 use crate::clock::{now, now_ms};
-use crate::ids::new_id;
+use crate::ids::{item_id, new_id};
 use crate::store::responses::{Durability, NewResponse};
 use crate::store::StoreError;
 
@@ -117,29 +121,21 @@ impl Engine {
             })?;
         let registered: BTreeSet<String> =
             resolution.tools.iter().map(|t| t.name.clone()).collect();
-        if let Some(index) = request
-            .params
-            .tools
-            .iter()
-            .position(|t| registered.contains(&t.name))
-        {
-            return Err(EngineError::ToolNameConflict {
-                name: request.params.tools[index].name.clone(),
-                index,
-            });
-        }
+        let mut request = request;
+        check_tools(&request, &registered)?;
+        apply_unsupported_tools(&mut request, resolution.deployment.unsupported_tools)?;
 
+        let response_id = new_id("resp");
+        let input = self.resolve_references(project_id, request.input).await?;
         let mut context = match &request.previous_response_id {
             Some(previous_id) => self.previous_context(project_id, previous_id).await?,
             None => Vec::new(),
         };
         let first_new = context.len();
-        add_input(&mut context, request.input);
-        let carried = pair_calls(&context, &registered).map_err(|error| {
-            let param = match &error {
-                PairingError::OrphanOutput { index, .. } if *index >= first_new => {
-                    format!("input[{}]", index - first_new)
-                }
+        add_input(&mut context, input, &response_id);
+        let carried = pair_calls(&context, first_new, &registered).map_err(|error| {
+            let param = match error.index() {
+                Some(index) if index >= first_new => format!("input[{}]", index - first_new),
                 _ => "input".to_owned(),
             };
             EngineError::Pairing { error, param }
@@ -153,7 +149,7 @@ impl Engine {
                 seq: seq as u32,
                 state: StepState::Pending,
                 body: StepBody::Tool(ToolStep {
-                    item_id: new_id("mcp"),
+                    item_id: item_id("mcp", &response_id),
                     call,
                     batch: None,
                     outcome: None,
@@ -177,7 +173,7 @@ impl Engine {
             });
         }
         let record = ResponseRecord {
-            id: new_id("resp"),
+            id: response_id,
             created_at: now(),
             model: request.model,
             params: request.params,
@@ -307,11 +303,90 @@ impl Engine {
         context.extend(render_output(&steps, ending.handed_back()));
         Ok(context)
     }
+
+    /// The input with each `item_reference` replaced by the stored item it names (SPEC 5).
+    async fn resolve_references(
+        &self,
+        project_id: &str,
+        input: Vec<InputItem>,
+    ) -> Result<Vec<Item>, EngineError> {
+        let mut items = Vec::with_capacity(input.len());
+        for (index, item) in input.into_iter().enumerate() {
+            match item {
+                InputItem::Item(item) => items.push(item),
+                InputItem::Reference { id } => match self.store.find_item(project_id, &id).await? {
+                    Some(item) => items.push(item),
+                    None => return Err(EngineError::ItemNotFound { id, index }),
+                },
+            }
+        }
+        Ok(items)
+    }
+}
+
+/// Client tools may not take the name of a server tool the key may use, and `tool_choice` must name a tool
+/// that exists.
+fn check_tools(request: &ValidRequest, registered: &BTreeSet<String>) -> Result<(), EngineError> {
+    for (index, tool) in request.params.tools.iter().enumerate() {
+        if let Some(name) = tool
+            .model_names()
+            .into_iter()
+            .find(|name| registered.contains(name))
+        {
+            return Err(EngineError::ToolNameConflict { name, index });
+        }
+    }
+    if let Some(name) = forced_tool_name(&request.params.tool_choice) {
+        let known = registered.contains(name)
+            || request.params.tools.iter().any(|tool| {
+                tool.model_names().iter().any(|n| n == name)
+                    || matches!(tool, DeclaredTool::Namespace(ns) if ns.tools.iter().any(|m| m.name() == name))
+            });
+        if !known {
+            return Err(EngineError::UnknownToolChoice {
+                name: name.to_owned(),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Declared tools that no model is offered and no source serves: left out and listed in the response's
+/// metadata (`ignore`), or the request refused (`reject`), as the deployment says (SPEC 12).
+fn apply_unsupported_tools(
+    request: &mut ValidRequest,
+    policy: UnsupportedTools,
+) -> Result<(), EngineError> {
+    let served = BTreeSet::new();
+    let unserved = unserved_tools(&request.params.tools, &served);
+    if unserved.is_empty() {
+        return Ok(());
+    }
+    match policy {
+        UnsupportedTools::Reject => {
+            let (index, kind) = unserved[0];
+            Err(EngineError::UnsupportedTool {
+                kind: kind.to_owned(),
+                index,
+            })
+        }
+        UnsupportedTools::Ignore => {
+            let mut kinds: Vec<&str> = unserved.iter().map(|(_, kind)| *kind).collect();
+            kinds.dedup();
+            let listed = kinds.join(",");
+            tracing::info!(model = %request.model, tools.ignored = %listed, "tools of types nothing serves are left out");
+            request
+                .params
+                .metadata
+                .insert(IGNORED_TOOLS_KEY.to_owned(), listed);
+            Ok(())
+        }
+    }
 }
 
 /// Appends the request's input to the context. Ids that clients send are kept when unique within the context,
-/// and replaced otherwise; items without one get a fresh id.
-fn add_input(context: &mut Vec<Item>, input: Vec<Item>) {
+/// and replaced otherwise; items without one get a fresh id of the response's.
+fn add_input(context: &mut Vec<Item>, input: Vec<Item>, response_id: &str) {
     let mut taken: HashSet<String> = context
         .iter()
         .filter_map(|i| i.id().map(str::to_owned))
@@ -321,7 +396,7 @@ fn add_input(context: &mut Vec<Item>, input: Vec<Item>) {
             .id()
             .is_some_and(|id| !id.is_empty() && !taken.contains(id));
         if !keep {
-            item.set_id(new_id(item.id_prefix()));
+            item.set_id(item_id(item.id_prefix(), response_id));
         }
         taken.insert(item.id().unwrap_or_default().to_owned());
         context.push(item);

@@ -549,6 +549,37 @@ impl Store {
         Ok(deleted > 0)
     }
 
+    /// A stored item of `project_id` by its id: an input or output item of any of its responses (SPEC 5). An id
+    /// the gateway issued leads to its response; another (a client's own) is looked up among stored inputs.
+    pub async fn find_item(
+        &self,
+        project_id: &str,
+        item_id: &str,
+    ) -> Result<Option<Item>, StoreError> {
+        if let Some(response_id) = crate::ids::response_of_item(item_id) {
+            if let Some((stored, steps)) = self.load_with_steps(project_id, &response_id).await? {
+                let handed_back = stored.record.ending().is_some_and(|e| e.handed_back());
+                let output = gateway_core::output::render_output(&steps, handed_back);
+                if let Some(item) = output.into_iter().find(|i| i.id() == Some(item_id)) {
+                    return Ok(Some(item));
+                }
+            }
+        }
+        let _timer = crate::metrics::StoreTimer::start("find_item");
+        let item: Option<Value> = with_pool!(self, |pool| sqlx::query_scalar(
+            "SELECT i.item FROM response_input_items i JOIN responses r ON r.id = i.response_id
+             WHERE i.item_id = $1 AND r.project_id = $2 LIMIT 1",
+        )
+        .bind(item_id)
+        .bind(project_id)
+        .fetch_optional(pool)
+        .await?);
+        item.map(|item| {
+            serde_json::from_value(item).map_err(|e| StoreError::Corrupt(e.to_string()))
+        })
+        .transpose()
+    }
+
     /// Every context item of a response of `project_id`, in order (none for another project's response).
     pub async fn load_context(
         &self,

@@ -15,6 +15,8 @@ pub struct Deployment {
     pub base_url: String,
     pub upstream_model: String,
     pub api_key: Option<SecretString>,
+    /// What to do with declared tools nothing serves (SPEC 12).
+    pub unsupported_tools: gateway_core::toolset::UnsupportedTools,
 }
 
 /// One server tool, as its source defines it.
@@ -153,6 +155,8 @@ impl From<DeploymentRecord> for Deployment {
             base_url: row.base_url,
             upstream_model: row.upstream_model,
             api_key: row.api_key.map(SecretString::from),
+            // The deployment's own policy is stored with the next migration; until then, the default.
+            unsupported_tools: Default::default(),
         }
     }
 }

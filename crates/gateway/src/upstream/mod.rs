@@ -10,13 +10,14 @@ use std::time::Duration;
 
 use gateway_core::chat::IdSource;
 use gateway_core::entity::ProviderKind;
-use gateway_core::request::{FunctionTool, ResponseParams};
+use gateway_core::request::ResponseParams;
 use gateway_core::steps::{ModelDelta, ModelOutput};
+use gateway_core::toolset::{custom_as_functions, unwrap_custom_inputs, OfferedTool, ToolInput};
 use gateway_core::Item;
 use tokio::sync::mpsc;
 
 use crate::config::UpstreamConfig;
-use crate::ids::new_id;
+use crate::ids::{item_id, new_id};
 use crate::retry::RetryPolicy;
 use crate::store::tenancy::Deployment;
 
@@ -77,10 +78,13 @@ impl UpstreamError {
 /// What one model call sends, whatever the provider.
 #[derive(Debug, Clone, Copy)]
 pub struct ModelRequest<'a> {
+    /// The response the call is for: its output items carry its id in theirs.
+    pub response_id: &'a str,
     pub params: &'a ResponseParams,
+    /// The conversation with calls under the flat names the model is offered.
     pub conversation: &'a [Item],
     /// Client tools and server tools, as offered to the model.
-    pub tools: &'a [FunctionTool],
+    pub tools: &'a [OfferedTool],
 }
 
 /// Where a streamed call's output goes as it arrives.
@@ -118,6 +122,30 @@ impl Upstream {
     /// One model call to `deployment`'s provider: streamed upstream when `live` is given (deltas forwarded as
     /// they arrive), whole otherwise; retried as SPEC 8 says.
     pub async fn call(
+        &self,
+        deployment: &Deployment,
+        request: &ModelRequest<'_>,
+        live: Option<Live<'_>>,
+    ) -> Result<ModelOutput, UpstreamError> {
+        let provider = deployment.provider_kind;
+        if provider.has_custom_tools() || !needs_custom_as_functions(request) {
+            return self.call_provider(deployment, request, live).await;
+        }
+        // A provider without custom tools sees each as a function of one string; its calls' inputs come back out.
+        let mut conversation = request.conversation.to_vec();
+        let mut tools = request.tools.to_vec();
+        custom_as_functions(&mut conversation, &mut tools);
+        let shaped = ModelRequest {
+            conversation: &conversation,
+            tools: &tools,
+            ..*request
+        };
+        let mut output = self.call_provider(deployment, &shaped, live).await?;
+        unwrap_custom_inputs(request.tools, &mut output.tool_calls);
+        Ok(output)
+    }
+
+    async fn call_provider(
         &self,
         deployment: &Deployment,
         request: &ModelRequest<'_>,
@@ -177,6 +205,30 @@ impl Upstream {
         })
     }
 
+    /// Reads a whole (non-streamed) JSON answer. A body that breaks off, or ends before its JSON does, is
+    /// `Broken` and so tried again; a complete body that is not the JSON expected is `Parse`.
+    async fn read_whole(
+        &self,
+        response: reqwest::Response,
+        attempt: u32,
+    ) -> Result<serde_json::Value, UpstreamError> {
+        let broken = |detail: String| UpstreamError::Broken {
+            attempts: attempt,
+            detail,
+        };
+        let bytes = response
+            .bytes()
+            .await
+            .map_err(|e| broken(format!("body error: {e}")))?;
+        serde_json::from_slice(&bytes).map_err(|e| {
+            if e.is_eof() {
+                broken(format!("the body ended before its JSON did: {e}"))
+            } else {
+                UpstreamError::Parse(e.to_string())
+            }
+        })
+    }
+
     /// The whole of a non-streaming answer must arrive within this.
     fn whole_answer_timeout(&self) -> Duration {
         Duration::from_millis(self.config.timeout_ms)
@@ -208,19 +260,34 @@ impl<'a> Forwarder<'a> {
     }
 
     /// Ids for the streamed answer: its message keeps the id its events already used.
-    fn ids(&self) -> StreamIds<'a> {
+    fn ids<'b>(&'b self, response_id: &'b str) -> StreamIds<'b> {
         StreamIds {
             message_id: self.live.message_id,
+            response_id,
         }
     }
 }
 
-/// Draws random ids for output items and for calls that came without an id.
-struct RandomIds;
+/// Whether the call has custom tools or custom calls that a provider without them must see as functions.
+fn needs_custom_as_functions(request: &ModelRequest<'_>) -> bool {
+    request
+        .tools
+        .iter()
+        .any(|t| matches!(t.input, ToolInput::Text { .. }))
+        || request
+            .conversation
+            .iter()
+            .any(|i| matches!(i, Item::CustomToolCall(_) | Item::CustomToolCallOutput(_)))
+}
 
-impl IdSource for RandomIds {
+/// Draws ids for a response's output items, and random ids for calls that came without one.
+struct ResponseIds<'a> {
+    response_id: &'a str,
+}
+
+impl IdSource for ResponseIds<'_> {
     fn item_id(&mut self, prefix: &str) -> String {
-        new_id(prefix)
+        item_id(prefix, self.response_id)
     }
 
     fn call_id(&mut self, _index: usize) -> String {
@@ -231,6 +298,7 @@ impl IdSource for RandomIds {
 /// Ids for a streamed answer: its message keeps the id its events already used.
 struct StreamIds<'a> {
     message_id: &'a str,
+    response_id: &'a str,
 }
 
 impl IdSource for StreamIds<'_> {
@@ -238,7 +306,7 @@ impl IdSource for StreamIds<'_> {
         if prefix == "msg" {
             self.message_id.to_owned()
         } else {
-            new_id(prefix)
+            item_id(prefix, self.response_id)
         }
     }
 

@@ -10,7 +10,7 @@ use gateway_core::steps::ModelOutput;
 use secrecy::ExposeSecret;
 use serde_json::{json, Value};
 
-use super::{sse, Forwarder, Live, ModelRequest, RandomIds, Upstream, UpstreamError};
+use super::{sse, Forwarder, Live, ModelRequest, ResponseIds, Upstream, UpstreamError};
 use crate::store::tenancy::Deployment;
 
 /// One model call: the body is built once, then sent once per attempt.
@@ -38,6 +38,7 @@ pub(super) async fn call(
         }
     };
     let post = &post;
+    let request_ids = request.response_id;
     match live {
         None => {
             let body = &body;
@@ -45,12 +46,14 @@ pub(super) async fn call(
                 .with_retries(deployment, None, |attempt| async move {
                     let request = post(body).timeout(upstream.whole_answer_timeout());
                     let response = upstream.send(request, attempt).await?;
-                    let answer = response
-                        .json::<Value>()
-                        .await
-                        .map_err(|e| UpstreamError::Parse(e.to_string()))?;
-                    chat::parse_response(&answer, &mut RandomIds)
-                        .map_err(|e| UpstreamError::Parse(e.0))
+                    let answer = upstream.read_whole(response, attempt).await?;
+                    chat::parse_response(
+                        &answer,
+                        &mut ResponseIds {
+                            response_id: request_ids,
+                        },
+                    )
+                    .map_err(|e| UpstreamError::Parse(e.0))
                 })
                 .await
         }
@@ -62,7 +65,7 @@ pub(super) async fn call(
             upstream
                 .with_retries(deployment, Some(out), |attempt| async move {
                     let response = upstream.send(post(body), attempt).await?;
-                    read_stream(response.bytes_stream(), attempt, out).await
+                    read_stream(response.bytes_stream(), attempt, out, request_ids).await
                 })
                 .await
         }
@@ -75,6 +78,7 @@ async fn read_stream<E: std::fmt::Display>(
     body: impl Stream<Item = Result<Bytes, E>>,
     attempt: u32,
     out: &Forwarder<'_>,
+    response_id: &str,
 ) -> Result<ModelOutput, UpstreamError> {
     let broken = |detail: String| UpstreamError::Broken {
         attempts: attempt,
@@ -105,7 +109,7 @@ async fn read_stream<E: std::fmt::Display>(
         return Err(broken("the body ended before the answer did".into()));
     }
     stream
-        .finish(&mut out.ids())
+        .finish(&mut out.ids(response_id))
         .map_err(|e| UpstreamError::Parse(e.0))
 }
 
@@ -137,7 +141,7 @@ mod tests {
                 .into_iter()
                 .map(|p| p.map(|p| Bytes::from_static(p.as_bytes()))),
         );
-        let result = read_stream(body, 1, &out).await;
+        let result = read_stream(body, 1, &out, "resp_test").await;
         assert_eq!(
             out.forwarded(),
             !rx.is_empty(),
