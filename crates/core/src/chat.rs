@@ -55,6 +55,24 @@ pub fn build_request(
     {
         body.insert("reasoning_effort".into(), effort.clone());
     }
+    // Passed on as the client set them: Chat Completions has the same fields.
+    for (key, value) in [
+        ("prompt_cache_key", &params.prompt_cache_key),
+        ("safety_identifier", &params.safety_identifier),
+        ("user", &params.user),
+        ("service_tier", &params.service_tier),
+    ] {
+        if let Some(value) = value {
+            body.insert(key.into(), json!(value));
+        }
+    }
+    if let Some(verbosity) = params.text.get("verbosity").filter(|v| v.is_string()) {
+        body.insert("verbosity".into(), verbosity.clone());
+    }
+    if let Some(n) = params.top_logprobs.filter(|n| *n > 0) {
+        body.insert("logprobs".into(), json!(true));
+        body.insert("top_logprobs".into(), json!(n));
+    }
     if let Some(format) = params.text.get("format") {
         match format.get("type").and_then(Value::as_str) {
             Some("json_object") => {

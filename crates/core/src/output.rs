@@ -167,7 +167,10 @@ pub fn response_object(record: &ResponseRecord, output: &[Item]) -> Value {
     object.insert("text".into(), echoed_text(&params.text));
     object.insert("tool_choice".into(), params.tool_choice.clone());
     object.insert("tools".into(), Value::Array(tools));
-    object.insert("top_logprobs".into(), json!(0));
+    object.insert(
+        "top_logprobs".into(),
+        json!(params.top_logprobs.unwrap_or(0)),
+    );
     object.insert("top_p".into(), json!(params.top_p.unwrap_or(1.0)));
     object.insert("truncation".into(), json!(params.truncation));
     object.insert("presence_penalty".into(), json!(0.0));
@@ -220,3 +223,29 @@ pub fn usage_object(usage: &Usage) -> Value {
 
 #[cfg(test)]
 mod tests;
+
+/// An input item as `GET /v1/responses/{id}/input_items` lists it: a message whose content the client sent
+/// as a bare string shows it as one text part (`input_text`, or `output_text` for the assistant), as OpenAI
+/// lists it and as openai-node types it. Everything else is listed as stored.
+pub fn listed_input_item(mut item: Value) -> Value {
+    let role = item.get("role").and_then(Value::as_str).map(str::to_owned);
+    let is_message = matches!(
+        item.get("type").and_then(Value::as_str),
+        None | Some("message")
+    );
+    if let (true, Some(role), Some(Value::String(text))) = (is_message, role, item.get("content")) {
+        let kind = if role == "assistant" {
+            "output_text"
+        } else {
+            "input_text"
+        };
+        let part = if kind == "output_text" {
+            json!({"type": kind, "text": text, "annotations": []})
+        } else {
+            json!({"type": kind, "text": text})
+        };
+        item["content"] = json!([part]);
+        item["type"] = json!("message");
+    }
+    item
+}

@@ -60,6 +60,7 @@ pub struct CreateResponseBody {
     pub prompt_cache_key: Option<String>,
     pub service_tier: Option<String>,
     pub conversation: Option<Value>,
+    pub prompt: Option<Value>,
     pub top_logprobs: Option<i64>,
 }
 
@@ -83,6 +84,9 @@ pub struct ResponseParams {
     pub safety_identifier: Option<String>,
     pub prompt_cache_key: Option<String>,
     pub service_tier: Option<String>,
+    /// Log probabilities per output token (0..=20); forwarded where the provider has them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub top_logprobs: Option<u32>,
 }
 
 impl Default for ResponseParams {
@@ -105,6 +109,7 @@ impl Default for ResponseParams {
             safety_identifier: None,
             prompt_cache_key: None,
             service_tier: None,
+            top_logprobs: None,
         }
     }
 }
@@ -141,6 +146,12 @@ pub fn validate(body: CreateResponseBody) -> Result<ValidRequest, InvalidRequest
             "'conversation' is not supported by this gateway; use 'previous_response_id'."
         };
         return Err(InvalidRequest::new(message, "conversation"));
+    }
+    if body.prompt.as_ref().is_some_and(|p| !p.is_null()) {
+        return Err(InvalidRequest::new(
+            "'prompt' (a prompt template stored at OpenAI) is not supported by this gateway; send the prompt's text as 'instructions' or 'input'.",
+            "prompt",
+        ));
     }
     let input = parse_input(body.input)?;
     if input.is_empty() && body.previous_response_id.is_none() {
@@ -240,6 +251,7 @@ pub fn validate(body: CreateResponseBody) -> Result<ValidRequest, InvalidRequest
             safety_identifier: body.safety_identifier,
             prompt_cache_key: body.prompt_cache_key,
             service_tier: body.service_tier,
+            top_logprobs: body.top_logprobs.map(|n| n as u32),
         },
         previous_response_id: body.previous_response_id,
         store,
@@ -279,6 +291,18 @@ fn parse_input(input: Option<Value>) -> Result<Vec<InputItem>, InvalidRequest> {
 }
 
 fn validate_text(text: &Value) -> Result<(), InvalidRequest> {
+    match text.get("verbosity") {
+        None | Some(Value::Null) => {}
+        Some(Value::String(v)) if matches!(v.as_str(), "low" | "medium" | "high") => {}
+        Some(other) => {
+            return Err(InvalidRequest::new(
+                format!(
+                    "Invalid 'text.verbosity': expected 'low', 'medium' or 'high', got {other}."
+                ),
+                "text.verbosity",
+            ))
+        }
+    }
     let Some(format) = text.get("format") else {
         return if text.is_object() {
             Ok(())
@@ -417,6 +441,14 @@ mod tests {
             (
                 json!({"model": "m", "input": "x", "tool_choice": "sometimes"}),
                 "tool_choice",
+            ),
+            (
+                json!({"model": "m", "input": "x", "prompt": {"id": "pmpt_1"}}),
+                "prompt",
+            ),
+            (
+                json!({"model": "m", "input": "x", "text": {"verbosity": "loud"}}),
+                "text.verbosity",
             ),
             (
                 json!({"model": "m", "input": "x", "truncation": "maybe"}),

@@ -511,7 +511,8 @@ impl OfferedTool {
     pub fn as_function(&self) -> OfferedTool {
         match &self.input {
             ToolInput::Json { .. } => self.clone(),
-            ToolInput::Text { .. } => OfferedTool {
+            ToolInput::Text { format } => OfferedTool {
+                description: with_grammar(self.description.as_deref(), format.as_ref()),
                 input: ToolInput::Json {
                     parameters: json!({
                         "type": "object",
@@ -521,10 +522,32 @@ impl OfferedTool {
                     }),
                     strict: None,
                 },
-                ..self.clone()
+                name: self.name.clone(),
             },
         }
     }
+}
+
+/// A custom tool's description for a provider that cannot enforce its grammar: the grammar is spelled out, so
+/// the model can still follow it.
+fn with_grammar(description: Option<&str>, format: Option<&Value>) -> Option<String> {
+    let grammar = format.filter(|f| f.get("type").and_then(Value::as_str) == Some("grammar"));
+    let Some(grammar) = grammar else {
+        return description.map(str::to_owned);
+    };
+    let syntax = grammar
+        .get("syntax")
+        .and_then(Value::as_str)
+        .unwrap_or("lark");
+    let definition = grammar
+        .get("definition")
+        .and_then(Value::as_str)
+        .unwrap_or_default();
+    let rule = format!("The input must match this {syntax} grammar:\n{definition}");
+    Some(match description.filter(|d| !d.is_empty()) {
+        Some(d) => format!("{d}\n\n{rule}"),
+        None => rule,
+    })
 }
 
 /// The client's tools as a model is offered them, in declaration order. Tools of other types are not offered:

@@ -535,7 +535,9 @@ fn sampling_and_length_options_are_carried_over() {
             "temperature": 0.5,
             "top_p": 0.25,
             "reasoning_effort": "low",
-        })
+            "user": "u",
+        }),
+        "metadata and max_tool_calls stay with the gateway"
     );
 }
 
@@ -782,5 +784,38 @@ fn answers_without_a_usable_choice_are_parse_errors() {
     ];
     for body in cases {
         assert!(parse(body.clone()).is_err(), "parsed: {body}");
+    }
+}
+
+#[test]
+fn provider_settings_a_client_sets_are_passed_on_in_chats_names() {
+    let body: CreateResponseBody = serde_json::from_value(json!({
+        "model": "m", "input": "x", "prompt_cache_key": "k1", "safety_identifier": "u-hash",
+        "user": "u1", "service_tier": "flex", "top_logprobs": 3, "text": {"verbosity": "low"}
+    }))
+    .unwrap();
+    let request = validate(body).unwrap();
+    let sent = build_request("up", &request.params, &[], &[]);
+    assert_eq!(sent["prompt_cache_key"], "k1");
+    assert_eq!(sent["safety_identifier"], "u-hash");
+    assert_eq!(sent["user"], "u1");
+    assert_eq!(sent["service_tier"], "flex");
+    assert_eq!(sent["verbosity"], "low");
+    assert_eq!(sent["logprobs"], true);
+    assert_eq!(sent["top_logprobs"], 3);
+
+    let plain = build_request("up", &params(), &[], &[]);
+    for key in [
+        "prompt_cache_key",
+        "user",
+        "service_tier",
+        "verbosity",
+        "logprobs",
+        "top_logprobs",
+    ] {
+        assert!(
+            plain.get(key).is_none(),
+            "{key} is not sent unless set: {plain:#}"
+        );
     }
 }

@@ -1,5 +1,6 @@
 //! Golden tests for the output items and the `Response` object.
 
+use serde_json::json;
 use std::collections::BTreeMap;
 
 use super::*;
@@ -420,6 +421,7 @@ fn every_request_parameter_is_echoed() {
         safety_identifier: Some("s1".into()),
         prompt_cache_key: Some("k1".into()),
         service_tier: Some("flex".into()),
+        top_logprobs: Some(2),
     };
     let object = response_object(&r, &[]);
     let expected = [
@@ -694,4 +696,29 @@ fn a_tool_that_answered_non_2xx_renders_an_http_error() {
         json!({"type": "http_error", "code": 503, "message": "Tool answered HTTP 503"})
     );
     assert_eq!(items[0]["status"], "failed");
+}
+
+#[test]
+fn listed_input_items_show_string_content_as_text_parts() {
+    assert_eq!(
+        listed_input_item(json!({"id": "msg_1", "role": "user", "content": "hi"})),
+        json!({"id": "msg_1", "type": "message", "role": "user", "content": [{"type": "input_text", "text": "hi"}]})
+    );
+    assert_eq!(
+        listed_input_item(json!({"type": "message", "role": "assistant", "content": "ok"})),
+        json!({"type": "message", "role": "assistant",
+               "content": [{"type": "output_text", "text": "ok", "annotations": []}]})
+    );
+    let parts = json!({"type": "message", "role": "user", "content": [{"type": "input_text", "text": "a"}]});
+    assert_eq!(
+        listed_input_item(parts.clone()),
+        parts,
+        "parts stay as sent"
+    );
+    let output = json!({"type": "function_call_output", "call_id": "c", "output": "text"});
+    assert_eq!(
+        listed_input_item(output.clone()),
+        output,
+        "only messages change"
+    );
 }

@@ -174,6 +174,15 @@ fn custom_tools_become_functions_of_one_string_for_providers_without_them() {
     assert!(offered
         .iter()
         .all(|t| matches!(t.input, ToolInput::Json { .. })));
+    let patch = offered.iter().find(|t| t.name == "apply_patch").unwrap();
+    assert!(
+        patch
+            .description
+            .as_deref()
+            .is_some_and(|d| d.contains("lark grammar:\nstart:")),
+        "the grammar is spelled out for the model: {:?}",
+        patch.description
+    );
 
     // And the model's answer comes back as the free-form text.
     let text_tools = offered_client_tools(&codex_like_tools());

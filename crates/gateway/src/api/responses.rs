@@ -7,7 +7,7 @@ use axum::extract::{Path, Query, State};
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use gateway_core::output::{render_output, response_object};
+use gateway_core::output::{listed_input_item, render_output, response_object};
 use gateway_core::request::{validate, CreateResponseBody};
 use gateway_core::response::{Ending, ResponseRecord};
 use serde::Deserialize;
@@ -369,6 +369,7 @@ pub async fn list_input_items(
                 None,
             )
         })?;
+    let data: Vec<Value> = data.into_iter().map(listed_input_item).collect();
     let first_id = data
         .first()
         .and_then(|i| i.get("id"))
