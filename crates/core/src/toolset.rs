@@ -321,9 +321,32 @@ fn is_tool_type(kind: &str) -> bool {
             .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
 }
 
+/// A tool object typed, an error naming the field at fault (`tools[0].name` for a missing or mistyped name).
+fn typed<T: serde::de::DeserializeOwned>(
+    map: Map<String, Value>,
+    at: &str,
+) -> Result<T, InvalidRequest> {
+    serde_path_to_error::deserialize(Value::Object(map)).map_err(|error| {
+        let path = error.path().to_string();
+        let inner = error.into_inner().to_string();
+        let field = if path.is_empty() || path == "." {
+            inner
+                .strip_prefix("missing field `")
+                .and_then(|rest| rest.split('`').next())
+                .map(str::to_owned)
+        } else {
+            Some(path)
+        };
+        let param = match field {
+            Some(field) => format!("{at}.{field}"),
+            None => at.to_owned(),
+        };
+        InvalidRequest::new(format!("Invalid '{param}': {inner}."), param)
+    })
+}
+
 fn parse_function(map: Map<String, Value>, at: &str) -> Result<FunctionTool, InvalidRequest> {
-    let tool: FunctionTool = serde_json::from_value(Value::Object(map))
-        .map_err(|e| InvalidRequest::new(format!("Invalid '{at}': {e}"), at))?;
+    let tool: FunctionTool = typed(map, at)?;
     check_name(&tool.name, at)?;
     if let Some(params) = &tool.parameters {
         check_parameters(params, &format!("{at}.parameters"))?;
@@ -332,8 +355,7 @@ fn parse_function(map: Map<String, Value>, at: &str) -> Result<FunctionTool, Inv
 }
 
 fn parse_custom(map: Map<String, Value>, at: &str) -> Result<CustomTool, InvalidRequest> {
-    let tool: CustomTool = serde_json::from_value(Value::Object(map))
-        .map_err(|e| InvalidRequest::new(format!("Invalid '{at}': {e}"), at))?;
+    let tool: CustomTool = typed(map, at)?;
     check_name(&tool.name, at)?;
     if let Some(format) = &tool.format {
         let param = format!("{at}.format");

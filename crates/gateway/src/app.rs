@@ -41,6 +41,8 @@ impl Application {
             store: store.clone(),
             engine,
             admin_token: config.admin.token.clone().map(Arc::new),
+            metrics_token: config.admin.metrics_token.clone().map(Arc::new),
+            keep_alive: Duration::from_millis(config.server.keep_alive_ms.max(1)),
         };
         let router =
             crate::telemetry::with_request_ids(router(state, config.server.body_limit_bytes));

@@ -38,6 +38,9 @@ pub struct ServerConfig {
     /// Responses running at once (streams included, for as long as they stream); a create beyond it is
     /// answered 503 with `Retry-After` at once instead of queueing.
     pub max_active_responses: usize,
+    /// While an event stream sends nothing for this long, a `: keep-alive` comment goes out (SPEC 6: at most
+    /// 15 s), so proxies and clients do not time out a stream waiting on a slow model or tool.
+    pub keep_alive_ms: u64,
 }
 
 impl Default for ServerConfig {
@@ -47,6 +50,7 @@ impl Default for ServerConfig {
             body_limit_bytes: 8 * 1024 * 1024,
             shutdown_grace_ms: 30_000,
             max_active_responses: 2048,
+            keep_alive_ms: 15_000,
         }
     }
 }
@@ -56,6 +60,9 @@ impl Default for ServerConfig {
 pub struct AdminConfig {
     /// Bearer token of the admin API; without one the admin API refuses every request.
     pub token: Option<SecretString>,
+    /// Bearer token that `GET /metrics` asks for; without one the metrics are open to whoever reaches the
+    /// port (bind the gateway to a private interface, or set this).
+    pub metrics_token: Option<SecretString>,
 }
 
 #[derive(Debug, Clone, Deserialize)]

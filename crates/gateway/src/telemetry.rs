@@ -10,9 +10,17 @@ use tracing_subscriber::EnvFilter;
 
 use crate::config::LogConfig;
 
-/// Installs the global subscriber: pretty or JSON lines, filtered by the config.
+/// Installs the global subscriber: pretty or JSON lines, filtered by `RUST_LOG` when it is set (the variable
+/// every Rust service honours), else by the config's `log.filter` (`GATEWAY__LOG__FILTER`).
 pub fn init(config: &LogConfig) {
-    let filter = EnvFilter::try_new(&config.filter).unwrap_or_else(|_| EnvFilter::new("info"));
+    let directives = std::env::var("RUST_LOG")
+        .ok()
+        .filter(|v| !v.trim().is_empty())
+        .unwrap_or_else(|| config.filter.clone());
+    let filter = EnvFilter::try_new(&directives).unwrap_or_else(|e| {
+        eprintln!("invalid log filter '{directives}' ({e}); logging at info");
+        EnvFilter::new("info")
+    });
     let builder = tracing_subscriber::fmt().with_env_filter(filter);
     let _ = if config.format == "json" {
         builder.json().try_init()

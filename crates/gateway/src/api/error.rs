@@ -231,6 +231,24 @@ impl From<EngineError> for ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
+        // A refused client leaves a trace (at `info`: it is the client's doing); the gateway's own failures
+        // are logged where they happen, with their cause.
+        if self.status.is_client_error() {
+            tracing::info!(
+                status = self.status.as_u16(),
+                code = self.code.as_deref().unwrap_or(""),
+                param = self.param.as_deref().unwrap_or(""),
+                message = %self.message,
+                "request refused"
+            );
+        } else {
+            tracing::warn!(
+                status = self.status.as_u16(),
+                code = self.code.as_deref().unwrap_or(""),
+                message = %self.message,
+                "request failed"
+            );
+        }
         let body = json!({"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}});
         let mut response = (self.status, axum::Json(body)).into_response();
         // SDKs retry 408/409/429/5xx; a repeated create could run server tools twice, so errors say

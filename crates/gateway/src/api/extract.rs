@@ -1,7 +1,7 @@
 //! Extractors that turn every malformed request into an OpenAI-shaped error.
 
 use axum::body::Bytes;
-use axum::extract::{FromRequest, FromRequestParts, Request};
+use axum::extract::{FromRequest, FromRequestParts, Path, RawPathParams, Request};
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, StatusCode};
 use serde::de::DeserializeOwned;
@@ -44,33 +44,133 @@ impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for ApiJson<T> {
                 Some("invalid_nul_character"),
             ));
         }
-        let deserializer = &mut serde_json::Deserializer::from_slice(&bytes);
-        serde_path_to_error::deserialize(deserializer)
-            .map(ApiJson)
-            .map_err(|error| {
-                let path = error.path().to_string();
-                let inner = error.into_inner();
-                if inner.is_syntax() || inner.is_eof() {
-                    ApiError::invalid(
-                        format!("We could not parse the JSON body of your request: {inner}."),
-                        None,
-                        Some("invalid_json"),
-                    )
-                } else if path == "." || path.is_empty() {
-                    ApiError::invalid(
-                        format!("Invalid request body: {inner}."),
-                        None,
-                        Some("invalid_type"),
-                    )
-                } else {
-                    ApiError::invalid(
-                        format!("Invalid type for '{path}': {inner}."),
-                        Some(&path),
-                        Some("invalid_type"),
-                    )
-                }
+        let mut deserializer = serde_json::Deserializer::from_slice(&bytes);
+        let value = serde_path_to_error::deserialize(&mut deserializer).map_err(|error| {
+            let path = error.path().to_string();
+            let inner = error.into_inner();
+            if inner.is_syntax() || inner.is_eof() {
+                ApiError::invalid(
+                    format!("We could not parse the JSON body of your request: {inner}."),
+                    None,
+                    Some("invalid_json"),
+                )
+            } else if path == "." || path.is_empty() {
+                ApiError::invalid(
+                    format!("Invalid request body: {inner}."),
+                    None,
+                    Some("invalid_type"),
+                )
+            } else {
+                ApiError::invalid(
+                    format!("Invalid type for '{path}': {inner}."),
+                    Some(&path),
+                    Some("invalid_type"),
+                )
+            }
+        })?;
+        // One JSON value and nothing after it but whitespace: `{...} xyz` is not a body OpenAI accepts.
+        deserializer.end().map_err(|inner| {
+            ApiError::invalid(
+                format!("We could not parse the JSON body of your request: {inner}."),
+                None,
+                Some("invalid_json"),
+            )
+        })?;
+        Ok(ApiJson(value))
+    }
+}
+
+/// Longest id or query value the gateway reads; longer ones are refused before they reach the store.
+pub const MAX_ID_LEN: usize = 256;
+
+/// Path parameters (ids), checked before they reach the store: readable (percent-encoded UTF-8), at most
+/// [`MAX_ID_LEN`] characters, no control characters (a NUL would fail in Postgres). Each failure is a 400
+/// naming the parameter.
+pub struct ApiPath<T>(pub T);
+
+impl<T: DeserializeOwned + Send, S: Send + Sync> FromRequestParts<S> for ApiPath<T> {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
+        let raw = RawPathParams::from_request_parts(parts, state)
+            .await
+            .map_err(|rejection| {
+                ApiError::invalid(
+                    format!("Invalid URL path: {}", rejection.body_text()),
+                    None,
+                    Some("invalid_path"),
+                )
+            })?;
+        for (name, value) in &raw {
+            check_value(name, value)?;
+        }
+        match Path::<T>::from_request_parts(parts, state).await {
+            Ok(Path(value)) => Ok(ApiPath(value)),
+            Err(rejection) => Err(ApiError::invalid(
+                format!("Invalid URL path: {}", rejection.body_text()),
+                None,
+                Some("invalid_path"),
+            )),
+        }
+    }
+}
+
+/// A query string: each field at most once, values checked like ids, then typed; each failure a 400 naming
+/// the field.
+pub struct ApiQuery<T>(pub T);
+
+impl<T: DeserializeOwned, S: Send + Sync> FromRequestParts<S> for ApiQuery<T> {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, ApiError> {
+        let query = parts.uri.query().unwrap_or_default();
+        let pairs: Vec<(String, String)> = serde_urlencoded::from_str(query).map_err(|e| {
+            ApiError::invalid(
+                format!("Invalid query string: {e}."),
+                None,
+                Some("invalid_query"),
+            )
+        })?;
+        let mut seen = std::collections::HashSet::new();
+        for (name, value) in &pairs {
+            if !seen.insert(name.as_str()) {
+                return Err(ApiError::invalid(
+                    format!("Query parameter '{name}' is given more than once."),
+                    Some(name),
+                    Some("duplicate_parameter"),
+                ));
+            }
+            check_value(name, value)?;
+        }
+        serde_urlencoded::from_str(query)
+            .map(ApiQuery)
+            .map_err(|e| {
+                ApiError::invalid(
+                    format!("Invalid query string: {e}."),
+                    None,
+                    Some("invalid_query"),
+                )
             })
     }
+}
+
+/// An id or query value the store can take: not too long, no control characters.
+fn check_value(name: &str, value: &str) -> Result<(), ApiError> {
+    if value.chars().count() > MAX_ID_LEN {
+        return Err(ApiError::invalid(
+            format!("Invalid '{name}': longer than {MAX_ID_LEN} characters."),
+            Some(name),
+            Some("invalid_value"),
+        ));
+    }
+    if value.chars().any(char::is_control) {
+        return Err(ApiError::invalid(
+            format!("Invalid '{name}': it contains a control character (such as NUL)."),
+            Some(name),
+            Some("invalid_value"),
+        ));
+    }
+    Ok(())
 }
 
 /// The project behind a valid gateway API key (`Authorization: Bearer sk-...`).

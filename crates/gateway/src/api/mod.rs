@@ -22,6 +22,10 @@ pub struct AppState {
     pub store: Store,
     pub engine: Engine,
     pub admin_token: Option<Arc<SecretString>>,
+    /// The token `GET /metrics` asks for, when the operator set one.
+    pub metrics_token: Option<Arc<SecretString>>,
+    /// How long an event stream may stay silent before a keep-alive comment goes out.
+    pub keep_alive: std::time::Duration,
 }
 
 impl AppState {
@@ -45,15 +49,15 @@ pub fn router(state: AppState, body_limit_bytes: usize) -> Router {
     Router::new()
         .route("/v1/responses", post(responses::create_response))
         .route(
-            "/v1/responses/{id}",
+            "/v1/responses/{response_id}",
             get(responses::get_response).delete(responses::delete_response),
         )
         .route(
-            "/v1/responses/{id}/input_items",
+            "/v1/responses/{response_id}/input_items",
             get(responses::list_input_items),
         )
         .route(
-            "/v1/responses/{id}/cancel",
+            "/v1/responses/{response_id}/cancel",
             post(responses::cancel_response),
         )
         .nest(
@@ -92,7 +96,20 @@ async fn forget_cached_tenancy(
 /// as the store holds it now.
 async fn metrics(
     axum::extract::State(state): axum::extract::State<AppState>,
+    headers: axum::http::HeaderMap,
 ) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    use secrecy::ExposeSecret;
+    if let Some(expected) = &state.metrics_token {
+        let given = extract::bearer(&headers).unwrap_or_default();
+        if !admin::same_secret(given, expected.expose_secret()) {
+            return error::ApiError::unauthorized(
+                "The metrics need 'Authorization: Bearer <admin.metrics_token>'.",
+                Some("invalid_metrics_token"),
+            )
+            .into_response();
+        }
+    }
     match state.store.queue_depth().await {
         Ok(depth) => crate::metrics::queue_depth(depth, crate::clock::now()),
         Err(e) => tracing::warn!(error = %e, "could not read the queue depth"),

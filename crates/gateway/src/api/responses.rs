@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use axum::extract::{Path, Query, State};
+use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -16,7 +16,7 @@ use tokio::sync::broadcast;
 use tokio::time::Instant;
 
 use super::error::ApiError;
-use super::extract::{ApiJson, ProjectKey};
+use super::extract::{ApiJson, ApiPath, ApiQuery, ProjectKey};
 use super::stream::{event_stream, follow};
 use super::AppState;
 use crate::clock::now;
@@ -63,14 +63,22 @@ pub async fn create_response(
             .await?;
         if stream {
             let engine = state.engine.clone();
-            return Ok(follow(engine, state.store, project, record.id, None, live));
+            return Ok(follow(
+                engine,
+                state.store,
+                project,
+                record.id,
+                None,
+                live,
+                state.keep_alive,
+            ));
         }
         return Ok(Json(response_object(&record, &[])).into_response());
     }
     if request.stream {
         // Errors found before the stream starts are plain JSON errors (from `prepare`).
         let run = state.engine.prepare(&project, request, None).await?;
-        return Ok(event_stream(&state.engine, run));
+        return Ok(event_stream(&state.engine, run, state.keep_alive));
     }
     let finished = state
         .engine
@@ -223,8 +231,8 @@ pub struct GetQuery {
 pub async fn get_response(
     State(state): State<AppState>,
     ProjectKey(project): ProjectKey,
-    Path(id): Path<String>,
-    Query(query): Query<GetQuery>,
+    ApiPath(id): ApiPath<String>,
+    ApiQuery(query): ApiQuery<GetQuery>,
 ) -> Result<Response, ApiError> {
     let stream = match query.stream.as_deref() {
         None | Some("false") | Some("0") => false,
@@ -258,6 +266,7 @@ pub async fn get_response(
             id,
             starting_after,
             live,
+            state.keep_alive,
         ));
     }
     Ok(Json(response_json(&state, &project, &id).await?.1).into_response())
@@ -269,7 +278,7 @@ pub async fn get_response(
 pub async fn cancel_response(
     State(state): State<AppState>,
     ProjectKey(project): ProjectKey,
-    Path(id): Path<String>,
+    ApiPath(id): ApiPath<String>,
 ) -> Result<Json<Value>, ApiError> {
     let stored = find_response(&state, &project, &id).await?;
     if !stored.record.background {
@@ -297,7 +306,7 @@ pub async fn cancel_response(
 pub async fn delete_response(
     State(state): State<AppState>,
     ProjectKey(project): ProjectKey,
-    Path(id): Path<String>,
+    ApiPath(id): ApiPath<String>,
 ) -> Result<Json<Value>, ApiError> {
     let stored = find_response(&state, &project, &id).await?;
     if stored.record.ending().is_none() {
@@ -325,8 +334,8 @@ pub struct ListQuery {
 pub async fn list_input_items(
     State(state): State<AppState>,
     ProjectKey(project): ProjectKey,
-    Path(id): Path<String>,
-    Query(query): Query<ListQuery>,
+    ApiPath(id): ApiPath<String>,
+    ApiQuery(query): ApiQuery<ListQuery>,
 ) -> Result<Json<Value>, ApiError> {
     let limit = match query.limit.as_deref() {
         None => 20,

@@ -16,10 +16,6 @@ use crate::store::Store;
 /// Events waiting for a slow client: the loop waits when this many are queued (backpressure).
 pub const STREAM_BUFFER: usize = 64;
 
-/// While no event is sent for this long, a `: keep-alive` comment goes out, so that proxies and clients do not
-/// time out a stream that waits on a slow model or tool.
-pub const KEEP_ALIVE_INTERVAL: Duration = Duration::from_secs(15);
-
 /// A follower reads the store again after this long without a sign of progress (a notification may be lost).
 const FOLLOW_POLL: Duration = Duration::from_secs(1);
 
@@ -33,10 +29,10 @@ const TERMINAL: [&str; 4] = [
 
 /// Runs `run` (a foreground stream: it stops when its client leaves) on its own task and answers with its
 /// events as they come.
-pub fn event_stream(engine: &Engine, run: Run) -> Response {
+pub fn event_stream(engine: &Engine, run: Run, keep_alive: Duration) -> Response {
     let (tx, rx) = mpsc::channel(STREAM_BUFFER);
     engine.spawn(run, EventSink::for_client(tx, true));
-    sse(rx)
+    sse(rx, keep_alive)
 }
 
 /// The events of response `id` of `project` after sequence number `after` (all of them without one): those the
@@ -48,6 +44,7 @@ pub fn follow(
     id: String,
     after: Option<u64>,
     live: Option<broadcast::Receiver<Event>>,
+    keep_alive: Duration,
 ) -> Response {
     let (tx, rx) = mpsc::channel(STREAM_BUFFER);
     tokio::spawn(tracing::Instrument::in_current_span(async move {
@@ -63,12 +60,13 @@ pub fn follow(
             tracing::warn!(error = %e, "a stream follower stopped: the store failed");
         }
     }));
-    sse(rx)
+    sse(rx, keep_alive)
 }
 
-/// The SSE answer carrying `events`, each written whole as `event: <type>\ndata: <one line of JSON>\n\n`; the
-/// stream counts as open until its last frame is taken.
-fn sse(events: mpsc::Receiver<Event>) -> Response {
+/// The SSE answer carrying `events`, each written whole as `event: <type>\ndata: <one line of JSON>\n\n`, with a
+/// `: keep-alive` comment whenever `keep_alive` passes without one; the stream counts as open until its last
+/// frame is taken.
+fn sse(events: mpsc::Receiver<Event>, keep_alive: Duration) -> Response {
     let open = crate::metrics::ActiveStream::open();
     let frames = futures::stream::unfold((events, open), |(mut events, open)| async move {
         let event = events.recv().await?;
@@ -78,11 +76,7 @@ fn sse(events: mpsc::Receiver<Event>) -> Response {
         Some((Ok::<_, Infallible>(frame), (events, open)))
     });
     Sse::new(frames)
-        .keep_alive(
-            KeepAlive::new()
-                .interval(KEEP_ALIVE_INTERVAL)
-                .text("keep-alive"),
-        )
+        .keep_alive(KeepAlive::new().interval(keep_alive).text("keep-alive"))
         .into_response()
 }
 

@@ -7,6 +7,7 @@
 mod common;
 
 mod admin;
+mod bad_input;
 mod chaining;
 mod durability;
 mod embedded;

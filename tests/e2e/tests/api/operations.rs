@@ -181,3 +181,73 @@ async fn a_full_gateway_refuses_a_new_response_at_once_and_takes_the_next_one_af
         .await;
     assert_eq!(next.status, 200, "{:#}", next.body);
 }
+
+#[tokio::test]
+async fn a_stream_waiting_on_a_slow_tool_sends_keep_alive_comments() {
+    let gw = gateway_e2e::TestGateway::start_with(|config| config.server.keep_alive_ms = 20).await;
+    let tenant = gw.tenant("acme").await;
+    gw.attach_tool(&tenant.group_id, "gate").await;
+    gw.model.push(Reply::tool_calls(vec![
+        Call::new("gate", json!({})).with_id("call_gate")
+    ]));
+    gw.model.push(Reply::text("Through."));
+    let mut response = gw
+        .public(Method::POST, "/responses", &tenant.key)
+        .json(&json!({"model": "mock", "input": "wait", "stream": true}))
+        .send()
+        .await
+        .expect("stream");
+    let mut seen = String::new();
+    // The tool holds the response until the gate opens: only keep-alives can arrive meanwhile.
+    let keep_alive_while_the_tool_runs = |seen: &str| {
+        seen.find("response.mcp_call.in_progress")
+            .is_some_and(|at| seen[at..].contains(": keep-alive\n\n"))
+    };
+    while !keep_alive_while_the_tool_runs(&seen) {
+        let chunk = response
+            .chunk()
+            .await
+            .expect("chunk")
+            .expect("the stream stays open");
+        seen.push_str(&String::from_utf8_lossy(&chunk));
+        assert!(
+            !seen.contains("response.completed"),
+            "the gate is still closed: {seen}"
+        );
+    }
+    gw.tools.open_gate();
+    while let Some(chunk) = response.chunk().await.expect("chunk") {
+        seen.push_str(&String::from_utf8_lossy(&chunk));
+    }
+    assert!(seen.contains("event: response.completed"), "{seen}");
+}
+
+#[tokio::test]
+async fn metrics_ask_for_their_token_when_one_is_set() {
+    let gw = gateway_e2e::TestGateway::start_with(|config| {
+        config.admin.metrics_token = Some("scrape-me".to_owned().into());
+    })
+    .await;
+    let url = format!("{}/metrics", gw.base_url);
+    let open = gw.http.get(&url).send().await.expect("metrics");
+    assert_eq!(open.status(), 401);
+    let body: serde_json::Value = open.json().await.expect("json");
+    assert_eq!(body["error"]["code"], "invalid_metrics_token");
+    let wrong = gw
+        .http
+        .get(&url)
+        .bearer_auth("nope")
+        .send()
+        .await
+        .expect("metrics");
+    assert_eq!(wrong.status(), 401);
+    let scraped = gw
+        .http
+        .get(&url)
+        .bearer_auth("scrape-me")
+        .send()
+        .await
+        .expect("metrics");
+    assert_eq!(scraped.status(), 200);
+    assert!(scraped.text().await.expect("text").contains("# TYPE"));
+}

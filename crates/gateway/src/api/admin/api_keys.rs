@@ -7,7 +7,7 @@ use gateway_core::entity::EntityName;
 use rand::Rng;
 use serde::Serialize;
 
-use super::{list, not_found, parse_changed, parse_required, AdminJson, Ids, List, NameBody};
+use super::{list, not_found, parse_changed, parse_required, AdminJson, ApiPath, List, NameBody};
 use crate::api::error::ApiError;
 use crate::api::AppState;
 use crate::store::admin::{ApiKeyRow, NewApiKey};
@@ -66,7 +66,7 @@ fn generate_key() -> String {
 /// `POST /projects/{project_id}/api_keys`: the only answer that ever contains the key.
 pub async fn create_api_key(
     State(state): State<AppState>,
-    Ids(project_id): Ids<String>,
+    ApiPath(project_id): ApiPath<String>,
     AdminJson(body): AdminJson<NameBody>,
 ) -> Result<Json<ApiKeyObject>, ApiError> {
     let name = parse_required(body.name, "name", EntityName::parse)?;
@@ -93,7 +93,7 @@ pub async fn create_api_key(
 /// `GET /projects/{project_id}/api_keys`: revoked keys included, never the key itself.
 pub async fn list_api_keys(
     State(state): State<AppState>,
-    Ids(project_id): Ids<String>,
+    ApiPath(project_id): ApiPath<String>,
 ) -> Result<Json<List<ApiKeyObject>>, ApiError> {
     let keys = state
         .store
@@ -106,7 +106,7 @@ pub async fn list_api_keys(
 /// `GET /api_keys/{key_id}`.
 pub async fn get_api_key(
     State(state): State<AppState>,
-    Ids(id): Ids<String>,
+    ApiPath(id): ApiPath<String>,
 ) -> Result<Json<ApiKeyObject>, ApiError> {
     let key = state
         .store
@@ -119,7 +119,7 @@ pub async fn get_api_key(
 /// `PATCH /api_keys/{key_id}`: renames the key.
 pub async fn update_api_key(
     State(state): State<AppState>,
-    Ids(id): Ids<String>,
+    ApiPath(id): ApiPath<String>,
     AdminJson(body): AdminJson<NameBody>,
 ) -> Result<Json<ApiKeyObject>, ApiError> {
     let name = parse_changed(body.name, "name", EntityName::parse)?;
@@ -134,7 +134,7 @@ pub async fn update_api_key(
 /// `DELETE /api_keys/{key_id}`: revokes the key (idempotently); it stops working on the next request.
 pub async fn revoke_api_key(
     State(state): State<AppState>,
-    Ids(id): Ids<String>,
+    ApiPath(id): ApiPath<String>,
 ) -> Result<Json<ApiKeyObject>, ApiError> {
     let key = state
         .store

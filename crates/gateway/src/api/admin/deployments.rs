@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 
 use super::{
     deleted, list, not_found, not_null, nullable, parse_changed, parse_required, required,
-    AdminJson, Deleted, Ids, List,
+    AdminJson, ApiPath, Deleted, List,
 };
 use crate::api::error::ApiError;
 use crate::api::AppState;
@@ -114,7 +114,7 @@ pub async fn list_deployments(
 /// `GET /deployments/{deployment_id}`.
 pub async fn get_deployment(
     State(state): State<AppState>,
-    Ids(id): Ids<String>,
+    ApiPath(id): ApiPath<String>,
 ) -> Result<Json<DeploymentObject>, ApiError> {
     let deployment = state
         .store
@@ -128,7 +128,7 @@ pub async fn get_deployment(
 /// removes the key.
 pub async fn update_deployment(
     State(state): State<AppState>,
-    Ids(id): Ids<String>,
+    ApiPath(id): ApiPath<String>,
     AdminJson(body): AdminJson<DeploymentBody>,
 ) -> Result<Json<DeploymentObject>, ApiError> {
     let name = parse_changed(body.name, "name", EntityName::parse)?;
@@ -167,7 +167,7 @@ pub async fn update_deployment(
 /// `DELETE /deployments/{deployment_id}`: also removes it from every group.
 pub async fn delete_deployment(
     State(state): State<AppState>,
-    Ids(id): Ids<String>,
+    ApiPath(id): ApiPath<String>,
 ) -> Result<Json<Deleted>, ApiError> {
     if !state.store.delete_deployment(&id).await? {
         return Err(not_found("deployment", &id));

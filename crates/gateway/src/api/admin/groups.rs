@@ -7,7 +7,7 @@ use gateway_core::entity::EntityName;
 use serde::Serialize;
 
 use super::{
-    deleted, list, not_found, parse_changed, parse_required, AdminJson, Deleted, Ids, List,
+    deleted, list, not_found, parse_changed, parse_required, AdminJson, ApiPath, Deleted, List,
     NameBody,
 };
 use crate::api::error::ApiError;
@@ -63,7 +63,7 @@ pub async fn list_groups(
 /// `GET /deployment_groups/{group_id}`.
 pub async fn get_group(
     State(state): State<AppState>,
-    Ids(id): Ids<String>,
+    ApiPath(id): ApiPath<String>,
 ) -> Result<Json<GroupObject>, ApiError> {
     let group = state
         .store
@@ -76,7 +76,7 @@ pub async fn get_group(
 /// `PATCH /deployment_groups/{group_id}`: renames the group.
 pub async fn update_group(
     State(state): State<AppState>,
-    Ids(id): Ids<String>,
+    ApiPath(id): ApiPath<String>,
     AdminJson(body): AdminJson<NameBody>,
 ) -> Result<Json<GroupObject>, ApiError> {
     let name = parse_changed(body.name, "name", EntityName::parse)?;
@@ -92,7 +92,7 @@ pub async fn update_group(
 /// `DELETE /deployment_groups/{group_id}`: removes its memberships, not its members.
 pub async fn delete_group(
     State(state): State<AppState>,
-    Ids(id): Ids<String>,
+    ApiPath(id): ApiPath<String>,
 ) -> Result<Json<Deleted>, ApiError> {
     if !state.store.delete_group(&id).await? {
         return Err(not_found("deployment group", &id));
@@ -172,7 +172,7 @@ async fn membership(
 /// `PUT /deployment_groups/{group_id}/deployments/{deployment_id}`.
 pub async fn attach_deployment(
     State(state): State<AppState>,
-    Ids(ids): Ids<(String, String)>,
+    ApiPath(ids): ApiPath<(String, String)>,
 ) -> Result<Json<MembershipObject>, ApiError> {
     membership(&state, Member::Deployment, ids, true).await
 }
@@ -180,7 +180,7 @@ pub async fn attach_deployment(
 /// `DELETE /deployment_groups/{group_id}/deployments/{deployment_id}`.
 pub async fn detach_deployment(
     State(state): State<AppState>,
-    Ids(ids): Ids<(String, String)>,
+    ApiPath(ids): ApiPath<(String, String)>,
 ) -> Result<Json<MembershipObject>, ApiError> {
     membership(&state, Member::Deployment, ids, false).await
 }
@@ -188,7 +188,7 @@ pub async fn detach_deployment(
 /// `PUT /deployment_groups/{group_id}/projects/{project_id}`: grants the project the group.
 pub async fn attach_project(
     State(state): State<AppState>,
-    Ids(ids): Ids<(String, String)>,
+    ApiPath(ids): ApiPath<(String, String)>,
 ) -> Result<Json<MembershipObject>, ApiError> {
     membership(&state, Member::Project, ids, true).await
 }
@@ -196,7 +196,7 @@ pub async fn attach_project(
 /// `DELETE /deployment_groups/{group_id}/projects/{project_id}`: withdraws the grant.
 pub async fn detach_project(
     State(state): State<AppState>,
-    Ids(ids): Ids<(String, String)>,
+    ApiPath(ids): ApiPath<(String, String)>,
 ) -> Result<Json<MembershipObject>, ApiError> {
     membership(&state, Member::Project, ids, false).await
 }
@@ -204,7 +204,7 @@ pub async fn detach_project(
 /// `PUT /deployment_groups/{group_id}/tool_sources/{tool_source_id}`.
 pub async fn attach_tool_source(
     State(state): State<AppState>,
-    Ids(ids): Ids<(String, String)>,
+    ApiPath(ids): ApiPath<(String, String)>,
 ) -> Result<Json<MembershipObject>, ApiError> {
     membership(&state, Member::ToolSource, ids, true).await
 }
@@ -212,7 +212,7 @@ pub async fn attach_tool_source(
 /// `DELETE /deployment_groups/{group_id}/tool_sources/{tool_source_id}`.
 pub async fn detach_tool_source(
     State(state): State<AppState>,
-    Ids(ids): Ids<(String, String)>,
+    ApiPath(ids): ApiPath<(String, String)>,
 ) -> Result<Json<MembershipObject>, ApiError> {
     membership(&state, Member::ToolSource, ids, false).await
 }

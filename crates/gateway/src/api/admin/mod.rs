@@ -8,8 +8,7 @@ mod groups;
 mod projects;
 mod tool_sources;
 
-use axum::extract::{FromRequest, FromRequestParts, Path, Request, State};
-use axum::http::request::Parts;
+use axum::extract::{FromRequest, Request, State};
 use axum::http::{Method, StatusCode, Uri};
 use axum::middleware::{self, Next};
 use axum::response::Response;
@@ -24,6 +23,7 @@ use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
 use super::error::ApiError;
+pub use super::extract::ApiPath;
 use super::extract::{bearer, ApiJson};
 use super::AppState;
 
@@ -71,15 +71,15 @@ pub fn routes(state: AppState) -> Router<AppState> {
                 .delete(groups::delete_group),
         )
         .route(
-            "/deployment_groups/{group_id}/deployments/{member_id}",
+            "/deployment_groups/{group_id}/deployments/{deployment_id}",
             put(groups::attach_deployment).delete(groups::detach_deployment),
         )
         .route(
-            "/deployment_groups/{group_id}/projects/{member_id}",
+            "/deployment_groups/{group_id}/projects/{project_id}",
             put(groups::attach_project).delete(groups::detach_project),
         )
         .route(
-            "/deployment_groups/{group_id}/tool_sources/{member_id}",
+            "/deployment_groups/{group_id}/tool_sources/{tool_source_id}",
             put(groups::attach_tool_source).delete(groups::detach_tool_source),
         )
         .route(
@@ -131,7 +131,7 @@ async fn require_admin_token(
 
 /// Compares two secrets in constant time: both are hashed to fixed-length digests first, so neither where
 /// they differ nor how long the expected one is shows in the time taken.
-fn same_secret(given: &str, expected: &str) -> bool {
+pub(crate) fn same_secret(given: &str, expected: &str) -> bool {
     let given = Sha256::digest(given.as_bytes());
     let expected = Sha256::digest(expected.as_bytes());
     given.as_slice().ct_eq(expected.as_slice()).into()
@@ -139,24 +139,6 @@ fn same_secret(given: &str, expected: &str) -> bool {
 
 // ---------------------------------------------------------------------------------------------------------
 // Extractors
-
-/// Path parameters, with an OpenAI-shaped 400 when they cannot be read (e.g. bad percent-encoding).
-pub struct Ids<T>(pub T);
-
-impl<T: DeserializeOwned + Send, S: Send + Sync> FromRequestParts<S> for Ids<T> {
-    type Rejection = ApiError;
-
-    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
-        match Path::<T>::from_request_parts(parts, state).await {
-            Ok(Path(value)) => Ok(Ids(value)),
-            Err(rejection) => Err(ApiError::invalid(
-                format!("Invalid path: {}", rejection.body_text()),
-                None,
-                None,
-            )),
-        }
-    }
-}
 
 /// A JSON object body: `ApiJson`'s 400s for unreadable bodies, then a 400 for anything but an object (serde
 /// would otherwise accept `["acme"]` as `{"name": "acme"}`), then typed with the offending field as `param`.

@@ -6,7 +6,7 @@ use gateway_core::entity::EntityName;
 use serde::Serialize;
 
 use super::{
-    deleted, list, not_found, parse_changed, parse_required, AdminJson, Deleted, Ids, List,
+    deleted, list, not_found, parse_changed, parse_required, AdminJson, ApiPath, Deleted, List,
     NameBody,
 };
 use crate::api::error::ApiError;
@@ -54,7 +54,7 @@ pub async fn list_projects(
 /// `GET /projects/{project_id}`.
 pub async fn get_project(
     State(state): State<AppState>,
-    Ids(id): Ids<String>,
+    ApiPath(id): ApiPath<String>,
 ) -> Result<Json<ProjectObject>, ApiError> {
     let project = state
         .store
@@ -67,7 +67,7 @@ pub async fn get_project(
 /// `PATCH /projects/{project_id}`.
 pub async fn update_project(
     State(state): State<AppState>,
-    Ids(id): Ids<String>,
+    ApiPath(id): ApiPath<String>,
     AdminJson(body): AdminJson<NameBody>,
 ) -> Result<Json<ProjectObject>, ApiError> {
     let name = parse_changed(body.name, "name", EntityName::parse)?;
@@ -83,7 +83,7 @@ pub async fn update_project(
 /// `DELETE /projects/{project_id}`: also deletes its keys, responses and group grants.
 pub async fn delete_project(
     State(state): State<AppState>,
-    Ids(id): Ids<String>,
+    ApiPath(id): ApiPath<String>,
 ) -> Result<Json<Deleted>, ApiError> {
     if !state.store.delete_project(&id).await? {
         return Err(not_found("project", &id));

@@ -8,7 +8,7 @@ use serde_json::Value;
 
 use super::{
     deleted, list, not_found, not_null, nullable, parse_changed, parse_required, AdminJson,
-    Deleted, Ids, List,
+    ApiPath, Deleted, List,
 };
 use crate::api::error::ApiError;
 use crate::api::AppState;
@@ -108,7 +108,7 @@ pub async fn list_tool_sources(
 /// `GET /tool_sources/{tool_source_id}`.
 pub async fn get_tool_source(
     State(state): State<AppState>,
-    Ids(id): Ids<String>,
+    ApiPath(id): ApiPath<String>,
 ) -> Result<Json<ToolSourceObject>, ApiError> {
     let source = state
         .store
@@ -122,7 +122,7 @@ pub async fn get_tool_source(
 /// empties the description.
 pub async fn update_tool_source(
     State(state): State<AppState>,
-    Ids(id): Ids<String>,
+    ApiPath(id): ApiPath<String>,
     AdminJson(body): AdminJson<ToolSourceBody>,
 ) -> Result<Json<ToolSourceObject>, ApiError> {
     let name = parse_changed(body.name, "name", ToolName::parse)?;
@@ -155,7 +155,7 @@ pub async fn update_tool_source(
 /// `DELETE /tool_sources/{tool_source_id}`: also detaches it from every group.
 pub async fn delete_tool_source(
     State(state): State<AppState>,
-    Ids(id): Ids<String>,
+    ApiPath(id): ApiPath<String>,
 ) -> Result<Json<Deleted>, ApiError> {
     if !state.store.delete_tool_source(&id).await? {
         return Err(not_found("tool source", &id));
