@@ -929,7 +929,7 @@ fn check(case: &Case, status: u16, retry: Option<&str>, body: &Value) -> Option<
             if keys != ["code", "message", "param", "type"] {
                 problems.push(format!("error keys {keys:?}"));
             }
-            if !error["message"].as_str().is_some_and(|m| !m.is_empty()) {
+            if error["message"].as_str().is_none_or(str::is_empty) {
                 problems.push("no message".to_owned());
             }
             if error["type"] != "invalid_request_error" {
