@@ -16,3 +16,72 @@ pub(super) fn events<E>(
     body.chain(futures::stream::iter([Ok(Bytes::from_static(b"\n"))]))
         .eventsource()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// The events (type and data) that `body`, delivered in `chunks`, decodes to; `None` when decoding failed.
+    fn decode(chunks: Vec<Vec<u8>>) -> Option<Vec<(String, String)>> {
+        let body = futures::stream::iter(
+            chunks
+                .into_iter()
+                .map(|c| Ok::<_, std::convert::Infallible>(Bytes::from(c))),
+        );
+        futures::executor::block_on(async {
+            let mut decoded = Vec::new();
+            let mut events = std::pin::pin!(events(body));
+            while let Some(event) = events.next().await {
+                let event = event.ok()?;
+                decoded.push((event.event, event.data));
+            }
+            Some(decoded)
+        })
+    }
+
+    /// SSE text from fields and line endings the decoder must handle, comments and multi-line data included.
+    fn sse_text() -> impl Strategy<Value = Vec<u8>> {
+        let line = prop_oneof![
+            "[ -~]{0,20}".prop_map(|d| format!("data: {d}")),
+            "[ -~]{0,20}".prop_map(|d| format!("data:{d}")),
+            "[a-z.]{1,12}".prop_map(|e| format!("event: {e}")),
+            Just(": keep-alive".to_owned()),
+            Just("id: 7".to_owned()),
+            Just("retry: 10".to_owned()),
+            Just(String::new()),
+            "[ -~]{0,10}",
+        ];
+        let ending = prop_oneof![Just("\n"), Just("\r\n"), Just("\r")];
+        prop::collection::vec((line, ending), 0..24).prop_map(|lines| {
+            lines
+                .into_iter()
+                .flat_map(|(line, end)| format!("{line}{end}").into_bytes())
+                .collect()
+        })
+    }
+
+    proptest! {
+        #[test]
+        fn events_are_the_same_however_the_body_is_cut(
+            text in sse_text(),
+            cuts in prop::collection::vec(any::<prop::sample::Index>(), 0..8),
+        ) {
+            let mut positions: Vec<usize> = cuts.iter().map(|c| c.index(text.len() + 1)).collect();
+            positions.sort_unstable();
+            positions.dedup();
+            let mut chunks = Vec::new();
+            let mut start = 0;
+            for cut in positions.into_iter().chain([text.len()]) {
+                chunks.push(text[start..cut].to_vec());
+                start = cut;
+            }
+            prop_assert_eq!(decode(vec![text.clone()]), decode(chunks));
+        }
+
+        #[test]
+        fn any_bytes_decode_or_fail_without_a_panic(bytes in prop::collection::vec(any::<u8>(), 0..200)) {
+            let _ = decode(vec![bytes]);
+        }
+    }
+}

@@ -1,0 +1,240 @@
+//! Property tests: whatever a client or an upstream sends, request validation, the Chat translation and the
+//! stream accumulator answer with a value or an error, never a panic; and a streamed answer accumulates to the
+//! same result however its text is split into deltas. Bounded (`PROPTEST_CASES`, 256 by default) so CI runs
+//! them on every change.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use gateway_core::chat::{self, IdSource};
+use gateway_core::chat_stream::ChatStream;
+use gateway_core::context::{model_conversation, pair_calls};
+use gateway_core::items::{parse_input_item, InputItem, Item};
+use gateway_core::request::{validate, CreateResponseBody};
+use gateway_core::toolset::{name_calls, offered_client_tools};
+use proptest::prelude::*;
+use serde_json::{json, Map, Value};
+
+struct Counter(usize);
+
+impl IdSource for Counter {
+    fn item_id(&mut self, prefix: &str) -> String {
+        self.0 += 1;
+        format!("{prefix}_{}", self.0)
+    }
+    fn call_id(&mut self, index: usize) -> String {
+        format!("call_{index}")
+    }
+}
+
+/// Any JSON value, a few levels deep, with the keys and strings that the gateway looks for showing up often.
+fn any_json() -> impl Strategy<Value = Value> {
+    let key = prop_oneof![
+        Just("type".to_owned()),
+        Just("role".to_owned()),
+        Just("content".to_owned()),
+        Just("name".to_owned()),
+        Just("arguments".to_owned()),
+        Just("call_id".to_owned()),
+        Just("id".to_owned()),
+        Just("index".to_owned()),
+        Just("tool_calls".to_owned()),
+        Just("function".to_owned()),
+        Just("choices".to_owned()),
+        Just("delta".to_owned()),
+        Just("message".to_owned()),
+        Just("finish_reason".to_owned()),
+        Just("usage".to_owned()),
+        Just("parameters".to_owned()),
+        Just("tools".to_owned()),
+        Just("format".to_owned()),
+        Just("output".to_owned()),
+        "[a-z_]{1,8}",
+    ];
+    let text = prop_oneof![
+        Just("function".to_owned()),
+        Just("function_call".to_owned()),
+        Just("function_call_output".to_owned()),
+        Just("custom".to_owned()),
+        Just("custom_tool_call".to_owned()),
+        Just("namespace".to_owned()),
+        Just("message".to_owned()),
+        Just("item_reference".to_owned()),
+        Just("mcp_call".to_owned()),
+        Just("user".to_owned()),
+        Just("assistant".to_owned()),
+        Just("input_text".to_owned()),
+        Just("tool_calls".to_owned()),
+        Just("stop".to_owned()),
+        Just("{\"a\":".to_owned()),
+        ".{0,12}",
+    ];
+    let leaf = prop_oneof![
+        Just(Value::Null),
+        any::<bool>().prop_map(Value::Bool),
+        any::<i64>().prop_map(|n| json!(n)),
+        any::<f64>().prop_map(|f| json!(f)),
+        text.prop_map(Value::String),
+    ];
+    leaf.prop_recursive(4, 48, 6, move |inner| {
+        prop_oneof![
+            prop::collection::vec(inner.clone(), 0..6).prop_map(Value::Array),
+            prop::collection::vec((key.clone(), inner), 0..6)
+                .prop_map(|pairs| Value::Object(pairs.into_iter().collect::<Map<_, _>>())),
+        ]
+    })
+}
+
+/// A valid request with one field replaced by anything.
+fn mutated_request() -> impl Strategy<Value = Value> {
+    let field = prop_oneof![
+        Just("model"),
+        Just("input"),
+        Just("tools"),
+        Just("tool_choice"),
+        Just("text"),
+        Just("metadata"),
+        Just("temperature"),
+        Just("max_output_tokens"),
+        Just("reasoning"),
+        Just("previous_response_id"),
+        Just("include"),
+        Just("truncation"),
+    ];
+    (field, any_json()).prop_map(|(field, value)| {
+        let mut body = json!({
+            "model": "m",
+            "input": [
+                {"role": "user", "content": "hi"},
+                {"type": "function_call", "call_id": "c", "name": "f", "arguments": "{}"},
+                {"type": "function_call_output", "call_id": "c", "output": "ok"}
+            ],
+            "tools": [
+                {"type": "function", "name": "f", "parameters": {"type": "object"}},
+                {"type": "custom", "name": "p"},
+                {"type": "namespace", "name": "ns", "tools": [{"type": "function", "name": "g"}]},
+                {"type": "web_search"}
+            ]
+        });
+        body[field] = value;
+        body
+    })
+}
+
+/// Runs a body through validation and, when it passes, through everything a model call makes of it.
+fn through_the_core(body: Value) {
+    let Ok(body) = serde_json::from_value::<CreateResponseBody>(body) else {
+        return;
+    };
+    let Ok(request) = validate(body) else {
+        return;
+    };
+    let context: Vec<Item> = request
+        .input
+        .into_iter()
+        .filter_map(|item| match item {
+            InputItem::Item(item) => Some(item),
+            InputItem::Reference { .. } => None,
+        })
+        .collect();
+    let _ = pair_calls(&context, 0, &Default::default());
+    let conversation = model_conversation(&context, &[]);
+    let offered = offered_client_tools(&request.params.tools);
+    let sent = chat::build_request("up", &request.params, &conversation, &offered);
+    assert!(sent["messages"].is_array());
+}
+
+proptest! {
+    #[test]
+    fn validation_never_panics_on_any_body(body in any_json()) {
+        through_the_core(body);
+    }
+
+    #[test]
+    fn validation_never_panics_on_a_valid_body_with_one_field_gone_wrong(body in mutated_request()) {
+        through_the_core(body);
+    }
+
+    #[test]
+    fn input_items_parse_or_fail_cleanly(item in any_json()) {
+        let _ = parse_input_item(item);
+    }
+
+    #[test]
+    fn a_chat_answer_parses_or_fails_cleanly(body in any_json(), choice in any_json()) {
+        let _ = chat::parse_response(&body, &mut Counter(0));
+        let wrapped = json!({"choices": [choice]});
+        if let Ok(output) = chat::parse_response(&wrapped, &mut Counter(0)) {
+            let mut calls = output.tool_calls;
+            name_calls(&[], &mut calls);
+        }
+    }
+
+    #[test]
+    fn the_stream_accumulator_takes_any_chunks(chunks in prop::collection::vec(any_json(), 0..8)) {
+        let mut stream = ChatStream::new();
+        for chunk in &chunks {
+            if stream.push(chunk).is_err() {
+                return Ok(());
+            }
+        }
+        let _ = stream.finish(&mut Counter(0));
+    }
+
+    #[test]
+    fn text_and_arguments_accumulate_the_same_however_they_are_split(
+        text in ".{0,40}",
+        arguments in "[ -~]{0,40}",
+        cuts in prop::collection::vec(0usize..40, 0..6),
+    ) {
+        let whole = accumulate(&[text.clone()], &[arguments.clone()]);
+        let split = accumulate(&split_at(&text, &cuts), &split_at(&arguments, &cuts));
+        prop_assert_eq!(whole, split);
+    }
+}
+
+/// `text` cut at the given character positions.
+fn split_at(text: &str, cuts: &[usize]) -> Vec<String> {
+    let chars: Vec<char> = text.chars().collect();
+    let mut cuts: Vec<usize> = cuts.iter().map(|c| (*c).min(chars.len())).collect();
+    cuts.sort_unstable();
+    cuts.dedup();
+    let mut parts = Vec::new();
+    let mut start = 0;
+    for cut in cuts.into_iter().chain([chars.len()]) {
+        parts.push(chars[start..cut].iter().collect());
+        start = cut;
+    }
+    parts
+}
+
+/// A streamed answer of text deltas then one tool call whose arguments come in pieces: what it accumulates to.
+fn accumulate(text: &[String], arguments: &[String]) -> (String, Vec<(String, String, String)>) {
+    let mut stream = ChatStream::new();
+    for piece in text {
+        stream
+            .push(&json!({"choices": [{"index": 0, "delta": {"content": piece}}]}))
+            .unwrap();
+    }
+    stream
+        .push(&json!({"choices": [{"index": 0, "delta": {"tool_calls": [
+            {"index": 0, "id": "call_1", "type": "function", "function": {"name": "f", "arguments": ""}}
+        ]}}]}))
+        .unwrap();
+    for piece in arguments {
+        stream
+            .push(&json!({"choices": [{"index": 0, "delta": {"tool_calls": [
+                {"index": 0, "function": {"arguments": piece}}
+            ]}}]}))
+            .unwrap();
+    }
+    stream
+        .push(&json!({"choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]}))
+        .unwrap();
+    let output = stream.finish(&mut Counter(0)).unwrap();
+    let text = output.message.map(|m| m.text).unwrap_or_default();
+    let calls = output
+        .tool_calls
+        .into_iter()
+        .map(|c| (c.call_id, c.name, c.arguments))
+        .collect();
+    (text, calls)
+}
