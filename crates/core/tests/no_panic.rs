@@ -185,7 +185,7 @@ proptest! {
         arguments in "[ -~]{0,40}",
         cuts in prop::collection::vec(0usize..40, 0..6),
     ) {
-        let whole = accumulate(&[text.clone()], &[arguments.clone()]);
+        let whole = accumulate(std::slice::from_ref(&text), std::slice::from_ref(&arguments));
         let split = accumulate(&split_at(&text, &cuts), &split_at(&arguments, &cuts));
         prop_assert_eq!(whole, split);
     }
