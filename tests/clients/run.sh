@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Client conformance suite: the published openai and openai-agents SDKs against the real gateway.
-# Creates tests/clients/.venv if missing, installs requirements.txt, builds the binaries, runs pytest.
+# Client conformance suite: the published Python SDKs (openai, openai-agents, pydantic-ai) and Node clients
+# (openai-node, the Vercel AI SDK, the Codex CLI) against the real gateway.
+# Creates tests/clients/.venv if missing, installs requirements.txt and node/package-lock.json (npm ci),
+# builds the binaries, runs pytest.
 # Extra arguments go to pytest (e.g. `tests/clients/run.sh -k agents`).
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -11,6 +13,13 @@ if [ ! -x "$venv/bin/python" ]; then
   "${PYTHON:-python3}" -m venv "$venv"
 fi
 "$venv/bin/python" -m pip install --quiet --disable-pip-version-check -r "$here/requirements.txt"
+
+# The Node clients, exactly as locked; reinstalled only when the lock file changed since the last install.
+lock_sum="$(sha256sum "$here/node/package-lock.json" | cut -d' ' -f1)"
+if [ "$(cat "$here/node/node_modules/.installed-lock" 2>/dev/null)" != "$lock_sum" ]; then
+  (cd "$here/node" && npm ci --no-audit --no-fund --loglevel=error)
+  echo "$lock_sum" > "$here/node/node_modules/.installed-lock"
+fi
 
 (cd "$root" && cargo build -p gateway -p gateway-testkit)
 
