@@ -200,6 +200,7 @@ async fn chat_completions(
     if let Some(d) = reply.delay() {
         tokio::time::sleep(d).await;
     }
+    let cut = reply.cuts_body();
     let resolved = match reply.resolve(|| {
         format!(
             "call_{}",
@@ -227,6 +228,9 @@ async fn chat_completions(
     };
 
     if request.get("stream").and_then(Value::as_bool) != Some(true) {
+        if cut {
+            return cut_json(&resolved.completion_json(&envelope));
+        }
         return Json(resolved.completion_json(&envelope)).into_response();
     }
 
@@ -248,6 +252,27 @@ async fn chat_completions(
         [
             (header::CONTENT_TYPE, "text/event-stream"),
             (header::CACHE_CONTROL, "no-cache"),
+        ],
+        Body::from_stream(stream),
+    )
+        .into_response()
+}
+
+/// A JSON answer that announces its whole length, sends half of it, then drops the connection.
+fn cut_json(answer: &Value) -> Response {
+    let text = answer.to_string();
+    let half = Bytes::from(text.as_bytes()[..text.len() / 2].to_vec());
+    let stream = futures::stream::iter([
+        Ok(half),
+        Err(std::io::Error::new(
+            std::io::ErrorKind::ConnectionAborted,
+            "mock model cut the answer",
+        )),
+    ]);
+    (
+        [
+            (header::CONTENT_TYPE, "application/json".to_owned()),
+            (header::CONTENT_LENGTH, text.len().to_string()),
         ],
         Body::from_stream(stream),
     )

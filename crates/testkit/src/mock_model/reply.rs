@@ -27,7 +27,8 @@ pub enum StreamMode {
     /// `data: {"error":{"message":"upstream exploded","type":"server_error"}}` and end the
     /// response without `[DONE]`.
     ErrorMidStream,
-    /// Drop the connection after the first chunk, without `[DONE]` (the client sees a body error).
+    /// Drop the connection after the first chunk, without `[DONE]` (the client sees a body error). A
+    /// non-streamed answer is cut too: half of its JSON, then the connection drops.
     CutMidStream,
     /// Never send the usage chunk, even when `stream_options.include_usage` is true.
     NoUsageChunk,
@@ -219,6 +220,11 @@ impl Reply {
 
     pub(crate) fn delay(&self) -> Option<Duration> {
         self.delay
+    }
+
+    /// Whether the answer is cut mid-body ([`StreamMode::CutMidStream`]).
+    pub(crate) fn cuts_body(&self) -> bool {
+        self.stream_mode == StreamMode::CutMidStream
     }
 
     /// Splits into an error (status, message) or a completion ready to encode, assigning call ids.

@@ -438,3 +438,21 @@ async fn a_call_id_reused_from_a_previous_response_is_replaced_so_both_turns_kee
     assert_eq!(parse(&tool_result(last, &new_id)), json!({"sum": 6}));
     assert_calls_paired(last);
 }
+
+#[tokio::test]
+async fn a_non_streamed_answer_cut_mid_body_is_retried_like_a_connection_error() {
+    let (gw, tenant) = gateway().await;
+    gw.model
+        .push(Reply::text("lost half way").stream_mode(gateway_testkit::StreamMode::CutMidStream));
+    gw.model.push(Reply::text("whole this time"));
+
+    let body = create_ok(&gw, &tenant.key, json!({"model": "mock", "input": "hi"})).await;
+
+    assert_eq!(body["status"], "completed", "{body:#}");
+    assert_eq!(body["output_text"], "whole this time");
+    assert_eq!(
+        gw.model.requests().len(),
+        2,
+        "the cut answer was asked again"
+    );
+}
