@@ -41,6 +41,7 @@ impl Application {
             store: store.clone(),
             engine,
             admin_token: config.admin.token.clone().map(Arc::new),
+            websocket_max_age: Duration::from_millis(config.websocket.max_connection_ms),
         };
         let router =
             crate::telemetry::with_request_ids(router(state, config.server.body_limit_bytes));

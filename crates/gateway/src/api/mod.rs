@@ -5,6 +5,7 @@ pub mod error;
 pub mod extract;
 pub mod responses;
 pub mod stream;
+pub mod ws;
 
 use std::sync::Arc;
 
@@ -22,6 +23,8 @@ pub struct AppState {
     pub store: Store,
     pub engine: Engine,
     pub admin_token: Option<Arc<SecretString>>,
+    /// How long a WebSocket connection may live (`websocket.max_connection_ms`).
+    pub websocket_max_age: std::time::Duration,
 }
 
 impl AppState {
@@ -43,7 +46,10 @@ impl AppState {
 /// The whole router.
 pub fn router(state: AppState, body_limit_bytes: usize) -> Router {
     Router::new()
-        .route("/v1/responses", post(responses::create_response))
+        .route(
+            "/v1/responses",
+            post(responses::create_response).get(ws::open_socket),
+        )
         .route(
             "/v1/responses/{id}",
             get(responses::get_response).delete(responses::delete_response),

@@ -103,6 +103,11 @@ impl Run {
         &self.record.id
     }
 
+    /// The context the response starts from: the previous response's context and output, then its input.
+    pub fn context(&self) -> &[Item] {
+        &self.context
+    }
+
     /// Why the run must stop now, if it must; giving the response up wins over a cancel.
     fn stop(&self) -> Option<Stop> {
         let told = *self.registration.stop.borrow();

@@ -51,11 +51,29 @@ impl Engine {
         idempotency_key: Option<&str>,
     ) -> Result<Run, EngineError> {
         match self
-            .prepare_any(project_id, request, idempotency_key)
+            .prepare_any(project_id, request, idempotency_key, None)
             .await?
         {
             Prepared::Run(run) => Ok(run),
             // Only a background request is queued.
+            Prepared::Queued(_) => Err(EngineError::Overloaded),
+        }
+    }
+
+    /// Like [`prepare`](Engine::prepare) for a foreground request whose previous response is given rather than
+    /// read from the store: `previous` is its whole context, output included (a WebSocket connection keeps the
+    /// last `store: false` response in memory, SPEC 11).
+    pub async fn prepare_continuing(
+        &self,
+        project_id: &str,
+        request: ValidRequest,
+        previous: Vec<Item>,
+    ) -> Result<Run, EngineError> {
+        match self
+            .prepare_any(project_id, request, None, Some(previous))
+            .await?
+        {
+            Prepared::Run(run) => Ok(run),
             Prepared::Queued(_) => Err(EngineError::Overloaded),
         }
     }
@@ -71,7 +89,7 @@ impl Engine {
         follow: bool,
     ) -> Result<(ResponseRecord, Option<broadcast::Receiver<Event>>), EngineError> {
         match self
-            .prepare_any(project_id, request, idempotency_key)
+            .prepare_any(project_id, request, idempotency_key, None)
             .await?
         {
             Prepared::Run(run) => {
@@ -97,6 +115,7 @@ impl Engine {
         project_id: &str,
         request: ValidRequest,
         idempotency_key: Option<&str>,
+        known_previous: Option<Vec<Item>>,
     ) -> Result<Prepared, EngineError> {
         if !self.replica.is_accepting() {
             crate::metrics::response_refused("shutting_down");
@@ -127,9 +146,10 @@ impl Engine {
 
         let response_id = new_id("resp");
         let input = self.resolve_references(project_id, request.input).await?;
-        let mut context = match &request.previous_response_id {
-            Some(previous_id) => self.previous_context(project_id, previous_id).await?,
-            None => Vec::new(),
+        let mut context = match (&request.previous_response_id, known_previous) {
+            (Some(_), Some(known)) => known,
+            (Some(previous_id), None) => self.previous_context(project_id, previous_id).await?,
+            (None, _) => Vec::new(),
         };
         let first_new = context.len();
         add_input(&mut context, input, &response_id);

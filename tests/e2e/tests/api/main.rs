@@ -21,3 +21,4 @@ mod tenancy;
 mod tool_loop;
 mod upstream;
 mod validation;
+mod websocket;
