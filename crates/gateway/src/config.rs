@@ -292,6 +292,17 @@ impl Config {
                 self.websocket.max_connection_ms,
             ),
         ];
+        let compaction_keys = self.compaction.key.iter().map(|k| ("compaction.key", k));
+        let old_keys = self
+            .compaction
+            .old_keys
+            .iter()
+            .map(|k| ("compaction.old_keys", k));
+        for (name, key) in compaction_keys.chain(old_keys) {
+            use secrecy::ExposeSecret;
+            crate::compaction::parse_key(key.expose_secret())
+                .map_err(|problem| format!("{name} must be 32 bytes in base64: {problem}"))?;
+        }
         if self.server.max_active_responses > tokio::sync::Semaphore::MAX_PERMITS {
             return Err(format!(
                 "server.max_active_responses must be at most {}",

@@ -1,6 +1,7 @@
 //! HTTP surface: the public Responses API, the admin API, health; routes and shared state.
 
 pub mod admin;
+pub mod compact;
 pub mod error;
 pub mod extract;
 pub mod responses;
@@ -50,6 +51,7 @@ pub fn router(state: AppState, body_limit_bytes: usize) -> Router {
             "/v1/responses",
             post(responses::create_response).get(ws::open_socket),
         )
+        .route("/v1/responses/compact", post(compact::compact_response))
         .route(
             "/v1/responses/{id}",
             get(responses::get_response).delete(responses::delete_response),

@@ -153,6 +153,8 @@ impl Engine {
         };
         let first_new = context.len();
         add_input(&mut context, input, &response_id);
+        self.open_compactions(project_id, &mut context, first_new)
+            .await?;
         let carried = pair_calls(&context, first_new, &registered).map_err(|error| {
             let param = match error.index() {
                 Some(index) if index >= first_new => format!("input[{}]", index - first_new),
@@ -300,7 +302,7 @@ impl Engine {
     }
 
     /// The context a chained response starts from: the previous response's context, then its output.
-    async fn previous_context(
+    pub(super) async fn previous_context(
         &self,
         project_id: &str,
         previous_id: &str,
@@ -325,7 +327,7 @@ impl Engine {
     }
 
     /// The input with each `item_reference` replaced by the stored item it names (SPEC 5).
-    async fn resolve_references(
+    pub(super) async fn resolve_references(
         &self,
         project_id: &str,
         input: Vec<InputItem>,
@@ -406,7 +408,7 @@ fn apply_unsupported_tools(
 
 /// Appends the request's input to the context. Ids that clients send are kept when unique within the context,
 /// and replaced otherwise; items without one get a fresh id of the response's.
-fn add_input(context: &mut Vec<Item>, input: Vec<Item>, response_id: &str) {
+pub(super) fn add_input(context: &mut Vec<Item>, input: Vec<Item>, response_id: &str) {
     let mut taken: HashSet<String> = context
         .iter()
         .filter_map(|i| i.id().map(str::to_owned))

@@ -8,6 +8,7 @@ mod common;
 
 mod admin;
 mod chaining;
+mod compaction;
 mod durability;
 mod embedded;
 mod idempotency;

@@ -599,3 +599,39 @@ async fn terminal_response(gw: &TestGateway, key: &str, id: &str) -> Value {
     }
     panic!("response {id} stayed in progress");
 }
+
+#[tokio::test]
+async fn a_compacted_window_starts_a_new_chain_on_the_socket() {
+    let (gw, tenant) = gateway().await;
+    gw.model
+        .push(Reply::text("SUMMARY: the code word is slate."));
+    gw.model.push(Reply::text("compacted"));
+    let compacted = gw
+        .call(
+            gw.public(Method::POST, "/responses/compact", &tenant.key)
+                .json(&json!({"model": "mock", "input": [
+                    {"type": "message", "role": "user", "content": "Remember the code word: slate."},
+                    {"type": "message", "role": "assistant", "content": "OK."}]})),
+        )
+        .await;
+    assert_eq!(compacted.status.as_u16(), 200, "{:#}", compacted.body);
+    let mut input = compacted.body["output"].as_array().expect("output").clone();
+    input.push(json!({"type": "message", "role": "user", "content": "Continue. Reply with exactly: compacted"}));
+    let mut socket = connect(&gw, &tenant.key).await;
+
+    let response = socket
+        .create(json!({"model": "mock", "store": false, "input": input, "tools": []}))
+        .await
+        .response();
+
+    assert_eq!(response["status"], "completed");
+    assert_eq!(response["output_text"], "compacted");
+    assert!(
+        messages(&gw.model.requests()[1])
+            .iter()
+            .any(|m| m["content"]
+                .as_str()
+                .is_some_and(|t| t.ends_with("SUMMARY: the code word is slate."))),
+        "the model read the summary"
+    );
+}
