@@ -3,7 +3,7 @@
 //! that the model reads their summary.
 
 use gateway_core::context::model_conversation;
-use gateway_core::items::{CompactionItem, Role};
+use gateway_core::items::{CompactionItem, ContentPart, MessageContent, Role};
 use gateway_core::request::{ResponseParams, ValidRequest};
 use gateway_core::steps::Usage;
 use gateway_core::Item;
@@ -93,7 +93,18 @@ impl Engine {
         // The user's own words stay as they were; everything else (and any earlier compaction) is in the summary.
         let mut output: Vec<Item> = window
             .into_iter()
-            .filter(|item| matches!(item, Item::Message(m) if m.role == Role::User))
+            .filter_map(|item| match item {
+                Item::Message(mut message) if message.role == Role::User => {
+                    // Shown as output items are: content as parts, a status.
+                    if let MessageContent::Text(text) = message.content {
+                        message.content =
+                            MessageContent::Parts(vec![ContentPart::InputText { text }]);
+                    }
+                    message.status = Some("completed".into());
+                    Some(Item::Message(message))
+                }
+                _ => None,
+            })
             .collect();
         output.push(Item::Compaction(CompactionItem {
             id: Some(item_id("cmp", &id)),

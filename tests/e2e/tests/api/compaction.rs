@@ -62,8 +62,22 @@ async fn a_window_is_compacted_into_its_user_messages_and_a_sealed_summary() {
     assert!(body["usage"]["total_tokens"].is_u64(), "{body:#}");
     let output = body["output"].as_array().expect("output");
     assert_eq!(output.len(), 3, "{body:#}");
-    assert_eq!(output[0]["role"], "user");
-    assert_eq!(output[1]["role"], "user");
+    for (kept, text) in output[..2].iter().zip([
+        "We agreed to launch on Tuesday.",
+        "And notify support first.",
+    ]) {
+        assert_eq!(kept["type"], "message");
+        assert_eq!(kept["role"], "user");
+        assert_eq!(kept["status"], "completed");
+        assert!(
+            kept["id"].as_str().is_some_and(|id| id.starts_with("msg_")),
+            "{kept:#}"
+        );
+        assert_eq!(
+            kept["content"],
+            json!([{"type": "input_text", "text": text}])
+        );
+    }
     let compaction = &output[2];
     assert_eq!(compaction["type"], "compaction");
     assert!(compaction["id"]
