@@ -194,10 +194,12 @@ fn messages(instructions: Option<&str>, conversation: &[Item]) -> Vec<Value> {
                     messages.push(json!({"role": "tool", "tool_call_id": id, "content": content}));
                 }
             }
-            // Outputs were placed right after their calls; reasoning is not sent to chat upstreams.
-            Item::FunctionCallOutput(_) | Item::CustomToolCallOutput(_) | Item::Reasoning(_) => {
-                index += 1
-            }
+            // Outputs were placed right after their calls; reasoning is not sent to chat upstreams; a compaction
+            // reaches the model as its summary (`context::model_conversation`).
+            Item::FunctionCallOutput(_)
+            | Item::CustomToolCallOutput(_)
+            | Item::Reasoning(_)
+            | Item::Compaction(_) => index += 1,
         }
     }
     messages

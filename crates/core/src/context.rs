@@ -10,7 +10,14 @@ use crate::toolset::call_item;
 
 /// The conversation for the next model call: the stored context, then what the steps produced.
 pub fn model_conversation(context: &[Item], steps: &[Step]) -> Vec<Item> {
-    let mut conversation = context.to_vec();
+    // A compaction reaches the model as its summary; one the shell did not open has nothing to say.
+    let mut conversation: Vec<Item> = context
+        .iter()
+        .filter_map(|item| match item {
+            Item::Compaction(c) => c.summary.as_deref().map(crate::items::summary_message),
+            other => Some(other.clone()),
+        })
+        .collect();
     for step in steps {
         match &step.body {
             StepBody::Model(model) => {
@@ -144,7 +151,7 @@ pub fn pair_calls(
                     });
                 }
             }
-            Item::Message(_) | Item::Reasoning(_) => {}
+            Item::Message(_) | Item::Reasoning(_) | Item::Compaction(_) => {}
         }
     }
     let mut carried = Vec::new();
@@ -195,7 +202,8 @@ pub fn outputs_by_call_id(conversation: &[Item]) -> HashMap<&str, String> {
             Item::Message(_)
             | Item::FunctionCall(_)
             | Item::CustomToolCall(_)
-            | Item::Reasoning(_) => {}
+            | Item::Reasoning(_)
+            | Item::Compaction(_) => {}
         }
     }
     outputs
@@ -236,6 +244,33 @@ mod tests {
 
     fn registered(names: &[&str]) -> BTreeSet<String> {
         names.iter().map(|n| n.to_string()).collect()
+    }
+
+    #[test]
+    fn a_compaction_reaches_the_model_as_its_summary_and_never_as_its_seal() {
+        let mut context = items(json!([
+            {"type": "message", "role": "user", "content": "kept"},
+            {"type": "compaction", "id": "cmp_1", "encrypted_content": "sealed"},
+            {"type": "compaction", "encrypted_content": "not opened"},
+        ]));
+        if let Item::Compaction(c) = &mut context[1] {
+            c.summary = Some("the summary".into());
+        }
+
+        let conversation = model_conversation(&context, &[]);
+
+        assert_eq!(
+            conversation,
+            vec![
+                context[0].clone(),
+                crate::items::summary_message("the summary")
+            ]
+        );
+        // Stored and shown, the item keeps its seal and drops the summary.
+        assert_eq!(
+            serde_json::to_value(&context[1]).unwrap(),
+            json!({"type": "compaction", "id": "cmp_1", "encrypted_content": "sealed"})
+        );
     }
 
     #[test]

@@ -15,6 +15,7 @@ pub enum Item {
     CustomToolCallOutput(CustomToolCallOutputItem),
     McpCall(McpCallItem),
     Reasoning(ReasoningItem),
+    Compaction(CompactionItem),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -212,6 +213,25 @@ pub struct ReasoningItem {
     pub encrypted_content: Option<String>,
 }
 
+/// A compacted window's summary (`POST /v1/responses/compact`), sealed by the gateway: clients carry it back as
+/// input but can neither read nor forge it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CompactionItem {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    pub encrypted_content: String,
+    /// The summary once the gateway opened the item: in memory only, never stored or shown.
+    #[serde(skip)]
+    pub summary: Option<String>,
+}
+
+/// How the model reads a compaction's summary: a user message that says what it is.
+pub fn summary_message(summary: &str) -> Item {
+    Item::user_text(format!(
+        "Summary of the earlier conversation, which was compacted:\n{summary}"
+    ))
+}
+
 impl Item {
     /// The item's id, when it has one.
     pub fn id(&self) -> Option<&str> {
@@ -223,6 +243,7 @@ impl Item {
             Item::CustomToolCallOutput(o) => o.id.as_deref(),
             Item::McpCall(c) => c.id.as_deref(),
             Item::Reasoning(r) => r.id.as_deref(),
+            Item::Compaction(c) => c.id.as_deref(),
         }
     }
 
@@ -236,6 +257,7 @@ impl Item {
             Item::CustomToolCallOutput(o) => &mut o.id,
             Item::McpCall(c) => &mut c.id,
             Item::Reasoning(r) => &mut r.id,
+            Item::Compaction(c) => &mut c.id,
         };
         *slot = Some(id);
     }
@@ -250,6 +272,7 @@ impl Item {
             Item::CustomToolCallOutput(_) => "ctco",
             Item::McpCall(_) => "mcp",
             Item::Reasoning(_) => "rs",
+            Item::Compaction(_) => "cmp",
         }
     }
 
@@ -261,7 +284,7 @@ impl Item {
             Item::CustomToolCall(c) => Some(&c.call_id),
             Item::CustomToolCallOutput(o) => Some(&o.call_id),
             Item::McpCall(c) => c.pairing_id(),
-            Item::Message(_) | Item::Reasoning(_) => None,
+            Item::Message(_) | Item::Reasoning(_) | Item::Compaction(_) => None,
         }
     }
 
@@ -339,7 +362,8 @@ pub fn parse_input_item(value: Value) -> Result<InputItem, ItemError> {
         | "custom_tool_call"
         | "custom_tool_call_output"
         | "mcp_call"
-        | "reasoning" => serde_json::from_value(value)
+        | "reasoning"
+        | "compaction" => serde_json::from_value(value)
             .map(InputItem::Item)
             .map_err(|e| ItemError {
                 message: format!("invalid '{kind}' item: {e}"),

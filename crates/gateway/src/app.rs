@@ -43,6 +43,7 @@ impl Application {
             admin_token: config.admin.token.clone().map(Arc::new),
             metrics_token: config.admin.metrics_token.clone().map(Arc::new),
             keep_alive: Duration::from_millis(config.server.keep_alive_ms.max(1)),
+            websocket_max_age: Duration::from_millis(config.websocket.max_connection_ms),
         };
         let router =
             crate::telemetry::with_request_ids(router(state, config.server.body_limit_bytes));

@@ -22,6 +22,8 @@ pub struct Config {
     pub log: LogConfig,
     pub tenancy: TenancyConfig,
     pub durability: DurabilityConfig,
+    pub websocket: WebSocketConfig,
+    pub compaction: CompactionConfig,
     /// Entities created or updated at start-up, idempotently.
     pub seed: SeedConfig,
 }
@@ -183,6 +185,34 @@ impl Default for DurabilityConfig {
     }
 }
 
+/// The WebSocket transport of `/v1/responses` (SPEC 11).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct WebSocketConfig {
+    /// How long one connection may live; then it gets `websocket_connection_limit_reached` and is closed (a turn
+    /// in flight finishes first).
+    pub max_connection_ms: u64,
+}
+
+impl Default for WebSocketConfig {
+    fn default() -> Self {
+        WebSocketConfig {
+            max_connection_ms: 60 * 60 * 1000,
+        }
+    }
+}
+
+/// The keys that seal compaction items (`POST /v1/responses/compact`, SPEC 11).
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct CompactionConfig {
+    /// The key new compaction items are sealed with: 32 bytes, base64. Without one, a key generated once and kept
+    /// in the database is used, shared by every replica.
+    pub key: Option<SecretString>,
+    /// Keys that only open items sealed before a rotation (32 bytes each, base64).
+    pub old_keys: Vec<SecretString>,
+}
+
 /// How long key and model resolutions read from the store are reused.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -264,7 +294,22 @@ impl Config {
                 "durability.sweep_interval_ms",
                 self.durability.sweep_interval_ms,
             ),
+            (
+                "websocket.max_connection_ms",
+                self.websocket.max_connection_ms,
+            ),
         ];
+        let compaction_keys = self.compaction.key.iter().map(|k| ("compaction.key", k));
+        let old_keys = self
+            .compaction
+            .old_keys
+            .iter()
+            .map(|k| ("compaction.old_keys", k));
+        for (name, key) in compaction_keys.chain(old_keys) {
+            use secrecy::ExposeSecret;
+            crate::compaction::parse_key(key.expose_secret())
+                .map_err(|problem| format!("{name} must be 32 bytes in base64: {problem}"))?;
+        }
         if self.server.max_active_responses > tokio::sync::Semaphore::MAX_PERMITS {
             return Err(format!(
                 "server.max_active_responses must be at most {}",
@@ -288,6 +333,7 @@ struct DefaultsShim {
     upstream: UpstreamConfig,
     tools: ToolsConfig,
     log: LogConfig,
+    websocket: WebSocketConfig,
 }
 
 /// What start-up creates or brings up to date, each entity keyed by its name. Maps (not lists) so that one

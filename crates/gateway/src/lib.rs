@@ -3,6 +3,7 @@
 pub mod api;
 pub mod app;
 pub mod clock;
+pub mod compaction;
 pub mod config;
 #[cfg(feature = "demo")]
 pub mod demo;

@@ -197,6 +197,16 @@ impl From<EngineError> for ApiError {
                 };
                 ApiError::invalid(error.to_string(), Some(&param), Some(code))
             }
+            EngineError::CompactionRefused { param } => ApiError::invalid(
+                "The compaction item could not be opened: its encrypted_content was altered, or it was made for another project or under a key this gateway no longer has.",
+                Some(&param),
+                Some("invalid_encrypted_content"),
+            ),
+            // Nothing was stored and no tool ran: asking again is safe.
+            EngineError::SummaryFailed { message } => ApiError {
+                retryable: true,
+                ..ApiError::server(message)
+            },
             EngineError::PreviousNotFound { id } => ApiError::invalid(
                 format!("Previous response with id '{id}' not found."),
                 Some("previous_response_id"),

@@ -30,53 +30,66 @@ impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for ApiJson<T> {
                 )
             }
         })?;
-        if bytes.iter().all(u8::is_ascii_whitespace) {
-            return Err(ApiError::invalid(
-                "The request body is empty; expected a JSON object.",
-                None,
-                Some("empty_body"),
-            ));
-        }
-        if has_escaped_nul(&bytes) {
-            return Err(ApiError::invalid(
-                "The request contains a NUL character (\\u0000), which the gateway cannot store.",
-                None,
-                Some("invalid_nul_character"),
-            ));
-        }
-        let mut deserializer = serde_json::Deserializer::from_slice(&bytes);
-        let value = serde_path_to_error::deserialize(&mut deserializer).map_err(|error| {
-            let path = error.path().to_string();
-            let inner = error.into_inner();
-            if inner.is_syntax() || inner.is_eof() {
-                ApiError::invalid(
-                    format!("We could not parse the JSON body of your request: {inner}."),
-                    None,
-                    Some("invalid_json"),
-                )
-            } else if path == "." || path.is_empty() {
-                ApiError::invalid(
-                    format!("Invalid request body: {inner}."),
-                    None,
-                    Some("invalid_type"),
-                )
-            } else {
-                ApiError::invalid(
-                    format!("Invalid type for '{path}': {inner}."),
-                    Some(&path),
-                    Some("invalid_type"),
-                )
-            }
-        })?;
-        // One JSON value and nothing after it but whitespace: `{...} xyz` is not a body OpenAI accepts.
-        deserializer.end().map_err(|inner| {
-            ApiError::invalid(
-                format!("We could not parse the JSON body of your request: {inner}."),
-                None,
-                Some("invalid_json"),
-            )
-        })?;
-        Ok(ApiJson(value))
+        parse_json(&bytes).map(ApiJson)
+    }
+}
+
+/// Parses a JSON text (a request body, or a WebSocket message) into `T`; every failure is an OpenAI-shaped 400
+/// naming the offending `param`.
+pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
+    if bytes.iter().all(u8::is_ascii_whitespace) {
+        return Err(ApiError::invalid(
+            "The request body is empty; expected a JSON object.",
+            None,
+            Some("empty_body"),
+        ));
+    }
+    if has_escaped_nul(bytes) {
+        return Err(ApiError::invalid(
+            "The request contains a NUL character (\\u0000), which the gateway cannot store.",
+            None,
+            Some("invalid_nul_character"),
+        ));
+    }
+    let mut deserializer = serde_json::Deserializer::from_slice(bytes);
+    let value = serde_path_to_error::deserialize(&mut deserializer).map_err(deserialize_error)?;
+    // One JSON value and nothing after it but whitespace: `{...} xyz` is not a body OpenAI accepts.
+    deserializer.end().map_err(|inner| {
+        ApiError::invalid(
+            format!("We could not parse the JSON body of your request: {inner}."),
+            None,
+            Some("invalid_json"),
+        )
+    })?;
+    Ok(value)
+}
+
+/// Reads `T` out of a JSON value already parsed, with the same errors as [`parse_json`].
+pub fn from_value<T: DeserializeOwned>(value: serde_json::Value) -> Result<T, ApiError> {
+    serde_path_to_error::deserialize(value).map_err(deserialize_error)
+}
+
+fn deserialize_error(error: serde_path_to_error::Error<serde_json::Error>) -> ApiError {
+    let path = error.path().to_string();
+    let inner = error.into_inner();
+    if inner.is_syntax() || inner.is_eof() {
+        ApiError::invalid(
+            format!("We could not parse the JSON body of your request: {inner}."),
+            None,
+            Some("invalid_json"),
+        )
+    } else if path == "." || path.is_empty() {
+        ApiError::invalid(
+            format!("Invalid request body: {inner}."),
+            None,
+            Some("invalid_type"),
+        )
+    } else {
+        ApiError::invalid(
+            format!("Invalid type for '{path}': {inner}."),
+            Some(&path),
+            Some("invalid_type"),
+        )
     }
 }
 

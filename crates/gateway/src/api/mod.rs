@@ -1,10 +1,12 @@
 //! HTTP surface: the public Responses API, the admin API, health; routes and shared state.
 
 pub mod admin;
+pub mod compact;
 pub mod error;
 pub mod extract;
 pub mod responses;
 pub mod stream;
+pub mod ws;
 
 use std::sync::Arc;
 
@@ -26,6 +28,8 @@ pub struct AppState {
     pub metrics_token: Option<Arc<SecretString>>,
     /// How long an event stream may stay silent before a keep-alive comment goes out.
     pub keep_alive: std::time::Duration,
+    /// How long a WebSocket connection may live (`websocket.max_connection_ms`).
+    pub websocket_max_age: std::time::Duration,
 }
 
 impl AppState {
@@ -47,7 +51,11 @@ impl AppState {
 /// The whole router.
 pub fn router(state: AppState, body_limit_bytes: usize) -> Router {
     Router::new()
-        .route("/v1/responses", post(responses::create_response))
+        .route(
+            "/v1/responses",
+            post(responses::create_response).get(ws::open_socket),
+        )
+        .route("/v1/responses/compact", post(compact::compact_response))
         .route(
             "/v1/responses/{response_id}",
             get(responses::get_response).delete(responses::delete_response),

@@ -32,6 +32,13 @@ pub enum EngineError {
     /// The context's tool calls and outputs do not pair; `param` names the offending input.
     #[error("{error}")]
     Pairing { error: PairingError, param: String },
+    /// A compaction item does not open (altered, another project's, or sealed with an unknown key); `param`
+    /// names it.
+    #[error("a compaction item could not be opened")]
+    CompactionRefused { param: String },
+    /// The model did not give a summary for a compaction; `message` says why, for the client.
+    #[error("the compaction's summary failed: {message}")]
+    SummaryFailed { message: String },
     /// `previous_response_id` names no response of this project.
     #[error("previous response '{id}' not found")]
     PreviousNotFound { id: String },

@@ -10,6 +10,7 @@
 //!   the background responses nobody took, and hands its own over on shutdown; `resume.rs` rebuilds a run from
 //!   its stored steps.
 
+mod compact;
 mod driver;
 mod error;
 mod journal;
@@ -30,6 +31,7 @@ use gateway_core::{Item, Limits, Step};
 use serde_json::Value;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
+pub use compact::Compacted;
 pub use error::EngineError;
 pub use progress::{EventSink, ProgressSink, Silent};
 pub use replica::Replica;
@@ -60,6 +62,8 @@ pub struct Engine {
     /// One permit per response running (`server.max_active_responses`).
     admission: Arc<Semaphore>,
     replica: Arc<Replica>,
+    /// Seals and opens compaction items (SPEC 11).
+    sealer: Arc<crate::compaction::Sealer>,
 }
 
 /// How a run came to be, which decides what it reports first.
@@ -101,6 +105,11 @@ pub struct Run {
 impl Run {
     pub fn response_id(&self) -> &str {
         &self.record.id
+    }
+
+    /// The context the response starts from: the previous response's context and output, then its input.
+    pub fn context(&self) -> &[Item] {
+        &self.context
     }
 
     /// Why the run must stop now, if it must; giving the response up wins over a cancel.
@@ -148,6 +157,10 @@ impl Engine {
             flush_every_step: config.database.flush_every_step,
             admission: Arc::new(Semaphore::new(config.server.max_active_responses)),
             replica: Arc::new(Replica::new(&config.durability)),
+            sealer: Arc::new(crate::compaction::Sealer::new(
+                store.clone(),
+                &config.compaction,
+            )),
             store,
         })
     }

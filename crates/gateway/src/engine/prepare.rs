@@ -51,11 +51,29 @@ impl Engine {
         idempotency_key: Option<&str>,
     ) -> Result<Run, EngineError> {
         match self
-            .prepare_any(project_id, request, idempotency_key)
+            .prepare_any(project_id, request, idempotency_key, None)
             .await?
         {
             Prepared::Run(run) => Ok(run),
             // Only a background request is queued.
+            Prepared::Queued(_) => Err(EngineError::Overloaded),
+        }
+    }
+
+    /// Like [`prepare`](Engine::prepare) for a foreground request whose previous response is given rather than
+    /// read from the store: `previous` is its whole context, output included (a WebSocket connection keeps the
+    /// last `store: false` response in memory, SPEC 11).
+    pub async fn prepare_continuing(
+        &self,
+        project_id: &str,
+        request: ValidRequest,
+        previous: Vec<Item>,
+    ) -> Result<Run, EngineError> {
+        match self
+            .prepare_any(project_id, request, None, Some(previous))
+            .await?
+        {
+            Prepared::Run(run) => Ok(run),
             Prepared::Queued(_) => Err(EngineError::Overloaded),
         }
     }
@@ -71,7 +89,7 @@ impl Engine {
         follow: bool,
     ) -> Result<(ResponseRecord, Option<broadcast::Receiver<Event>>), EngineError> {
         match self
-            .prepare_any(project_id, request, idempotency_key)
+            .prepare_any(project_id, request, idempotency_key, None)
             .await?
         {
             Prepared::Run(run) => {
@@ -97,6 +115,7 @@ impl Engine {
         project_id: &str,
         request: ValidRequest,
         idempotency_key: Option<&str>,
+        known_previous: Option<Vec<Item>>,
     ) -> Result<Prepared, EngineError> {
         if !self.replica.is_accepting() {
             crate::metrics::response_refused("shutting_down");
@@ -127,12 +146,15 @@ impl Engine {
 
         let response_id = new_id("resp");
         let input = self.resolve_references(project_id, request.input).await?;
-        let mut context = match &request.previous_response_id {
-            Some(previous_id) => self.previous_context(project_id, previous_id).await?,
-            None => Vec::new(),
+        let mut context = match (&request.previous_response_id, known_previous) {
+            (Some(_), Some(known)) => known,
+            (Some(previous_id), None) => self.previous_context(project_id, previous_id).await?,
+            (None, _) => Vec::new(),
         };
         let first_new = context.len();
         add_input(&mut context, input, &response_id);
+        self.open_compactions(project_id, &mut context, first_new)
+            .await?;
         let carried = pair_calls(&context, first_new, &registered).map_err(|error| {
             let param = match error.index() {
                 Some(index) if index >= first_new => format!("input[{}]", index - first_new),
@@ -280,7 +302,7 @@ impl Engine {
     }
 
     /// The context a chained response starts from: the previous response's context, then its output.
-    async fn previous_context(
+    pub(super) async fn previous_context(
         &self,
         project_id: &str,
         previous_id: &str,
@@ -305,7 +327,7 @@ impl Engine {
     }
 
     /// The input with each `item_reference` replaced by the stored item it names (SPEC 5).
-    async fn resolve_references(
+    pub(super) async fn resolve_references(
         &self,
         project_id: &str,
         input: Vec<InputItem>,
@@ -386,7 +408,7 @@ fn apply_unsupported_tools(
 
 /// Appends the request's input to the context. Ids that clients send are kept when unique within the context,
 /// and replaced otherwise; items without one get a fresh id of the response's.
-fn add_input(context: &mut Vec<Item>, input: Vec<Item>, response_id: &str) {
+pub(super) fn add_input(context: &mut Vec<Item>, input: Vec<Item>, response_id: &str) {
     let mut taken: HashSet<String> = context
         .iter()
         .filter_map(|i| i.id().map(str::to_owned))

@@ -19,6 +19,7 @@ macro_rules! with_pool {
 
 pub mod admin;
 mod backend;
+mod compaction;
 pub mod ownership;
 pub mod responses;
 pub mod tenancy;

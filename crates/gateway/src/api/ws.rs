@@ -1,0 +1,415 @@
+//! The WebSocket transport of `/v1/responses` (SPEC 11, Open Responses 2026-04-24): `response.create` messages
+//! run one at a time per connection, answered with the same event objects as SSE; the connection remembers its
+//! most recent `store: false` response so that chains continue on the same socket.
+
+use std::time::Duration;
+
+use axum::extract::ws::rejection::WebSocketUpgradeRejection;
+use axum::extract::ws::{CloseFrame, Message, WebSocket, WebSocketUpgrade};
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::Response;
+use futures::stream::{SplitSink, SplitStream};
+use futures::{SinkExt, StreamExt};
+use gateway_core::request::{validate, CreateResponseBody, ValidRequest};
+use gateway_core::response::Ending;
+use gateway_core::Item;
+use serde_json::{json, Value};
+use tokio::sync::{mpsc, watch};
+use tokio::time::Instant;
+
+use super::error::ApiError;
+use super::extract::{from_value, parse_json, ProjectKey};
+use super::stream::STREAM_BUFFER;
+use super::AppState;
+use crate::engine::{EventSink, Finished};
+
+/// `response.create` messages a client may send ahead of the one running; reading the socket waits beyond it.
+const QUEUED_MESSAGES: usize = 16;
+
+/// Fields of the HTTP create body that have no meaning on a socket and must not be sent on one.
+const HTTP_ONLY_FIELDS: [&str; 3] = ["stream", "stream_options", "background"];
+
+/// The code of the error sent when a connection reaches `websocket.max_connection_ms`.
+pub const LIMIT_REACHED: &str = "websocket_connection_limit_reached";
+
+/// `GET /v1/responses` with a WebSocket upgrade. The key is checked first: a request without a valid one is
+/// refused with the usual 401 before any upgrade.
+pub async fn open_socket(
+    State(state): State<AppState>,
+    ProjectKey(project): ProjectKey,
+    upgrade: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
+) -> Result<Response, ApiError> {
+    let upgrade = upgrade.map_err(|rejection| ApiError {
+        status: StatusCode::METHOD_NOT_ALLOWED,
+        ..ApiError::invalid(
+            format!(
+                "GET /v1/responses opens a WebSocket ({}); create a response over HTTP with POST.",
+                rejection.body_text()
+            ),
+            None,
+            Some("method_not_allowed"),
+        )
+    })?;
+    let max_age = state.websocket_max_age;
+    Ok(upgrade.on_upgrade(move |socket| async move {
+        // Counted as an open stream for as long as it lives.
+        let _open = crate::metrics::ActiveStream::open();
+        Connection {
+            state,
+            project,
+            remembered: None,
+        }
+        .serve(socket, max_age)
+        .await;
+    }))
+}
+
+/// The most recent `store: false` response of a connection: its whole context, output included.
+struct Remembered {
+    id: String,
+    context: Vec<Item>,
+}
+
+/// One client's socket.
+struct Connection {
+    state: AppState,
+    project: String,
+    remembered: Option<Remembered>,
+}
+
+/// The client went away.
+struct Gone;
+
+type Outgoing = SplitSink<WebSocket, Message>;
+
+impl Connection {
+    async fn serve(mut self, socket: WebSocket, max_age: Duration) {
+        let limit = Instant::now() + max_age;
+        let (mut out, incoming) = socket.split();
+        let (queue, mut messages) = mpsc::channel(QUEUED_MESSAGES);
+        let (left, mut gone) = watch::channel(false);
+        let reader = tokio::spawn(read_messages(incoming, queue, left));
+        loop {
+            let message = tokio::select! {
+                biased;
+                () = tokio::time::sleep_until(limit) => {
+                    let _ = self.limit_reached(&mut out).await;
+                    break;
+                }
+                message = messages.recv() => message,
+            };
+            let outcome = match message {
+                None => break,
+                Some(Incoming::Text(text)) => self.turn(&text, &mut out, &mut gone).await,
+                Some(Incoming::Binary) => {
+                    let error = ApiError::invalid(
+                        "WebSocket messages must be JSON text, not binary.",
+                        None,
+                        Some("invalid_message"),
+                    );
+                    send_error(&mut out, &error).await
+                }
+            };
+            if outcome.is_err() {
+                break;
+            }
+        }
+        reader.abort();
+    }
+
+    /// Runs one `response.create` message to its end, sending its events; errors before the response starts
+    /// are an error envelope, and the socket stays open after them.
+    async fn turn(
+        &mut self,
+        text: &str,
+        out: &mut Outgoing,
+        gone: &mut watch::Receiver<bool>,
+    ) -> Result<(), Gone> {
+        let request = match read_create(text) {
+            Ok(request) => request,
+            Err(error) => return send_error(out, &error).await,
+        };
+        let previous = request.previous_response_id.clone();
+        let store = request.store;
+        let engine = self.state.engine.clone();
+        let known = match (&previous, &self.remembered) {
+            (Some(id), Some(remembered)) if remembered.id == *id => {
+                Some(remembered.context.clone())
+            }
+            _ => None,
+        };
+        let prepared = match known {
+            Some(context) => {
+                engine
+                    .prepare_continuing(&self.project, request, context)
+                    .await
+            }
+            None => engine.prepare(&self.project, request, None).await,
+        };
+        let run = match prepared {
+            Ok(run) => run,
+            Err(error) => {
+                self.forget(previous.as_deref());
+                return send_error(out, &ApiError::from(error)).await;
+            }
+        };
+        let context = (!store).then(|| run.context().to_vec());
+        let (events_tx, mut events) = mpsc::channel(STREAM_BUFFER);
+        let task = tokio::spawn(tracing::Instrument::in_current_span(async move {
+            engine
+                .run(run, EventSink::for_client(events_tx, true))
+                .await
+        }));
+        loop {
+            tokio::select! {
+                event = events.recv() => match event {
+                    Some(event) => {
+                        let text = event.data.to_string();
+                        if out.send(Message::Text(text.into())).await.is_err() {
+                            // The run stops at its next step boundary once nobody reads its events.
+                            return Err(Gone);
+                        }
+                    }
+                    None => break,
+                },
+                () = left(gone) => return Err(Gone),
+            }
+        }
+        let finished = match task.await {
+            Ok(Ok(finished)) => finished,
+            // The stream told the client why it ended (an `error` event, then `response.failed`).
+            Ok(Err(_)) | Err(_) => {
+                self.forget(previous.as_deref());
+                return Ok(());
+            }
+        };
+        self.remember(finished, context, previous.as_deref());
+        Ok(())
+    }
+
+    /// Keeps the response that just ended when it can be continued only from here; a failed continuation
+    /// evicts the response it continued (Open Responses: it cannot be continued again on this socket).
+    fn remember(&mut self, finished: Finished, context: Option<Vec<Item>>, previous: Option<&str>) {
+        if let Some(Ending::Failed { .. }) = finished.record.ending() {
+            self.forget(previous);
+            return;
+        }
+        self.remembered = context.map(|mut context| {
+            context.extend(finished.output);
+            Remembered {
+                id: finished.record.id,
+                context,
+            }
+        });
+    }
+
+    /// Forgets the remembered response when it is `id`.
+    fn forget(&mut self, id: Option<&str>) {
+        if id.is_some_and(|id| self.remembered.as_ref().is_some_and(|r| r.id == id)) {
+            self.remembered = None;
+        }
+    }
+
+    async fn limit_reached(&self, out: &mut Outgoing) -> Result<(), Gone> {
+        let error = ApiError::invalid(
+            "This WebSocket connection reached its time limit; open a new one to go on.",
+            None,
+            Some(LIMIT_REACHED),
+        );
+        send_error(out, &error).await?;
+        let close = CloseFrame {
+            code: axum::extract::ws::close_code::NORMAL,
+            reason: LIMIT_REACHED.into(),
+        };
+        out.send(Message::Close(Some(close)))
+            .await
+            .map_err(|_| Gone)
+    }
+}
+
+/// Resolves once the client has left.
+async fn left(gone: &mut watch::Receiver<bool>) {
+    // An error means the reader ended without saying so: the client is gone all the same.
+    let _ = gone.wait_for(|left| *left).await.map(|_| ());
+}
+
+/// What the client sent.
+enum Incoming {
+    Text(String),
+    Binary,
+}
+
+/// Reads the client's messages into `queue` until the socket closes, then says so on `left`.
+async fn read_messages(
+    mut incoming: SplitStream<WebSocket>,
+    queue: mpsc::Sender<Incoming>,
+    left: watch::Sender<bool>,
+) {
+    while let Some(Ok(message)) = incoming.next().await {
+        let incoming = match message {
+            Message::Text(text) => Incoming::Text(text.as_str().to_owned()),
+            Message::Binary(_) => Incoming::Binary,
+            Message::Close(_) => break,
+            // Pings are answered by the WebSocket layer.
+            Message::Ping(_) | Message::Pong(_) => continue,
+        };
+        if queue.send(incoming).await.is_err() {
+            break;
+        }
+    }
+    let _ = left.send(true);
+}
+
+/// A `response.create` message as a request: the create body without its `type`, streamed by nature; the
+/// HTTP-only fields are refused.
+fn read_create(text: &str) -> Result<ValidRequest, ApiError> {
+    let mut message: Value = parse_json(text.as_bytes())?;
+    let Some(fields) = message.as_object_mut() else {
+        return Err(ApiError::invalid(
+            "A WebSocket message must be a JSON object with a 'type'.",
+            None,
+            Some("invalid_type"),
+        ));
+    };
+    match fields.remove("type") {
+        Some(Value::String(kind)) if kind == "response.create" => {}
+        Some(Value::String(kind)) => {
+            return Err(ApiError::invalid(
+                format!("Unknown message type '{kind}'; the only one is 'response.create'."),
+                Some("type"),
+                Some("unknown_message_type"),
+            ))
+        }
+        Some(_) => {
+            return Err(ApiError::invalid(
+                "'type' must be the string 'response.create'.",
+                Some("type"),
+                Some("invalid_type"),
+            ))
+        }
+        None => {
+            return Err(ApiError::invalid(
+                "Missing required parameter: 'type' (expected 'response.create').",
+                Some("type"),
+                Some("missing_required_parameter"),
+            ))
+        }
+    }
+    if let Some(field) = HTTP_ONLY_FIELDS.iter().find(|f| fields.contains_key(**f)) {
+        return Err(ApiError::invalid(
+            format!("'{field}' belongs to HTTP requests and must not be sent over a WebSocket: every response there is streamed in the foreground."),
+            Some(field),
+            Some("unsupported_parameter"),
+        ));
+    }
+    let body: CreateResponseBody = from_value(message)?;
+    let mut request = validate(body)?;
+    // The client learns the id from the first event, as with SSE.
+    request.stream = true;
+    Ok(request)
+}
+
+/// Sends an error envelope: `{"type": "error", "status", "error": {"type", "code", "message", "param"}}`.
+async fn send_error(out: &mut Outgoing, error: &ApiError) -> Result<(), Gone> {
+    let envelope = error_envelope(error);
+    out.send(Message::Text(envelope.to_string().into()))
+        .await
+        .map_err(|_| Gone)
+}
+
+/// The error envelope of `error`; its `code` is never empty (clients branch on it), falling back to the type.
+fn error_envelope(error: &ApiError) -> Value {
+    json!({
+        "type": "error",
+        "status": error.status.as_u16(),
+        "error": {
+            "type": error.kind,
+            "code": error.code.as_deref().unwrap_or(error.kind),
+            "message": error.message,
+            "param": error.param,
+        },
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn refused(text: &str) -> ApiError {
+        match read_create(text) {
+            Ok(request) => unreachable!("accepted: {request:?}"),
+            Err(error) => error,
+        }
+    }
+
+    #[test]
+    fn a_create_message_is_the_create_body_streamed() {
+        let request =
+            read_create(r#"{"type":"response.create","model":"m","input":"hi","store":false}"#);
+        let request = request.unwrap_or_else(|e| unreachable!("{e:?}"));
+        assert!(request.stream);
+        assert!(!request.store);
+        assert_eq!(request.model, "m");
+    }
+
+    #[test]
+    fn malformed_messages_are_refused_naming_what_is_wrong() {
+        let cases = [
+            ("{not json", None, "invalid_json"),
+            ("[1]", None, "invalid_type"),
+            (
+                r#"{"model":"m","input":"x"}"#,
+                Some("type"),
+                "missing_required_parameter",
+            ),
+            (
+                r#"{"type":"response.cancel"}"#,
+                Some("type"),
+                "unknown_message_type",
+            ),
+            (r#"{"type":7}"#, Some("type"), "invalid_type"),
+            (
+                r#"{"type":"response.create","model":"m","input":"x","stream":true}"#,
+                Some("stream"),
+                "unsupported_parameter",
+            ),
+            (
+                r#"{"type":"response.create","model":"m","input":"x","background":false}"#,
+                Some("background"),
+                "unsupported_parameter",
+            ),
+            (
+                r#"{"type":"response.create","model":"m","input":"x","stream_options":{}}"#,
+                Some("stream_options"),
+                "unsupported_parameter",
+            ),
+            (
+                r#"{"type":"response.create","input":"x"}"#,
+                Some("model"),
+                "missing_required_parameter",
+            ),
+            (
+                r#"{"type":"response.create","model":"m","input":"x","temperature":"hot"}"#,
+                Some("temperature"),
+                "invalid_type",
+            ),
+        ];
+        for (text, param, code) in cases {
+            let error = refused(text);
+            assert_eq!(error.status, StatusCode::BAD_REQUEST, "{text}");
+            assert_eq!(error.param.as_deref(), param, "{text}");
+            assert_eq!(error.code.as_deref(), Some(code), "{text}");
+        }
+    }
+
+    #[test]
+    fn the_envelope_always_has_a_code_and_a_status() {
+        let envelope = error_envelope(&ApiError::invalid("bad", Some("input"), None));
+        assert_eq!(
+            envelope,
+            json!({"type": "error", "status": 400, "error": {"type": "invalid_request_error",
+                "code": "invalid_request_error", "message": "bad", "param": "input"}})
+        );
+    }
+}

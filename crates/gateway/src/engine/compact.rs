@@ -1,0 +1,155 @@
+//! Compaction (SPEC 11): a window (a previous response's context and output, then new input) summarised by the
+//! deployment's model into a sealed `compaction` item; and compaction items that come back as input opened, so
+//! that the model reads their summary.
+
+use gateway_core::context::model_conversation;
+use gateway_core::items::{CompactionItem, ContentPart, MessageContent, Role};
+use gateway_core::request::{ResponseParams, ValidRequest};
+use gateway_core::steps::Usage;
+use gateway_core::Item;
+
+use super::prepare::add_input;
+use super::{Engine, EngineError};
+use crate::clock::now;
+use crate::compaction::OpenError;
+use crate::ids::{item_id, new_id};
+use crate::upstream::ModelRequest;
+
+/// What the model is asked after the window.
+const SUMMARY_PROMPT: &str = "Summarize the conversation above so that it can continue from your summary alone: \
+keep every fact, decision, name, number, open question and the state of any task; leave out pleasantries. \
+Answer with the summary only.";
+
+/// A compacted window: the user messages kept as they were, then the sealed summary.
+#[derive(Debug, Clone)]
+pub struct Compacted {
+    pub id: String,
+    pub created_at: i64,
+    pub output: Vec<Item>,
+    pub usage: Usage,
+}
+
+impl Engine {
+    /// Compacts the window of `request` (its previous response's context and output, then its input) for
+    /// `project_id`. Nothing is stored.
+    pub async fn compact(
+        &self,
+        project_id: &str,
+        request: ValidRequest,
+    ) -> Result<Compacted, EngineError> {
+        let resolution = self
+            .resolver
+            .resolve(project_id, &request.model)
+            .await?
+            .ok_or_else(|| EngineError::ModelNotFound {
+                model: request.model.clone(),
+            })?;
+        let id = new_id("resp");
+        let input = self.resolve_references(project_id, request.input).await?;
+        let mut window = match &request.previous_response_id {
+            Some(previous_id) => self.previous_context(project_id, previous_id).await?,
+            None => Vec::new(),
+        };
+        let first_new = window.len();
+        add_input(&mut window, input, &id);
+        self.open_compactions(project_id, &mut window, first_new)
+            .await?;
+
+        let mut conversation = model_conversation(&window, &[]);
+        conversation.push(Item::user_text(SUMMARY_PROMPT));
+        let params = ResponseParams {
+            instructions: request.params.instructions,
+            prompt_cache_key: request.params.prompt_cache_key,
+            ..ResponseParams::default()
+        };
+        let answer = self
+            .upstream
+            .call(
+                &resolution.deployment,
+                &ModelRequest {
+                    response_id: &id,
+                    params: &params,
+                    conversation: &conversation,
+                    tools: &[],
+                },
+                None,
+            )
+            .await
+            .map_err(|error| {
+                tracing::warn!(error = %error, "the model failed to summarise a window for compaction");
+                EngineError::SummaryFailed {
+                    message: error.public_message(),
+                }
+            })?;
+        let summary = answer
+            .message
+            .map(|message| message.text)
+            .filter(|text| !text.trim().is_empty())
+            .ok_or_else(|| EngineError::SummaryFailed {
+                message: "The upstream model gave no summary.".into(),
+            })?;
+        let encrypted_content = self.sealer.seal(project_id, &summary).await?;
+
+        // The user's own words stay as they were; everything else (and any earlier compaction) is in the summary.
+        let mut output: Vec<Item> = window
+            .into_iter()
+            .filter_map(|item| match item {
+                Item::Message(mut message) if message.role == Role::User => {
+                    // Shown as output items are: content as parts, a status.
+                    if let MessageContent::Text(text) = message.content {
+                        message.content =
+                            MessageContent::Parts(vec![ContentPart::InputText { text }]);
+                    }
+                    message.status = Some("completed".into());
+                    Some(Item::Message(message))
+                }
+                _ => None,
+            })
+            .collect();
+        output.push(Item::Compaction(CompactionItem {
+            id: Some(item_id("cmp", &id)),
+            encrypted_content,
+            summary: None,
+        }));
+        Ok(Compacted {
+            id,
+            created_at: now(),
+            output,
+            usage: answer.usage.unwrap_or_default(),
+        })
+    }
+
+    /// Opens every compaction item of `context` not opened yet, so that the model reads its summary. One that
+    /// does not open is refused, named as the request's input (from `first_new` on) or its previous response.
+    pub(super) async fn open_compactions(
+        &self,
+        project_id: &str,
+        context: &mut [Item],
+        first_new: usize,
+    ) -> Result<(), EngineError> {
+        for (index, item) in context.iter_mut().enumerate() {
+            let Item::Compaction(compaction) = item else {
+                continue;
+            };
+            if compaction.summary.is_some() {
+                continue;
+            }
+            match self
+                .sealer
+                .open(project_id, &compaction.encrypted_content)
+                .await
+            {
+                Ok(summary) => compaction.summary = Some(summary),
+                Err(OpenError::Store(error)) => return Err(error.into()),
+                Err(OpenError::Refused) => {
+                    let param = match index.checked_sub(first_new) {
+                        Some(position) => format!("input[{position}]"),
+                        None => "previous_response_id".to_owned(),
+                    };
+                    return Err(EngineError::CompactionRefused { param });
+                }
+            }
+        }
+        Ok(())
+    }
+}
