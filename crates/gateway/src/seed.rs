@@ -153,6 +153,7 @@ async fn seed_tool_source(
             timeout_ms: Some(timeout_ms),
             secret: Some(secret),
             strict: Some(tool.strict),
+            ..Default::default()
         };
         store.update_tool_source(&existing.id, &changes).await?;
     } else {
@@ -164,6 +165,10 @@ async fn seed_tool_source(
             timeout_ms,
             secret,
             strict: tool.strict,
+            policy: Default::default(),
+            note_on_request: None,
+            note_on_result: None,
+            hosted_type: None,
         };
         store.create_tool_source(&new).await?;
     }

@@ -29,12 +29,13 @@ pub struct CallRef<'a> {
     pub idempotency_key: &'a str,
 }
 
-const MAX_OUTPUT_BYTES: usize = 1024 * 1024;
-
 impl ToolExecutor {
     pub fn new(config: ToolsConfig) -> Result<ToolExecutor, reqwest::Error> {
         let http = reqwest::Client::builder()
             .pool_max_idle_per_host(256)
+            // A 3xx is the tool's answer, not an instruction: following it could re-post the arguments (and
+            // the source's secret) to another host, or loop (SPEC 7).
+            .redirect(reqwest::redirect::Policy::none())
             .build()?;
         Ok(ToolExecutor {
             http,
@@ -94,7 +95,10 @@ impl ToolExecutor {
             )
             .await;
         match sent {
-            Ok(response) => read_answer(&source.name, response).await,
+            Ok(response) => {
+                let cap = usize::try_from(source.policy.max_output_bytes()).unwrap_or(usize::MAX);
+                read_answer(&source.name, response, cap).await
+            }
             Err(e) if e.is_timeout() => ToolOutcome::error(format!(
                 "Tool '{}' timed out after {timeout_ms} ms.",
                 source.name
@@ -163,28 +167,56 @@ impl ToolExecutor {
     }
 }
 
-async fn read_answer(tool: &str, response: reqwest::Response) -> ToolOutcome {
+async fn read_answer(tool: &str, mut response: reqwest::Response, cap: usize) -> ToolOutcome {
     let status = response.status();
+    if status.is_redirection() {
+        let location = response
+            .headers()
+            .get(reqwest::header::LOCATION)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("");
+        let detail: String = location.chars().take(200).collect();
+        return ToolOutcome::Error {
+            message: format!(
+                "Tool '{tool}' answered HTTP {} (a redirect to '{detail}'); the gateway does not follow redirects.",
+                status.as_u16()
+            ),
+            http_status: Some(status.as_u16()),
+        };
+    }
     let is_json = response
         .headers()
         .get(reqwest::header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.contains("json"));
-    let body = match response.bytes().await {
-        Ok(body) => body,
-        Err(e) if e.is_timeout() => {
-            return ToolOutcome::error(format!("Tool '{tool}' timed out while answering."))
+    // Only the first `cap` bytes are kept; the rest is counted, so the marker can say how large it was.
+    let mut kept: Vec<u8> = Vec::new();
+    let mut total: usize = 0;
+    loop {
+        match response.chunk().await {
+            Ok(Some(chunk)) => {
+                total = total.saturating_add(chunk.len());
+                let room = cap.saturating_sub(kept.len());
+                kept.extend_from_slice(&chunk[..chunk.len().min(room)]);
+            }
+            Ok(None) => break,
+            Err(e) if e.is_timeout() => {
+                return ToolOutcome::error(format!("Tool '{tool}' timed out while answering."))
+            }
+            Err(_) => return ToolOutcome::error(format!("Tool '{tool}' broke off its answer.")),
         }
-        Err(_) => return ToolOutcome::error(format!("Tool '{tool}' broke off its answer.")),
-    };
-    let text = gateway_core::chat::scrub_nul(
-        String::from_utf8_lossy(&body[..body.len().min(MAX_OUTPUT_BYTES)]).into_owned(),
-    );
+    }
+    let text = gateway_core::chat::scrub_nul(String::from_utf8_lossy(&kept).into_owned());
     if !status.is_success() {
         let detail: String = text.chars().take(1000).collect();
         return ToolOutcome::Error {
             message: format!("Tool '{tool}' answered HTTP {}: {detail}", status.as_u16()),
             http_status: Some(status.as_u16()),
+        };
+    }
+    if total > cap {
+        return ToolOutcome::Output {
+            text: truncated(&text, total, cap),
         };
     }
     if is_json {
@@ -197,5 +229,39 @@ async fn read_answer(tool: &str, response: reqwest::Response) -> ToolOutcome {
         }
     } else {
         ToolOutcome::Output { text }
+    }
+}
+
+/// The start of an output of `total` bytes, cut so that it and the marker that ends it fit in `cap` bytes. The
+/// marker says the output was truncated and how large it was, so the model (and the client, in
+/// `mcp_call.output`) knows it reads a part, and a cut JSON text is plainly not meant to parse.
+pub fn truncated(text: &str, total: usize, cap: usize) -> String {
+    let marker = format!(
+        "\n[truncated: the tool's output was {total} bytes; only the first part is shown, cut to fit {cap} bytes]"
+    );
+    let mut end = cap.saturating_sub(marker.len()).min(text.len());
+    while end > 0 && !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    let mut out = String::with_capacity(end + marker.len());
+    out.push_str(&text[..end]);
+    out.push_str(&marker);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::truncated;
+
+    #[test]
+    fn a_truncated_output_fits_its_cap_and_says_so_with_the_original_size() {
+        let text = "é".repeat(1000); // 2000 bytes
+        for cap in [256, 257, 300, 1024] {
+            let out = truncated(&text, 10_000_000, cap);
+            assert!(out.len() <= cap, "{cap}: {}", out.len());
+            assert!(out.contains("truncated"), "{out}");
+            assert!(out.contains("10000000 bytes"), "{out}");
+            assert!(out.starts_with('é'), "{out}");
+        }
     }
 }

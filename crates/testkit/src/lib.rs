@@ -18,7 +18,9 @@ mod server;
 pub mod tool_server;
 
 pub use mock_model::{Call, MockModel, Reply, ReplySpec, StreamMode};
-pub use tool_server::{tool_definitions, RecordedCall, ToolDefinition, ToolServer};
+pub use tool_server::{
+    misbehaving_tool_definitions, tool_definitions, RecordedCall, ToolDefinition, ToolServer,
+};
 
 /// Installs a `tracing-subscriber` fmt logger on stderr filtered by `RUST_LOG` (default `info`),
 /// for the binaries; stdout is kept for the readiness line ([`announce`]). Does nothing if a

@@ -165,6 +165,10 @@ async fn tool(store: &Store, name: &str) -> String {
             timeout_ms: timeout(1000),
             secret: Some("tool-secret"),
             strict: true,
+            policy: Default::default(),
+            note_on_request: None,
+            note_on_result: None,
+            hosted_type: None,
         })
         .await
         .expect("tool source")
@@ -275,6 +279,10 @@ fn server_tool() -> ToolSource {
         timeout_ms: 1000,
         secret: None,
         strict: false,
+        policy: Default::default(),
+        note_on_request: None,
+        note_on_result: None,
+        hosted_type: None,
     }
 }
 
@@ -737,6 +745,10 @@ async fn duplicate_names_are_a_conflict_for_every_kind(store: Store) {
                 timeout_ms: timeout(1),
                 secret: None,
                 strict: false,
+                policy: Default::default(),
+                note_on_request: None,
+                note_on_result: None,
+                hosted_type: None,
             })
             .await,
     );

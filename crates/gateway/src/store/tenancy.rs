@@ -1,6 +1,6 @@
 //! Who a key belongs to, and which deployment and server tools a project may use for a model.
 
-use gateway_core::entity::ProviderKind;
+use gateway_core::entity::{NoteTemplate, ProviderKind, ToolPolicy};
 use secrecy::SecretString;
 use sha2::{Digest, Sha256};
 
@@ -32,6 +32,17 @@ pub struct ToolSource {
     #[serde(skip)]
     pub secret: Option<SecretString>,
     pub strict: bool,
+    /// In-flight bound, output cap and breaker (SPEC 7).
+    #[serde(default)]
+    pub policy: ToolPolicy,
+    /// Progress-note templates (SPEC 7).
+    #[serde(default)]
+    pub note_on_request: Option<NoteTemplate>,
+    #[serde(default)]
+    pub note_on_result: Option<NoteTemplate>,
+    /// The hosted tool type this source serves (SPEC 12), if any.
+    #[serde(default)]
+    pub hosted_type: Option<String>,
 }
 
 /// What a project may use when it names a model.
@@ -84,7 +95,9 @@ impl Store {
                 return Ok(None);
             };
             let tools = sqlx::query_as::<_, ToolSourceRecord>(
-                "SELECT DISTINCT t.id, t.name, t.description, t.parameters, t.url, t.timeout_ms, t.secret, t.strict
+                "SELECT DISTINCT t.id, t.name, t.description, t.parameters, t.url, t.timeout_ms, t.secret, t.strict,
+                    t.max_in_flight, t.max_output_bytes, t.breaker_failures, t.breaker_cooldown_ms,
+                    t.note_on_request, t.note_on_result, t.hosted_type
                  FROM tool_sources t
                  JOIN group_tool_sources gt ON gt.tool_source_id = t.id
                  JOIN group_deployments gd ON gd.group_id = gt.group_id
@@ -122,7 +135,9 @@ impl Store {
         let mut sources = Vec::with_capacity(ids.len());
         for id in ids {
             let found = with_pool!(self, |pool| sqlx::query_as::<_, ToolSourceRecord>(
-                "SELECT id, name, description, parameters, url, timeout_ms, secret, strict
+                "SELECT id, name, description, parameters, url, timeout_ms, secret, strict,
+                    max_in_flight, max_output_bytes, breaker_failures, breaker_cooldown_ms,
+                    note_on_request, note_on_result, hosted_type
                  FROM tool_sources WHERE id = $1",
             )
             .bind(id)
@@ -172,6 +187,13 @@ struct ToolSourceRecord {
     timeout_ms: i64,
     secret: Option<String>,
     strict: bool,
+    max_in_flight: Option<i64>,
+    max_output_bytes: Option<i64>,
+    breaker_failures: Option<i64>,
+    breaker_cooldown_ms: Option<i64>,
+    note_on_request: Option<String>,
+    note_on_result: Option<String>,
+    hosted_type: Option<String>,
 }
 
 impl From<ToolSourceRecord> for ToolSource {
@@ -186,6 +208,20 @@ impl From<ToolSourceRecord> for ToolSource {
             timeout_ms: u64::try_from(row.timeout_ms).unwrap_or(0),
             secret: row.secret.map(SecretString::from),
             strict: row.strict,
+            // Writers keep these in range; anything else reads as the default.
+            policy: ToolPolicy {
+                max_in_flight: row.max_in_flight.and_then(|v| u32::try_from(v).ok()),
+                max_output_bytes: row.max_output_bytes.and_then(|v| u64::try_from(v).ok()),
+                breaker_failures: row.breaker_failures.and_then(|v| u32::try_from(v).ok()),
+                breaker_cooldown_ms: row.breaker_cooldown_ms.and_then(|v| u64::try_from(v).ok()),
+            },
+            note_on_request: row
+                .note_on_request
+                .and_then(|t| NoteTemplate::parse(t, "note_on_request").ok()),
+            note_on_result: row
+                .note_on_result
+                .and_then(|t| NoteTemplate::parse(t, "note_on_result").ok()),
+            hosted_type: row.hosted_type,
         }
     }
 }

@@ -19,5 +19,6 @@ mod streaming;
 mod streaming_upstream;
 mod tenancy;
 mod tool_loop;
+mod tool_policy;
 mod upstream;
 mod validation;
