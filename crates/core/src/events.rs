@@ -219,11 +219,22 @@ impl EventProjection {
         }
         let index = self.take_output_index();
         self.tool_items.insert(step.seq, index);
+        // As OpenAI streams an `mcp_call`: the item added with empty arguments, the arguments as a delta and a
+        // done, then the call in progress.
         let mut running = tool.clone();
         running.outcome = None;
+        running.call.arguments = String::new();
         self.emit(
             "response.output_item.added",
             json!({"output_index": index, "item": item_json(&mcp_call_item(&running))}),
+        );
+        self.emit(
+            "response.mcp_call_arguments.delta",
+            json!({"item_id": tool.item_id, "output_index": index, "delta": tool.call.arguments}),
+        );
+        self.emit(
+            "response.mcp_call_arguments.done",
+            json!({"item_id": tool.item_id, "output_index": index, "arguments": tool.call.arguments}),
         );
         self.emit(
             "response.mcp_call.in_progress",

@@ -148,6 +148,8 @@ fn message_events(deltas: usize) -> Vec<&'static str> {
 fn rows() -> Vec<Row> {
     let mcp_added = [
         "response.output_item.added",
+        "response.mcp_call_arguments.delta",
+        "response.mcp_call_arguments.done",
         "response.mcp_call.in_progress",
     ];
     vec![
@@ -455,10 +457,14 @@ fn a_response_still_running_replays_what_is_stored_and_no_end() {
             START.as_slice(),
             &[
                 "response.output_item.added",
+                "response.mcp_call_arguments.delta",
+                "response.mcp_call_arguments.done",
                 "response.mcp_call.in_progress"
             ],
             &[
                 "response.output_item.added",
+                "response.mcp_call_arguments.delta",
+                "response.mcp_call_arguments.done",
                 "response.mcp_call.in_progress"
             ],
             &["response.mcp_call.completed", "response.output_item.done"],
@@ -489,4 +495,41 @@ fn tool_steps_never_started_are_not_shown() {
         kinds(&events),
         [START.as_slice(), &["response.incomplete"]].concat()
     );
+}
+
+#[test]
+fn a_server_call_streams_as_openai_streams_an_mcp_call_with_its_arguments_after_the_item() {
+    let steps = vec![model(0, None, &["a"]), tool(1, 0, "a", false, 0)];
+    let record = ended(Ending::Incomplete {
+        reason: IncompleteReason::Deadline,
+    });
+    let events = replay(&record, &steps);
+    let added = events
+        .iter()
+        .find(|e| e.kind == "response.output_item.added")
+        .unwrap();
+    assert_eq!(added.data["item"]["type"], "mcp_call");
+    assert_eq!(added.data["item"]["arguments"], "", "{:#}", added.data);
+    assert_eq!(added.data["item"]["status"], "in_progress");
+    let item_id = added.data["item"]["id"].clone();
+    let arguments = output_of(&steps[0]).tool_calls[0].arguments.clone();
+    let delta = events
+        .iter()
+        .find(|e| e.kind == "response.mcp_call_arguments.delta")
+        .unwrap();
+    assert_eq!(delta.data["delta"], arguments.as_str());
+    assert_eq!(delta.data["item_id"], item_id);
+    assert_eq!(delta.data["output_index"], added.data["output_index"]);
+    let done = events
+        .iter()
+        .find(|e| e.kind == "response.mcp_call_arguments.done")
+        .unwrap();
+    assert_eq!(done.data["arguments"], arguments.as_str());
+    assert_eq!(done.data["item_id"], item_id);
+    let item_done = events
+        .iter()
+        .find(|e| e.kind == "response.output_item.done")
+        .unwrap();
+    assert_eq!(item_done.data["item"]["arguments"], arguments.as_str());
+    assert_eq!(item_done.data["item"]["status"], "completed");
 }

@@ -144,7 +144,11 @@ async fn a_streamed_server_tool_shows_an_mcp_call_in_progress_then_completed_the
     assert!(mcp.id.starts_with("mcp_"), "{}", mcp.id);
     assert_eq!(mcp.added["name"], "add");
     assert_eq!(
-        parse(mcp.added["arguments"].as_str().unwrap()),
+        mcp.added["arguments"], "",
+        "arguments follow the added item"
+    );
+    assert_eq!(
+        parse(mcp.done["arguments"].as_str().unwrap()),
         json!({"a": 40, "b": 2})
     );
     assert_eq!(

@@ -493,17 +493,35 @@ fn check_mcp_call(trace: &ItemTrace) {
         }
         _ => panic!("mcp_call ended neither completed nor failed: {done:#}"),
     };
-    assert_eq!(
-        trace.kinds(),
-        vec![
-            "response.mcp_call.in_progress",
-            outcome,
-            "response.output_item.done"
-        ],
-        "mcp_call events of {}",
-        trace.id
+    // As OpenAI streams an `mcp_call`: added with empty arguments, the arguments in deltas and a done, then
+    // in progress, then completed or failed.
+    assert_eq!(added["arguments"], "", "{added:#}");
+    let kinds = trace.kinds();
+    let deltas = kinds
+        .iter()
+        .filter(|k| **k == "response.mcp_call_arguments.delta")
+        .count();
+    assert!(
+        deltas >= 1,
+        "an mcp_call without argument deltas: {kinds:?}"
     );
-    for key in ["name", "arguments", "call_id", "server_label"] {
+    let mut expected = vec!["response.mcp_call_arguments.delta"; deltas];
+    expected.extend([
+        "response.mcp_call_arguments.done",
+        "response.mcp_call.in_progress",
+        outcome,
+        "response.output_item.done",
+    ]);
+    assert_eq!(kinds, expected, "mcp_call events of {}", trace.id);
+    let streamed: String = trace
+        .events
+        .iter()
+        .filter(|e| e["type"] == "response.mcp_call_arguments.delta")
+        .map(|e| e["delta"].as_str().expect("delta string"))
+        .collect();
+    assert_eq!(done["arguments"], streamed.as_str(), "{done:#}");
+    assert_eq!(trace.events[deltas]["arguments"], done["arguments"]);
+    for key in ["name", "call_id", "server_label"] {
         assert_eq!(
             done[key], added[key],
             "{key} changed: {added:#} -> {done:#}"
