@@ -1,7 +1,10 @@
-//! The HTTP tool executor: runs one server tool call on its source's endpoint (SPEC section 7).
+//! The HTTP tool executor: runs one server tool call on its source's endpoint (SPEC section 7), within the
+//! source's policy (calls in flight, circuit breaker, output cap; see [`policy`]).
+
+pub mod policy;
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use gateway_core::steps::{ToolCall, ToolOutcome};
 use secrecy::ExposeSecret;
@@ -19,6 +22,8 @@ pub struct ToolExecutor {
     retry: RetryPolicy,
     /// Compiled argument schemas, by the schema's JSON text: compiling is far dearer than checking.
     validators: moka::sync::Cache<String, Arc<jsonschema::Validator>>,
+    /// Calls in flight and breakers, per source.
+    policies: Arc<policy::Policies>,
 }
 
 /// Identifies one tool step across retries and restarts.
@@ -42,6 +47,7 @@ impl ToolExecutor {
             retry: RetryPolicy::new(config.max_retries, config.backoff_ms),
             config,
             validators: moka::sync::Cache::new(1024),
+            policies: Arc::default(),
         })
     }
 
@@ -52,25 +58,105 @@ impl ToolExecutor {
         call: &ToolCall,
         at: CallRef<'_>,
     ) -> ToolOutcome {
-        let started = std::time::Instant::now();
-        let outcome = self.run(source, call, at).await;
-        let result = if outcome.is_error() { "error" } else { "ok" };
+        let started = Instant::now();
+        let (outcome, result) = self.run(source, call, at).await;
         metrics::counter!("gateway_tool_calls_total", "tool" => source.name.clone(), "outcome" => result).increment(1);
         metrics::histogram!("gateway_tool_call_duration_seconds", "tool" => source.name.clone())
             .record(started.elapsed().as_secs_f64());
         outcome
     }
 
-    async fn run(&self, source: &ToolSource, call: &ToolCall, at: CallRef<'_>) -> ToolOutcome {
+    /// The outcome, and how it is counted: `ok`, `error` (the tool failed), `invalid` (the arguments were
+    /// refused before any call), `rejected` (the breaker was open) or `waited` (no slot freed in time).
+    async fn run(
+        &self,
+        source: &ToolSource,
+        call: &ToolCall,
+        at: CallRef<'_>,
+    ) -> (ToolOutcome, &'static str) {
         let arguments = match self.parse_arguments(source, &call.arguments) {
             Ok(arguments) => arguments,
-            Err(message) => return ToolOutcome::error(message),
+            Err(message) => return (ToolOutcome::error(message), "invalid"),
         };
         let timeout_ms = if source.timeout_ms == 0 {
             self.config.default_timeout_ms
         } else {
             source.timeout_ms
         };
+        let deadline = Instant::now() + Duration::from_millis(timeout_ms);
+        let _slot = match self.policies.slots(&source.id, &source.policy) {
+            None => None,
+            Some(slots) => {
+                let waiting =
+                    metrics::gauge!("gateway_tool_calls_waiting", "tool" => source.name.clone());
+                waiting.increment(1.0);
+                let acquired =
+                    tokio::time::timeout_at(deadline.into(), slots.acquire_owned()).await;
+                waiting.decrement(1.0);
+                match acquired {
+                    Ok(Ok(slot)) => Some(slot),
+                    _ => {
+                        return (
+                            ToolOutcome::error(format!(
+                                "Tool '{}' had all of its {} slots busy for the whole timeout of {timeout_ms} ms; \
+                                 the call was not made.",
+                                source.name,
+                                source.policy.max_in_flight.unwrap_or(0)
+                            )),
+                            "waited",
+                        )
+                    }
+                }
+            }
+        };
+        if let policy::Admission::Refuse { retry_in } =
+            self.policies.admit(&source.id, Instant::now())
+        {
+            return (
+                ToolOutcome::error(format!(
+                    "Tool '{}' is failing: after {} consecutive failed calls the gateway stopped calling it \
+                     for a while (circuit breaker open); try again in about {} s.",
+                    source.name,
+                    source.policy.breaker_failures(),
+                    retry_in.as_secs().max(1)
+                )),
+                "rejected",
+            );
+        }
+        let remaining = deadline
+            .saturating_duration_since(Instant::now())
+            .max(Duration::from_millis(1));
+        let outcome = self
+            .send(source, call, at, &arguments, remaining, timeout_ms)
+            .await;
+        // A 4xx is the tool refusing this call (arguments, say), not the tool being down.
+        let failed = match &outcome {
+            ToolOutcome::Output { .. } => false,
+            ToolOutcome::Error { http_status, .. } => {
+                !http_status.is_some_and(|s| (400..500).contains(&s))
+            }
+        };
+        let open = self
+            .policies
+            .record(&source.id, &source.policy, Instant::now(), failed);
+        metrics::gauge!("gateway_tool_breaker_open", "tool" => source.name.clone()).set(if open {
+            1.0
+        } else {
+            0.0
+        });
+        let result = if outcome.is_error() { "error" } else { "ok" };
+        (outcome, result)
+    }
+
+    async fn send(
+        &self,
+        source: &ToolSource,
+        call: &ToolCall,
+        at: CallRef<'_>,
+        arguments: &Value,
+        timeout: Duration,
+        timeout_ms: u64,
+    ) -> ToolOutcome {
         let sent = self
             .retry
             .run(
@@ -78,12 +164,12 @@ impl ToolExecutor {
                     let mut request = self
                         .http
                         .post(&source.url)
-                        .timeout(Duration::from_millis(timeout_ms))
+                        .timeout(timeout)
                         .header("Idempotency-Key", at.idempotency_key)
                         .header("X-Gateway-Tool-Name", &source.name)
                         .header("X-Gateway-Call-Id", &call.call_id)
                         .header("X-Gateway-Response-Id", at.response_id)
-                        .json(&arguments);
+                        .json(arguments);
                     if let Some(secret) = &source.secret {
                         request = request.bearer_auth(secret.expose_secret());
                     }

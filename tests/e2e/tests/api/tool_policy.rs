@@ -219,3 +219,106 @@ async fn bad_policy_values_are_refused_with_their_param_and_nothing_changes() {
     );
     assert_eq!(sources["data"][0]["max_in_flight"], Value::Null);
 }
+
+#[tokio::test]
+async fn a_source_s_in_flight_bound_makes_further_calls_wait_for_a_slot() {
+    let (gw, tenant) = gateway().await;
+    gw.attach_tool_with(&tenant.group_id, "gate", json!({"max_in_flight": 2}))
+        .await;
+    gw.model.push(Reply::tool_calls(vec![
+        Call::new("gate", json!({})),
+        Call::new("gate", json!({})),
+        Call::new("gate", json!({})),
+    ]));
+    gw.model.push(Reply::text("all three passed"));
+    let request = gw
+        .public(Method::POST, "/responses", &tenant.key)
+        .json(&json!({"model": "mock", "input": "go"}));
+    let created = tokio::spawn(request.send());
+
+    // Two calls reach the tool and block there; the third waits in the gateway for a slot.
+    gw.tools
+        .wait_for_calls("gate", 2, std::time::Duration::from_secs(10))
+        .await
+        .expect("two gate calls");
+    let waiting = async {
+        loop {
+            let text = metrics_text(&gw).await;
+            if sample(&text, "gateway_tool_calls_waiting", &["tool=\"gate\""]) == 1.0 {
+                return;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+    };
+    tokio::time::timeout(std::time::Duration::from_secs(10), waiting)
+        .await
+        .expect("the third call waits for a slot");
+    assert_eq!(
+        gw.tools.calls().len(),
+        2,
+        "the third call has not been sent"
+    );
+
+    gw.tools.open_gate();
+    let body: Value = created
+        .await
+        .expect("task")
+        .expect("create")
+        .json()
+        .await
+        .expect("body");
+    assert_eq!(body["status"], "completed", "{body:#}");
+    let calls = items_of(&body, "mcp_call");
+    assert_eq!(calls.len(), 3);
+    assert!(calls.iter().all(|c| c["status"] == "completed"), "{body:#}");
+    assert_eq!(gw.tools.calls().len(), 3);
+    assert_eq!(gw.tools.max_in_flight(), 2, "never more than two at once");
+}
+
+#[tokio::test]
+async fn after_consecutive_failures_the_breaker_fails_calls_fast_without_calling_the_tool() {
+    let (gw, tenant) = gateway().await;
+    gw.attach_tool_with(
+        &tenant.group_id,
+        "fail",
+        json!({"breaker_failures": 2, "breaker_cooldown_ms": 3_600_000}),
+    )
+    .await;
+
+    for round in 0..2 {
+        let (body, seen) = one_round(&gw, &tenant.key, "fail", json!({})).await;
+        assert_eq!(
+            items_of(&body, "mcp_call")[0]["status"],
+            "failed",
+            "{body:#}"
+        );
+        assert!(seen.contains("500"), "round {round}: {seen}");
+        gw.model.reset();
+    }
+    assert_eq!(gw.tools.calls().len(), 2);
+    let text = metrics_text(&gw).await;
+    assert_eq!(
+        sample(&text, "gateway_tool_breaker_open", &["tool=\"fail\""]),
+        1.0
+    );
+
+    let (body, seen) = one_round(&gw, &tenant.key, "fail", json!({})).await;
+
+    assert_eq!(body["status"], "completed", "{body:#}");
+    assert_eq!(items_of(&body, "mcp_call")[0]["status"], "failed");
+    assert!(seen.contains("circuit breaker"), "{seen}");
+    assert_eq!(
+        gw.tools.calls().len(),
+        2,
+        "the open breaker did not call the tool"
+    );
+    let text = metrics_text(&gw).await;
+    assert_eq!(
+        sample(
+            &text,
+            "gateway_tool_calls_total",
+            &["tool=\"fail\"", "outcome=\"rejected\""]
+        ),
+        1.0
+    );
+}
