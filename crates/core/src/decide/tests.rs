@@ -107,6 +107,7 @@ fn tool(
             batch,
             outcome,
             ended_rank: None,
+            notes: Default::default(),
         }),
     }
 }

@@ -90,6 +90,7 @@ fn tool(seq: u32, batch: u32, call_id: &str, failed: bool, ended_rank: u32) -> S
             batch: Some(batch),
             outcome: Some(outcome),
             ended_rank: Some(ended_rank),
+            notes: Default::default(),
         }),
     }
 }
@@ -532,4 +533,79 @@ fn a_server_call_streams_as_openai_streams_an_mcp_call_with_its_arguments_after_
         .unwrap();
     assert_eq!(item_done.data["item"]["arguments"], arguments.as_str());
     assert_eq!(item_done.data["item"]["status"], "completed");
+}
+
+#[test]
+fn progress_notes_stream_as_slug_prefixed_events_of_their_call_and_replay_the_same() {
+    let mut first = tool(1, 0, "a", false, 0);
+    let mut second = tool(2, 0, "b", true, 1);
+    if let StepBody::Tool(t) = &mut first.body {
+        t.notes.on_request = Some("Searching for a".into());
+        t.notes.on_result = Some("Found a".into());
+    }
+    if let StepBody::Tool(t) = &mut second.body {
+        t.notes.on_result = Some("b went wrong".into());
+    }
+    let record = ended(Ending::Incomplete {
+        reason: IncompleteReason::Deadline,
+    });
+    let steps = vec![model(0, None, &["a", "b"]), first, second];
+    let events = replay(&record, &steps);
+    let notes: Vec<&Event> = events.iter().filter(|e| e.kind == TOOL_NOTE).collect();
+    assert_eq!(notes.len(), 3);
+    let fields: Vec<(Value, Value, Value, Value, Value)> = notes
+        .iter()
+        .map(|e| {
+            (
+                e.data["item_id"].clone(),
+                e.data["output_index"].clone(),
+                e.data["phase"].clone(),
+                e.data["label"].clone(),
+                e.data["detail"].clone(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        fields,
+        [
+            (
+                json!("mcp_a"),
+                json!(0),
+                json!("request"),
+                json!("Searching for a"),
+                json!("in_progress")
+            ),
+            (
+                json!("mcp_a"),
+                json!(0),
+                json!("result"),
+                json!("Found a"),
+                json!("completed")
+            ),
+            (
+                json!("mcp_b"),
+                json!(1),
+                json!("result"),
+                json!("b went wrong"),
+                json!("failed")
+            ),
+        ]
+    );
+    assert!(notes.iter().all(|e| e.data["type"] == "gateway:tool_note"));
+    // Each note comes right after the event it annotates.
+    let kinds = kinds(&events);
+    let at = |i: usize| {
+        kinds[events
+            .iter()
+            .position(|e| std::ptr::eq(e, notes[i]))
+            .unwrap()
+            - 1]
+    };
+    assert_eq!(at(0), "response.mcp_call.in_progress");
+    assert_eq!(at(1), "response.mcp_call.completed");
+    assert_eq!(at(2), "response.mcp_call.failed");
+    // Sequence numbers stay contiguous.
+    for (i, event) in events.iter().enumerate() {
+        assert_eq!(event.sequence_number(), i as u64);
+    }
 }

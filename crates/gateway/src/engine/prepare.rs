@@ -154,6 +154,7 @@ impl Engine {
                     batch: None,
                     outcome: None,
                     ended_rank: None,
+                    notes: Default::default(),
                 }),
             })
             .collect();
