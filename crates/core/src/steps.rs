@@ -253,6 +253,9 @@ pub struct ToolStep {
     /// the stream shows them as the live stream did.
     #[serde(default, skip_serializing_if = "ToolNotes::is_empty")]
     pub notes: ToolNotes,
+    /// The `server_label` its `mcp_call` item shows: the MCP source's name; `None` for HTTP tools ("gateway").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub server_label: Option<String>,
 }
 
 /// The rendered progress notes of one tool call.

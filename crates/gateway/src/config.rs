@@ -139,6 +139,11 @@ pub struct ToolsConfig {
     pub max_retries: u32,
     /// Base of the backoff between those retries (`retry::RetryPolicy`: exponential, equal jitter).
     pub backoff_ms: u64,
+    /// How long an MCP source's tool list is used before it is listed again (a `list_changed` notification
+    /// makes it listed again sooner).
+    pub mcp_list_ttl_ms: u64,
+    /// How long opening an MCP session or listing its tools may take.
+    pub mcp_connect_timeout_ms: u64,
 }
 
 impl Default for ToolsConfig {
@@ -147,6 +152,8 @@ impl Default for ToolsConfig {
             default_timeout_ms: 30_000,
             max_retries: 2,
             backoff_ms: 50,
+            mcp_list_ttl_ms: 60_000,
+            mcp_connect_timeout_ms: 5_000,
         }
     }
 }

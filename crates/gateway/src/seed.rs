@@ -169,6 +169,9 @@ async fn seed_tool_source(
             note_on_request: None,
             note_on_result: None,
             hosted_type: None,
+            kind: "http",
+            allowed_tools: None,
+            name_prefix: None,
         };
         store.create_tool_source(&new).await?;
     }

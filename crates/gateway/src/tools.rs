@@ -1,6 +1,7 @@
 //! The HTTP tool executor: runs one server tool call on its source's endpoint (SPEC section 7), within the
 //! source's policy (calls in flight, circuit breaker, output cap; see [`policy`]).
 
+pub mod mcp;
 pub mod policy;
 
 use std::sync::Arc;
@@ -12,7 +13,7 @@ use serde_json::Value;
 
 use crate::config::ToolsConfig;
 use crate::retry::RetryPolicy;
-use crate::store::tenancy::ToolSource;
+use crate::store::tenancy::{SourceKind, ToolSource};
 
 /// Runs server tool calls; every failure becomes an error outcome that the model sees.
 #[derive(Debug, Clone)]
@@ -24,6 +25,8 @@ pub struct ToolExecutor {
     validators: moka::sync::Cache<String, Arc<jsonschema::Validator>>,
     /// Calls in flight and breakers, per source.
     policies: Arc<policy::Policies>,
+    /// Sessions and tool lists of MCP sources.
+    mcp: Arc<mcp::McpClients>,
 }
 
 /// Identifies one tool step across retries and restarts.
@@ -45,10 +48,23 @@ impl ToolExecutor {
         Ok(ToolExecutor {
             http,
             retry: RetryPolicy::new(config.max_retries, config.backoff_ms),
-            config,
             validators: moka::sync::Cache::new(1024),
             policies: Arc::default(),
+            mcp: Arc::new(mcp::McpClients::new(
+                Duration::from_millis(config.mcp_list_ttl_ms),
+                Duration::from_millis(config.mcp_connect_timeout_ms),
+            )),
+            config,
         })
+    }
+
+    /// The server tools of `sources`, each MCP source replaced by the tools its server lists (see
+    /// [`mcp::McpClients::expand`]).
+    pub async fn expand(&self, sources: Vec<ToolSource>) -> Vec<ToolSource> {
+        if sources.iter().all(|s| s.kind == SourceKind::Http) {
+            return sources;
+        }
+        self.mcp.expand(sources).await
     }
 
     /// Runs `call` on `source`. Never fails: errors are outcomes.
@@ -126,9 +142,16 @@ impl ToolExecutor {
         let remaining = deadline
             .saturating_duration_since(Instant::now())
             .max(Duration::from_millis(1));
-        let outcome = self
-            .send(source, call, at, &arguments, remaining, timeout_ms)
-            .await;
+        let outcome = match &source.mcp_tool {
+            Some(tool) => {
+                let outcome = self.mcp.call(source, tool, &arguments, remaining).await;
+                cap_output(outcome, source.policy.max_output_bytes())
+            }
+            None => {
+                self.send(source, call, at, &arguments, remaining, timeout_ms)
+                    .await
+            }
+        };
         // A 4xx is the tool refusing this call (arguments, say), not the tool being down.
         let failed = match &outcome {
             ToolOutcome::Output { .. } => false,
@@ -315,6 +338,17 @@ async fn read_answer(tool: &str, mut response: reqwest::Response, cap: usize) ->
         }
     } else {
         ToolOutcome::Output { text }
+    }
+}
+
+/// An MCP output cut to the source's cap, as an HTTP answer is.
+fn cap_output(outcome: ToolOutcome, cap: u64) -> ToolOutcome {
+    let cap = usize::try_from(cap).unwrap_or(usize::MAX);
+    match outcome {
+        ToolOutcome::Output { text } if text.len() > cap => ToolOutcome::Output {
+            text: truncated(&text, text.len(), cap),
+        },
+        other => other,
     }
 }
 

@@ -11,12 +11,14 @@
 //! (`/_mock/*`, `/_tools/*`). Each binary prints `listening on http://HOST:PORT` on stdout once
 //! bound, so a test can start it with `--bind 127.0.0.1:0` and read the port.
 
+pub mod mcp_server;
 pub mod mock_model;
 #[cfg(feature = "scratch")]
 pub mod scratch;
 mod server;
 pub mod tool_server;
 
+pub use mcp_server::McpServer;
 pub use mock_model::{Call, MockModel, Reply, ReplySpec, StreamMode};
 pub use tool_server::{
     misbehaving_tool_definitions, tool_definitions, RecordedCall, ToolDefinition, ToolServer,

@@ -169,6 +169,9 @@ async fn tool(store: &Store, name: &str) -> String {
             note_on_request: None,
             note_on_result: None,
             hosted_type: None,
+            kind: "http",
+            allowed_tools: None,
+            name_prefix: None,
         })
         .await
         .expect("tool source")
@@ -283,6 +286,11 @@ fn server_tool() -> ToolSource {
         note_on_request: None,
         note_on_result: None,
         hosted_type: None,
+        kind: Default::default(),
+        allowed_tools: None,
+        name_prefix: None,
+        mcp_tool: None,
+        server_label: None,
     }
 }
 
@@ -749,6 +757,9 @@ async fn duplicate_names_are_a_conflict_for_every_kind(store: Store) {
                 note_on_request: None,
                 note_on_result: None,
                 hosted_type: None,
+                kind: "http",
+                allowed_tools: None,
+                name_prefix: None,
             })
             .await,
     );

@@ -108,6 +108,7 @@ fn tool(
             outcome,
             ended_rank: None,
             notes: Default::default(),
+            server_label: None,
         }),
     }
 }

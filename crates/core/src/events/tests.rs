@@ -91,6 +91,7 @@ fn tool(seq: u32, batch: u32, call_id: &str, failed: bool, ended_rank: u32) -> S
             outcome: Some(outcome),
             ended_rank: Some(ended_rank),
             notes: Default::default(),
+            server_label: None,
         }),
     }
 }

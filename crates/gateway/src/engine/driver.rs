@@ -218,19 +218,27 @@ impl Engine {
                 }
                 NextAction::DispatchBatch { batch, calls } => {
                     let first = run.steps.len() as u32;
+                    let server_tools = &run.server_tools;
+                    let record_id = &run.record.id;
                     // Recorded with the next write, right before they run.
                     run.steps
-                        .extend(calls.into_iter().enumerate().map(|(i, call)| Step {
-                            seq: first + i as u32,
-                            state: StepState::Pending,
-                            body: StepBody::Tool(ToolStep {
-                                item_id: item_id("mcp", &run.record.id),
-                                call,
-                                batch,
-                                outcome: None,
-                                ended_rank: None,
-                                notes: Default::default(),
-                            }),
+                        .extend(calls.into_iter().enumerate().map(|(i, call)| {
+                            Step {
+                                seq: first + i as u32,
+                                state: StepState::Pending,
+                                body: StepBody::Tool(ToolStep {
+                                    item_id: item_id("mcp", record_id),
+                                    server_label: server_tools
+                                        .iter()
+                                        .find(|s| s.name == call.name)
+                                        .and_then(|s| s.server_label.clone()),
+                                    call,
+                                    batch,
+                                    outcome: None,
+                                    ended_rank: None,
+                                    notes: Default::default(),
+                                }),
+                            }
                         }));
                     continue;
                 }

@@ -43,6 +43,47 @@ pub struct ToolSource {
     /// The hosted tool type this source serves (SPEC 12), if any.
     #[serde(default)]
     pub hosted_type: Option<String>,
+    /// `http` (one tool, this record) or `mcp` (a server whose tools each become a server tool).
+    #[serde(default)]
+    pub kind: SourceKind,
+    /// `mcp`: the server's tools offered (`None`: all).
+    #[serde(default)]
+    pub allowed_tools: Option<Vec<String>>,
+    /// `mcp`: put before each of the server's tool names.
+    #[serde(default)]
+    pub name_prefix: Option<String>,
+    /// For one tool of an `mcp` source: its name on the server (`name` may carry the prefix).
+    #[serde(default)]
+    pub mcp_tool: Option<String>,
+    /// For one tool of an `mcp` source: the source's name, shown as `server_label` of its calls.
+    #[serde(default)]
+    pub server_label: Option<String>,
+}
+
+/// The kind of a tool source.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SourceKind {
+    #[default]
+    Http,
+    Mcp,
+}
+
+impl SourceKind {
+    pub fn parse(kind: &str) -> Option<SourceKind> {
+        match kind {
+            "http" => Some(SourceKind::Http),
+            "mcp" => Some(SourceKind::Mcp),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SourceKind::Http => "http",
+            SourceKind::Mcp => "mcp",
+        }
+    }
 }
 
 /// What a project may use when it names a model.
@@ -97,7 +138,7 @@ impl Store {
             let tools = sqlx::query_as::<_, ToolSourceRecord>(
                 "SELECT DISTINCT t.id, t.name, t.description, t.parameters, t.url, t.timeout_ms, t.secret, t.strict,
                     t.max_in_flight, t.max_output_bytes, t.breaker_failures, t.breaker_cooldown_ms,
-                    t.note_on_request, t.note_on_result, t.hosted_type
+                    t.note_on_request, t.note_on_result, t.hosted_type, t.kind, t.allowed_tools, t.name_prefix
                  FROM tool_sources t
                  JOIN group_tool_sources gt ON gt.tool_source_id = t.id
                  JOIN group_deployments gd ON gd.group_id = gt.group_id
@@ -137,7 +178,7 @@ impl Store {
             let found = with_pool!(self, |pool| sqlx::query_as::<_, ToolSourceRecord>(
                 "SELECT id, name, description, parameters, url, timeout_ms, secret, strict,
                     max_in_flight, max_output_bytes, breaker_failures, breaker_cooldown_ms,
-                    note_on_request, note_on_result, hosted_type
+                    note_on_request, note_on_result, hosted_type, kind, allowed_tools, name_prefix
                  FROM tool_sources WHERE id = $1",
             )
             .bind(id)
@@ -194,6 +235,9 @@ struct ToolSourceRecord {
     note_on_request: Option<String>,
     note_on_result: Option<String>,
     hosted_type: Option<String>,
+    kind: String,
+    allowed_tools: Option<serde_json::Value>,
+    name_prefix: Option<String>,
 }
 
 impl From<ToolSourceRecord> for ToolSource {
@@ -222,6 +266,13 @@ impl From<ToolSourceRecord> for ToolSource {
                 .note_on_result
                 .and_then(|t| NoteTemplate::parse(t, "note_on_result").ok()),
             hosted_type: row.hosted_type,
+            kind: SourceKind::parse(&row.kind).unwrap_or_default(),
+            allowed_tools: row
+                .allowed_tools
+                .and_then(|v| serde_json::from_value(v).ok()),
+            name_prefix: row.name_prefix,
+            mcp_tool: None,
+            server_label: None,
         }
     }
 }

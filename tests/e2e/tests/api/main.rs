@@ -11,6 +11,7 @@ mod chaining;
 mod durability;
 mod embedded;
 mod idempotency;
+mod mcp_sources;
 mod operations;
 mod responses;
 mod robustness;

@@ -16,6 +16,7 @@ use super::{
 use crate::api::error::ApiError;
 use crate::api::AppState;
 use crate::store::admin::{NewToolSource, ToolSourceChanges, ToolSourceRow};
+use crate::store::tenancy::SourceKind;
 
 /// A tool source's fields.
 #[derive(Debug, Deserialize)]
@@ -49,6 +50,53 @@ pub struct ToolSourceBody {
     note_on_result: Option<Option<String>>,
     #[serde(default, deserialize_with = "nullable")]
     hosted_type: Option<Option<String>>,
+    #[serde(default, deserialize_with = "nullable")]
+    kind: Option<Option<String>>,
+    #[serde(default, deserialize_with = "nullable")]
+    allowed_tools: Option<Option<Vec<String>>>,
+    #[serde(default, deserialize_with = "nullable")]
+    name_prefix: Option<Option<String>>,
+}
+
+/// `allowed_tools`: at most 1000 tool names (as the server names them).
+fn parse_allowed_tools(
+    names: Vec<String>,
+    param: &str,
+) -> Result<Vec<String>, gateway_core::request::InvalidRequest> {
+    let bad = names.len() > 1000
+        || names
+            .iter()
+            .any(|n| n.is_empty() || n.len() > 128 || n.chars().any(char::is_control));
+    if bad {
+        return Err(gateway_core::request::InvalidRequest::new(
+            format!(
+                "'{param}' must be a list of at most 1000 tool names, each 1 to 128 characters."
+            ),
+            param,
+        )
+        .with_code("invalid_value"));
+    }
+    Ok(names)
+}
+
+/// `name_prefix`: 1 to 32 letters, digits, `_` or `-`, so that prefixed names stay valid tool names.
+fn parse_name_prefix(
+    prefix: String,
+    param: &str,
+) -> Result<String, gateway_core::request::InvalidRequest> {
+    let ok = (1..=32).contains(&prefix.len())
+        && prefix
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
+    if ok {
+        Ok(prefix)
+    } else {
+        Err(gateway_core::request::InvalidRequest::new(
+            format!("'{param}' must be 1 to 32 letters, digits, '_' or '-'."),
+            param,
+        )
+        .with_code("invalid_value"))
+    }
 }
 
 /// A field that may be absent, `null` (back to the default) or a value parsed with `parse`.
@@ -73,6 +121,8 @@ struct Extras {
     note_on_request: Option<Option<NoteTemplate>>,
     note_on_result: Option<Option<NoteTemplate>>,
     hosted_type: Option<Option<String>>,
+    allowed_tools: Option<Option<Vec<String>>>,
+    name_prefix: Option<Option<String>>,
 }
 
 impl Extras {
@@ -109,6 +159,12 @@ impl Extras {
                 NoteTemplate::parse,
             )?,
             hosted_type: optional(body.hosted_type.take(), "hosted_type", parse_hosted_type)?,
+            allowed_tools: optional(
+                body.allowed_tools.take(),
+                "allowed_tools",
+                parse_allowed_tools,
+            )?,
+            name_prefix: optional(body.name_prefix.take(), "name_prefix", parse_name_prefix)?,
         })
     }
 
@@ -144,6 +200,10 @@ pub struct ToolSourceObject {
     note_on_request: Option<String>,
     note_on_result: Option<String>,
     hosted_type: Option<String>,
+    /// `http` or `mcp`.
+    kind: String,
+    allowed_tools: Option<Value>,
+    name_prefix: Option<String>,
 }
 
 impl From<ToolSourceRow> for ToolSourceObject {
@@ -172,6 +232,9 @@ impl From<ToolSourceRow> for ToolSourceObject {
             note_on_request: row.note_on_request,
             note_on_result: row.note_on_result,
             hosted_type: row.hosted_type,
+            kind: row.kind,
+            allowed_tools: row.allowed_tools,
+            name_prefix: row.name_prefix,
         }
     }
 }
@@ -186,9 +249,38 @@ pub async fn create_tool_source(
     AdminJson(mut body): AdminJson<ToolSourceBody>,
 ) -> Result<Json<ToolSourceObject>, ApiError> {
     let extras = Extras::parse(&mut body)?;
+    let kind = match body.kind.flatten() {
+        None => SourceKind::Http,
+        Some(kind) => SourceKind::parse(&kind).ok_or_else(|| {
+            ApiError::invalid(
+                format!("Invalid 'kind': '{kind}'; expected 'http' or 'mcp'."),
+                Some("kind"),
+                Some("invalid_value"),
+            )
+        })?,
+    };
     let name = parse_required(body.name, "name", ToolName::parse)?;
     let description = body.description.flatten().unwrap_or_default();
-    let parameters = parse_required(body.parameters, "parameters", ToolParameters::parse)?;
+    let parameters = match (kind, body.parameters) {
+        // An MCP source's tools bring their own schemas.
+        (SourceKind::Mcp, None | Some(None)) => {
+            ToolParameters::parse(serde_json::json!({"type": "object"}), "parameters")?
+        }
+        (_, parameters) => parse_required(parameters, "parameters", ToolParameters::parse)?,
+    };
+    if kind == SourceKind::Http && (extras.allowed_tools.is_some() || extras.name_prefix.is_some())
+    {
+        let param = if extras.allowed_tools.is_some() {
+            "allowed_tools"
+        } else {
+            "name_prefix"
+        };
+        return Err(ApiError::invalid(
+            format!("'{param}' applies to tool sources of kind 'mcp' only."),
+            Some(param),
+            Some("invalid_value"),
+        ));
+    }
     let url = parse_required(body.url, "url", HttpUrl::parse)?;
     let timeout_ms = match body.timeout_ms.flatten() {
         Some(timeout_ms) => TimeoutMs::parse(timeout_ms, "timeout_ms")?,
@@ -210,6 +302,9 @@ pub async fn create_tool_source(
         note_on_request: extras.note_on_request.as_ref().and_then(Option::as_ref),
         note_on_result: extras.note_on_result.as_ref().and_then(Option::as_ref),
         hosted_type: extras.hosted_type.as_ref().and_then(Option::as_deref),
+        kind: kind.as_str(),
+        allowed_tools: extras.allowed_tools.as_ref().and_then(Option::as_deref),
+        name_prefix: extras.name_prefix.as_ref().and_then(Option::as_deref),
     };
     let source = state.store.create_tool_source(&new).await?;
     tracing::info!(tool_source.id = %source.id, tool.name = %source.name, "tool source created");
@@ -246,6 +341,13 @@ pub async fn update_tool_source(
     AdminJson(mut body): AdminJson<ToolSourceBody>,
 ) -> Result<Json<ToolSourceObject>, ApiError> {
     let extras = Extras::parse(&mut body)?;
+    if body.kind.is_some() {
+        return Err(ApiError::invalid(
+            "A tool source's 'kind' cannot be changed; create another source.".to_owned(),
+            Some("kind"),
+            Some("invalid_value"),
+        ));
+    }
     let name = parse_changed(body.name, "name", ToolName::parse)?;
     let description = body.description.map(Option::unwrap_or_default);
     let parameters = parse_changed(body.parameters, "parameters", ToolParameters::parse)?;
@@ -270,6 +372,8 @@ pub async fn update_tool_source(
         note_on_request: extras.note_on_request.as_ref().map(Option::as_ref),
         note_on_result: extras.note_on_result.as_ref().map(Option::as_ref),
         hosted_type: extras.hosted_type.as_ref().map(Option::as_deref),
+        allowed_tools: extras.allowed_tools.as_ref().map(Option::as_deref),
+        name_prefix: extras.name_prefix.as_ref().map(Option::as_deref),
     };
     let source = state
         .store
@@ -316,6 +420,9 @@ mod tests {
             note_on_request: Some("Weather in {city}".into()),
             note_on_result: None,
             hosted_type: None,
+            kind: "http".into(),
+            allowed_tools: None,
+            name_prefix: None,
         };
         assert_eq!(
             serde_json::to_value(ToolSourceObject::from(row)).unwrap(),
@@ -337,6 +444,9 @@ mod tests {
                 "note_on_request": "Weather in {city}",
                 "note_on_result": null,
                 "hosted_type": null,
+                "kind": "http",
+                "allowed_tools": null,
+                "name_prefix": null,
             })
         );
     }

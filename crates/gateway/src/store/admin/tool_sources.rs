@@ -29,6 +29,9 @@ pub struct ToolSourceRow {
     pub note_on_request: Option<String>,
     pub note_on_result: Option<String>,
     pub hosted_type: Option<String>,
+    pub kind: String,
+    pub allowed_tools: Option<Value>,
+    pub name_prefix: Option<String>,
 }
 
 /// A tool source to create.
@@ -45,6 +48,10 @@ pub struct NewToolSource<'a> {
     pub note_on_request: Option<&'a NoteTemplate>,
     pub note_on_result: Option<&'a NoteTemplate>,
     pub hosted_type: Option<&'a str>,
+    /// `http` or `mcp`.
+    pub kind: &'a str,
+    pub allowed_tools: Option<&'a [String]>,
+    pub name_prefix: Option<&'a str>,
 }
 
 /// Changes to a tool source; `None` leaves a field as it is.
@@ -66,6 +73,8 @@ pub struct ToolSourceChanges<'a> {
     pub note_on_request: Option<Option<&'a NoteTemplate>>,
     pub note_on_result: Option<Option<&'a NoteTemplate>>,
     pub hosted_type: Option<Option<&'a str>>,
+    pub allowed_tools: Option<Option<&'a [String]>>,
+    pub name_prefix: Option<Option<&'a str>>,
 }
 
 /// The columns of a `ToolSourceRow`: whether there is a secret, never the secret.
@@ -73,7 +82,7 @@ macro_rules! tool_source_columns {
     () => {
         "id, name, description, parameters, url, timeout_ms, strict, (secret IS NOT NULL) AS has_secret, created_at, \
          max_in_flight, max_output_bytes, breaker_failures, breaker_cooldown_ms, note_on_request, note_on_result, \
-         hosted_type"
+         hosted_type, kind, allowed_tools, name_prefix"
     };
 }
 
@@ -86,8 +95,8 @@ impl Store {
         with_pool!(self, |pool| sqlx::query_as::<_, ToolSourceRow>(concat!(
             "INSERT INTO tool_sources (id, name, description, parameters, url, timeout_ms, secret, strict, created_at,
                 max_in_flight, max_output_bytes, breaker_failures, breaker_cooldown_ms, note_on_request, note_on_result,
-                hosted_type)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)
+                hosted_type, kind, allowed_tools, name_prefix)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19)
              RETURNING ",
             tool_source_columns!()
         ))
@@ -107,6 +116,9 @@ impl Store {
         .bind(new.note_on_request.map(NoteTemplate::as_str))
         .bind(new.note_on_result.map(NoteTemplate::as_str))
         .bind(new.hosted_type)
+        .bind(new.kind)
+        .bind(new.allowed_tools.map(|t| serde_json::json!(t)))
+        .bind(new.name_prefix)
         .fetch_one(pool)
         .await)
         .map_err(|e| StoreError::from_write(e, &taken(new.name.as_str())))
@@ -160,7 +172,9 @@ impl Store {
                 breaker_cooldown_ms = CASE WHEN $16 THEN $17 ELSE breaker_cooldown_ms END,
                 note_on_request = CASE WHEN $18 THEN $19 ELSE note_on_request END,
                 note_on_result = CASE WHEN $20 THEN $21 ELSE note_on_result END,
-                hosted_type = CASE WHEN $22 THEN $23 ELSE hosted_type END
+                hosted_type = CASE WHEN $22 THEN $23 ELSE hosted_type END,
+                allowed_tools = CASE WHEN $24 THEN $25 ELSE allowed_tools END,
+                name_prefix = CASE WHEN $26 THEN $27 ELSE name_prefix END
              WHERE id = $1
              RETURNING ",
             tool_source_columns!()
@@ -188,6 +202,15 @@ impl Store {
         .bind(changes.note_on_result.flatten().map(NoteTemplate::as_str))
         .bind(changes.hosted_type.is_some())
         .bind(changes.hosted_type.flatten())
+        .bind(changes.allowed_tools.is_some())
+        .bind(
+            changes
+                .allowed_tools
+                .flatten()
+                .map(|t| serde_json::json!(t))
+        )
+        .bind(changes.name_prefix.is_some())
+        .bind(changes.name_prefix.flatten())
         .fetch_optional(pool)
         .await)
         .map_err(|e| StoreError::from_write(e, &taken(changes.name.map_or("", ToolName::as_str))))
