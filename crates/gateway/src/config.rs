@@ -324,10 +324,19 @@ pub struct SeedDeployment {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SeedToolSource {
+    /// `http` (default) or `mcp`.
+    #[serde(default)]
+    pub kind: Option<String>,
     #[serde(default)]
     pub description: String,
-    /// JSON Schema of the arguments.
+    /// JSON Schema of the arguments (`http`; an `mcp` source's tools bring their own).
+    #[serde(default)]
     pub parameters: serde_json::Value,
+    /// `mcp`: the server's tools offered (default all) and the prefix of their names.
+    #[serde(default)]
+    pub allowed_tools: Option<Vec<String>>,
+    #[serde(default)]
+    pub name_prefix: Option<String>,
     pub url: String,
     #[serde(default)]
     pub timeout_ms: Option<i64>,
