@@ -157,6 +157,32 @@ impl Store {
         })
     }
 
+    /// The tool sources that a key could see together with those of group `group_id`: the sources of that group,
+    /// and of every group that shares a project and a deployment with it (with their secrets, for listing MCP
+    /// servers).
+    pub async fn tool_sources_beside(&self, group_id: &str) -> Result<Vec<ToolSource>, StoreError> {
+        let rows = with_pool!(self, |pool| {
+            sqlx::query_as::<_, ToolSourceRecord>(
+            "SELECT DISTINCT t.id, t.name, t.description, t.parameters, t.url, t.timeout_ms, t.secret, t.strict,
+                t.max_in_flight, t.max_output_bytes, t.breaker_failures, t.breaker_cooldown_ms,
+                t.note_on_request, t.note_on_result, t.hosted_type, t.kind, t.allowed_tools, t.name_prefix
+             FROM tool_sources t
+             JOIN group_tool_sources gt ON gt.tool_source_id = t.id
+             WHERE gt.group_id = $1
+                OR (EXISTS (SELECT 1 FROM group_projects a JOIN group_projects b ON b.project_id = a.project_id
+                            WHERE a.group_id = $1 AND b.group_id = gt.group_id)
+                    AND EXISTS (SELECT 1 FROM group_deployments a JOIN group_deployments b
+                                ON b.deployment_id = a.deployment_id
+                                WHERE a.group_id = $1 AND b.group_id = gt.group_id))
+             ORDER BY t.name",
+        )
+        .bind(group_id)
+        .fetch_all(pool)
+        .await
+        })?;
+        Ok(rows.into_iter().map(ToolSource::from).collect())
+    }
+
     /// A deployment by id, whatever groups it is in: what a resumed response runs on.
     pub async fn deployment_by_id(&self, id: &str) -> Result<Option<Deployment>, StoreError> {
         let found = with_pool!(self, |pool| {

@@ -207,3 +207,54 @@ async fn bad_mcp_source_fields_are_refused_with_their_param() {
     let sources = gw.admin_ok(Method::GET, "/tool_sources", None).await;
     assert!(sources["data"].as_array().unwrap().is_empty());
 }
+
+#[tokio::test]
+async fn a_source_whose_tool_names_clash_with_another_visible_source_is_refused_with_409() {
+    let (gw, tenant) = gateway().await;
+    let mcp = McpServer::start().await.expect("mcp server");
+    gw.attach_tool(&tenant.group_id, "add").await;
+    let source = gw
+        .admin_ok(
+            Method::POST,
+            "/tool_sources",
+            Some(json!({"kind": "mcp", "name": "calc", "url": mcp.url()})),
+        )
+        .await;
+    let attach = |id: String| {
+        gw.admin(
+            Method::PUT,
+            &format!("/deployment_groups/{}/tool_sources/{id}", tenant.group_id),
+        )
+    };
+
+    let refused = gw.call(attach(id_of(&source))).await;
+
+    assert_eq!(refused.status.as_u16(), 409, "{:#}", refused.body);
+    let message = refused.body["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("'add'") && message.contains("'calc'"),
+        "{message}"
+    );
+    let group = gw
+        .admin_ok(
+            Method::GET,
+            &format!("/deployment_groups/{}", tenant.group_id),
+            None,
+        )
+        .await;
+    assert_eq!(
+        group["tool_source_ids"].as_array().unwrap().len(),
+        1,
+        "not attached"
+    );
+
+    // With a prefix, its names no longer clash.
+    gw.admin_ok(
+        Method::PATCH,
+        &format!("/tool_sources/{}", id_of(&source)),
+        Some(json!({"name_prefix": "calc_"})),
+    )
+    .await;
+    let attached = gw.call(attach(id_of(&source))).await;
+    assert_eq!(attached.status.as_u16(), 200, "{:#}", attached.body);
+}
