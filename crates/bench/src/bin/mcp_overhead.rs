@@ -46,10 +46,10 @@ async fn main() -> anyhow::Result<()> {
     let warmup = (args.calls / 10).max(10);
 
     // Directly: one rmcp client session, tools/call in a loop.
-    let direct_client = ()
-        .serve(StreamableHttpClientTransport::from_uri(mcp.url()))
-        .await
-        .context("direct MCP session")?;
+    let direct_client =
+        ().serve(StreamableHttpClientTransport::from_uri(mcp.url()))
+            .await
+            .context("direct MCP session")?;
     let mut direct = Histogram::<u64>::new(3)?;
     for i in 0..warmup + args.calls {
         let arguments = json!({"a": i, "b": 1});
@@ -104,7 +104,10 @@ async fn main() -> anyhow::Result<()> {
         let started = Instant::now();
         let outcome = executor.execute(add, &call, at).await;
         if outcome.is_error() {
-            anyhow::bail!("the call through the gateway failed: {}", outcome.model_text());
+            anyhow::bail!(
+                "the call through the gateway failed: {}",
+                outcome.model_text()
+            );
         }
         if i >= warmup {
             gateway.record(elapsed_us(started))?;
@@ -123,4 +126,3 @@ fn elapsed_us(started: Instant) -> u64 {
         .unwrap_or(u64::MAX)
         .max(1)
 }
-

@@ -265,3 +265,32 @@ fn outcome_of(result: &CallToolResult) -> ToolOutcome {
         ToolOutcome::Output { text }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn an_mcp_result_becomes_the_output_the_model_reads() {
+        let text = CallToolResult::success(vec![ContentBlock::text("a"), ContentBlock::text("b")]);
+        assert_eq!(
+            outcome_of(&text),
+            ToolOutcome::Output {
+                text: "a\nb".into()
+            }
+        );
+        let mut structured = CallToolResult::success(vec![ContentBlock::text("ignored")]);
+        structured.structured_content = Some(json!({"sum": 5}));
+        assert_eq!(
+            outcome_of(&structured),
+            ToolOutcome::Output {
+                text: r#"{"sum":5}"#.into()
+            }
+        );
+        let failed = CallToolResult::error(vec![ContentBlock::text("no such city")]);
+        assert_eq!(outcome_of(&failed), ToolOutcome::error("no such city"));
+        let silent = CallToolResult::error(Vec::new());
+        assert!(outcome_of(&silent).is_error());
+    }
+}
