@@ -267,6 +267,195 @@ pub fn check_non_empty(value: &str, param: &str) -> Result<(), InvalidRequest> {
     }
 }
 
+/// A tool source's policy (SPEC 7): how many of its calls may run at once across the gateway, how much of an
+/// output is kept, and when its circuit breaker opens. `None` is the gateway's default.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct ToolPolicy {
+    #[serde(default)]
+    pub max_in_flight: Option<u32>,
+    #[serde(default)]
+    pub max_output_bytes: Option<u64>,
+    #[serde(default)]
+    pub breaker_failures: Option<u32>,
+    #[serde(default)]
+    pub breaker_cooldown_ms: Option<u64>,
+}
+
+impl ToolPolicy {
+    /// The output cap when a source names none: 1 MiB.
+    pub const DEFAULT_MAX_OUTPUT_BYTES: u64 = 1024 * 1024;
+    /// The smallest output cap: room for the truncation marker and some output.
+    pub const MIN_MAX_OUTPUT_BYTES: i64 = 256;
+    /// The largest output cap: 64 MiB.
+    pub const MAX_MAX_OUTPUT_BYTES: i64 = 64 * 1024 * 1024;
+    /// Consecutive failures that open the breaker when a source names no number.
+    pub const DEFAULT_BREAKER_FAILURES: u32 = 5;
+    /// How long an open breaker fails calls fast when a source names no cool-down.
+    pub const DEFAULT_BREAKER_COOLDOWN_MS: u64 = 30_000;
+
+    pub fn max_output_bytes(&self) -> u64 {
+        self.max_output_bytes
+            .unwrap_or(ToolPolicy::DEFAULT_MAX_OUTPUT_BYTES)
+    }
+
+    pub fn breaker_failures(&self) -> u32 {
+        self.breaker_failures
+            .unwrap_or(ToolPolicy::DEFAULT_BREAKER_FAILURES)
+    }
+
+    pub fn breaker_cooldown_ms(&self) -> u64 {
+        self.breaker_cooldown_ms
+            .unwrap_or(ToolPolicy::DEFAULT_BREAKER_COOLDOWN_MS)
+    }
+
+    /// `max_in_flight`: 1 to 10 000.
+    pub fn parse_max_in_flight(value: i64, param: &str) -> Result<u32, InvalidRequest> {
+        bounded(value, param, 1, 10_000).map(|v| u32::try_from(v).unwrap_or(u32::MAX))
+    }
+
+    /// `max_output_bytes`: 256 bytes to 64 MiB.
+    pub fn parse_max_output_bytes(value: i64, param: &str) -> Result<u64, InvalidRequest> {
+        bounded(
+            value,
+            param,
+            ToolPolicy::MIN_MAX_OUTPUT_BYTES,
+            ToolPolicy::MAX_MAX_OUTPUT_BYTES,
+        )
+        .map(|v| u64::try_from(v).unwrap_or(0))
+    }
+
+    /// `breaker_failures`: 1 to 1000.
+    pub fn parse_breaker_failures(value: i64, param: &str) -> Result<u32, InvalidRequest> {
+        bounded(value, param, 1, 1000).map(|v| u32::try_from(v).unwrap_or(u32::MAX))
+    }
+
+    /// `breaker_cooldown_ms`: 1 ms to one hour.
+    pub fn parse_breaker_cooldown_ms(value: i64, param: &str) -> Result<u64, InvalidRequest> {
+        bounded(value, param, 1, 3_600_000).map(|v| u64::try_from(v).unwrap_or(0))
+    }
+}
+
+fn bounded(value: i64, param: &str, min: i64, max: i64) -> Result<i64, InvalidRequest> {
+    if (min..=max).contains(&value) {
+        Ok(value)
+    } else {
+        Err(invalid(
+            format!("Invalid '{param}': {value}; expected an integer between {min} and {max}."),
+            param,
+        ))
+    }
+}
+
+/// A progress-note template (SPEC 7): text with `{field}` (or `{a.b}`) placeholders over the call's arguments;
+/// at most 500 characters, no control characters, braces balanced.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct NoteTemplate(String);
+
+impl NoteTemplate {
+    pub const MAX_CHARS: usize = 500;
+
+    pub fn parse(text: impl Into<String>, param: &str) -> Result<NoteTemplate, InvalidRequest> {
+        let text = text.into();
+        if text.is_empty() || text.chars().count() > NoteTemplate::MAX_CHARS {
+            return Err(invalid(
+                format!(
+                    "'{param}' must be between 1 and {} characters.",
+                    NoteTemplate::MAX_CHARS
+                ),
+                param,
+            ));
+        }
+        if text.chars().any(char::is_control) {
+            return Err(invalid(
+                format!("'{param}' must not contain control characters."),
+                param,
+            ));
+        }
+        let mut open = false;
+        for c in text.chars() {
+            match (c, open) {
+                ('{', false) => open = true,
+                ('}', true) => open = false,
+                ('{', true) | ('}', false) => {
+                    return Err(invalid(
+                        format!(
+                            "'{param}' has unbalanced braces; write placeholders as {{field}}."
+                        ),
+                        param,
+                    ))
+                }
+                _ => {}
+            }
+        }
+        if open {
+            return Err(invalid(
+                format!("'{param}' has an unclosed placeholder."),
+                param,
+            ));
+        }
+        Ok(NoteTemplate(text))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// The template with each `{path}` replaced by that field of `values` (a dotted path into objects): a
+    /// string as is, another value as its JSON text, a missing field as nothing. Never fails.
+    pub fn render(&self, values: &Value) -> String {
+        let mut out = String::with_capacity(self.0.len());
+        let mut rest = self.0.as_str();
+        while let Some(start) = rest.find('{') {
+            out.push_str(&rest[..start]);
+            let after = &rest[start + 1..];
+            let Some(end) = after.find('}') else {
+                out.push_str(&rest[start..]);
+                return out;
+            };
+            let path = after[..end].trim();
+            let found = path
+                .split('.')
+                .try_fold(values, |value, key| value.get(key));
+            match found {
+                Some(Value::String(s)) => out.push_str(s),
+                Some(Value::Null) | None => {}
+                Some(other) => out.push_str(&other.to_string()),
+            }
+            rest = &after[end + 1..];
+        }
+        out.push_str(rest);
+        out
+    }
+}
+
+/// The hosted tool types a tool source may serve (SPEC 12).
+pub const HOSTED_TYPES: &[&str] = &[
+    "web_search",
+    "web_search_preview",
+    "file_search",
+    "code_interpreter",
+    "image_generation",
+    "tool_search",
+    "local_shell",
+    "computer_use_preview",
+];
+
+/// A tool source's `hosted_type`: one of [`HOSTED_TYPES`].
+pub fn parse_hosted_type(kind: String, param: &str) -> Result<String, InvalidRequest> {
+    if HOSTED_TYPES.contains(&kind.as_str()) {
+        Ok(kind)
+    } else {
+        Err(invalid(
+            format!(
+                "Invalid '{param}': '{kind}'; expected one of {}.",
+                HOSTED_TYPES.join(", ")
+            ),
+            param,
+        ))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -369,5 +558,65 @@ mod tests {
             let error = check_secret(bad, "secret").unwrap_err();
             assert!(bad.trim().is_empty() || !error.message.contains(bad));
         }
+    }
+
+    #[test]
+    fn a_note_renders_its_fields_and_missing_ones_as_nothing() {
+        let values = serde_json::json!({"city": "Paris", "days": 3, "where": {"country": "FR"}, "none": null});
+        let table = [
+            (
+                "Looking up the weather in {city}",
+                "Looking up the weather in Paris",
+            ),
+            ("{days} days in {where.country}", "3 days in FR"),
+            (
+                "missing: [{nope}] [{where.nope}] [{none}]",
+                "missing: [] [] []",
+            ),
+            ("no placeholder", "no placeholder"),
+            ("{ city }!", "Paris!"),
+        ];
+        for (template, expected) in table {
+            let template = NoteTemplate::parse(template, "note_on_request").unwrap();
+            assert_eq!(template.render(&values), expected, "{template:?}");
+        }
+        // Not an object at all: every placeholder is missing.
+        let template = NoteTemplate::parse("a{b}c", "note_on_result").unwrap();
+        assert_eq!(template.render(&serde_json::json!("text")), "ac");
+    }
+
+    #[test]
+    fn a_bad_note_template_is_refused_with_its_param() {
+        for bad in ["", "{open", "close}", "{{nested}}", "tab\there"] {
+            let error = NoteTemplate::parse(bad, "note_on_request").unwrap_err();
+            assert_eq!(error.param.as_deref(), Some("note_on_request"), "{bad:?}");
+        }
+        let long = "x".repeat(NoteTemplate::MAX_CHARS + 1);
+        assert!(NoteTemplate::parse(long, "note_on_result").is_err());
+    }
+
+    #[test]
+    fn policy_values_out_of_range_are_refused_and_defaults_apply() {
+        assert!(ToolPolicy::parse_max_in_flight(0, "max_in_flight").is_err());
+        assert_eq!(
+            ToolPolicy::parse_max_in_flight(4, "max_in_flight").unwrap(),
+            4
+        );
+        assert!(ToolPolicy::parse_max_output_bytes(10, "max_output_bytes").is_err());
+        assert!(ToolPolicy::parse_max_output_bytes(-1, "max_output_bytes").is_err());
+        assert!(ToolPolicy::parse_breaker_failures(0, "breaker_failures").is_err());
+        assert!(ToolPolicy::parse_breaker_cooldown_ms(3_600_001, "breaker_cooldown_ms").is_err());
+        let policy = ToolPolicy::default();
+        assert_eq!(policy.max_output_bytes(), 1024 * 1024);
+        assert_eq!(policy.breaker_failures(), 5);
+        assert_eq!(policy.breaker_cooldown_ms(), 30_000);
+        assert!(parse_hosted_type("web_search".into(), "hosted_type").is_ok());
+        assert_eq!(
+            parse_hosted_type("nope".into(), "hosted_type")
+                .unwrap_err()
+                .param
+                .as_deref(),
+            Some("hosted_type")
+        );
     }
 }

@@ -21,6 +21,12 @@ use crate::response::{Ending, ResponseRecord, ResponseStatus};
 use crate::steps::{AssistantMessage, CallKind, ModelOutput, Step, StepBody, StepState, ToolCall};
 use crate::toolset::call_item;
 
+/// The slug that prefixes the gateway's own stream events (Open Responses "Extending streaming events").
+pub const SLUG: &str = "gateway";
+
+/// A progress note of a server tool call: `gateway:tool_note`.
+pub const TOOL_NOTE: &str = "gateway:tool_note";
+
 /// One event of a response stream: its `type` and its whole JSON object (which repeats the type and carries
 /// its `sequence_number`).
 #[derive(Debug, Clone, PartialEq)]
@@ -219,15 +225,38 @@ impl EventProjection {
         }
         let index = self.take_output_index();
         self.tool_items.insert(step.seq, index);
+        // As OpenAI streams an `mcp_call`: the item added with empty arguments, the arguments as a delta and a
+        // done, then the call in progress.
         let mut running = tool.clone();
         running.outcome = None;
+        running.call.arguments = String::new();
         self.emit(
             "response.output_item.added",
             json!({"output_index": index, "item": item_json(&mcp_call_item(&running))}),
         );
         self.emit(
+            "response.mcp_call_arguments.delta",
+            json!({"item_id": tool.item_id, "output_index": index, "delta": tool.call.arguments}),
+        );
+        self.emit(
+            "response.mcp_call_arguments.done",
+            json!({"item_id": tool.item_id, "output_index": index, "arguments": tool.call.arguments}),
+        );
+        self.emit(
             "response.mcp_call.in_progress",
             json!({"item_id": tool.item_id, "output_index": index}),
+        );
+        if let Some(label) = &tool.notes.on_request {
+            self.note(&tool.item_id, index, "request", label, "in_progress");
+        }
+    }
+
+    /// A progress note (SPEC 7): an extension event, named with the gateway's slug, that clients which do not
+    /// know it skip.
+    fn note(&mut self, item_id: &str, index: usize, phase: &str, label: &str, detail: &str) {
+        self.emit(
+            TOOL_NOTE,
+            json!({"item_id": item_id, "output_index": index, "phase": phase, "label": label, "detail": detail}),
         );
     }
 
@@ -244,6 +273,14 @@ impl EventProjection {
             kind,
             json!({"item_id": tool.item_id, "output_index": index}),
         );
+        if let Some(label) = &tool.notes.on_result {
+            let status = if kind == "response.mcp_call.failed" {
+                "failed"
+            } else {
+                "completed"
+            };
+            self.note(&tool.item_id, index, "result", label, status);
+        }
         self.emit(
             "response.output_item.done",
             json!({"output_index": index, "item": item_json(&mcp_call_item(tool))}),

@@ -58,7 +58,10 @@ pub fn mcp_call_item(tool: &ToolStep) -> Item {
     Item::McpCall(McpCallItem {
         id: Some(tool.item_id.clone()),
         call_id: Some(tool.call.call_id.clone()),
-        server_label: SERVER_LABEL.into(),
+        server_label: tool
+            .server_label
+            .clone()
+            .unwrap_or_else(|| SERVER_LABEL.into()),
         name: tool.call.name.clone(),
         arguments: tool.call.arguments.clone(),
         output,

@@ -249,6 +249,30 @@ pub struct ToolStep {
     /// them: kept so that a replay of the stream equals the original.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ended_rank: Option<u32>,
+    /// Progress notes rendered from the source's templates (SPEC 7), kept with the step so that a replay of
+    /// the stream shows them as the live stream did.
+    #[serde(default, skip_serializing_if = "ToolNotes::is_empty")]
+    pub notes: ToolNotes,
+    /// The `server_label` its `mcp_call` item shows: the MCP source's name; `None` for HTTP tools ("gateway").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub server_label: Option<String>,
+}
+
+/// The rendered progress notes of one tool call.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ToolNotes {
+    /// Shown when the call starts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on_request: Option<String>,
+    /// Shown when the call ends.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on_result: Option<String>,
+}
+
+impl ToolNotes {
+    pub fn is_empty(&self) -> bool {
+        self.on_request.is_none() && self.on_result.is_none()
+    }
 }
 
 /// What a tool call produced. Both variants are results the model sees.
@@ -273,6 +297,26 @@ impl ToolOutcome {
             message: message.into(),
             http_status: None,
         }
+    }
+
+    /// What a `note_on_result` template reads: the call's arguments (an object), with `result` (the output, as
+    /// JSON when it parses, else as text) or `error` (the error message) added.
+    pub fn note_values(&self, arguments: &str) -> serde_json::Value {
+        let mut values = match serde_json::from_str::<serde_json::Value>(arguments) {
+            Ok(serde_json::Value::Object(map)) => map,
+            _ => serde_json::Map::new(),
+        };
+        match self {
+            ToolOutcome::Output { text } => {
+                let result = serde_json::from_str(text)
+                    .unwrap_or_else(|_| serde_json::Value::String(text.clone()));
+                values.insert("result".into(), result);
+            }
+            ToolOutcome::Error { message, .. } => {
+                values.insert("error".into(), serde_json::Value::String(message.clone()));
+            }
+        }
+        serde_json::Value::Object(values)
     }
 
     /// The `function_call_output` text the model sees: the output, or `{"error": {...}}`.

@@ -148,6 +148,11 @@ pub struct ToolsConfig {
     pub max_retries: u32,
     /// Base of the backoff between those retries (`retry::RetryPolicy`: exponential, equal jitter).
     pub backoff_ms: u64,
+    /// How long an MCP source's tool list is used before it is listed again (a `list_changed` notification
+    /// makes it listed again sooner).
+    pub mcp_list_ttl_ms: u64,
+    /// How long opening an MCP session or listing its tools may take.
+    pub mcp_connect_timeout_ms: u64,
 }
 
 impl Default for ToolsConfig {
@@ -156,6 +161,8 @@ impl Default for ToolsConfig {
             default_timeout_ms: 30_000,
             max_retries: 2,
             backoff_ms: 50,
+            mcp_list_ttl_ms: 60_000,
+            mcp_connect_timeout_ms: 5_000,
         }
     }
 }
@@ -370,10 +377,19 @@ pub struct SeedDeployment {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SeedToolSource {
+    /// `http` (default) or `mcp`.
+    #[serde(default)]
+    pub kind: Option<String>,
     #[serde(default)]
     pub description: String,
-    /// JSON Schema of the arguments.
+    /// JSON Schema of the arguments (`http`; an `mcp` source's tools bring their own).
+    #[serde(default)]
     pub parameters: serde_json::Value,
+    /// `mcp`: the server's tools offered (default all) and the prefix of their names.
+    #[serde(default)]
+    pub allowed_tools: Option<Vec<String>>,
+    #[serde(default)]
+    pub name_prefix: Option<String>,
     pub url: String,
     #[serde(default)]
     pub timeout_ms: Option<i64>,

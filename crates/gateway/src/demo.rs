@@ -2,6 +2,7 @@
 
 use std::future::Future;
 
+use gateway_testkit::mcp_server::McpServer;
 use gateway_testkit::mock_model::MockModel;
 use gateway_testkit::tool_server::{tool_definitions, ToolServer};
 
@@ -14,6 +15,10 @@ pub const DEMO_KEY: &str = "sk-demo-local-only-0000000000000000";
 /// The example tools the demo registers as server tools.
 const DEMO_TOOLS: [&str; 3] = ["get_weather", "add", "plain_text"];
 
+/// The demo's MCP source (the testkit's MCP server) and the prefix of its tools' names.
+const DEMO_MCP_SOURCE: &str = "calc";
+const DEMO_MCP_PREFIX: &str = "calc_";
+
 /// Starts the mock model and tool server, seeds the demo entities into `config`, and serves until `shutdown`.
 pub async fn run(
     mut config: Config,
@@ -21,19 +26,43 @@ pub async fn run(
 ) -> anyhow::Result<()> {
     let model = MockModel::start().await?;
     let tools = ToolServer::start().await?;
+    let mcp = McpServer::start().await?;
     add_demo_seed(&mut config, &model.base_url(), |tool| tools.url(tool));
+    add_demo_mcp_seed(&mut config, &mcp.url());
     let app = Application::build(config).await?;
     let address = app.local_addr()?;
     // One write, and a closed stdout is no reason to stop serving.
     let banner = format!(
-        "listening on http://{address}\ndemo API key: {DEMO_KEY}   model: mock   server tools: {}\n",
+        "listening on http://{address}\ndemo API key: {DEMO_KEY}   model: mock   server tools: {}, \
+         MCP source '{DEMO_MCP_SOURCE}' ({DEMO_MCP_PREFIX}add)\n",
         DEMO_TOOLS.join(", ")
     );
     let _ = std::io::Write::write_all(&mut std::io::stdout(), banner.as_bytes());
     app.run_until(shutdown).await?;
     // The mock servers live until the gateway has stopped.
-    drop((model, tools));
+    drop((model, tools, mcp));
     Ok(())
+}
+
+/// Adds the demo's MCP source (its `add` tool, offered as `calc_add`) to the demo group.
+pub fn add_demo_mcp_seed(config: &mut Config, mcp_url: &str) {
+    config.seed.tool_sources.insert(
+        DEMO_MCP_SOURCE.into(),
+        SeedToolSource {
+            kind: Some("mcp".into()),
+            description: String::new(),
+            parameters: serde_json::Value::Null,
+            url: mcp_url.to_owned(),
+            timeout_ms: None,
+            secret: None,
+            strict: false,
+            allowed_tools: Some(vec!["add".into()]),
+            name_prefix: Some(DEMO_MCP_PREFIX.into()),
+        },
+    );
+    if let Some(group) = config.seed.deployment_groups.get_mut("demo") {
+        group.tool_sources.push(DEMO_MCP_SOURCE.into());
+    }
 }
 
 /// Adds the demo project (key `DEMO_KEY`), the `mock` deployment and the demo tools to `config.seed`.
@@ -60,8 +89,11 @@ pub fn add_demo_seed(config: &mut Config, model_base_url: &str, tool_url: impl F
         seed.tool_sources.insert(
             definition.name.into(),
             SeedToolSource {
+                kind: None,
                 description: definition.description.into(),
                 parameters: definition.parameters,
+                allowed_tools: None,
+                name_prefix: None,
                 url: tool_url(definition.name),
                 timeout_ms: None,
                 secret: None,

@@ -3,7 +3,7 @@
 //! Names (all prefixed `gateway_`): `http_requests_total{route,method,status}`,
 //! `http_request_duration_seconds{route}`, `upstream_calls_total{deployment,outcome}`,
 //! `upstream_call_duration_seconds{deployment}`, `tool_calls_total{tool,outcome}`,
-//! `tool_call_duration_seconds{tool}`, `loop_model_calls{status}` (model calls per response),
+//! `tool_call_duration_seconds{tool}`, `tool_breaker_open{tool}`, `tool_calls_waiting{tool}`, `loop_model_calls{status}` (model calls per response),
 //! `responses_total{status}`, `active_streams`, `store_duration_seconds{op}`, `responses_refused_total{reason}`,
 //! `responses_resumed_total{reason}`, `leases_taken_over_total`, `queue_depth`, `queue_oldest_age_seconds`.
 

@@ -16,6 +16,7 @@ use crate::store::admin::{
     ToolSourceChanges,
 };
 use crate::store::tenancy::hash_key;
+use crate::store::tenancy::SourceKind;
 use crate::store::{Store, StoreError};
 
 /// Why the seed could not be applied; start-up stops with this message.
@@ -131,8 +132,20 @@ async fn seed_tool_source(
 ) -> Result<(), SeedError> {
     let reject = |e| invalid("tool source", name, e);
     let name = ToolName::parse(name, "name").map_err(reject)?;
-    let parameters =
-        ToolParameters::parse(tool.parameters.clone(), "parameters").map_err(reject)?;
+    let kind = match tool.kind.as_deref() {
+        None => SourceKind::Http,
+        Some(kind) => SourceKind::parse(kind).ok_or_else(|| {
+            reject(gateway_core::request::InvalidRequest::new(
+                format!("Invalid 'kind': '{kind}'; expected 'http' or 'mcp'."),
+                "kind",
+            ))
+        })?,
+    };
+    let parameters = match (kind, &tool.parameters) {
+        (SourceKind::Mcp, serde_json::Value::Null) => serde_json::json!({"type": "object"}),
+        (_, parameters) => parameters.clone(),
+    };
+    let parameters = ToolParameters::parse(parameters, "parameters").map_err(reject)?;
     let url = HttpUrl::parse(tool.url.as_str(), "url").map_err(reject)?;
     let timeout_ms = match tool.timeout_ms {
         Some(timeout_ms) => TimeoutMs::parse(timeout_ms, "timeout_ms").map_err(reject)?,
@@ -153,6 +166,9 @@ async fn seed_tool_source(
             timeout_ms: Some(timeout_ms),
             secret: Some(secret),
             strict: Some(tool.strict),
+            allowed_tools: Some(tool.allowed_tools.as_deref()),
+            name_prefix: Some(tool.name_prefix.as_deref()),
+            ..Default::default()
         };
         store.update_tool_source(&existing.id, &changes).await?;
     } else {
@@ -164,6 +180,13 @@ async fn seed_tool_source(
             timeout_ms,
             secret,
             strict: tool.strict,
+            policy: Default::default(),
+            note_on_request: None,
+            note_on_result: None,
+            hosted_type: None,
+            kind: kind.as_str(),
+            allowed_tools: tool.allowed_tools.as_deref(),
+            name_prefix: tool.name_prefix.as_deref(),
         };
         store.create_tool_source(&new).await?;
     }

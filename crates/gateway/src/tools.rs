@@ -1,7 +1,11 @@
-//! The HTTP tool executor: runs one server tool call on its source's endpoint (SPEC section 7).
+//! The HTTP tool executor: runs one server tool call on its source's endpoint (SPEC section 7), within the
+//! source's policy (calls in flight, circuit breaker, output cap; see [`policy`]).
+
+pub mod mcp;
+pub mod policy;
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use gateway_core::steps::{ToolCall, ToolOutcome};
 use secrecy::ExposeSecret;
@@ -9,7 +13,7 @@ use serde_json::Value;
 
 use crate::config::ToolsConfig;
 use crate::retry::RetryPolicy;
-use crate::store::tenancy::ToolSource;
+use crate::store::tenancy::{SourceKind, ToolSource};
 
 /// Runs server tool calls; every failure becomes an error outcome that the model sees.
 #[derive(Debug, Clone)]
@@ -19,6 +23,10 @@ pub struct ToolExecutor {
     retry: RetryPolicy,
     /// Compiled argument schemas, by the schema's JSON text: compiling is far dearer than checking.
     validators: moka::sync::Cache<String, Arc<jsonschema::Validator>>,
+    /// Calls in flight and breakers, per source.
+    policies: Arc<policy::Policies>,
+    /// Sessions and tool lists of MCP sources.
+    mcp: Arc<mcp::McpClients>,
 }
 
 /// Identifies one tool step across retries and restarts.
@@ -29,19 +37,34 @@ pub struct CallRef<'a> {
     pub idempotency_key: &'a str,
 }
 
-const MAX_OUTPUT_BYTES: usize = 1024 * 1024;
-
 impl ToolExecutor {
     pub fn new(config: ToolsConfig) -> Result<ToolExecutor, reqwest::Error> {
         let http = reqwest::Client::builder()
             .pool_max_idle_per_host(256)
+            // A 3xx is the tool's answer, not an instruction: following it could re-post the arguments (and
+            // the source's secret) to another host, or loop (SPEC 7).
+            .redirect(reqwest::redirect::Policy::none())
             .build()?;
         Ok(ToolExecutor {
             http,
             retry: RetryPolicy::new(config.max_retries, config.backoff_ms),
-            config,
             validators: moka::sync::Cache::new(1024),
+            policies: Arc::default(),
+            mcp: Arc::new(mcp::McpClients::new(
+                Duration::from_millis(config.mcp_list_ttl_ms),
+                Duration::from_millis(config.mcp_connect_timeout_ms),
+            )),
+            config,
         })
+    }
+
+    /// The server tools of `sources`, each MCP source replaced by the tools its server lists (see
+    /// [`mcp::McpClients::expand`]).
+    pub async fn expand(&self, sources: Vec<ToolSource>) -> Vec<ToolSource> {
+        if sources.iter().all(|s| s.kind == SourceKind::Http) {
+            return sources;
+        }
+        self.mcp.expand(sources).await
     }
 
     /// Runs `call` on `source`. Never fails: errors are outcomes.
@@ -51,25 +74,112 @@ impl ToolExecutor {
         call: &ToolCall,
         at: CallRef<'_>,
     ) -> ToolOutcome {
-        let started = std::time::Instant::now();
-        let outcome = self.run(source, call, at).await;
-        let result = if outcome.is_error() { "error" } else { "ok" };
+        let started = Instant::now();
+        let (outcome, result) = self.run(source, call, at).await;
         metrics::counter!("gateway_tool_calls_total", "tool" => source.name.clone(), "outcome" => result).increment(1);
         metrics::histogram!("gateway_tool_call_duration_seconds", "tool" => source.name.clone())
             .record(started.elapsed().as_secs_f64());
         outcome
     }
 
-    async fn run(&self, source: &ToolSource, call: &ToolCall, at: CallRef<'_>) -> ToolOutcome {
+    /// The outcome, and how it is counted: `ok`, `error` (the tool failed), `invalid` (the arguments were
+    /// refused before any call), `rejected` (the breaker was open) or `waited` (no slot freed in time).
+    async fn run(
+        &self,
+        source: &ToolSource,
+        call: &ToolCall,
+        at: CallRef<'_>,
+    ) -> (ToolOutcome, &'static str) {
         let arguments = match self.parse_arguments(source, &call.arguments) {
             Ok(arguments) => arguments,
-            Err(message) => return ToolOutcome::error(message),
+            Err(message) => return (ToolOutcome::error(message), "invalid"),
         };
         let timeout_ms = if source.timeout_ms == 0 {
             self.config.default_timeout_ms
         } else {
             source.timeout_ms
         };
+        let deadline = Instant::now() + Duration::from_millis(timeout_ms);
+        let _slot = match self.policies.slots(&source.id, &source.policy) {
+            None => None,
+            Some(slots) => {
+                let waiting =
+                    metrics::gauge!("gateway_tool_calls_waiting", "tool" => source.name.clone());
+                waiting.increment(1.0);
+                let acquired =
+                    tokio::time::timeout_at(deadline.into(), slots.acquire_owned()).await;
+                waiting.decrement(1.0);
+                match acquired {
+                    Ok(Ok(slot)) => Some(slot),
+                    _ => {
+                        return (
+                            ToolOutcome::error(format!(
+                                "Tool '{}' had all of its {} slots busy for the whole timeout of {timeout_ms} ms; \
+                                 the call was not made.",
+                                source.name,
+                                source.policy.max_in_flight.unwrap_or(0)
+                            )),
+                            "waited",
+                        )
+                    }
+                }
+            }
+        };
+        if let policy::Admission::Refuse { retry_in } =
+            self.policies.admit(&source.id, Instant::now())
+        {
+            return (
+                ToolOutcome::error(format!(
+                    "Tool '{}' is failing: after {} consecutive failed calls the gateway stopped calling it \
+                     for a while (circuit breaker open); try again in about {} s.",
+                    source.name,
+                    source.policy.breaker_failures(),
+                    retry_in.as_secs().max(1)
+                )),
+                "rejected",
+            );
+        }
+        let remaining = deadline
+            .saturating_duration_since(Instant::now())
+            .max(Duration::from_millis(1));
+        let outcome = match &source.mcp_tool {
+            Some(tool) => {
+                let outcome = self.mcp.call(source, tool, &arguments, remaining).await;
+                cap_output(outcome, source.policy.max_output_bytes())
+            }
+            None => {
+                self.send(source, call, at, &arguments, remaining, timeout_ms)
+                    .await
+            }
+        };
+        // A 4xx is the tool refusing this call (arguments, say), not the tool being down.
+        let failed = match &outcome {
+            ToolOutcome::Output { .. } => false,
+            ToolOutcome::Error { http_status, .. } => {
+                !http_status.is_some_and(|s| (400..500).contains(&s))
+            }
+        };
+        let open = self
+            .policies
+            .record(&source.id, &source.policy, Instant::now(), failed);
+        metrics::gauge!("gateway_tool_breaker_open", "tool" => source.name.clone()).set(if open {
+            1.0
+        } else {
+            0.0
+        });
+        let result = if outcome.is_error() { "error" } else { "ok" };
+        (outcome, result)
+    }
+
+    async fn send(
+        &self,
+        source: &ToolSource,
+        call: &ToolCall,
+        at: CallRef<'_>,
+        arguments: &Value,
+        timeout: Duration,
+        timeout_ms: u64,
+    ) -> ToolOutcome {
         let sent = self
             .retry
             .run(
@@ -77,12 +187,12 @@ impl ToolExecutor {
                     let mut request = self
                         .http
                         .post(&source.url)
-                        .timeout(Duration::from_millis(timeout_ms))
+                        .timeout(timeout)
                         .header("Idempotency-Key", at.idempotency_key)
                         .header("X-Gateway-Tool-Name", &source.name)
                         .header("X-Gateway-Call-Id", &call.call_id)
                         .header("X-Gateway-Response-Id", at.response_id)
-                        .json(&arguments);
+                        .json(arguments);
                     if let Some(secret) = &source.secret {
                         request = request.bearer_auth(secret.expose_secret());
                     }
@@ -94,7 +204,10 @@ impl ToolExecutor {
             )
             .await;
         match sent {
-            Ok(response) => read_answer(&source.name, response).await,
+            Ok(response) => {
+                let cap = usize::try_from(source.policy.max_output_bytes()).unwrap_or(usize::MAX);
+                read_answer(&source.name, response, cap).await
+            }
             Err(e) if e.is_timeout() => ToolOutcome::error(format!(
                 "Tool '{}' timed out after {timeout_ms} ms.",
                 source.name
@@ -163,28 +276,56 @@ impl ToolExecutor {
     }
 }
 
-async fn read_answer(tool: &str, response: reqwest::Response) -> ToolOutcome {
+async fn read_answer(tool: &str, mut response: reqwest::Response, cap: usize) -> ToolOutcome {
     let status = response.status();
+    if status.is_redirection() {
+        let location = response
+            .headers()
+            .get(reqwest::header::LOCATION)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("");
+        let detail: String = location.chars().take(200).collect();
+        return ToolOutcome::Error {
+            message: format!(
+                "Tool '{tool}' answered HTTP {} (a redirect to '{detail}'); the gateway does not follow redirects.",
+                status.as_u16()
+            ),
+            http_status: Some(status.as_u16()),
+        };
+    }
     let is_json = response
         .headers()
         .get(reqwest::header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.contains("json"));
-    let body = match response.bytes().await {
-        Ok(body) => body,
-        Err(e) if e.is_timeout() => {
-            return ToolOutcome::error(format!("Tool '{tool}' timed out while answering."))
+    // Only the first `cap` bytes are kept; the rest is counted, so the marker can say how large it was.
+    let mut kept: Vec<u8> = Vec::new();
+    let mut total: usize = 0;
+    loop {
+        match response.chunk().await {
+            Ok(Some(chunk)) => {
+                total = total.saturating_add(chunk.len());
+                let room = cap.saturating_sub(kept.len());
+                kept.extend_from_slice(&chunk[..chunk.len().min(room)]);
+            }
+            Ok(None) => break,
+            Err(e) if e.is_timeout() => {
+                return ToolOutcome::error(format!("Tool '{tool}' timed out while answering."))
+            }
+            Err(_) => return ToolOutcome::error(format!("Tool '{tool}' broke off its answer.")),
         }
-        Err(_) => return ToolOutcome::error(format!("Tool '{tool}' broke off its answer.")),
-    };
-    let text = gateway_core::chat::scrub_nul(
-        String::from_utf8_lossy(&body[..body.len().min(MAX_OUTPUT_BYTES)]).into_owned(),
-    );
+    }
+    let text = gateway_core::chat::scrub_nul(String::from_utf8_lossy(&kept).into_owned());
     if !status.is_success() {
         let detail: String = text.chars().take(1000).collect();
         return ToolOutcome::Error {
             message: format!("Tool '{tool}' answered HTTP {}: {detail}", status.as_u16()),
             http_status: Some(status.as_u16()),
+        };
+    }
+    if total > cap {
+        return ToolOutcome::Output {
+            text: truncated(&text, total, cap),
         };
     }
     if is_json {
@@ -197,5 +338,50 @@ async fn read_answer(tool: &str, response: reqwest::Response) -> ToolOutcome {
         }
     } else {
         ToolOutcome::Output { text }
+    }
+}
+
+/// An MCP output cut to the source's cap, as an HTTP answer is.
+fn cap_output(outcome: ToolOutcome, cap: u64) -> ToolOutcome {
+    let cap = usize::try_from(cap).unwrap_or(usize::MAX);
+    match outcome {
+        ToolOutcome::Output { text } if text.len() > cap => ToolOutcome::Output {
+            text: truncated(&text, text.len(), cap),
+        },
+        other => other,
+    }
+}
+
+/// The start of an output of `total` bytes, cut so that it and the marker that ends it fit in `cap` bytes. The
+/// marker says the output was truncated and how large it was, so the model (and the client, in
+/// `mcp_call.output`) knows it reads a part, and a cut JSON text is plainly not meant to parse.
+pub fn truncated(text: &str, total: usize, cap: usize) -> String {
+    let marker = format!(
+        "\n[truncated: the tool's output was {total} bytes; only the first part is shown, cut to fit {cap} bytes]"
+    );
+    let mut end = cap.saturating_sub(marker.len()).min(text.len());
+    while end > 0 && !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    let mut out = String::with_capacity(end + marker.len());
+    out.push_str(&text[..end]);
+    out.push_str(&marker);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::truncated;
+
+    #[test]
+    fn a_truncated_output_fits_its_cap_and_says_so_with_the_original_size() {
+        let text = "é".repeat(1000); // 2000 bytes
+        for cap in [256, 257, 300, 1024] {
+            let out = truncated(&text, 10_000_000, cap);
+            assert!(out.len() <= cap, "{cap}: {}", out.len());
+            assert!(out.contains("truncated"), "{out}");
+            assert!(out.contains("10000000 bytes"), "{out}");
+            assert!(out.starts_with('é'), "{out}");
+        }
     }
 }

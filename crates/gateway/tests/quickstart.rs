@@ -92,6 +92,17 @@ async fn the_readme_quickstart_answers_text_runs_a_server_tool_and_passes_a_clie
         "{tool:#}"
     );
 
+    // 2b. A tool of the demo's MCP source, discovered and called over MCP.
+    let mcp = create(
+        &demo,
+        json!({"model": "mock", "input": "!call calc_add {\"a\": 2, \"b\": 3}"}),
+    )
+    .await;
+    assert_eq!(mcp["output"][0]["type"], "mcp_call", "{mcp:#}");
+    assert_eq!(mcp["output"][0]["server_label"], "calc");
+    assert_eq!(mcp["output"][0]["status"], "completed", "{mcp:#}");
+    assert_eq!(mcp["output_text"], "Tool results: {\"sum\":5}");
+
     // 3. A client tool, handed back, then continued with previous_response_id.
     let lookup = json!({"type": "function", "name": "lookup", "parameters": {"type": "object", "properties": {"word": {"type": "string"}}}});
     let first = create(&demo, json!({"model": "mock", "input": "!call lookup {\"word\": \"gateway\"}", "tools": [lookup]})).await;

@@ -11,14 +11,18 @@
 //! (`/_mock/*`, `/_tools/*`). Each binary prints `listening on http://HOST:PORT` on stdout once
 //! bound, so a test can start it with `--bind 127.0.0.1:0` and read the port.
 
+pub mod mcp_server;
 pub mod mock_model;
 #[cfg(feature = "scratch")]
 pub mod scratch;
 mod server;
 pub mod tool_server;
 
+pub use mcp_server::McpServer;
 pub use mock_model::{Call, MockModel, Reply, ReplySpec, StreamMode};
-pub use tool_server::{tool_definitions, RecordedCall, ToolDefinition, ToolServer};
+pub use tool_server::{
+    misbehaving_tool_definitions, tool_definitions, RecordedCall, ToolDefinition, ToolServer,
+};
 
 /// Installs a `tracing-subscriber` fmt logger on stderr filtered by `RUST_LOG` (default `info`),
 /// for the binaries; stdout is kept for the readiness line ([`announce`]). Does nothing if a

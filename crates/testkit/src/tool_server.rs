@@ -146,6 +146,34 @@ pub fn tool_definitions() -> Vec<ToolDefinition> {
     ]
 }
 
+/// Tools that misbehave on purpose, to test the gateway's tool policy (SPEC 7); served like the others but not
+/// part of [`tool_definitions`] (the demo does not offer them).
+pub fn misbehaving_tool_definitions() -> Vec<ToolDefinition> {
+    let no_arguments = json!({"type": "object", "properties": {}, "additionalProperties": false});
+    vec![
+        ToolDefinition {
+            name: "redirect_loop",
+            description: "Answer 302 with a Location pointing back at itself.",
+            parameters: no_arguments.clone(),
+        },
+        ToolDefinition {
+            name: "redirect_away",
+            description: "Answer 307 with a Location pointing at the echo tool.",
+            parameters: no_arguments,
+        },
+        ToolDefinition {
+            name: "huge",
+            description: "Answer a JSON object holding a string of the given number of bytes.",
+            parameters: json!({
+                "type": "object",
+                "properties": {"bytes": {"type": "integer", "minimum": 0}},
+                "required": ["bytes"],
+                "additionalProperties": false,
+            }),
+        },
+    ]
+}
+
 #[derive(Debug, Default)]
 struct Barrier {
     /// `barrier` calls currently in flight (released or not).
@@ -379,6 +407,23 @@ async fn call_tool(
         "barrier" => match args.get("n").and_then(Value::as_u64) {
             Some(n) => barrier(&shared, n).await,
             None => bad_request("missing non-negative integer argument \"n\""),
+        },
+        "redirect_loop" => (
+            StatusCode::FOUND,
+            [(header::LOCATION, "/tools/redirect_loop")],
+        )
+            .into_response(),
+        "redirect_away" => (
+            StatusCode::TEMPORARY_REDIRECT,
+            [(header::LOCATION, "/tools/echo")],
+        )
+            .into_response(),
+        "huge" => match args.get("bytes").and_then(Value::as_u64) {
+            Some(bytes) => {
+                let blob = "x".repeat(usize::try_from(bytes).unwrap_or(0));
+                Json(json!({"blob": blob})).into_response()
+            }
+            None => bad_request("missing non-negative integer argument \"bytes\""),
         },
         _ => error(StatusCode::NOT_FOUND, "unknown tool"),
     }

@@ -14,7 +14,7 @@ use gateway::store::{Backend, Store};
 use gateway::Application;
 use gateway_testkit::mock_model::MockModel;
 pub use gateway_testkit::scratch::ScratchDatabase;
-use gateway_testkit::tool_server::{tool_definitions, ToolServer};
+use gateway_testkit::tool_server::{misbehaving_tool_definitions, tool_definitions, ToolServer};
 use reqwest::{Method, RequestBuilder, StatusCode};
 use serde_json::{json, Value};
 
@@ -258,6 +258,7 @@ impl TestGateway {
     pub async fn attach_tool_with(&self, group_id: &str, tool: &str, extra: Value) -> String {
         let definition = tool_definitions()
             .into_iter()
+            .chain(misbehaving_tool_definitions())
             .find(|d| d.name == tool)
             .expect("testkit tool");
         let mut body = json!({

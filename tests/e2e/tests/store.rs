@@ -165,6 +165,13 @@ async fn tool(store: &Store, name: &str) -> String {
             timeout_ms: timeout(1000),
             secret: Some("tool-secret"),
             strict: true,
+            policy: Default::default(),
+            note_on_request: None,
+            note_on_result: None,
+            hosted_type: None,
+            kind: "http",
+            allowed_tools: None,
+            name_prefix: None,
         })
         .await
         .expect("tool source")
@@ -275,6 +282,15 @@ fn server_tool() -> ToolSource {
         timeout_ms: 1000,
         secret: None,
         strict: false,
+        policy: Default::default(),
+        note_on_request: None,
+        note_on_result: None,
+        hosted_type: None,
+        kind: Default::default(),
+        allowed_tools: None,
+        name_prefix: None,
+        mcp_tool: None,
+        server_label: None,
     }
 }
 
@@ -737,6 +753,13 @@ async fn duplicate_names_are_a_conflict_for_every_kind(store: Store) {
                 timeout_ms: timeout(1),
                 secret: None,
                 strict: false,
+                policy: Default::default(),
+                note_on_request: None,
+                note_on_result: None,
+                hosted_type: None,
+                kind: "http",
+                allowed_tools: None,
+                name_prefix: None,
             })
             .await,
     );

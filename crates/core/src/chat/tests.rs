@@ -363,6 +363,8 @@ fn steps_of_a_running_response_pair_with_their_calls_in_the_next_request() {
             batch: Some(0),
             outcome: Some(outcome),
             ended_rank: None,
+            notes: Default::default(),
+            server_label: None,
         }),
     };
     let steps = vec![

@@ -107,6 +107,8 @@ fn tool(
             batch,
             outcome,
             ended_rank: None,
+            notes: Default::default(),
+            server_label: None,
         }),
     }
 }

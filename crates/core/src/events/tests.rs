@@ -90,6 +90,8 @@ fn tool(seq: u32, batch: u32, call_id: &str, failed: bool, ended_rank: u32) -> S
             batch: Some(batch),
             outcome: Some(outcome),
             ended_rank: Some(ended_rank),
+            notes: Default::default(),
+            server_label: None,
         }),
     }
 }
@@ -148,6 +150,8 @@ fn message_events(deltas: usize) -> Vec<&'static str> {
 fn rows() -> Vec<Row> {
     let mcp_added = [
         "response.output_item.added",
+        "response.mcp_call_arguments.delta",
+        "response.mcp_call_arguments.done",
         "response.mcp_call.in_progress",
     ];
     vec![
@@ -455,10 +459,14 @@ fn a_response_still_running_replays_what_is_stored_and_no_end() {
             START.as_slice(),
             &[
                 "response.output_item.added",
+                "response.mcp_call_arguments.delta",
+                "response.mcp_call_arguments.done",
                 "response.mcp_call.in_progress"
             ],
             &[
                 "response.output_item.added",
+                "response.mcp_call_arguments.delta",
+                "response.mcp_call_arguments.done",
                 "response.mcp_call.in_progress"
             ],
             &["response.mcp_call.completed", "response.output_item.done"],
@@ -489,4 +497,116 @@ fn tool_steps_never_started_are_not_shown() {
         kinds(&events),
         [START.as_slice(), &["response.incomplete"]].concat()
     );
+}
+
+#[test]
+fn a_server_call_streams_as_openai_streams_an_mcp_call_with_its_arguments_after_the_item() {
+    let steps = vec![model(0, None, &["a"]), tool(1, 0, "a", false, 0)];
+    let record = ended(Ending::Incomplete {
+        reason: IncompleteReason::Deadline,
+    });
+    let events = replay(&record, &steps);
+    let added = events
+        .iter()
+        .find(|e| e.kind == "response.output_item.added")
+        .unwrap();
+    assert_eq!(added.data["item"]["type"], "mcp_call");
+    assert_eq!(added.data["item"]["arguments"], "", "{:#}", added.data);
+    assert_eq!(added.data["item"]["status"], "in_progress");
+    let item_id = added.data["item"]["id"].clone();
+    let arguments = output_of(&steps[0]).tool_calls[0].arguments.clone();
+    let delta = events
+        .iter()
+        .find(|e| e.kind == "response.mcp_call_arguments.delta")
+        .unwrap();
+    assert_eq!(delta.data["delta"], arguments.as_str());
+    assert_eq!(delta.data["item_id"], item_id);
+    assert_eq!(delta.data["output_index"], added.data["output_index"]);
+    let done = events
+        .iter()
+        .find(|e| e.kind == "response.mcp_call_arguments.done")
+        .unwrap();
+    assert_eq!(done.data["arguments"], arguments.as_str());
+    assert_eq!(done.data["item_id"], item_id);
+    let item_done = events
+        .iter()
+        .find(|e| e.kind == "response.output_item.done")
+        .unwrap();
+    assert_eq!(item_done.data["item"]["arguments"], arguments.as_str());
+    assert_eq!(item_done.data["item"]["status"], "completed");
+}
+
+#[test]
+fn progress_notes_stream_as_slug_prefixed_events_of_their_call_and_replay_the_same() {
+    let mut first = tool(1, 0, "a", false, 0);
+    let mut second = tool(2, 0, "b", true, 1);
+    if let StepBody::Tool(t) = &mut first.body {
+        t.notes.on_request = Some("Searching for a".into());
+        t.notes.on_result = Some("Found a".into());
+    }
+    if let StepBody::Tool(t) = &mut second.body {
+        t.notes.on_result = Some("b went wrong".into());
+    }
+    let record = ended(Ending::Incomplete {
+        reason: IncompleteReason::Deadline,
+    });
+    let steps = vec![model(0, None, &["a", "b"]), first, second];
+    let events = replay(&record, &steps);
+    let notes: Vec<&Event> = events.iter().filter(|e| e.kind == TOOL_NOTE).collect();
+    assert_eq!(notes.len(), 3);
+    let fields: Vec<(Value, Value, Value, Value, Value)> = notes
+        .iter()
+        .map(|e| {
+            (
+                e.data["item_id"].clone(),
+                e.data["output_index"].clone(),
+                e.data["phase"].clone(),
+                e.data["label"].clone(),
+                e.data["detail"].clone(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        fields,
+        [
+            (
+                json!("mcp_a"),
+                json!(0),
+                json!("request"),
+                json!("Searching for a"),
+                json!("in_progress")
+            ),
+            (
+                json!("mcp_a"),
+                json!(0),
+                json!("result"),
+                json!("Found a"),
+                json!("completed")
+            ),
+            (
+                json!("mcp_b"),
+                json!(1),
+                json!("result"),
+                json!("b went wrong"),
+                json!("failed")
+            ),
+        ]
+    );
+    assert!(notes.iter().all(|e| e.data["type"] == "gateway:tool_note"));
+    // Each note comes right after the event it annotates.
+    let kinds = kinds(&events);
+    let at = |i: usize| {
+        kinds[events
+            .iter()
+            .position(|e| std::ptr::eq(e, notes[i]))
+            .unwrap()
+            - 1]
+    };
+    assert_eq!(at(0), "response.mcp_call.in_progress");
+    assert_eq!(at(1), "response.mcp_call.completed");
+    assert_eq!(at(2), "response.mcp_call.failed");
+    // Sequence numbers stay contiguous.
+    for (i, event) in events.iter().enumerate() {
+        assert_eq!(event.sequence_number(), i as u64);
+    }
 }

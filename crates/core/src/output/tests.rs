@@ -65,6 +65,8 @@ fn tool(seq: u32, batch: Option<u32>, call_id: &str, outcome: Option<ToolOutcome
             batch,
             outcome,
             ended_rank: None,
+            notes: Default::default(),
+            server_label: None,
         }),
     }
 }

@@ -218,18 +218,27 @@ impl Engine {
                 }
                 NextAction::DispatchBatch { batch, calls } => {
                     let first = run.steps.len() as u32;
+                    let server_tools = &run.server_tools;
+                    let record_id = &run.record.id;
                     // Recorded with the next write, right before they run.
                     run.steps
-                        .extend(calls.into_iter().enumerate().map(|(i, call)| Step {
-                            seq: first + i as u32,
-                            state: StepState::Pending,
-                            body: StepBody::Tool(ToolStep {
-                                item_id: item_id("mcp", &run.record.id),
-                                call,
-                                batch,
-                                outcome: None,
-                                ended_rank: None,
-                            }),
+                        .extend(calls.into_iter().enumerate().map(|(i, call)| {
+                            Step {
+                                seq: first + i as u32,
+                                state: StepState::Pending,
+                                body: StepBody::Tool(ToolStep {
+                                    item_id: item_id("mcp", record_id),
+                                    server_label: server_tools
+                                        .iter()
+                                        .find(|s| s.name == call.name)
+                                        .and_then(|s| s.server_label.clone()),
+                                    call,
+                                    batch,
+                                    outcome: None,
+                                    ended_rank: None,
+                                    notes: Default::default(),
+                                }),
+                            }
                         }));
                     continue;
                 }
@@ -420,7 +429,21 @@ impl Engine {
         sink: &mut S,
     ) -> Result<(), StoreError> {
         for &seq in seqs {
-            run.steps[seq as usize].state = StepState::Running;
+            let step = &mut run.steps[seq as usize];
+            step.state = StepState::Running;
+            // Rendered before the calls are recorded as started, so that the stored step replays the note.
+            if let StepBody::Tool(tool) = &mut step.body {
+                let template = run
+                    .server_tools
+                    .iter()
+                    .find(|s| s.name == tool.call.name)
+                    .and_then(|s| s.note_on_request.as_ref());
+                if let Some(template) = template {
+                    let arguments = serde_json::from_str(&tool.call.arguments)
+                        .unwrap_or(serde_json::Value::Null);
+                    tool.notes.on_request = Some(template.render(&arguments));
+                }
+            }
             run.journal.touch(seq as usize);
         }
         // The calls are recorded as started, and the model answer that asked for them as ended, on disk before
@@ -536,6 +559,15 @@ impl Engine {
             };
             if let StepBody::Tool(tool) = &mut step.body {
                 tracing::debug!(response.id = %response_id, tool.name = %tool.call.name, failed = outcome.is_error(), "tool call ended");
+                let template = run
+                    .server_tools
+                    .iter()
+                    .find(|s| s.name == tool.call.name)
+                    .and_then(|s| s.note_on_result.as_ref());
+                if let Some(template) = template {
+                    tool.notes.on_result =
+                        Some(template.render(&outcome.note_values(&tool.call.arguments)));
+                }
                 tool.outcome = Some(outcome);
                 tool.ended_rank = Some(next_rank);
                 next_rank += 1;

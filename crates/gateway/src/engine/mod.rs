@@ -144,6 +144,19 @@ impl Finished {
 }
 
 impl Engine {
+    /// The server tool names each of `sources` offers now (an MCP source: its server's tools as listed,
+    /// filtered and prefixed), as `(tool name, source name)`.
+    pub async fn offered_tool_names(&self, sources: Vec<ToolSource>) -> Vec<(String, String)> {
+        let mut names = Vec::new();
+        for source in sources {
+            let source_name = source.name.clone();
+            for tool in self.tools.expand(vec![source]).await {
+                names.push((tool.name, source_name.clone()));
+            }
+        }
+        names
+    }
+
     /// An engine on `store`, with the upstream, tool, tenancy and durability settings of `config`.
     pub fn new(store: Store, config: &Config) -> Result<Engine, reqwest::Error> {
         Ok(Engine {

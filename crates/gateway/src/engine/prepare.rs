@@ -138,8 +138,9 @@ impl Engine {
             .ok_or_else(|| EngineError::ModelNotFound {
                 model: request.model.clone(),
             })?;
-        let registered: BTreeSet<String> =
-            resolution.tools.iter().map(|t| t.name.clone()).collect();
+        // MCP sources become the tools their servers list now (cached per source).
+        let server_tools = self.tools.expand(resolution.tools.clone()).await;
+        let registered: BTreeSet<String> = server_tools.iter().map(|t| t.name.clone()).collect();
         let mut request = request;
         check_tools(&request, &registered)?;
         apply_unsupported_tools(&mut request, resolution.deployment.unsupported_tools)?;
@@ -176,6 +177,8 @@ impl Engine {
                     batch: None,
                     outcome: None,
                     ended_rank: None,
+                    notes: Default::default(),
+                    server_label: None,
                 }),
             })
             .collect();
@@ -224,7 +227,7 @@ impl Engine {
                         record: &record,
                         project_id,
                         deployment_id: &resolution.deployment.id,
-                        server_tools: &resolution.tools,
+                        server_tools: &server_tools,
                         context: &context,
                         steps: &steps,
                         idempotency_key,
@@ -267,7 +270,7 @@ impl Engine {
             project_id: project_id.to_owned(),
             keyed: idempotency_key.is_some(),
             deployment: resolution.deployment.clone(),
-            server_tools: resolution.tools.clone(),
+            server_tools,
             registered,
             context,
             steps,

@@ -60,10 +60,16 @@ impl Engine {
                 )
                 .await;
         };
-        let ids: Vec<String> = stored.server_tools.iter().map(|t| t.id.clone()).collect();
+        let mut ids: Vec<String> = stored.server_tools.iter().map(|t| t.id.clone()).collect();
+        // The tools of one MCP source share its id.
+        ids.sort();
+        ids.dedup();
         // The tools it started with, as they are now (with their secrets); one deleted since is "no longer
         // available" to the loop.
-        let server_tools = self.store.tool_sources_by_id(&ids).await?;
+        let server_tools = self
+            .tools
+            .expand(self.store.tool_sources_by_id(&ids).await?)
+            .await;
         let registered: BTreeSet<String> =
             stored.server_tools.iter().map(|t| t.name.clone()).collect();
         let remaining_ms = stored.deadline_at.map_or(0, |at| (at - now_ms()).max(0));

@@ -1,6 +1,6 @@
 //! Who a key belongs to, and which deployment and server tools a project may use for a model.
 
-use gateway_core::entity::ProviderKind;
+use gateway_core::entity::{NoteTemplate, ProviderKind, ToolPolicy};
 use secrecy::SecretString;
 use sha2::{Digest, Sha256};
 
@@ -32,6 +32,58 @@ pub struct ToolSource {
     #[serde(skip)]
     pub secret: Option<SecretString>,
     pub strict: bool,
+    /// In-flight bound, output cap and breaker (SPEC 7).
+    #[serde(default)]
+    pub policy: ToolPolicy,
+    /// Progress-note templates (SPEC 7).
+    #[serde(default)]
+    pub note_on_request: Option<NoteTemplate>,
+    #[serde(default)]
+    pub note_on_result: Option<NoteTemplate>,
+    /// The hosted tool type this source serves (SPEC 12), if any.
+    #[serde(default)]
+    pub hosted_type: Option<String>,
+    /// `http` (one tool, this record) or `mcp` (a server whose tools each become a server tool).
+    #[serde(default)]
+    pub kind: SourceKind,
+    /// `mcp`: the server's tools offered (`None`: all).
+    #[serde(default)]
+    pub allowed_tools: Option<Vec<String>>,
+    /// `mcp`: put before each of the server's tool names.
+    #[serde(default)]
+    pub name_prefix: Option<String>,
+    /// For one tool of an `mcp` source: its name on the server (`name` may carry the prefix).
+    #[serde(default)]
+    pub mcp_tool: Option<String>,
+    /// For one tool of an `mcp` source: the source's name, shown as `server_label` of its calls.
+    #[serde(default)]
+    pub server_label: Option<String>,
+}
+
+/// The kind of a tool source.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SourceKind {
+    #[default]
+    Http,
+    Mcp,
+}
+
+impl SourceKind {
+    pub fn parse(kind: &str) -> Option<SourceKind> {
+        match kind {
+            "http" => Some(SourceKind::Http),
+            "mcp" => Some(SourceKind::Mcp),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SourceKind::Http => "http",
+            SourceKind::Mcp => "mcp",
+        }
+    }
 }
 
 /// What a project may use when it names a model.
@@ -84,7 +136,9 @@ impl Store {
                 return Ok(None);
             };
             let tools = sqlx::query_as::<_, ToolSourceRecord>(
-                "SELECT DISTINCT t.id, t.name, t.description, t.parameters, t.url, t.timeout_ms, t.secret, t.strict
+                "SELECT DISTINCT t.id, t.name, t.description, t.parameters, t.url, t.timeout_ms, t.secret, t.strict,
+                    t.max_in_flight, t.max_output_bytes, t.breaker_failures, t.breaker_cooldown_ms,
+                    t.note_on_request, t.note_on_result, t.hosted_type, t.kind, t.allowed_tools, t.name_prefix
                  FROM tool_sources t
                  JOIN group_tool_sources gt ON gt.tool_source_id = t.id
                  JOIN group_deployments gd ON gd.group_id = gt.group_id
@@ -101,6 +155,32 @@ impl Store {
             .collect();
             Ok(Some(Resolution { deployment, tools }))
         })
+    }
+
+    /// The tool sources that a key could see together with those of group `group_id`: the sources of that group,
+    /// and of every group that shares a project and a deployment with it (with their secrets, for listing MCP
+    /// servers).
+    pub async fn tool_sources_beside(&self, group_id: &str) -> Result<Vec<ToolSource>, StoreError> {
+        let rows = with_pool!(self, |pool| {
+            sqlx::query_as::<_, ToolSourceRecord>(
+            "SELECT DISTINCT t.id, t.name, t.description, t.parameters, t.url, t.timeout_ms, t.secret, t.strict,
+                t.max_in_flight, t.max_output_bytes, t.breaker_failures, t.breaker_cooldown_ms,
+                t.note_on_request, t.note_on_result, t.hosted_type, t.kind, t.allowed_tools, t.name_prefix
+             FROM tool_sources t
+             JOIN group_tool_sources gt ON gt.tool_source_id = t.id
+             WHERE gt.group_id = $1
+                OR (EXISTS (SELECT 1 FROM group_projects a JOIN group_projects b ON b.project_id = a.project_id
+                            WHERE a.group_id = $1 AND b.group_id = gt.group_id)
+                    AND EXISTS (SELECT 1 FROM group_deployments a JOIN group_deployments b
+                                ON b.deployment_id = a.deployment_id
+                                WHERE a.group_id = $1 AND b.group_id = gt.group_id))
+             ORDER BY t.name",
+        )
+        .bind(group_id)
+        .fetch_all(pool)
+        .await
+        })?;
+        Ok(rows.into_iter().map(ToolSource::from).collect())
     }
 
     /// A deployment by id, whatever groups it is in: what a resumed response runs on.
@@ -122,7 +202,9 @@ impl Store {
         let mut sources = Vec::with_capacity(ids.len());
         for id in ids {
             let found = with_pool!(self, |pool| sqlx::query_as::<_, ToolSourceRecord>(
-                "SELECT id, name, description, parameters, url, timeout_ms, secret, strict
+                "SELECT id, name, description, parameters, url, timeout_ms, secret, strict,
+                    max_in_flight, max_output_bytes, breaker_failures, breaker_cooldown_ms,
+                    note_on_request, note_on_result, hosted_type, kind, allowed_tools, name_prefix
                  FROM tool_sources WHERE id = $1",
             )
             .bind(id)
@@ -172,6 +254,16 @@ struct ToolSourceRecord {
     timeout_ms: i64,
     secret: Option<String>,
     strict: bool,
+    max_in_flight: Option<i64>,
+    max_output_bytes: Option<i64>,
+    breaker_failures: Option<i64>,
+    breaker_cooldown_ms: Option<i64>,
+    note_on_request: Option<String>,
+    note_on_result: Option<String>,
+    hosted_type: Option<String>,
+    kind: String,
+    allowed_tools: Option<serde_json::Value>,
+    name_prefix: Option<String>,
 }
 
 impl From<ToolSourceRecord> for ToolSource {
@@ -186,6 +278,27 @@ impl From<ToolSourceRecord> for ToolSource {
             timeout_ms: u64::try_from(row.timeout_ms).unwrap_or(0),
             secret: row.secret.map(SecretString::from),
             strict: row.strict,
+            // Writers keep these in range; anything else reads as the default.
+            policy: ToolPolicy {
+                max_in_flight: row.max_in_flight.and_then(|v| u32::try_from(v).ok()),
+                max_output_bytes: row.max_output_bytes.and_then(|v| u64::try_from(v).ok()),
+                breaker_failures: row.breaker_failures.and_then(|v| u32::try_from(v).ok()),
+                breaker_cooldown_ms: row.breaker_cooldown_ms.and_then(|v| u64::try_from(v).ok()),
+            },
+            note_on_request: row
+                .note_on_request
+                .and_then(|t| NoteTemplate::parse(t, "note_on_request").ok()),
+            note_on_result: row
+                .note_on_result
+                .and_then(|t| NoteTemplate::parse(t, "note_on_result").ok()),
+            hosted_type: row.hosted_type,
+            kind: SourceKind::parse(&row.kind).unwrap_or_default(),
+            allowed_tools: row
+                .allowed_tools
+                .and_then(|v| serde_json::from_value(v).ok()),
+            name_prefix: row.name_prefix,
+            mcp_tool: None,
+            server_label: None,
         }
     }
 }

@@ -26,6 +26,9 @@ fn seeded_config(base_url: &str) -> Config {
     config.seed.tool_sources.insert(
         "add".into(),
         SeedToolSource {
+            kind: None,
+            allowed_tools: None,
+            name_prefix: None,
             description: "Add.".into(),
             parameters: json!({"type": "object", "properties": {"a": {"type": "number"}}}),
             url: "http://127.0.0.1:9/tools/add".into(),

@@ -144,7 +144,11 @@ async fn a_streamed_server_tool_shows_an_mcp_call_in_progress_then_completed_the
     assert!(mcp.id.starts_with("mcp_"), "{}", mcp.id);
     assert_eq!(mcp.added["name"], "add");
     assert_eq!(
-        parse(mcp.added["arguments"].as_str().unwrap()),
+        mcp.added["arguments"], "",
+        "arguments follow the added item"
+    );
+    assert_eq!(
+        parse(mcp.done["arguments"].as_str().unwrap()),
         json!({"a": 40, "b": 2})
     );
     assert_eq!(
@@ -751,4 +755,47 @@ async fn a_client_that_reads_nothing_holds_back_the_upstream_stream_instead_of_b
         text == expected,
         "the streamed text is not the upstream's chunks in order"
     );
+}
+
+#[tokio::test]
+async fn progress_notes_stream_as_gateway_tool_note_events_rendered_over_arguments_and_result() {
+    let (gw, tenant) = gateway().await;
+    gw.attach_tool_with(
+        &tenant.group_id,
+        "get_weather",
+        json!({"note_on_request": "Looking up the weather in {city}{country}",
+               "note_on_result": "{result.forecast} in {city}, {result.temperature_c} degrees"}),
+    )
+    .await;
+    let body = json!({"model": "mock", "input": "Weather in Oslo?"});
+    let script = |m: &MockModel| {
+        m.push(Reply::tool_calls(vec![Call::new(
+            "get_weather",
+            json!({"city": "Oslo"}),
+        )]));
+        m.push(Reply::text("Sunny."));
+    };
+
+    let checked = streamed(&gw, &tenant.key, &body, &script).await;
+
+    let notes: Vec<&Value> = checked
+        .events
+        .iter()
+        .filter(|e| e["type"] == "gateway:tool_note")
+        .collect();
+    assert_eq!(notes.len(), 2, "{:#?}", checked.events);
+    let mcp = &checked.items[0];
+    assert_eq!(notes[0]["item_id"], mcp.id.as_str());
+    assert_eq!(notes[0]["phase"], "request");
+    assert_eq!(
+        notes[0]["label"], "Looking up the weather in Oslo",
+        "a missing field renders as nothing"
+    );
+    assert_eq!(notes[1]["phase"], "result");
+    assert_eq!(notes[1]["label"], "sunny in Oslo, 19 degrees");
+    assert_eq!(notes[1]["detail"], "completed");
+    assert!(notes.iter().all(|n| n["sequence_number"].is_u64()));
+    // The notes are for the stream only: the response's items do not carry them.
+    assert!(checked.terminal["output"][0].get("label").is_none());
+    assert_same_when_not_streamed(&gw, &tenant.key, &body, &script, &checked).await;
 }

@@ -201,11 +201,33 @@ pub async fn detach_project(
     membership(&state, Member::Project, ids, false).await
 }
 
-/// `PUT /deployment_groups/{group_id}/tool_sources/{tool_source_id}`.
+/// `PUT /deployment_groups/{group_id}/tool_sources/{tool_source_id}`: `409` when one of its tool names is
+/// already offered by another source that a key could see together with it.
 pub async fn attach_tool_source(
     State(state): State<AppState>,
     ApiPath(ids): ApiPath<(String, String)>,
 ) -> Result<Json<MembershipObject>, ApiError> {
+    let (group_id, source_id) = &ids;
+    let beside = state.store.tool_sources_beside(group_id).await?;
+    if !beside.iter().any(|s| &s.id == source_id) {
+        let joining = state
+            .store
+            .tool_sources_by_id(std::slice::from_ref(source_id))
+            .await?;
+        if !joining.is_empty() {
+            let new_names = state.engine.offered_tool_names(joining).await;
+            let others = state.engine.offered_tool_names(beside).await;
+            for (name, source) in &new_names {
+                if let Some((_, other)) = others.iter().find(|(n, _)| n == name) {
+                    return Err(ApiError::conflict(format!(
+                        "Tool source '{source}' offers a tool named '{name}', which tool source '{other}' already \
+                         offers to the projects and deployments of this group; rename one (or give an MCP source \
+                         a 'name_prefix' or 'allowed_tools')."
+                    )));
+                }
+            }
+        }
+    }
     membership(&state, Member::ToolSource, ids, true).await
 }
 

@@ -493,17 +493,59 @@ fn check_mcp_call(trace: &ItemTrace) {
         }
         _ => panic!("mcp_call ended neither completed nor failed: {done:#}"),
     };
-    assert_eq!(
-        trace.kinds(),
-        vec![
-            "response.mcp_call.in_progress",
-            outcome,
-            "response.output_item.done"
-        ],
-        "mcp_call events of {}",
-        trace.id
+    // As OpenAI streams an `mcp_call`: added with empty arguments, the arguments in deltas and a done, then
+    // in progress, then completed or failed.
+    assert_eq!(added["arguments"], "", "{added:#}");
+    // Progress notes (`gateway:tool_note`) may follow in_progress and the outcome; they are checked apart.
+    for note in trace
+        .events
+        .iter()
+        .filter(|e| e["type"] == "gateway:tool_note")
+    {
+        assert!(note["label"].is_string(), "{note:#}");
+        let phase = note["phase"].as_str().expect("phase");
+        let expected_detail = match phase {
+            "request" => "in_progress",
+            "result" => done["status"].as_str().unwrap_or_default(),
+            other => panic!("unknown note phase {other}: {note:#}"),
+        };
+        assert_eq!(note["detail"], expected_detail, "{note:#}");
+    }
+    let kinds: Vec<&str> = trace
+        .kinds()
+        .into_iter()
+        .filter(|k| *k != "gateway:tool_note")
+        .collect();
+    let deltas = kinds
+        .iter()
+        .filter(|k| **k == "response.mcp_call_arguments.delta")
+        .count();
+    assert!(
+        deltas >= 1,
+        "an mcp_call without argument deltas: {kinds:?}"
     );
-    for key in ["name", "arguments", "call_id", "server_label"] {
+    let mut expected = vec!["response.mcp_call_arguments.delta"; deltas];
+    expected.extend([
+        "response.mcp_call_arguments.done",
+        "response.mcp_call.in_progress",
+        outcome,
+        "response.output_item.done",
+    ]);
+    assert_eq!(kinds, expected, "mcp_call events of {}", trace.id);
+    let streamed: String = trace
+        .events
+        .iter()
+        .filter(|e| e["type"] == "response.mcp_call_arguments.delta")
+        .map(|e| e["delta"].as_str().expect("delta string"))
+        .collect();
+    assert_eq!(done["arguments"], streamed.as_str(), "{done:#}");
+    let arguments_done = trace
+        .events
+        .iter()
+        .find(|e| e["type"] == "response.mcp_call_arguments.done")
+        .expect("arguments done");
+    assert_eq!(arguments_done["arguments"], done["arguments"]);
+    for key in ["name", "call_id", "server_label"] {
         assert_eq!(
             done[key], added[key],
             "{key} changed: {added:#} -> {done:#}"

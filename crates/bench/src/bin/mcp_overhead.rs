@@ -1,0 +1,128 @@
+//! `gateway-mcp-overhead`: what the gateway adds to one MCP tool call. The testkit's MCP server runs in-process;
+//! the same `add` call is made N times directly over an rmcp client session, and N times through the gateway's
+//! tool executor (an `mcp` tool source: schema check, per-source policy, metrics, output cap, the same kind of
+//! reused session). Prints p50/p90/p99 of both and the p50 difference, in microseconds.
+
+use std::time::Instant;
+
+use anyhow::Context;
+use clap::Parser;
+use gateway::config::ToolsConfig;
+use gateway::store::tenancy::{SourceKind, ToolSource};
+use gateway::tools::{CallRef, ToolExecutor};
+use gateway_core::steps::ToolCall;
+use gateway_testkit::McpServer;
+use hdrhistogram::Histogram;
+use rmcp::model::CallToolRequestParams;
+use rmcp::transport::StreamableHttpClientTransport;
+use rmcp::ServiceExt;
+use serde_json::json;
+
+#[derive(Debug, Parser)]
+struct Args {
+    /// Calls measured on each path (after as many warm-up calls, a tenth of it).
+    #[arg(long, default_value_t = 2000)]
+    calls: u64,
+}
+
+fn micros(h: &Histogram<u64>, q: f64) -> u64 {
+    h.value_at_quantile(q)
+}
+
+fn line(name: &str, h: &Histogram<u64>) {
+    println!(
+        "{name:<22} p50 {:>6} us   p90 {:>6} us   p99 {:>6} us   ({} calls)",
+        micros(h, 0.5),
+        micros(h, 0.9),
+        micros(h, 0.99),
+        h.len()
+    );
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let mcp = McpServer::start().await?;
+    let warmup = (args.calls / 10).max(10);
+
+    // Directly: one rmcp client session, tools/call in a loop.
+    let direct_client =
+        ().serve(StreamableHttpClientTransport::from_uri(mcp.url()))
+            .await
+            .context("direct MCP session")?;
+    let mut direct = Histogram::<u64>::new(3)?;
+    for i in 0..warmup + args.calls {
+        let arguments = json!({"a": i, "b": 1});
+        let request = CallToolRequestParams::new("add")
+            .with_arguments(arguments.as_object().cloned().unwrap_or_default());
+        let started = Instant::now();
+        direct_client.call_tool(request).await?;
+        if i >= warmup {
+            direct.record(elapsed_us(started))?;
+        }
+    }
+
+    // Through the gateway's executor.
+    let executor = ToolExecutor::new(ToolsConfig::default())?;
+    let source = ToolSource {
+        id: "tool_bench".into(),
+        name: "calc".into(),
+        description: String::new(),
+        parameters: json!({"type": "object"}),
+        url: mcp.url(),
+        timeout_ms: 30_000,
+        secret: None,
+        strict: false,
+        policy: Default::default(),
+        note_on_request: None,
+        note_on_result: None,
+        hosted_type: None,
+        kind: SourceKind::Mcp,
+        allowed_tools: None,
+        name_prefix: None,
+        mcp_tool: None,
+        server_label: None,
+    };
+    let tools = executor.expand(vec![source]).await;
+    let add = tools
+        .iter()
+        .find(|t| t.name == "add")
+        .context("the MCP server's add tool was not discovered")?;
+    let mut gateway = Histogram::<u64>::new(3)?;
+    for i in 0..warmup + args.calls {
+        let call = ToolCall::function(
+            format!("fc_{i}"),
+            format!("call_{i}"),
+            "add",
+            json!({"a": i, "b": 1}).to_string(),
+        );
+        let key = format!("resp_bench:{i}");
+        let at = CallRef {
+            response_id: "resp_bench",
+            idempotency_key: &key,
+        };
+        let started = Instant::now();
+        let outcome = executor.execute(add, &call, at).await;
+        if outcome.is_error() {
+            anyhow::bail!(
+                "the call through the gateway failed: {}",
+                outcome.model_text()
+            );
+        }
+        if i >= warmup {
+            gateway.record(elapsed_us(started))?;
+        }
+    }
+
+    line("direct (rmcp client)", &direct);
+    line("through the gateway", &gateway);
+    let p50 = i128::from(micros(&gateway, 0.5)) - i128::from(micros(&direct, 0.5));
+    println!("gateway overhead per MCP call at p50: {p50} us");
+    Ok(())
+}
+
+fn elapsed_us(started: Instant) -> u64 {
+    u64::try_from(started.elapsed().as_micros())
+        .unwrap_or(u64::MAX)
+        .max(1)
+}

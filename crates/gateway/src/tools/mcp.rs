@@ -1,0 +1,296 @@
+//! MCP tool sources (SPEC 2, 7): the gateway as an MCP client over streamable HTTP (`rmcp`).
+//!
+//! One session per source and replica, opened on first use and reused (no `initialize` per call); it is opened
+//! again after a transport error, or when the source's URL or secret changed. A source's tool list is cached and
+//! listed again after a `notifications/tools/list_changed` from the server or after the TTL. A server that is
+//! down offers no tools while listing fails, and its calls end with error outputs: never a 5xx to the client.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use gateway_core::steps::ToolOutcome;
+use rmcp::model::{CallToolRequestParams, CallToolResult, ContentBlock, Tool};
+use rmcp::service::{NotificationContext, RunningService};
+use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
+use rmcp::transport::StreamableHttpClientTransport;
+use rmcp::{ClientHandler, RoleClient, ServiceExt};
+use secrecy::ExposeSecret;
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+use crate::store::tenancy::{SourceKind, ToolSource};
+
+/// Marks a session's tool list stale when the server says it changed.
+#[derive(Debug, Clone, Default)]
+struct Watcher {
+    stale: Arc<AtomicBool>,
+}
+
+impl ClientHandler for Watcher {
+    async fn on_tool_list_changed(&self, _context: NotificationContext<RoleClient>) {
+        self.stale.store(true, Ordering::SeqCst);
+    }
+}
+
+/// One open MCP session of a source, with its cached tool list.
+struct Session {
+    /// The URL and a digest of the secret it was opened with.
+    opened_for: (String, String),
+    service: RunningService<RoleClient, Watcher>,
+    stale: Arc<AtomicBool>,
+    listed: tokio::sync::Mutex<Option<(Instant, Arc<Vec<Tool>>)>>,
+}
+
+/// The MCP sessions of this replica, by source id.
+pub struct McpClients {
+    sessions: tokio::sync::Mutex<HashMap<String, Arc<Session>>>,
+    /// How long a tool list is used before it is listed again.
+    ttl: Duration,
+    /// How long opening a session or listing may take.
+    timeout: Duration,
+}
+
+impl std::fmt::Debug for McpClients {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("McpClients")
+            .field("ttl", &self.ttl)
+            .finish_non_exhaustive()
+    }
+}
+
+fn opened_for(source: &ToolSource) -> (String, String) {
+    let secret = source
+        .secret
+        .as_ref()
+        .map(|s| hex::encode(Sha256::digest(s.expose_secret().as_bytes())))
+        .unwrap_or_default();
+    (source.url.clone(), secret)
+}
+
+impl McpClients {
+    pub fn new(ttl: Duration, timeout: Duration) -> McpClients {
+        McpClients {
+            sessions: tokio::sync::Mutex::default(),
+            ttl,
+            timeout,
+        }
+    }
+
+    /// The source's open session, opened if there is none (or it closed, or the source changed).
+    async fn session(&self, source: &ToolSource) -> Result<Arc<Session>, String> {
+        let mut sessions = self.sessions.lock().await;
+        let wanted = opened_for(source);
+        if let Some(session) = sessions.get(&source.id) {
+            if session.opened_for == wanted && !session.service.is_closed() {
+                return Ok(Arc::clone(session));
+            }
+        }
+        let mut config = StreamableHttpClientTransportConfig::with_uri(source.url.clone());
+        if let Some(secret) = &source.secret {
+            config = config.auth_header(secret.expose_secret().to_owned());
+        }
+        let transport = StreamableHttpClientTransport::from_config(config);
+        let watcher = Watcher::default();
+        let stale = Arc::clone(&watcher.stale);
+        let service = match tokio::time::timeout(self.timeout, watcher.serve(transport)).await {
+            Ok(Ok(service)) => service,
+            Ok(Err(e)) => {
+                tracing::warn!(tool_source.name = %source.name, error = %e, "MCP session could not be opened");
+                return Err(format!(
+                    "The MCP server of '{}' could not be reached.",
+                    source.name
+                ));
+            }
+            Err(_) => {
+                return Err(format!(
+                    "The MCP server of '{}' did not answer in time.",
+                    source.name
+                ))
+            }
+        };
+        let session = Arc::new(Session {
+            opened_for: wanted,
+            service,
+            stale,
+            listed: tokio::sync::Mutex::default(),
+        });
+        sessions.insert(source.id.clone(), Arc::clone(&session));
+        Ok(session)
+    }
+
+    /// Forgets a source's session after a transport error, so that the next use opens a new one.
+    async fn forget(&self, source: &ToolSource) {
+        self.sessions.lock().await.remove(&source.id);
+    }
+
+    /// The tools of an MCP source as the server lists them (cached).
+    async fn list(&self, source: &ToolSource) -> Result<Arc<Vec<Tool>>, String> {
+        let session = self.session(source).await?;
+        let mut listed = session.listed.lock().await;
+        let changed = session.stale.swap(false, Ordering::SeqCst);
+        if let Some((at, tools)) = listed.as_ref() {
+            if !changed && at.elapsed() < self.ttl {
+                return Ok(Arc::clone(tools));
+            }
+        }
+        match tokio::time::timeout(self.timeout, session.service.list_all_tools()).await {
+            Ok(Ok(tools)) => {
+                let tools = Arc::new(tools);
+                *listed = Some((Instant::now(), Arc::clone(&tools)));
+                Ok(tools)
+            }
+            failed => {
+                if let Ok(Err(e)) = &failed {
+                    tracing::warn!(tool_source.name = %source.name, error = %e, "MCP tools/list failed");
+                }
+                drop(listed);
+                self.forget(source).await;
+                Err(format!(
+                    "The MCP server of '{}' did not list its tools.",
+                    source.name
+                ))
+            }
+        }
+    }
+
+    /// The server tools of `sources`: HTTP sources as they are, each MCP source replaced by one tool per tool its
+    /// server lists (those in `allowed_tools`, named with `name_prefix`). A name already taken (by an HTTP tool,
+    /// or an earlier source) is skipped with a warning; a server that cannot list offers nothing this time.
+    pub async fn expand(&self, sources: Vec<ToolSource>) -> Vec<ToolSource> {
+        let (http, mcp): (Vec<ToolSource>, Vec<ToolSource>) = sources
+            .into_iter()
+            .partition(|s| s.kind == SourceKind::Http);
+        let mut tools = http;
+        for source in mcp {
+            let listed = match self.list(&source).await {
+                Ok(listed) => listed,
+                Err(message) => {
+                    tracing::warn!(tool_source.name = %source.name, reason = %message, "MCP source offers no tools now");
+                    continue;
+                }
+            };
+            for tool in listed.iter() {
+                let original = tool.name.to_string();
+                if let Some(allowed) = &source.allowed_tools {
+                    if !allowed.contains(&original) {
+                        continue;
+                    }
+                }
+                let name = format!(
+                    "{}{original}",
+                    source.name_prefix.as_deref().unwrap_or_default()
+                );
+                if !gateway_core::request::is_valid_tool_name(&name) {
+                    tracing::warn!(tool_source.name = %source.name, tool.name = %name, "MCP tool name is not usable; skipped");
+                    continue;
+                }
+                if tools.iter().any(|t| t.name == name) {
+                    tracing::warn!(tool_source.name = %source.name, tool.name = %name, "MCP tool name clashes with another server tool; skipped");
+                    continue;
+                }
+                tools.push(ToolSource {
+                    name,
+                    description: tool.description.as_deref().unwrap_or_default().to_owned(),
+                    parameters: Value::Object((*tool.input_schema).clone()),
+                    mcp_tool: Some(original),
+                    server_label: Some(source.name.clone()),
+                    ..source.clone()
+                });
+            }
+        }
+        tools
+    }
+
+    /// Calls the MCP tool `tool` of `source` with `arguments`; every failure is an error outcome.
+    pub async fn call(
+        &self,
+        source: &ToolSource,
+        tool: &str,
+        arguments: &Value,
+        timeout: Duration,
+    ) -> ToolOutcome {
+        let label = source.server_label.as_deref().unwrap_or(&source.name);
+        let session = match self.session(source).await {
+            Ok(session) => session,
+            Err(message) => return ToolOutcome::error(message),
+        };
+        let arguments = match arguments {
+            Value::Object(map) => map.clone(),
+            _ => serde_json::Map::new(),
+        };
+        let request = CallToolRequestParams::new(tool.to_owned()).with_arguments(arguments);
+        match tokio::time::timeout(timeout, session.service.call_tool(request)).await {
+            Ok(Ok(result)) => outcome_of(&result),
+            Ok(Err(e)) => {
+                tracing::warn!(tool_source.name = %label, tool.name = %tool, error = %e, "MCP tools/call failed");
+                self.forget(source).await;
+                ToolOutcome::error(format!(
+                    "Tool '{}' (MCP server '{label}') could not be called.",
+                    source.name
+                ))
+            }
+            Err(_) => ToolOutcome::error(format!(
+                "Tool '{}' timed out after {} ms.",
+                source.name,
+                timeout.as_millis()
+            )),
+        }
+    }
+}
+
+/// The outcome of an MCP result: its structured content as JSON, else its text blocks; `isError` an error.
+fn outcome_of(result: &CallToolResult) -> ToolOutcome {
+    let text = match &result.structured_content {
+        Some(value) if result.is_error != Some(true) => value.to_string(),
+        _ => result
+            .content
+            .iter()
+            .map(|block| match block {
+                ContentBlock::Text(text) => text.text.clone(),
+                other => serde_json::to_string(other).unwrap_or_default(),
+            })
+            .collect::<Vec<_>>()
+            .join("\n"),
+    };
+    let text = gateway_core::chat::scrub_nul(text);
+    if result.is_error == Some(true) {
+        ToolOutcome::error(if text.is_empty() {
+            "The MCP tool reported an error.".to_owned()
+        } else {
+            text
+        })
+    } else {
+        ToolOutcome::Output { text }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn an_mcp_result_becomes_the_output_the_model_reads() {
+        let text = CallToolResult::success(vec![ContentBlock::text("a"), ContentBlock::text("b")]);
+        assert_eq!(
+            outcome_of(&text),
+            ToolOutcome::Output {
+                text: "a\nb".into()
+            }
+        );
+        let mut structured = CallToolResult::success(vec![ContentBlock::text("ignored")]);
+        structured.structured_content = Some(json!({"sum": 5}));
+        assert_eq!(
+            outcome_of(&structured),
+            ToolOutcome::Output {
+                text: r#"{"sum":5}"#.into()
+            }
+        );
+        let failed = CallToolResult::error(vec![ContentBlock::text("no such city")]);
+        assert_eq!(outcome_of(&failed), ToolOutcome::error("no such city"));
+        let silent = CallToolResult::error(Vec::new());
+        assert!(outcome_of(&silent).is_error());
+    }
+}

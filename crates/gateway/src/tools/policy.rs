@@ -1,0 +1,212 @@
+//! Per-source policy kept across calls (SPEC 7): the bound on calls in flight and the circuit breaker.
+//!
+//! Both are per replica (each gateway process keeps its own), keyed by the source's id, and follow the source's
+//! current settings: a changed `max_in_flight` starts a new bound, a changed breaker threshold applies from the
+//! next call.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use gateway_core::entity::ToolPolicy;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+/// What the breaker says about a call about to start.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Admission {
+    /// The breaker is closed: call.
+    Call,
+    /// The cool-down is over: this call is the one trial that decides.
+    Trial,
+    /// The breaker is open (or another call is the trial): fail fast, for about this long still.
+    Refuse { retry_in: Duration },
+}
+
+/// A circuit breaker: after `failures` consecutive failed calls it opens for `cooldown`, then lets one trial
+/// call through; the trial's success closes it, its failure opens it again. Pure: the caller passes the time.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Breaker {
+    consecutive_failures: u32,
+    open_until: Option<Instant>,
+    trial_running: bool,
+}
+
+impl Breaker {
+    /// Whether a call may start at `now`.
+    pub fn admit(&mut self, now: Instant) -> Admission {
+        let Some(open_until) = self.open_until else {
+            return Admission::Call;
+        };
+        if now < open_until {
+            return Admission::Refuse {
+                retry_in: open_until - now,
+            };
+        }
+        if self.trial_running {
+            return Admission::Refuse {
+                retry_in: Duration::ZERO,
+            };
+        }
+        self.trial_running = true;
+        Admission::Trial
+    }
+
+    /// Records how an admitted call ended.
+    pub fn record(&mut self, now: Instant, failed: bool, threshold: u32, cooldown: Duration) {
+        let was_trial = std::mem::take(&mut self.trial_running);
+        if !failed {
+            *self = Breaker::default();
+            return;
+        }
+        self.consecutive_failures = self.consecutive_failures.saturating_add(1);
+        if was_trial || self.consecutive_failures >= threshold.max(1) {
+            self.open_until = Some(now + cooldown);
+        }
+    }
+
+    pub fn is_open(&self) -> bool {
+        self.open_until.is_some()
+    }
+}
+
+/// One source's state: its in-flight bound (with the size it was made for) and its breaker.
+#[derive(Debug, Default)]
+struct SourceState {
+    slots: Option<(u32, Arc<Semaphore>)>,
+    breaker: Breaker,
+}
+
+/// The policy state of every source this replica called.
+#[derive(Debug, Default)]
+pub struct Policies {
+    sources: Mutex<HashMap<String, SourceState>>,
+}
+
+impl Policies {
+    fn with<T>(&self, source_id: &str, f: impl FnOnce(&mut SourceState) -> T) -> T {
+        let mut sources = self.sources.lock().unwrap_or_else(PoisonError::into_inner);
+        f(sources.entry(source_id.to_owned()).or_default())
+    }
+
+    /// The semaphore bounding the source's calls in flight, if it has a bound.
+    pub fn slots(&self, source_id: &str, policy: &ToolPolicy) -> Option<Arc<Semaphore>> {
+        let limit = policy.max_in_flight?;
+        self.with(source_id, |state| match &state.slots {
+            Some((size, slots)) if *size == limit => Some(Arc::clone(slots)),
+            _ => {
+                let slots = Arc::new(Semaphore::new(usize::try_from(limit).unwrap_or(1)));
+                state.slots = Some((limit, Arc::clone(&slots)));
+                Some(slots)
+            }
+        })
+    }
+
+    pub fn admit(&self, source_id: &str, now: Instant) -> Admission {
+        self.with(source_id, |state| state.breaker.admit(now))
+    }
+
+    /// Records a call's end; answers whether the breaker is open afterwards.
+    pub fn record(&self, source_id: &str, policy: &ToolPolicy, now: Instant, failed: bool) -> bool {
+        self.with(source_id, |state| {
+            state.breaker.record(
+                now,
+                failed,
+                policy.breaker_failures(),
+                Duration::from_millis(policy.breaker_cooldown_ms()),
+            );
+            state.breaker.is_open()
+        })
+    }
+}
+
+/// A permit to call a bounded source, held for the call.
+pub type Slot = OwnedSemaphorePermit;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const COOL: Duration = Duration::from_secs(30);
+
+    #[test]
+    fn the_breaker_opens_after_the_threshold_of_consecutive_failures_and_fails_fast_until_cooled() {
+        let t0 = Instant::now();
+        let mut breaker = Breaker::default();
+        for _ in 0..2 {
+            assert_eq!(breaker.admit(t0), Admission::Call);
+            breaker.record(t0, true, 3, COOL);
+        }
+        assert!(!breaker.is_open());
+        assert_eq!(breaker.admit(t0), Admission::Call);
+        breaker.record(t0, true, 3, COOL);
+        assert!(breaker.is_open());
+        assert_eq!(
+            breaker.admit(t0 + Duration::from_secs(10)),
+            Admission::Refuse {
+                retry_in: Duration::from_secs(20)
+            }
+        );
+    }
+
+    #[test]
+    fn a_success_resets_the_count_of_consecutive_failures() {
+        let t0 = Instant::now();
+        let mut breaker = Breaker::default();
+        breaker.record(t0, true, 2, COOL);
+        breaker.record(t0, false, 2, COOL);
+        breaker.record(t0, true, 2, COOL);
+        assert!(!breaker.is_open());
+        breaker.record(t0, true, 2, COOL);
+        assert!(breaker.is_open());
+    }
+
+    #[test]
+    fn after_the_cool_down_one_trial_decides_and_others_fail_fast_meanwhile() {
+        let t0 = Instant::now();
+        let mut breaker = Breaker::default();
+        breaker.record(t0, true, 1, COOL);
+        let later = t0 + COOL;
+        assert_eq!(breaker.admit(later), Admission::Trial);
+        assert!(matches!(breaker.admit(later), Admission::Refuse { .. }));
+        // The trial fails: open again for a whole cool-down.
+        breaker.record(later, true, 5, COOL);
+        assert!(matches!(
+            breaker.admit(later + Duration::from_secs(1)),
+            Admission::Refuse { .. }
+        ));
+        // The next trial succeeds: closed.
+        let again = later + COOL;
+        assert_eq!(breaker.admit(again), Admission::Trial);
+        breaker.record(again, false, 5, COOL);
+        assert!(!breaker.is_open());
+        assert_eq!(breaker.admit(again), Admission::Call);
+    }
+
+    #[test]
+    fn the_in_flight_bound_follows_the_source_s_setting() {
+        let policies = Policies::default();
+        let unbounded = ToolPolicy::default();
+        assert!(policies.slots("tool_1", &unbounded).is_none());
+        let two = ToolPolicy {
+            max_in_flight: Some(2),
+            ..ToolPolicy::default()
+        };
+        let slots = policies.slots("tool_1", &two).unwrap();
+        assert_eq!(slots.available_permits(), 2);
+        assert!(Arc::ptr_eq(
+            &slots,
+            &policies.slots("tool_1", &two).unwrap()
+        ));
+        let three = ToolPolicy {
+            max_in_flight: Some(3),
+            ..ToolPolicy::default()
+        };
+        assert_eq!(
+            policies
+                .slots("tool_1", &three)
+                .unwrap()
+                .available_permits(),
+            3
+        );
+    }
+}

@@ -1,0 +1,260 @@
+//! MCP tool sources (SPEC 2, 7): discovery with `tools/list`, calls with `tools/call`, errors, list changes and a
+//! server that goes down, against the testkit's MCP server (rmcp's server side) over real HTTP.
+
+use crate::common::*;
+use gateway_e2e::{items_of, TestGateway};
+use gateway_testkit::{Call, McpServer, Reply};
+use reqwest::Method;
+use serde_json::{json, Value};
+
+/// Registers `mcp` as an MCP source named `calc` (with `extra` fields) and attaches it to the tenant's group.
+async fn attach_mcp(gw: &TestGateway, group_id: &str, mcp: &McpServer, extra: Value) -> String {
+    let mut body = json!({"kind": "mcp", "name": "calc", "url": mcp.url(), "secret": "mcp-secret"});
+    if let (Some(body), Some(extra)) = (body.as_object_mut(), extra.as_object()) {
+        body.extend(extra.clone());
+    }
+    let source = gw.admin_ok(Method::POST, "/tool_sources", Some(body)).await;
+    let id = id_of(&source);
+    gw.admin_ok(
+        Method::PUT,
+        &format!("/deployment_groups/{group_id}/tool_sources/{id}"),
+        None,
+    )
+    .await;
+    id
+}
+
+/// One round: the model calls `tool` with `arguments`, then answers; the response and what the model saw.
+async fn round(gw: &TestGateway, key: &str, tool: &str, arguments: Value) -> (Value, String) {
+    gw.model.reset();
+    gw.model.push(Reply::tool_calls(vec![
+        Call::new(tool, arguments).with_id("call_m")
+    ]));
+    gw.model.push(Reply::text("done"));
+    let body = create_ok(gw, key, json!({"model": "mock", "input": "go"})).await;
+    let seen = tool_result(&gw.model.requests()[1], "call_m");
+    (body, seen)
+}
+
+#[tokio::test]
+async fn an_mcp_source_s_tools_are_discovered_prefixed_and_called_over_one_reused_session() {
+    let (gw, tenant) = gateway().await;
+    let mcp = McpServer::start().await.expect("mcp server");
+    let source = attach_mcp(&gw, &tenant.group_id, &mcp, json!({"name_prefix": "calc_"})).await;
+    let shown = gw
+        .admin_ok(Method::GET, &format!("/tool_sources/{source}"), None)
+        .await;
+    assert_eq!(shown["kind"], "mcp");
+    assert_eq!(shown["name_prefix"], "calc_");
+    assert_eq!(shown["has_secret"], true);
+
+    let (body, seen) = round(&gw, &tenant.key, "calc_add", json!({"a": 2, "b": 3})).await;
+
+    assert_eq!(body["status"], "completed", "{body:#}");
+    let mut offered = offered_tools(&gw.model.requests()[0]);
+    offered.sort();
+    assert_eq!(offered, ["calc_add", "calc_fail", "calc_hang"]);
+    let call = &items_of(&body, "mcp_call")[0];
+    assert_eq!(call["name"], "calc_add");
+    assert_eq!(call["server_label"], "calc", "the source's name");
+    assert_eq!(call["status"], "completed");
+    assert_eq!(parse(call["output"].as_str().unwrap()), json!({"sum": 5}));
+    assert_eq!(parse(&seen), json!({"sum": 5}));
+    assert_eq!(mcp.calls(), [("add".to_owned(), json!({"a": 2, "b": 3}))]);
+    assert!(
+        mcp.authorizations()
+            .iter()
+            .all(|a| a == "Bearer mcp-secret")
+            && !mcp.authorizations().is_empty(),
+        "{:?}",
+        mcp.authorizations()
+    );
+
+    // A second response reuses the session and the cached list.
+    round(&gw, &tenant.key, "calc_add", json!({"a": 1, "b": 1})).await;
+    assert_eq!(mcp.calls().len(), 2);
+    assert_eq!(mcp.sessions(), 1, "one initialize for both responses");
+    assert_eq!(mcp.lists(), 1, "the tool list was cached");
+    // The stored response reads back the same.
+    assert_eq!(
+        get_response(&gw, &tenant.key, &id_of(&body)).await.body,
+        body
+    );
+}
+
+#[tokio::test]
+async fn allowed_tools_limit_what_the_model_is_offered() {
+    let (gw, tenant) = gateway().await;
+    let mcp = McpServer::start().await.expect("mcp server");
+    attach_mcp(
+        &gw,
+        &tenant.group_id,
+        &mcp,
+        json!({"allowed_tools": ["add"]}),
+    )
+    .await;
+    gw.model.push(Reply::text("hi"));
+
+    create_ok(&gw, &tenant.key, json!({"model": "mock", "input": "hi"})).await;
+
+    assert_eq!(offered_tools(&gw.model.requests()[0]), ["add"]);
+}
+
+#[tokio::test]
+async fn an_mcp_result_with_is_error_is_an_error_output_the_model_sees() {
+    let (gw, tenant) = gateway().await;
+    let mcp = McpServer::start().await.expect("mcp server");
+    attach_mcp(&gw, &tenant.group_id, &mcp, json!({})).await;
+
+    let (body, seen) = round(&gw, &tenant.key, "fail", json!({})).await;
+
+    assert_eq!(body["status"], "completed", "{body:#}");
+    let call = &items_of(&body, "mcp_call")[0];
+    assert_eq!(call["status"], "failed", "{call:#}");
+    assert!(seen.contains("failed on purpose"), "{seen}");
+}
+
+#[tokio::test]
+async fn a_tool_list_change_is_picked_up_without_a_restart() {
+    let (gw, tenant) = gateway().await;
+    let mcp = McpServer::start().await.expect("mcp server");
+    attach_mcp(&gw, &tenant.group_id, &mcp, json!({})).await;
+    gw.model.push(Reply::text("before"));
+    create_ok(&gw, &tenant.key, json!({"model": "mock", "input": "hi"})).await;
+    assert!(!offered_tools(&gw.model.requests()[0]).contains(&"late".to_owned()));
+
+    mcp.add_late_tool().await;
+
+    // The notification reaches the gateway asynchronously: ask until the next listing shows the new tool.
+    let picked_up = async {
+        loop {
+            gw.model.reset();
+            gw.model.push(Reply::text("after"));
+            create_ok(&gw, &tenant.key, json!({"model": "mock", "input": "hi"})).await;
+            if offered_tools(&gw.model.requests()[0]).contains(&"late".to_owned()) {
+                return;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+    };
+    tokio::time::timeout(std::time::Duration::from_secs(10), picked_up)
+        .await
+        .expect("the late tool is offered after list_changed, well before the 60 s TTL");
+    let (body, seen) = round(&gw, &tenant.key, "late", json!({})).await;
+    assert_eq!(items_of(&body, "mcp_call")[0]["status"], "completed");
+    assert_eq!(seen, "late");
+}
+
+#[tokio::test]
+async fn a_server_that_goes_down_gives_error_outputs_and_never_a_5xx() {
+    let (gw, tenant) = gateway().await;
+    let mcp = McpServer::start().await.expect("mcp server");
+    attach_mcp(&gw, &tenant.group_id, &mcp, json!({})).await;
+    let (body, _) = round(&gw, &tenant.key, "add", json!({"a": 1, "b": 2})).await;
+    assert_eq!(items_of(&body, "mcp_call")[0]["status"], "completed");
+
+    mcp.stop();
+
+    // The cached list still offers the tool; its call fails as an output the model reads.
+    let (body, seen) = round(&gw, &tenant.key, "add", json!({"a": 1, "b": 2})).await;
+    assert_eq!(body["status"], "completed", "{body:#}");
+    assert_eq!(
+        items_of(&body, "mcp_call")[0]["status"],
+        "failed",
+        "{body:#}"
+    );
+    assert!(seen.contains("error"), "{seen}");
+    // With the session gone, the list cannot be read: the model is offered nothing from it, and the request
+    // still succeeds.
+    gw.model.reset();
+    gw.model.push(Reply::text("no tools"));
+    let answer = gw
+        .create(&tenant.key, json!({"model": "mock", "input": "hi"}))
+        .await;
+    assert_eq!(answer.status.as_u16(), 200, "{:#}", answer.body);
+    assert!(offered_tools(&gw.model.requests()[0]).is_empty());
+}
+
+#[tokio::test]
+async fn bad_mcp_source_fields_are_refused_with_their_param() {
+    let (gw, _tenant) = gateway().await;
+    let cases = [
+        (
+            json!({"kind": "ftp", "name": "x", "url": "http://127.0.0.1:9/mcp"}),
+            "kind",
+        ),
+        (
+            json!({"kind": "mcp", "name": "x", "url": "http://127.0.0.1:9/mcp", "name_prefix": "bad prefix"}),
+            "name_prefix",
+        ),
+        (
+            json!({"kind": "mcp", "name": "x", "url": "http://127.0.0.1:9/mcp", "allowed_tools": [""]}),
+            "allowed_tools",
+        ),
+        (
+            json!({"name": "x", "url": "http://127.0.0.1:9/t", "parameters": {"type": "object"}, "name_prefix": "p_"}),
+            "name_prefix",
+        ),
+        (json!({"kind": "mcp", "name": "x"}), "url"),
+    ];
+    for (body, param) in cases {
+        let answer = gw
+            .call(gw.admin(Method::POST, "/tool_sources").json(&body))
+            .await;
+        assert_eq!(answer.status.as_u16(), 400, "{body}: {:#}", answer.body);
+        assert_eq!(answer.body["error"]["param"], param, "{body}");
+    }
+    let sources = gw.admin_ok(Method::GET, "/tool_sources", None).await;
+    assert!(sources["data"].as_array().unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn a_source_whose_tool_names_clash_with_another_visible_source_is_refused_with_409() {
+    let (gw, tenant) = gateway().await;
+    let mcp = McpServer::start().await.expect("mcp server");
+    gw.attach_tool(&tenant.group_id, "add").await;
+    let source = gw
+        .admin_ok(
+            Method::POST,
+            "/tool_sources",
+            Some(json!({"kind": "mcp", "name": "calc", "url": mcp.url()})),
+        )
+        .await;
+    let attach = |id: String| {
+        gw.admin(
+            Method::PUT,
+            &format!("/deployment_groups/{}/tool_sources/{id}", tenant.group_id),
+        )
+    };
+
+    let refused = gw.call(attach(id_of(&source))).await;
+
+    assert_eq!(refused.status.as_u16(), 409, "{:#}", refused.body);
+    let message = refused.body["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("'add'") && message.contains("'calc'"),
+        "{message}"
+    );
+    let group = gw
+        .admin_ok(
+            Method::GET,
+            &format!("/deployment_groups/{}", tenant.group_id),
+            None,
+        )
+        .await;
+    assert_eq!(
+        group["tool_source_ids"].as_array().unwrap().len(),
+        1,
+        "not attached"
+    );
+
+    // With a prefix, its names no longer clash.
+    gw.admin_ok(
+        Method::PATCH,
+        &format!("/tool_sources/{}", id_of(&source)),
+        Some(json!({"name_prefix": "calc_"})),
+    )
+    .await;
+    let attached = gw.call(attach(id_of(&source))).await;
+    assert_eq!(attached.status.as_u16(), 200, "{:#}", attached.body);
+}
