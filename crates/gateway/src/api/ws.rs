@@ -99,6 +99,10 @@ impl Connection {
                 }
                 message = messages.recv() => message,
             };
+            // Messages still queued when the client left are not run for nobody.
+            if *gone.borrow() {
+                break;
+            }
             let outcome = match message {
                 None => break,
                 Some(Incoming::Text(text)) => self.turn(&text, &mut out, &mut gone).await,
