@@ -297,12 +297,12 @@ impl EventProjection {
             Some(Ending::Incomplete { .. }) => "response.incomplete",
             Some(Ending::Cancelled) => "response.cancelled",
             Some(Ending::Failed { code, message }) => {
-                let code = code.as_str();
+                let (kind, code) = (code.error_type(), code.as_str());
                 // Nested and flat, so that the OpenAI spec, the Open Responses schema and the SDKs all read it.
                 self.emit(
                     "error",
                     json!({"code": code, "message": message, "param": null,
-                           "error": {"type": "server_error", "code": code, "message": message, "param": null}}),
+                           "error": {"type": kind, "code": code, "message": message, "param": null}}),
                 );
                 "response.failed"
             }

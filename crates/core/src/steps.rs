@@ -2,6 +2,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::response::FailureCode;
+
 /// Where a step stands. A step is written before its side effect and updated after it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -227,6 +229,10 @@ impl Usage {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct UpstreamFailure {
     pub message: String,
+    /// What the response's `error.code` says when this failure ends it: `upstream_rejected` when the provider
+    /// refused the request as the client's problem.
+    #[serde(default, skip_serializing_if = "FailureCode::is_server_error")]
+    pub code: FailureCode,
     /// Text a streaming client had already been shown when the call broke off: it stays in the
     /// response's output as an `incomplete` message, as the client saw it.
     #[serde(default, skip_serializing_if = "Option::is_none")]

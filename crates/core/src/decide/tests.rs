@@ -79,6 +79,7 @@ fn model_unended(seq: u32, state: StepState) -> Step {
 fn upstream_failed(seq: u32, message: Option<&str>) -> Step {
     let failure = message.map(|m| UpstreamFailure {
         message: m.into(),
+        code: Default::default(),
         partial: None,
     });
     model_step(
@@ -192,6 +193,7 @@ fn incomplete(reason: IncompleteReason) -> NextAction {
 
 fn fail(message: &str) -> NextAction {
     NextAction::Fail {
+        code: crate::response::FailureCode::ServerError,
         message: message.into(),
     }
 }

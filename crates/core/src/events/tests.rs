@@ -279,6 +279,7 @@ fn rows() -> Vec<Row> {
                     output: None,
                     failure: Some(UpstreamFailure {
                         message: "The upstream model's stream broke off.".into(),
+                        code: Default::default(),
                         partial: Some(streamed("msg_1", &["Hel", "lo"])),
                     }),
                 }),

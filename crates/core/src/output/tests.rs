@@ -254,6 +254,7 @@ fn failed_or_unended_model_calls_render_nothing() {
             output: None,
             failure: Some(UpstreamFailure {
                 message: "503".into(),
+                code: Default::default(),
                 partial: None,
             }),
         }),
@@ -282,6 +283,7 @@ fn a_model_call_that_broke_off_after_streaming_text_renders_that_text_as_an_inco
             output: None,
             failure: Some(UpstreamFailure {
                 message: "stream broke".into(),
+                code: Default::default(),
                 partial: Some(AssistantMessage {
                     item_id: "msg_partial".into(),
                     text: "The answer is".into(),

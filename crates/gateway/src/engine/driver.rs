@@ -243,7 +243,7 @@ impl Engine {
                     Ending::Completed { handed_back: true }
                 }
                 NextAction::Incomplete { reason } => Ending::Incomplete { reason },
-                NextAction::Fail { message } => Ending::server_error(message),
+                NextAction::Fail { code, message } => Ending::Failed { code, message },
             };
             return self.finish(run, ending, sink).await;
         }
@@ -366,6 +366,7 @@ impl Engine {
                     output: None,
                     failure: Some(UpstreamFailure {
                         message: CANCELLED.into(),
+                        code: Default::default(),
                         partial,
                     }),
                 });
@@ -403,6 +404,7 @@ impl Engine {
                     output: None,
                     failure: Some(UpstreamFailure {
                         message: e.public_message(),
+                        code: e.failure_code(),
                         partial,
                     }),
                 });

@@ -20,4 +20,5 @@ mod streaming_upstream;
 mod tenancy;
 mod tool_loop;
 mod upstream;
+mod upstream_rejected;
 mod validation;
