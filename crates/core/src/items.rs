@@ -210,6 +210,8 @@ pub struct ReasoningItem {
     pub summary: Vec<Value>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub encrypted_content: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<String>,
 }
 
 impl Item {

@@ -83,6 +83,9 @@ pub struct ResponseParams {
     pub safety_identifier: Option<String>,
     pub prompt_cache_key: Option<String>,
     pub service_tier: Option<String>,
+    /// What the client asked to be included (`reasoning.encrypted_content`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub include: Option<Vec<String>>,
 }
 
 impl Default for ResponseParams {
@@ -105,6 +108,7 @@ impl Default for ResponseParams {
             safety_identifier: None,
             prompt_cache_key: None,
             service_tier: None,
+            include: None,
         }
     }
 }
@@ -240,6 +244,7 @@ pub fn validate(body: CreateResponseBody) -> Result<ValidRequest, InvalidRequest
             safety_identifier: body.safety_identifier,
             prompt_cache_key: body.prompt_cache_key,
             service_tier: body.service_tier,
+            include: body.include,
         },
         previous_response_id: body.previous_response_id,
         store,

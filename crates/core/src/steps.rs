@@ -80,6 +80,10 @@ pub struct ModelOutput {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub usage: Option<Usage>,
     pub finish: Finish,
+    /// Thinking (Anthropic) or reasoning (Responses) the model produced, each with its id, as `reasoning` items
+    /// whose `encrypted_content` carries what the provider needs to have it replayed ([`crate::reasoning`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub reasoning: Vec<crate::items::ReasoningItem>,
 }
 
 /// What a streamed model call produced that the client may see at once, whatever the provider. Its

@@ -338,6 +338,7 @@ fn reasoning_items_are_not_sent_upstream() {
 fn steps_of_a_running_response_pair_with_their_calls_in_the_next_request() {
     let context = items(json!([{"type": "message", "role": "user", "content": "both please"}]));
     let model = ModelOutput {
+        reasoning: Vec::new(),
         message: Some(AssistantMessage {
             item_id: "msg_1".into(),
             text: "On it.".into(),
@@ -565,6 +566,7 @@ fn a_text_answer_becomes_a_message() {
     assert_eq!(
         output,
         ModelOutput {
+            reasoning: Vec::new(),
             message: Some(AssistantMessage {
                 item_id: "msg_1".into(),
                 text: "Hello!".into(),
@@ -613,6 +615,7 @@ fn tool_calls_with_null_content_are_read_with_their_ids() {
     assert_eq!(
         output,
         ModelOutput {
+            reasoning: Vec::new(),
             message: None,
             tool_calls: vec![
                 call("fc_1", "call_1", "get_weather", "{\"city\":\"SF\"}"),

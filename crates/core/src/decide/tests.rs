@@ -31,6 +31,7 @@ fn model_step(seq: u32, state: StepState, model: ModelStep) -> Step {
 
 fn answered(seq: u32, text: Option<&str>, tool_calls: Vec<ToolCall>, finish: Finish) -> Step {
     let output = ModelOutput {
+        reasoning: Vec::new(),
         message: text.map(|t| AssistantMessage {
             item_id: format!("msg_{seq}"),
             text: t.into(),

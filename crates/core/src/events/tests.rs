@@ -55,6 +55,7 @@ fn model(seq: u32, message: Option<AssistantMessage>, calls: &[&str]) -> Step {
         state: StepState::Succeeded,
         body: StepBody::Model(ModelStep {
             output: Some(ModelOutput {
+                reasoning: Vec::new(),
                 message,
                 tool_calls: calls.iter().map(|c| call(c)).collect(),
                 usage: None,

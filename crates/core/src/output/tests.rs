@@ -26,6 +26,7 @@ fn call(call_id: &str, name: &str) -> ToolCall {
 /// A model call that said `text` (if any) and asked for these `(call_id, name)` calls.
 fn model(seq: u32, text: Option<&str>, calls: &[(&str, &str)]) -> Step {
     let output = ModelOutput {
+        reasoning: Vec::new(),
         message: text.map(|t| AssistantMessage {
             item_id: format!("msg_{seq}"),
             text: t.into(),
@@ -422,6 +423,7 @@ fn every_request_parameter_is_echoed() {
         safety_identifier: Some("s1".into()),
         prompt_cache_key: Some("k1".into()),
         service_tier: Some("flex".into()),
+        include: None,
     };
     let object = response_object(&r, &[]);
     let expected = [

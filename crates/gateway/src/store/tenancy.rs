@@ -17,7 +17,14 @@ pub struct Deployment {
     pub api_key: Option<SecretString>,
     /// What to do with declared tools nothing serves (SPEC 12).
     pub unsupported_tools: gateway_core::toolset::UnsupportedTools,
+    /// Anthropic's required `max_tokens` when the request sets no `max_output_tokens`.
+    pub max_tokens: u32,
+    /// Names of the deployments tried, in order, when this one fails after its retries (SPEC 8).
+    pub fallbacks: Vec<String>,
 }
+
+/// `max_tokens` of an Anthropic call whose request and deployment set none.
+pub const DEFAULT_MAX_TOKENS: u32 = 4096;
 
 /// One server tool, as its source defines it.
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
@@ -157,6 +164,8 @@ impl From<DeploymentRecord> for Deployment {
             api_key: row.api_key.map(SecretString::from),
             // The deployment's own policy is stored with the next migration; until then, the default.
             unsupported_tools: Default::default(),
+            max_tokens: DEFAULT_MAX_TOKENS,
+            fallbacks: Vec::new(),
         }
     }
 }

@@ -1,6 +1,7 @@
 //! Upstream model calls (SPEC section 8): one provider-neutral call, an adapter per provider kind behind it, and the
 //! retry rule they all share.
 
+mod anthropic;
 mod openai_chat;
 mod sse;
 
@@ -10,6 +11,7 @@ use std::time::Duration;
 
 use gateway_core::chat::IdSource;
 use gateway_core::entity::ProviderKind;
+use gateway_core::reasoning::replayed_to;
 use gateway_core::request::ResponseParams;
 use gateway_core::response::FailureCode;
 use gateway_core::steps::{ModelDelta, ModelOutput};
@@ -150,6 +152,26 @@ impl Upstream {
         live: Option<Live<'_>>,
     ) -> Result<ModelOutput, UpstreamError> {
         let provider = deployment.provider_kind;
+        // Thinking and reasoning go only to the provider kind that made them (SPEC 8).
+        let foreign_reasoning = request
+            .conversation
+            .iter()
+            .any(|i| !replayed_to(i, provider));
+        let kept: Vec<Item>;
+        let request = &if foreign_reasoning {
+            kept = request
+                .conversation
+                .iter()
+                .filter(|i| replayed_to(i, provider))
+                .cloned()
+                .collect();
+            ModelRequest {
+                conversation: &kept,
+                ..*request
+            }
+        } else {
+            *request
+        };
         if provider.has_custom_tools() || !needs_custom_as_functions(request) {
             return self.call_provider(deployment, request, live).await;
         }
@@ -175,7 +197,8 @@ impl Upstream {
     ) -> Result<ModelOutput, UpstreamError> {
         match deployment.provider_kind {
             ProviderKind::OpenaiChat => openai_chat::call(self, deployment, request, live).await,
-            kind @ (ProviderKind::Anthropic | ProviderKind::OpenaiResponses) => {
+            ProviderKind::Anthropic => anthropic::call(self, deployment, request, live).await,
+            kind @ ProviderKind::OpenaiResponses => {
                 Err(UpstreamError::UnsupportedProvider(kind.to_string()))
             }
         }

@@ -12,6 +12,7 @@ mod durability;
 mod embedded;
 mod idempotency;
 mod operations;
+mod providers;
 mod responses;
 mod robustness;
 mod seeding;
