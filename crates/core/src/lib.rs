@@ -11,6 +11,7 @@ pub mod decide;
 pub mod entity;
 pub mod events;
 pub mod items;
+pub mod openai_responses;
 pub mod output;
 pub mod reasoning;
 pub mod request;

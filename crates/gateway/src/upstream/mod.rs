@@ -3,6 +3,7 @@
 
 mod anthropic;
 mod openai_chat;
+mod openai_responses;
 mod sse;
 
 use std::future::Future;
@@ -198,8 +199,8 @@ impl Upstream {
         match deployment.provider_kind {
             ProviderKind::OpenaiChat => openai_chat::call(self, deployment, request, live).await,
             ProviderKind::Anthropic => anthropic::call(self, deployment, request, live).await,
-            kind @ ProviderKind::OpenaiResponses => {
-                Err(UpstreamError::UnsupportedProvider(kind.to_string()))
+            ProviderKind::OpenaiResponses => {
+                openai_responses::call(self, deployment, request, live).await
             }
         }
     }

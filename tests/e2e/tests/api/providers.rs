@@ -407,3 +407,223 @@ async fn an_anthropic_error_event_mid_stream_fails_the_streamed_response() {
     assert_eq!(checked.error_event().unwrap()["code"], "server_error");
     assert_eq!(gw.model.requests().len(), 1, "text was shown: no retry");
 }
+
+// ---- openai_responses ----------------------------------------------------------------------------------
+
+/// A gateway whose tenant sees the `add` tool and an `oai` (openai_responses) deployment.
+async fn oai() -> (TestGateway, Tenant) {
+    let (gw, tenant) = gateway_with_tools(&["add"]).await;
+    add_provider(&gw, &tenant, "oai", "openai_responses", json!({})).await;
+    (gw, tenant)
+}
+
+/// The input items of a Responses request as `type:detail`.
+fn input_items(request: &Value) -> Vec<String> {
+    request["input"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no input: {request:#}"))
+        .iter()
+        .map(|i| match i["type"].as_str().unwrap_or_default() {
+            "message" => format!(
+                "message:{}:{}",
+                i["role"].as_str().unwrap_or_default(),
+                match &i["content"] {
+                    Value::String(s) => s.clone(),
+                    other => other[0]["text"].as_str().unwrap_or_default().to_owned(),
+                }
+            ),
+            "function_call" => format!(
+                "function_call:{}:{}:{}",
+                i["call_id"].as_str().unwrap_or_default(),
+                i["name"].as_str().unwrap_or_default(),
+                i["arguments"].as_str().unwrap_or_default()
+            ),
+            "function_call_output" => format!(
+                "function_call_output:{}:{}",
+                i["call_id"].as_str().unwrap_or_default(),
+                i["output"].as_str().unwrap_or_default()
+            ),
+            "reasoning" => format!(
+                "reasoning:{}",
+                i["encrypted_content"].as_str().unwrap_or_default()
+            ),
+            other => other.to_owned(),
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn a_responses_upstream_is_called_statelessly_and_its_tool_round_pairs_items() {
+    let (gw, tenant) = oai().await;
+    gw.model.push(Reply::tool_calls(vec![
+        Call::new("add", json!({"a": 1, "b": 2})).with_id("call_1"),
+        Call::new("add", json!({"a": 3, "b": 4})).with_id("call_2"),
+    ]));
+    gw.model.push(Reply::text("3 and 7"));
+
+    let body = create_ok(
+        &gw,
+        &tenant.key,
+        json!({"model": "oai", "instructions": "Be brief.", "input": "two sums"}),
+    )
+    .await;
+
+    assert_eq!(body["output_text"], "3 and 7", "{body:#}");
+    assert_eq!(items_of(&body, "mcp_call").len(), 2);
+    let requests = gw.model.requests();
+    assert_eq!(requests[0]["store"], false);
+    assert_eq!(
+        requests[0]["include"],
+        json!(["reasoning.encrypted_content"])
+    );
+    assert_eq!(requests[0]["instructions"], "Be brief.");
+    assert_eq!(requests[0]["tools"][0]["type"], "function");
+    assert_eq!(
+        input_items(&requests[1]),
+        [
+            "message:user:two sums",
+            "function_call:call_1:add:{\"a\":1,\"b\":2}",
+            "function_call:call_2:add:{\"a\":3,\"b\":4}",
+            "function_call_output:call_1:{\"sum\":3}",
+            "function_call_output:call_2:{\"sum\":7}",
+        ],
+        "the whole input, every step"
+    );
+    let headers = &gw.model.request_headers()[0];
+    assert_eq!(
+        header(headers, "authorization"),
+        Some(format!("Bearer {UPSTREAM_KEY}").as_str())
+    );
+}
+
+#[tokio::test]
+async fn a_responses_stream_equals_the_whole_answer() {
+    let (gw, tenant) = oai().await;
+    streaming_equals_whole(&gw, &tenant, "oai").await;
+}
+
+#[tokio::test]
+async fn responses_reasoning_is_replayed_with_its_encrypted_content_and_errors_map() {
+    let (gw, tenant) = oai().await;
+    gw.model
+        .push(Reply::text("42").with_thinking("pondering", "gAAAA-enc"));
+    gw.model.push(Reply::error(503, "busy"));
+    gw.model.push(Reply::text("Yes, 42."));
+
+    let first = create_ok(
+        &gw,
+        &tenant.key,
+        json!({"model": "oai", "input": "answer?", "include": ["reasoning.encrypted_content"]}),
+    )
+    .await;
+    let reasoning = items_of(&first, "reasoning");
+    assert_eq!(reasoning[0]["encrypted_content"], "gAAAA-enc", "{first:#}");
+    let second = create_ok(
+        &gw,
+        &tenant.key,
+        json!({"model": "oai", "previous_response_id": id_of(&first), "input": "sure?"}),
+    )
+    .await;
+    assert_eq!(second["output_text"], "Yes, 42.");
+    let requests = gw.model.requests();
+    assert_eq!(requests.len(), 3, "the 503 was retried");
+    assert_eq!(
+        input_items(&requests[2]),
+        [
+            "message:user:answer?",
+            "reasoning:gAAAA-enc",
+            "message:assistant:42",
+            "message:user:sure?"
+        ]
+    );
+
+    gw.model
+        .push(Reply::error(400, "Invalid schema for function 'add'"));
+    let answer = gw
+        .create(&tenant.key, json!({"model": "oai", "input": "x"}))
+        .await;
+    assert_error(&answer, 400, None, Some("upstream_rejected"));
+    assert!(answer.error()["message"]
+        .as_str()
+        .unwrap()
+        .contains("Invalid schema for function 'add'"));
+}
+
+// ---- across providers ---------------------------------------------------------------------------------
+
+#[tokio::test]
+async fn a_chain_across_chat_anthropic_and_responses_pairs_every_call_in_each_providers_shape() {
+    let (gw, tenant) = gateway_with_tools(&["add"]).await;
+    add_provider(&gw, &tenant, "claude", "anthropic", json!({})).await;
+    add_provider(&gw, &tenant, "oai", "openai_responses", json!({})).await;
+    // Turn 1, Chat: a server tool, and a call without an id (synthesised).
+    gw.model.push(Reply::tool_calls(vec![Call::new(
+        "add",
+        json!({"a": 1, "b": 1}),
+    )
+    .without_id()]));
+    gw.model.push(Reply::text("2."));
+    // Turn 2, Anthropic: thinking, a server tool.
+    gw.model.push(
+        Reply::tool_calls(vec![
+            Call::new("add", json!({"a": 2, "b": 2})).with_id("toolu_2")
+        ])
+        .with_thinking("Again.", "SIG_2"),
+    );
+    gw.model.push(Reply::text("4."));
+    // Turn 3, Responses.
+    gw.model.push(Reply::text("All done."));
+
+    let first = create_ok(&gw, &tenant.key, json!({"model": "mock", "input": "1+1"})).await;
+    let synthesised = items_of(&first, "mcp_call")[0]["call_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let second = create_ok(
+        &gw,
+        &tenant.key,
+        json!({"model": "claude", "previous_response_id": id_of(&first), "input": "2+2"}),
+    )
+    .await;
+    let third = create_ok(
+        &gw,
+        &tenant.key,
+        json!({"model": "oai", "previous_response_id": id_of(&second), "input": "done?"}),
+    )
+    .await;
+    assert_eq!(third["output_text"], "All done.");
+
+    let requests = gw.model.requests();
+    assert_eq!(requests.len(), 5);
+    // Anthropic saw turn 1's call and result as tool_use / tool_result under the synthesised id.
+    let anthropic_first = &requests[2];
+    assert_eq!(
+        roles(anthropic_first),
+        ["user", "assistant", "user", "assistant", "user"]
+    );
+    assert_eq!(
+        blocks(anthropic_first, 1),
+        [format!("tool_use:{synthesised}:add:{{\"a\":1,\"b\":1}}")]
+    );
+    assert_eq!(
+        blocks(anthropic_first, 2),
+        [format!("tool_result:{synthesised}:{{\"sum\":2}}")]
+    );
+    // The Responses upstream saw both turns' calls and results as items, and no Anthropic thinking.
+    let items = input_items(&requests[4]);
+    assert_eq!(
+        items,
+        [
+            "message:user:1+1".to_owned(),
+            format!("function_call:{synthesised}:add:{{\"a\":1,\"b\":1}}"),
+            format!("function_call_output:{synthesised}:{{\"sum\":2}}"),
+            "message:assistant:2.".to_owned(),
+            "message:user:2+2".to_owned(),
+            "function_call:toolu_2:add:{\"a\":2,\"b\":2}".to_owned(),
+            "function_call_output:toolu_2:{\"sum\":4}".to_owned(),
+            "message:assistant:4.".to_owned(),
+            "message:user:done?".to_owned(),
+        ]
+    );
+    assert!(!requests[4].to_string().contains("SIG_2"));
+}
