@@ -194,17 +194,16 @@ fn messages(instructions: Option<&str>, conversation: &[Item]) -> (String, Vec<V
             continue;
         }
         flush(&mut turns, &mut pending_results, &outputs);
-        match item {
-            Item::Message(message) => match message.role {
+        // Outputs were placed after their calls; messages go as they are.
+        if let Item::Message(message) = item {
+            match message.role {
                 Role::System | Role::Developer => system.push(content_text(&message.content)),
                 role => {
                     for block in content_blocks(&message.content, role) {
                         turns.push(role, block);
                     }
                 }
-            },
-            // Outputs are placed after their calls.
-            _ => {}
+            }
         }
     }
     flush(&mut turns, &mut pending_results, &outputs);

@@ -18,6 +18,7 @@ pub mod request;
 pub mod response;
 pub mod steps;
 pub mod toolset;
+pub mod walk;
 
 pub use decide::{decide_next_action, IncompleteReason, Limits, NextAction};
 pub use items::Item;

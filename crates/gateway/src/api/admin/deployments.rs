@@ -113,7 +113,7 @@ pub async fn create_deployment(
     let max_tokens = provider
         .max_tokens
         .flatten()
-        .map(|n| parse_max_tokens(n))
+        .map(parse_max_tokens)
         .transpose()?;
     let fallbacks = match body.fallbacks.flatten() {
         Some(names) => check_fallbacks(&state, names, name.as_str()).await?,
