@@ -67,6 +67,9 @@ pub struct ModelStep {
     pub output: Option<ModelOutput>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub failure: Option<UpstreamFailure>,
+    /// The fallback deployment that answered, when the response's own deployment did not (SPEC 8).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deployment: Option<String>,
 }
 
 /// A model call's normalised result, whatever the provider.

@@ -371,6 +371,7 @@ fn steps_of_a_running_response_pair_with_their_calls_in_the_next_request() {
             seq: 0,
             state: StepState::Succeeded,
             body: StepBody::Model(ModelStep {
+                deployment: None,
                 output: Some(model.clone()),
                 failure: None,
             }),

@@ -45,6 +45,7 @@ fn answered(seq: u32, text: Option<&str>, tool_calls: Vec<ToolCall>, finish: Fin
         seq,
         StepState::Succeeded,
         ModelStep {
+            deployment: None,
             output: Some(output),
             failure: None,
         },
@@ -87,6 +88,7 @@ fn upstream_failed(seq: u32, message: Option<&str>) -> Step {
         seq,
         StepState::Failed,
         ModelStep {
+            deployment: None,
             output: None,
             failure,
         },

@@ -54,6 +54,7 @@ fn model(seq: u32, message: Option<AssistantMessage>, calls: &[&str]) -> Step {
         seq,
         state: StepState::Succeeded,
         body: StepBody::Model(ModelStep {
+            deployment: None,
             output: Some(ModelOutput {
                 reasoning: Vec::new(),
                 message,
@@ -277,6 +278,7 @@ fn rows() -> Vec<Row> {
                 seq: 0,
                 state: StepState::Failed,
                 body: StepBody::Model(ModelStep {
+                    deployment: None,
                     output: None,
                     failure: Some(UpstreamFailure {
                         message: "The upstream model's stream broke off.".into(),

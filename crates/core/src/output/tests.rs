@@ -44,6 +44,7 @@ fn model(seq: u32, text: Option<&str>, calls: &[(&str, &str)]) -> Step {
         seq,
         state: StepState::Succeeded,
         body: StepBody::Model(ModelStep {
+            deployment: None,
             output: Some(output),
             failure: None,
         }),
@@ -252,6 +253,7 @@ fn failed_or_unended_model_calls_render_nothing() {
         seq: 2,
         state: StepState::Failed,
         body: StepBody::Model(ModelStep {
+            deployment: None,
             output: None,
             failure: Some(UpstreamFailure {
                 message: "503".into(),
@@ -281,6 +283,7 @@ fn a_model_call_that_broke_off_after_streaming_text_renders_that_text_as_an_inco
         seq: 2,
         state: StepState::Failed,
         body: StepBody::Model(ModelStep {
+            deployment: None,
             output: None,
             failure: Some(UpstreamFailure {
                 message: "stream broke".into(),

@@ -125,6 +125,20 @@ impl Store {
         Ok(found.map(Deployment::from))
     }
 
+    /// A deployment by name, whatever groups it is in: a fallback (the operator chose it, SPEC 8).
+    pub async fn deployment_by_name(&self, name: &str) -> Result<Option<Deployment>, StoreError> {
+        let found = with_pool!(self, |pool| {
+            sqlx::query_as::<_, DeploymentRecord>(
+                "SELECT id, name, provider_kind, base_url, upstream_model, api_key, fallbacks, unsupported_tools, max_tokens
+                 FROM deployments WHERE name = $1",
+            )
+            .bind(name)
+            .fetch_optional(pool)
+            .await
+        })?;
+        Ok(found.map(Deployment::from))
+    }
+
     /// The tool sources with these ids that still exist, as they are now (with their secrets): what a resumed
     /// response calls.
     pub async fn tool_sources_by_id(&self, ids: &[String]) -> Result<Vec<ToolSource>, StoreError> {

@@ -627,3 +627,151 @@ async fn a_chain_across_chat_anthropic_and_responses_pairs_every_call_in_each_pr
     );
     assert!(!requests[4].to_string().contains("SIG_2"));
 }
+
+// ---- fallbacks and deployment settings ------------------------------------------------------------------
+
+/// The deployment each model step recorded as having answered, when a fallback did.
+async fn answered_by(gw: &TestGateway, tenant: &Tenant, response_id: &str) -> Vec<Option<String>> {
+    gw.store
+        .load_steps(&tenant.project_id, response_id)
+        .await
+        .unwrap()
+        .into_iter()
+        .filter_map(|s| s.model().map(|m| m.deployment.clone()))
+        .collect()
+}
+
+#[tokio::test]
+async fn a_fallback_takes_over_when_the_deployment_fails_after_its_retries() {
+    let (gw, tenant) = gateway().await;
+    // `claude` falls back to `mock` (chat), which need not be in the project's groups.
+    let _ = add_provider(
+        &gw,
+        &tenant,
+        "claude",
+        "anthropic",
+        json!({"fallbacks": ["mock"]}),
+    )
+    .await;
+    for _ in 0..3 {
+        gw.model.push(Reply::error(529, "Overloaded"));
+    }
+    gw.model.push(Reply::text("from the fallback"));
+
+    let body = create_ok(&gw, &tenant.key, json!({"model": "claude", "input": "hi"})).await;
+
+    assert_eq!(body["status"], "completed", "{body:#}");
+    assert_eq!(body["output_text"], "from the fallback");
+    assert_eq!(
+        body["model"], "claude",
+        "the response keeps the model asked for"
+    );
+    let requests = gw.model.requests();
+    assert_eq!(requests.len(), 4, "three attempts, then the fallback");
+    assert!(
+        requests[2].get("max_tokens").is_some(),
+        "an Anthropic request"
+    );
+    assert_eq!(
+        requests[3]["messages"][0]["content"], "hi",
+        "a Chat request"
+    );
+    assert_eq!(
+        answered_by(&gw, &tenant, &id_of(&body)).await,
+        [Some("mock".to_owned())]
+    );
+
+    // A rejection is not passed on: the fallback would refuse it too.
+    gw.model.reset();
+    gw.model.push(Reply::error(400, "bad input"));
+    gw.model.push(Reply::text("never used"));
+    let answer = gw
+        .create(&tenant.key, json!({"model": "claude", "input": "x"}))
+        .await;
+    assert_error(&answer, 400, None, Some("upstream_rejected"));
+    assert_eq!(gw.model.requests().len(), 1);
+}
+
+#[tokio::test]
+async fn no_fallback_once_streamed_text_reached_the_client() {
+    let (gw, tenant) = gateway().await;
+    let _ = add_provider(
+        &gw,
+        &tenant,
+        "claude",
+        "anthropic",
+        json!({"fallbacks": ["mock"]}),
+    )
+    .await;
+    gw.model
+        .push(Reply::text("Half an answer").stream_mode(StreamMode::CutMidStream));
+    gw.model.push(Reply::text("never used"));
+
+    let checked = check_stream(
+        post_stream(&gw, &tenant.key, json!({"model": "claude", "input": "hi"})).await,
+    );
+
+    assert_eq!(checked.terminal_kind(), "response.failed");
+    assert_eq!(gw.model.requests().len(), 1);
+}
+
+#[tokio::test]
+async fn deployment_settings_are_validated_shown_and_used() {
+    let (gw, tenant) = gateway().await;
+    let created = add_provider(
+        &gw,
+        &tenant,
+        "claude",
+        "anthropic",
+        json!({"fallbacks": ["mock"], "unsupported_tools": "reject", "provider": {"kind": "anthropic",
+               "base_url": gw.model.root_url(), "model": "c", "max_tokens": 1234}}),
+    )
+    .await;
+    assert_eq!(created["fallbacks"], json!(["mock"]));
+    assert_eq!(created["unsupported_tools"], "reject");
+    assert_eq!(created["provider"]["max_tokens"], 1234);
+    let id = created["id"].as_str().unwrap();
+    let read = gw
+        .admin_ok(Method::GET, &format!("/deployments/{id}"), None)
+        .await;
+    assert_eq!(read, created);
+
+    gw.model.push(Reply::text("ok"));
+    create_ok(&gw, &tenant.key, json!({"model": "claude", "input": "hi"})).await;
+    assert_eq!(gw.model.requests()[0]["max_tokens"], 1234);
+
+    let patched = gw
+        .admin_ok(
+            Method::PATCH,
+            &format!("/deployments/{id}"),
+            Some(json!({"fallbacks": [], "unsupported_tools": "ignore", "provider": {"max_tokens": null}})),
+        )
+        .await;
+    assert_eq!(patched["fallbacks"], json!([]));
+    assert_eq!(patched["unsupported_tools"], "ignore");
+    assert_eq!(patched["provider"]["max_tokens"], 4096);
+
+    let bad = [
+        (json!({"fallbacks": ["nope"]}), "fallbacks[0]"),
+        (json!({"fallbacks": ["claude"]}), "fallbacks[0]"),
+        (json!({"fallbacks": ["mock", "mock"]}), "fallbacks[1]"),
+        (json!({"unsupported_tools": "explode"}), "unsupported_tools"),
+        (
+            json!({"provider": {"max_tokens": 0}}),
+            "provider.max_tokens",
+        ),
+    ];
+    for (body, param) in bad {
+        let answer = gw
+            .call(
+                gw.admin(Method::PATCH, &format!("/deployments/{id}"))
+                    .json(&body),
+            )
+            .await;
+        assert_error(&answer, 400, Some(param), Some("invalid_value"));
+    }
+    let read = gw
+        .admin_ok(Method::GET, &format!("/deployments/{id}"), None)
+        .await;
+    assert_eq!(read, patched, "a refused change changes nothing");
+}
