@@ -262,6 +262,11 @@ pub struct ToolStep {
     /// them: kept so that a replay of the stream equals the original.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ended_rank: Option<u32>,
+    /// When the call was last sent, and when it ended (Unix milliseconds), for the tool-call audit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_at_ms: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ended_at_ms: Option<i64>,
 }
 
 /// What a tool call produced. Both variants are results the model sees.

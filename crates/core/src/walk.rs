@@ -10,6 +10,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::items::Item;
+use crate::steps::Step;
 
 /// Which shape a history was in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -309,6 +310,58 @@ pub fn walk_responses(input: &mut Value, fresh: &mut dyn FnMut() -> String) -> V
         }
     }
     walk.records
+}
+
+/// The tool calls a response's model made, and the calls it carried over from the batch its previous response
+/// handed back, as canonical records, each with the tool step that ran it when the gateway did.
+pub fn calls_of_response(steps: &[Step]) -> Vec<(CallRecord, Option<&Step>)> {
+    let mut items = crate::context::model_conversation(&[], steps);
+    // Stored calls always have ids; a fresh one would only ever name a call the store lost.
+    let mut missing = 0;
+    let mut fresh = || {
+        missing += 1;
+        format!("call_unknown_{missing}")
+    };
+    let records = walk_items(&mut items, &mut fresh);
+    let tool_step = |call_id: &str| {
+        steps
+            .iter()
+            .find(|s| s.tool().is_some_and(|t| t.call.call_id == call_id))
+    };
+    let mut calls: Vec<(CallRecord, Option<&Step>)> = records
+        .into_iter()
+        .map(|r| {
+            let step = tool_step(&r.call_id);
+            (r, step)
+        })
+        .collect();
+    // Carried-over calls were made by the previous response's model: only their tool step is here.
+    for step in steps {
+        let Some(tool) = step.tool() else { continue };
+        if calls.iter().any(|(r, _)| r.call_id == tool.call.call_id) {
+            continue;
+        }
+        let at = Position {
+            index: step.seq as usize,
+            part: None,
+        };
+        let result = tool.outcome.as_ref().map(|o| o.model_text());
+        calls.push((
+            CallRecord {
+                call_id: tool.call.call_id.clone(),
+                name: tool.call.name.clone(),
+                arguments: tool.call.arguments.clone(),
+                completed: result.is_some(),
+                failed: tool.outcome.as_ref().is_some_and(|o| o.is_error()),
+                result,
+                call_at: at,
+                result_at: tool.outcome.is_some().then_some(at),
+                shape: Shape::Items,
+            },
+            Some(step),
+        ));
+    }
+    calls
 }
 
 #[cfg(test)]

@@ -364,6 +364,8 @@ fn steps_of_a_running_response_pair_with_their_calls_in_the_next_request() {
             batch: Some(0),
             outcome: Some(outcome),
             ended_rank: None,
+            started_at_ms: None,
+            ended_at_ms: None,
         }),
     };
     let steps = vec![

@@ -111,6 +111,8 @@ fn tool(
             batch,
             outcome,
             ended_rank: None,
+            started_at_ms: None,
+            ended_at_ms: None,
         }),
     }
 }

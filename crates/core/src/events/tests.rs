@@ -92,6 +92,8 @@ fn tool(seq: u32, batch: u32, call_id: &str, failed: bool, ended_rank: u32) -> S
             batch: Some(batch),
             outcome: Some(outcome),
             ended_rank: Some(ended_rank),
+            started_at_ms: None,
+            ended_at_ms: None,
         }),
     }
 }

@@ -66,6 +66,8 @@ fn tool(seq: u32, batch: Option<u32>, call_id: &str, outcome: Option<ToolOutcome
             batch,
             outcome,
             ended_rank: None,
+            started_at_ms: None,
+            ended_at_ms: None,
         }),
     }
 }

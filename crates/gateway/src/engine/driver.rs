@@ -230,6 +230,8 @@ impl Engine {
                                 batch,
                                 outcome: None,
                                 ended_rank: None,
+                                started_at_ms: None,
+                                ended_at_ms: None,
                             }),
                         }));
                     continue;
@@ -467,8 +469,13 @@ impl Engine {
         seqs: &[u32],
         sink: &mut S,
     ) -> Result<(), StoreError> {
+        let started_at_ms = now_ms();
         for &seq in seqs {
-            run.steps[seq as usize].state = StepState::Running;
+            let step = &mut run.steps[seq as usize];
+            step.state = StepState::Running;
+            if let StepBody::Tool(tool) = &mut step.body {
+                tool.started_at_ms = Some(started_at_ms);
+            }
             run.journal.touch(seq as usize);
         }
         // The calls are recorded as started, and the model answer that asked for them as ended, on disk before
@@ -586,6 +593,7 @@ impl Engine {
                 tracing::debug!(response.id = %response_id, tool.name = %tool.call.name, failed = outcome.is_error(), "tool call ended");
                 tool.outcome = Some(outcome);
                 tool.ended_rank = Some(next_rank);
+                tool.ended_at_ms = Some(now_ms());
                 next_rank += 1;
             }
             sink.report(Progress::ToolEnded { step }).await;

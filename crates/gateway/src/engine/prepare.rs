@@ -154,6 +154,8 @@ impl Engine {
                     batch: None,
                     outcome: None,
                     ended_rank: None,
+                    started_at_ms: None,
+                    ended_at_ms: None,
                 }),
             })
             .collect();

@@ -7,6 +7,7 @@
 mod common;
 
 mod admin;
+mod audit;
 mod chaining;
 mod durability;
 mod embedded;
