@@ -91,43 +91,60 @@ fn tool_json(tool: &OfferedTool) -> Value {
     Value::Object(out)
 }
 
-/// The `input` items of a conversation.
+/// The `input` items of a conversation. Each run of calls is followed by their outputs, in call order, paired by
+/// `call_id` (not in the order a client sent them), as every provider gets them.
 fn input(conversation: &[Item]) -> Vec<Value> {
     let outputs = outputs_by_call_id(conversation);
+    let custom_outputs: HashSet<&str> = conversation
+        .iter()
+        .filter_map(|i| match i {
+            Item::CustomToolCallOutput(o) => Some(o.call_id.as_str()),
+            _ => None,
+        })
+        .collect();
     let mut items: Vec<Value> = Vec::new();
     let mut sent_calls: HashSet<&str> = HashSet::new();
+    let mut pending: Vec<&str> = Vec::new();
+    let flush = |items: &mut Vec<Value>, pending: &mut Vec<&str>| {
+        for id in pending.drain(..) {
+            let output = outputs.get(id).cloned().unwrap_or_default();
+            let kind = if custom_outputs.contains(id) {
+                "custom_tool_call_output"
+            } else {
+                "function_call_output"
+            };
+            items.push(json!({"type": kind, "call_id": id, "output": output}));
+        }
+    };
     for item in conversation {
-        match item {
-            Item::Message(MessageItem { role, content, .. }) => {
-                items.push(json!({"type": "message", "role": role, "content": content}));
-            }
-            Item::FunctionCall(c) => {
-                if sent_calls.insert(&c.call_id) {
-                    items.push(json!({"type": "function_call", "call_id": c.call_id, "name": c.name, "arguments": c.arguments}));
-                }
-            }
-            Item::CustomToolCall(c) => {
-                if sent_calls.insert(&c.call_id) {
-                    items.push(json!({"type": "custom_tool_call", "call_id": c.call_id, "name": c.name, "input": c.input}));
-                }
-            }
-            Item::FunctionCallOutput(o) => {
-                items.push(json!({"type": "function_call_output", "call_id": o.call_id, "output": o.output.to_text()}));
-            }
-            Item::CustomToolCallOutput(o) => {
-                items.push(json!({"type": "custom_tool_call_output", "call_id": o.call_id, "output": o.output.to_text()}));
-            }
+        let call = match item {
+            Item::FunctionCall(c) => Some((
+                c.call_id.as_str(),
+                json!({"type": "function_call", "call_id": c.call_id, "name": c.name, "arguments": c.arguments}),
+            )),
+            Item::CustomToolCall(c) => Some((
+                c.call_id.as_str(),
+                json!({"type": "custom_tool_call", "call_id": c.call_id, "name": c.name, "input": c.input}),
+            )),
             // The gateway's own tool: the upstream sees a function call and its result.
-            Item::McpCall(c) => {
-                let Some(id) = c.pairing_id() else { continue };
-                if sent_calls.insert(id) {
-                    items.push(json!({"type": "function_call", "call_id": id, "name": c.name, "arguments": c.arguments}));
-                    let output = outputs.get(id).cloned().unwrap_or_default();
-                    items.push(
-                        json!({"type": "function_call_output", "call_id": id, "output": output}),
-                    );
-                }
+            Item::McpCall(c) => c.pairing_id().map(|id| {
+                (
+                    id,
+                    json!({"type": "function_call", "call_id": id, "name": c.name, "arguments": c.arguments}),
+                )
+            }),
+            _ => None,
+        };
+        if let Some((id, call)) = call {
+            if sent_calls.insert(id) {
+                items.push(call);
+                pending.push(id);
             }
+            continue;
+        }
+        match item {
+            // Placed after their calls.
+            Item::FunctionCallOutput(_) | Item::CustomToolCallOutput(_) => continue,
             Item::Reasoning(r) => {
                 let Some((_, Replay::Encrypted { encrypted_content })) = reasoning::replay(r)
                 else {
@@ -135,18 +152,26 @@ fn input(conversation: &[Item]) -> Vec<Value> {
                 };
                 let replayed = json!({"type": "reasoning", "summary": r.summary, "encrypted_content": encrypted_content});
                 // Reasoning comes before the assistant message it was produced with.
-                let after_message = items
-                    .last()
-                    .is_some_and(|i| i["type"] == "message" && i["role"] == json!(Role::Assistant));
+                let after_message = pending.is_empty()
+                    && items.last().is_some_and(|i| {
+                        i["type"] == "message" && i["role"] == json!(Role::Assistant)
+                    });
                 if after_message {
                     let at = items.len() - 1;
                     items.insert(at, replayed);
                 } else {
+                    flush(&mut items, &mut pending);
                     items.push(replayed);
                 }
             }
+            Item::Message(MessageItem { role, content, .. }) => {
+                flush(&mut items, &mut pending);
+                items.push(json!({"type": "message", "role": role, "content": content}));
+            }
+            _ => {}
         }
     }
+    flush(&mut items, &mut pending);
     items
 }
 

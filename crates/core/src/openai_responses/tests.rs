@@ -21,7 +21,7 @@ impl IdSource for Ids {
 }
 
 #[test]
-fn a_request_is_stateless_with_every_item_and_reasoning_before_its_message() {
+fn a_request_is_stateless_with_every_item_outputs_after_their_calls_and_reasoning_before_its_message() {
     let params = ResponseParams {
         instructions: Some("Be terse.".into()),
         max_output_tokens: Some(100),
@@ -59,8 +59,8 @@ fn a_request_is_stateless_with_every_item_and_reasoning_before_its_message() {
                 {"type": "reasoning", "summary": [{"type": "summary_text", "text": "plan"}], "encrypted_content": "gAAAA1"},
                 {"type": "message", "role": "assistant", "content": "On it."},
                 {"type": "function_call", "call_id": "call_add", "name": "add", "arguments": "{\"a\":1}"},
-                {"type": "function_call_output", "call_id": "call_add", "output": "{\"sum\":1}"},
                 {"type": "function_call", "call_id": "call_l", "name": "lookup", "arguments": "{\"w\":\"x\"}"},
+                {"type": "function_call_output", "call_id": "call_add", "output": "{\"sum\":1}"},
                 {"type": "function_call_output", "call_id": "call_l", "output": "found"}
             ],
             "tools": [{"type": "function", "name": "lookup", "description": "Look up", "parameters": {"type": "object"}}],

@@ -150,18 +150,15 @@ pub(crate) fn as_chat_request(request: &Value) -> Value {
         let role = message["role"].as_str().unwrap_or("user");
         match &message["content"] {
             Value::String(text) => messages.push(json!({"role": role, "content": text})),
+            // Consecutive messages of one role arrive merged into one turn: each text block is its own message.
             Value::Array(blocks) => {
-                let mut text = String::new();
                 for block in blocks {
                     match block["type"].as_str() {
-                        Some("text") => text.push_str(block["text"].as_str().unwrap_or_default()),
+                        Some("text") => messages.push(json!({"role": role, "content": block["text"]})),
                         Some("tool_result") => messages.push(json!({"role": "tool",
                             "tool_call_id": block["tool_use_id"], "content": block_text(&block["content"])})),
                         _ => {}
                     }
-                }
-                if !text.is_empty() {
-                    messages.push(json!({"role": role, "content": text}));
                 }
             }
             _ => {}
