@@ -4,7 +4,8 @@
 //! The conversation goes as items: messages, `function_call` / `function_call_output`, custom tool calls natively,
 //! the gateway's own server tool calls (`mcp_call`) as a `function_call` with its `function_call_output`, and
 //! reasoning made by a Responses upstream with its `encrypted_content`, placed before the assistant message it
-//! came with. Item ids are the gateway's, which the upstream never issued: they are left out.
+//! came with, under the upstream's own id (which the API requires back). Other item ids are the gateway's, which the
+//! upstream never issued: they are left out.
 
 use std::collections::HashSet;
 
@@ -146,11 +147,20 @@ fn input(conversation: &[Item]) -> Vec<Value> {
             // Placed after their calls.
             Item::FunctionCallOutput(_) | Item::CustomToolCallOutput(_) => continue,
             Item::Reasoning(r) => {
-                let Some((_, Replay::Encrypted { encrypted_content })) = reasoning::replay(r)
+                let Some((
+                    _,
+                    Replay::Encrypted {
+                        id,
+                        encrypted_content,
+                    },
+                )) = reasoning::replay(r)
                 else {
                     continue;
                 };
-                let replayed = json!({"type": "reasoning", "summary": r.summary, "encrypted_content": encrypted_content});
+                let mut replayed = json!({"type": "reasoning", "summary": r.summary, "encrypted_content": encrypted_content});
+                if let Some(id) = id {
+                    replayed["id"] = json!(id);
+                }
                 // Reasoning comes before the assistant message it was produced with.
                 let after_message = pending.is_empty()
                     && items.last().is_some_and(|i| {
@@ -245,19 +255,15 @@ fn parse_with_deltas(
                     arguments,
                 ));
             }
-            "reasoning" => reasoning.push(crate::items::ReasoningItem {
-                id: Some(ids.item_id("rs")),
-                summary: item
-                    .get("summary")
+            "reasoning" => reasoning.push(reasoning::from_responses(
+                ids.item_id("rs"),
+                field("id"),
+                item.get("summary")
                     .and_then(Value::as_array)
                     .cloned()
                     .unwrap_or_default(),
-                encrypted_content: item
-                    .get("encrypted_content")
-                    .and_then(Value::as_str)
-                    .map(str::to_owned),
-                status: Some("completed".into()),
-            }),
+                item.get("encrypted_content").and_then(Value::as_str),
+            )),
             _ => {}
         }
     }

@@ -3,8 +3,10 @@
 //!
 //! A `reasoning` item's `encrypted_content` carries the provider's own replay token. Anthropic's are marked with a
 //! prefix (`anthropic.thinking:` + the block's signature, `anthropic.redacted:` + a redacted block's data), so that
-//! a stateless client that sends the item back still reaches the right provider; anything else is a Responses
-//! upstream's `encrypted_content`, passed on verbatim. An item without `encrypted_content` cannot be replayed.
+//! a stateless client that sends the item back still reaches the right provider. A Responses upstream's is kept
+//! with the upstream's own item id, which its API requires back (`openai.reasoning:<id>:` + the content); anything
+//! else is a Responses `encrypted_content` a client got elsewhere, passed on verbatim with the item's own id. An
+//! item without `encrypted_content` cannot be replayed.
 
 use serde_json::{json, Value};
 
@@ -13,6 +15,7 @@ use crate::items::{Item, ReasoningItem};
 
 const THINKING: &str = "anthropic.thinking:";
 const REDACTED: &str = "anthropic.redacted:";
+const RESPONSES: &str = "openai.reasoning:";
 
 /// What `include` must hold for a client to be shown `encrypted_content`.
 pub const INCLUDE_ENCRYPTED: &str = "reasoning.encrypted_content";
@@ -27,8 +30,11 @@ pub enum Replay<'a> {
     },
     /// An Anthropic `redacted_thinking` block.
     RedactedThinking { data: &'a str },
-    /// A Responses `reasoning` item's `encrypted_content`.
-    Encrypted { encrypted_content: &'a str },
+    /// A Responses `reasoning` item: the upstream's id for it, and its `encrypted_content`.
+    Encrypted {
+        id: Option<&'a str>,
+        encrypted_content: &'a str,
+    },
 }
 
 /// An Anthropic `thinking` block as a reasoning item: the thinking is its summary text.
@@ -51,6 +57,28 @@ pub fn from_redacted_thinking(id: String, data: &str) -> ReasoningItem {
         id: Some(id),
         summary: Vec::new(),
         encrypted_content: Some(format!("{REDACTED}{data}")),
+        status: Some("completed".into()),
+    }
+}
+
+/// A Responses upstream's `reasoning` item, with the upstream's id kept for its replay.
+pub fn from_responses(
+    id: String,
+    upstream_id: &str,
+    summary: Vec<Value>,
+    encrypted_content: Option<&str>,
+) -> ReasoningItem {
+    let encrypted_content = encrypted_content.map(|content| {
+        if upstream_id.is_empty() || upstream_id.contains(':') {
+            content.to_owned()
+        } else {
+            format!("{RESPONSES}{upstream_id}:{content}")
+        }
+    });
+    ReasoningItem {
+        id: Some(id),
+        summary,
+        encrypted_content,
         status: Some("completed".into()),
     }
 }
@@ -80,9 +108,22 @@ pub fn replay(item: &ReasoningItem) -> Option<(ProviderKind, Replay<'_>)> {
     if let Some(data) = content.strip_prefix(REDACTED) {
         return Some((ProviderKind::Anthropic, Replay::RedactedThinking { data }));
     }
+    if let Some((id, content)) = content
+        .strip_prefix(RESPONSES)
+        .and_then(|rest| rest.split_once(':'))
+    {
+        return Some((
+            ProviderKind::OpenaiResponses,
+            Replay::Encrypted {
+                id: Some(id),
+                encrypted_content: content,
+            },
+        ));
+    }
     Some((
         ProviderKind::OpenaiResponses,
         Replay::Encrypted {
+            id: item.id.as_deref(),
             encrypted_content: content,
         },
     ))

@@ -21,7 +21,8 @@ impl IdSource for Ids {
 }
 
 #[test]
-fn a_request_is_stateless_with_every_item_outputs_after_their_calls_and_reasoning_before_its_message() {
+fn a_request_is_stateless_with_every_item_outputs_after_their_calls_and_reasoning_before_its_message(
+) {
     let params = ResponseParams {
         instructions: Some("Be terse.".into()),
         max_output_tokens: Some(100),
@@ -56,7 +57,7 @@ fn a_request_is_stateless_with_every_item_outputs_after_their_calls_and_reasonin
             "text": {"format": {"type": "text"}},
             "input": [
                 {"type": "message", "role": "user", "content": "sum and look up"},
-                {"type": "reasoning", "summary": [{"type": "summary_text", "text": "plan"}], "encrypted_content": "gAAAA1"},
+                {"type": "reasoning", "id": "rs_1", "summary": [{"type": "summary_text", "text": "plan"}], "encrypted_content": "gAAAA1"},
                 {"type": "message", "role": "assistant", "content": "On it."},
                 {"type": "function_call", "call_id": "call_add", "name": "add", "arguments": "{\"a\":1}"},
                 {"type": "function_call", "call_id": "call_l", "name": "lookup", "arguments": "{\"w\":\"x\"}"},
@@ -67,6 +68,19 @@ fn a_request_is_stateless_with_every_item_outputs_after_their_calls_and_reasonin
             "tool_choice": "auto",
             "parallel_tool_calls": true
         })
+    );
+}
+
+#[test]
+fn reasoning_goes_back_under_the_upstreams_own_id() {
+    let answer = json!({"status": "completed", "output": [
+        {"type": "reasoning", "id": "rs_upstream", "summary": [], "encrypted_content": "gAAAA3"}]});
+    let output = parse_response(&answer, &mut Ids(0)).unwrap();
+    let conversation: Vec<Item> = output.reasoning.into_iter().map(Item::Reasoning).collect();
+    let body = build_request("m", &ResponseParams::default(), &conversation, &[]);
+    assert_eq!(
+        body["input"],
+        json!([{"type": "reasoning", "id": "rs_upstream", "summary": [], "encrypted_content": "gAAAA3"}])
     );
 }
 
@@ -122,7 +136,7 @@ fn an_answer_with_reasoning_text_and_calls_is_read() {
             ],
             "usage": {"input_tokens": 9, "output_tokens": 4, "cached_tokens": 3, "reasoning_tokens": 2},
             "finish": "tool_calls",
-            "reasoning": [{"id": "rs_1", "summary": [{"type": "summary_text", "text": "think"}], "encrypted_content": "gAAAA2", "status": "completed"}]
+            "reasoning": [{"id": "rs_1", "summary": [{"type": "summary_text", "text": "think"}], "encrypted_content": "openai.reasoning:rs_up:gAAAA2", "status": "completed"}]
         })
     );
 }
