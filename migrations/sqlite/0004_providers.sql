@@ -4,4 +4,4 @@
 ALTER TABLE deployments ADD COLUMN fallbacks TEXT NOT NULL DEFAULT '[]';
 ALTER TABLE deployments ADD COLUMN unsupported_tools TEXT NOT NULL DEFAULT 'ignore'
     CHECK (unsupported_tools IN ('ignore', 'reject'));
-ALTER TABLE deployments ADD COLUMN max_tokens BIGINT;
+ALTER TABLE deployments ADD COLUMN max_tokens INTEGER;

@@ -48,8 +48,6 @@ pub enum UpstreamError {
     Rejected { status: u16, message: String },
     #[error("upstream answer unreadable: {0}")]
     Parse(String),
-    #[error("provider kind '{0}' is not supported yet")]
-    UnsupportedProvider(String),
 }
 
 impl UpstreamError {
@@ -71,9 +69,6 @@ impl UpstreamError {
                 format!("The upstream model rejected the request: {message}")
             }
             UpstreamError::Parse(_) => "The upstream model's answer could not be read.".into(),
-            UpstreamError::UnsupportedProvider(kind) => {
-                format!("The deployment's provider kind '{kind}' is not supported yet.")
-            }
         }
     }
 
@@ -85,9 +80,7 @@ impl UpstreamError {
                 matches!(*status, 408 | 409 | 429) || (500..=599).contains(status)
             }
             UpstreamError::Transport { .. } | UpstreamError::Broken { .. } => true,
-            UpstreamError::Rejected { .. }
-            | UpstreamError::Parse(_)
-            | UpstreamError::UnsupportedProvider(_) => false,
+            UpstreamError::Rejected { .. } | UpstreamError::Parse(_) => false,
         }
     }
 
