@@ -37,6 +37,11 @@ STARTUP_TIMEOUT_S = 60.0
 # Per request: a hung gateway fails the test instead of stalling the suite (the SDK default is 600 s).
 SDK_TIMEOUT_S = 60.0
 
+# The provider kind of the deployments the suite runs against (`run.sh` runs each in turn): the mock model answers
+# every kind from the same script, and `model_requests` shows what the gateway sent in Chat's shape, so that one
+# set of scenarios checks all three adapters.
+PROVIDER = os.environ.get("CLIENTS_PROVIDER", "openai_chat")
+
 # The gateway retries a failing upstream this many times; scripts that make the model fail must
 # queue one error per attempt.
 UPSTREAM_MAX_RETRIES = 2
@@ -225,8 +230,8 @@ class Stack:
         assert response.status_code == 200, response.text
 
     def model_requests(self) -> list[dict[str, Any]]:
-        """Every Chat Completions request the gateway sent upstream since the last reset."""
-        return self.http.get(f"{self.mock_url}/_mock/requests").json()
+        """Every request the gateway sent upstream since the last reset, in Chat Completions' shape."""
+        return [as_chat(r) for r in self.http.get(f"{self.mock_url}/_mock/requests").json()]
 
     def tool_calls(self, tool: Optional[str] = None) -> list[dict[str, Any]]:
         """Every request the tool server received since the last reset (of `tool` only, if given)."""
@@ -250,9 +255,73 @@ class Stack:
         return AsyncOpenAI(base_url=self.base_url, **options)
 
 
+def text_of(content: Any) -> Any:
+    if isinstance(content, list):
+        return "".join(part.get("text", "") for part in content if isinstance(part, dict))
+    return content
+
+
+def as_chat(request: dict[str, Any]) -> dict[str, Any]:
+    """An Anthropic Messages or Responses request as the Chat Completions request it stands for."""
+    if PROVIDER == "openai_chat" or not isinstance(request, dict):
+        return request
+    chat: dict[str, Any] = {k: v for k, v in request.items() if k not in ("messages", "input", "tools", "system")}
+    messages: list[dict[str, Any]] = []
+    system = request.get("system") or request.get("instructions")
+    if system:
+        messages.append({"role": "system", "content": system})
+    if PROVIDER == "anthropic":
+        for message in request.get("messages", []):
+            text, calls = "", []
+            for block in message["content"]:
+                if block["type"] == "text":
+                    text += block["text"]
+                elif block["type"] == "tool_use":
+                    arguments = json.dumps(block["input"], separators=(",", ":"))
+                    calls.append({"id": block["id"], "type": "function", "function": {"name": block["name"], "arguments": arguments}})
+                elif block["type"] == "tool_result":
+                    messages.append({"role": "tool", "tool_call_id": block["tool_use_id"], "content": text_of(block["content"])})
+            if calls:
+                messages.append({"role": "assistant", "content": text or None, "tool_calls": calls})
+            elif text:
+                messages.append({"role": message["role"], "content": text})
+        tools = [{"type": "function", "function": {"name": t["name"], "parameters": t["input_schema"]}} for t in request.get("tools", [])]
+    else:
+        for item in request.get("input", []):
+            kind = item.get("type", "message")
+            if kind == "message":
+                messages.append({"role": item["role"], "content": text_of(item["content"])})
+            elif kind == "function_call":
+                call = {"id": item["call_id"], "type": "function", "function": {"name": item["name"], "arguments": item["arguments"]}}
+                last = messages[-1] if messages else None
+                if last is not None and last["role"] == "assistant" and last.get("tool_calls") is not None:
+                    last["tool_calls"].append(call)
+                elif last is not None and last["role"] == "assistant":
+                    last["tool_calls"] = [call]
+                else:
+                    messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
+            elif kind == "function_call_output":
+                messages.append({"role": "tool", "tool_call_id": item["call_id"], "content": item["output"]})
+        tools = [{"type": "function", "function": {"name": t["name"], "parameters": t.get("parameters")}} for t in request.get("tools", [])]
+        text_format = (request.get("text") or {}).get("format") or {}
+        if text_format.get("type") == "json_schema":
+            schema = {k: v for k, v in text_format.items() if k != "type"}
+            chat["response_format"] = {"type": "json_schema", "json_schema": schema}
+    chat["messages"] = messages
+    if tools:
+        chat["tools"] = tools
+    return chat
+
+
+def provider_of(mock_url: str) -> dict[str, Any]:
+    """The deployments' provider: Anthropic's base URL excludes the version, the OpenAI kinds' include it."""
+    base_url = mock_url if PROVIDER == "anthropic" else f"{mock_url}/v1"
+    return {"kind": PROVIDER, "base_url": base_url, "model": "mock-model"}
+
+
 def configure(stack: Stack) -> None:
     """Project, key, deployments `mock` (no server tools) and `mock-tools` (server tools)."""
-    provider = {"kind": "openai_chat", "base_url": f"{stack.mock_url}/v1", "model": "mock-model"}
+    provider = provider_of(stack.mock_url)
     project = stack.admin("POST", "/projects", {"name": "clients"})
     stack.project_id = project["id"]
     stack.key = stack.new_key(project["id"], "sdk")["key"]

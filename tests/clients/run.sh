@@ -24,4 +24,8 @@ fi
 (cd "$root" && cargo build -p gateway -p gateway-testkit)
 
 cd "$here"
-"$venv/bin/python" -m pytest -q "$@"
+# The same scenarios over each provider kind's adapter (the mock model answers every kind).
+for provider in ${CLIENTS_PROVIDERS:-openai_chat anthropic openai_responses}; do
+  echo "== deployments of kind $provider"
+  CLIENTS_PROVIDER="$provider" "$venv/bin/python" -m pytest -q "$@"
+done

@@ -10,13 +10,15 @@ use reqwest::Client;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use crate::setup::{PLAIN_MODEL, TOOLS_MODEL};
+use crate::setup::{PLAIN_MODEL, TOOLS_ANTHROPIC_MODEL, TOOLS_MODEL, TOOLS_RESPONSES_MODEL};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Scenario {
     TextStored,
     TextUnstored,
     ToolRound,
+    ToolRoundAnthropic,
+    ToolRoundResponses,
     ParallelTools,
     Passthrough,
     StreamText,
@@ -25,10 +27,12 @@ pub enum Scenario {
 }
 
 impl Scenario {
-    pub const ALL: [Scenario; 8] = [
+    pub const ALL: [Scenario; 10] = [
         Scenario::TextStored,
         Scenario::TextUnstored,
         Scenario::ToolRound,
+        Scenario::ToolRoundAnthropic,
+        Scenario::ToolRoundResponses,
         Scenario::ParallelTools,
         Scenario::Passthrough,
         Scenario::StreamText,
@@ -41,6 +45,8 @@ impl Scenario {
             Scenario::TextStored => "text-stored",
             Scenario::TextUnstored => "text-unstored",
             Scenario::ToolRound => "tool-round",
+            Scenario::ToolRoundAnthropic => "tool-round-anthropic",
+            Scenario::ToolRoundResponses => "tool-round-responses",
             Scenario::ParallelTools => "parallel-tools",
             Scenario::Passthrough => "passthrough",
             Scenario::StreamText => "stream-text",
@@ -55,6 +61,10 @@ impl Scenario {
             Scenario::TextUnstored => "one model call answering text, `store: false`",
             Scenario::ToolRound => {
                 "model → server tool `add` → model (2 model calls, 1 tool call), stored"
+            }
+            Scenario::ToolRoundAnthropic => "tool-round over an `anthropic` deployment (Messages API)",
+            Scenario::ToolRoundResponses => {
+                "tool-round over an `openai_responses` deployment (Responses API)"
             }
             Scenario::ParallelTools => "model → 4 server tools in one batch → model, stored",
             Scenario::Passthrough => {
@@ -93,6 +103,15 @@ impl Scenario {
             .collect()
     }
 
+    /// Where the mock model answers this scenario's provider kind, for the direct plan.
+    pub fn model_path(self) -> &'static str {
+        match self {
+            Scenario::ToolRoundAnthropic => "/v1/messages",
+            Scenario::ToolRoundResponses => "/v1/responses",
+            _ => "/v1/chat/completions",
+        }
+    }
+
     /// The body of the gateway request and what its answer must hold.
     pub fn gateway_body(self) -> (Value, Expect) {
         let text = "Say hello to the benchmark.";
@@ -107,6 +126,14 @@ impl Scenario {
             ),
             Scenario::ToolRound => (
                 json!({"model": TOOLS_MODEL, "input": "!call add {\"a\":1,\"b\":2}", "store": true}),
+                Expect::ServerTools(1),
+            ),
+            Scenario::ToolRoundAnthropic => (
+                json!({"model": TOOLS_ANTHROPIC_MODEL, "input": "!call add {\"a\":1,\"b\":2}", "store": true}),
+                Expect::ServerTools(1),
+            ),
+            Scenario::ToolRoundResponses => (
+                json!({"model": TOOLS_RESPONSES_MODEL, "input": "!call add {\"a\":1,\"b\":2}", "store": true}),
                 Expect::ServerTools(1),
             ),
             Scenario::ParallelTools => (
@@ -282,7 +309,11 @@ impl DirectPlan {
             .stages
             .iter()
             .flatten()
-            .filter(|c| c.url.ends_with("/chat/completions"))
+            .filter(|c| {
+                ["/chat/completions", "/v1/messages", "/v1/responses"]
+                    .iter()
+                    .any(|path| c.url.ends_with(path))
+            })
             .count();
         let tools = self.stages.iter().flatten().count() - models;
         format!("{models} model call(s), {tools} tool call(s)")
@@ -479,7 +510,7 @@ pub async fn probe(
     let mut models = Vec::new();
     for body in model_calls.as_array().into_iter().flatten() {
         models.push(DirectCall {
-            url: format!("{}/v1/chat/completions", endpoints.mock),
+            url: format!("{}{}", endpoints.mock, scenario.model_path()),
             body: Bytes::from(serde_json::to_vec(body)?),
             stream: body.get("stream").and_then(Value::as_bool) == Some(true),
         });

@@ -94,6 +94,10 @@ impl Database {
 /// Names of the two deployments the bench configures: one without server tools, one with.
 pub const PLAIN_MODEL: &str = "mock";
 pub const TOOLS_MODEL: &str = "mock-tools";
+/// [`TOOLS_MODEL`] over the Anthropic Messages adapter.
+pub const TOOLS_ANTHROPIC_MODEL: &str = "mock-tools-anthropic";
+/// [`TOOLS_MODEL`] over the Responses adapter.
+pub const TOOLS_RESPONSES_MODEL: &str = "mock-tools-responses";
 
 /// The testkit tools attached to [`TOOLS_MODEL`].
 pub const SERVER_TOOLS: [&str; 4] = ["add", "echo", "get_weather", "slow"];
@@ -225,6 +229,33 @@ pub async fn configure(
             call(
                 Method::PUT,
                 format!("/deployment_groups/{group}/tool_sources/{source}"),
+                None,
+            )
+            .await?;
+        }
+        // The same tools over the other provider kinds, for their tool rounds.
+        for (name, kind, base_url) in [
+            (TOOLS_ANTHROPIC_MODEL, "anthropic", mock_url.to_owned()),
+            (
+                TOOLS_RESPONSES_MODEL,
+                "openai_responses",
+                format!("{mock_url}/v1"),
+            ),
+        ] {
+            let deployment = id_of(
+                &call(
+                    Method::POST,
+                    "/deployments".into(),
+                    Some(json!({
+                        "name": name,
+                        "provider": {"kind": kind, "base_url": base_url, "model": "mock-model"},
+                    })),
+                )
+                .await?,
+            )?;
+            call(
+                Method::PUT,
+                format!("/deployment_groups/{group}/deployments/{deployment}"),
                 None,
             )
             .await?;

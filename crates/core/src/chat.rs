@@ -322,6 +322,7 @@ pub fn parse_response(body: &Value, ids: &mut dyn IdSource) -> Result<ModelOutpu
         _ => Finish::Stop,
     };
     Ok(ModelOutput {
+        reasoning: Vec::new(),
         message: (!text.is_empty()).then(|| AssistantMessage::whole(ids.item_id("msg"), text)),
         tool_calls,
         usage: body.get("usage").and_then(parse_usage),

@@ -174,6 +174,7 @@ impl ChatStream {
             None => Finish::Stop,
         };
         Ok(ModelOutput {
+            reasoning: Vec::new(),
             message: (!self.text.is_empty()).then(|| AssistantMessage {
                 item_id: ids.item_id("msg"),
                 text: crate::chat::scrub_nul(self.text),

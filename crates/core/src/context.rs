@@ -32,6 +32,8 @@ pub fn model_conversation(context: &[Item], steps: &[Step]) -> Vec<Item> {
                         status: Some("completed".into()),
                     }));
                 }
+                // After the message, as the output shows them; translations put them where their provider wants.
+                conversation.extend(output.reasoning.iter().cloned().map(Item::Reasoning));
                 for call in &output.tool_calls {
                     conversation.push(call_item(call, "completed"));
                 }

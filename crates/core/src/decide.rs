@@ -4,6 +4,7 @@ use std::collections::BTreeSet;
 
 use serde::{Deserialize, Serialize};
 
+use crate::response::FailureCode;
 use crate::steps::{Finish, Step, StepBody, ToolCall, ToolStep};
 
 /// Ceilings that end a response as `incomplete`. The request may lower the operator's values, never raise them.
@@ -50,7 +51,7 @@ pub enum NextAction {
     /// A limit was reached.
     Incomplete { reason: IncompleteReason },
     /// The upstream model failed for good.
-    Fail { message: String },
+    Fail { code: FailureCode, message: String },
 }
 
 impl NextAction {
@@ -142,12 +143,17 @@ pub fn decide_next_action(input: &LoopInput<'_>) -> NextAction {
                 return NextAction::ResumeModelCall { seq: step.seq };
             }
             let Some(output) = model.output.as_ref() else {
-                let message = model
+                let (code, message) = model
                     .failure
                     .as_ref()
-                    .map(|f| f.message.clone())
-                    .unwrap_or_else(|| "the upstream model call failed".into());
-                return NextAction::Fail { message };
+                    .map(|f| (f.code, f.message.clone()))
+                    .unwrap_or_else(|| {
+                        (
+                            FailureCode::ServerError,
+                            "the upstream model call failed".into(),
+                        )
+                    });
+                return NextAction::Fail { code, message };
             };
             if output.tool_calls.is_empty() {
                 return match output.finish {

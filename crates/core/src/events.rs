@@ -90,6 +90,8 @@ pub struct EventProjection {
     open_message: Option<OpenMessage>,
     /// Output index of each tool step shown, by step seq.
     tool_items: BTreeMap<u32, usize>,
+    /// The request's `include`: whether reasoning items show their `encrypted_content`.
+    include: Option<Vec<String>>,
     ready: VecDeque<Event>,
 }
 
@@ -112,6 +114,7 @@ impl EventProjection {
     pub fn handle(&mut self, progress: Progress<'_>) {
         match progress {
             Progress::Created { record } => {
+                self.include = record.params.include.clone();
                 let created = response_object(&record.as_started(), &[]);
                 self.emit("response.created", json!({"response": created}));
                 if record.background {
@@ -173,16 +176,34 @@ impl EventProjection {
 
     /// Closes the streamed message with the model's text; a message that did not stream is shown whole.
     fn model_ended(&mut self, output: &ModelOutput) {
-        let Some(message) = &output.message else {
-            self.open_message = None;
-            return;
-        };
-        if self.open_message.is_none() {
-            for piece in message.pieces() {
-                self.text_delta(&message.item_id, piece);
+        match &output.message {
+            None => self.open_message = None,
+            Some(message) => {
+                if self.open_message.is_none() {
+                    for piece in message.pieces() {
+                        self.text_delta(&message.item_id, piece);
+                    }
+                }
+                self.close_message(&message.text, "completed");
             }
         }
-        self.close_message(&message.text, "completed");
+        for reasoning in &output.reasoning {
+            let item = crate::reasoning::shown(
+                &Item::Reasoning(reasoning.clone()),
+                self.include.as_deref(),
+            );
+            let index = self.take_output_index();
+            let mut added = item_json(&item);
+            added["status"] = json!("in_progress");
+            self.emit(
+                "response.output_item.added",
+                json!({"output_index": index, "item": added}),
+            );
+            self.emit(
+                "response.output_item.done",
+                json!({"output_index": index, "item": item_json(&item)}),
+            );
+        }
     }
 
     fn model_failed(&mut self, partial: Option<&AssistantMessage>) {
@@ -334,12 +355,12 @@ impl EventProjection {
             Some(Ending::Incomplete { .. }) => "response.incomplete",
             Some(Ending::Cancelled) => "response.cancelled",
             Some(Ending::Failed { code, message }) => {
-                let code = code.as_str();
+                let (kind, code) = (code.error_type(), code.as_str());
                 // Nested and flat, so that the OpenAI spec, the Open Responses schema and the SDKs all read it.
                 self.emit(
                     "error",
                     json!({"code": code, "message": message, "param": null,
-                           "error": {"type": "server_error", "code": code, "message": message, "param": null}}),
+                           "error": {"type": kind, "code": code, "message": message, "param": null}}),
                 );
                 "response.failed"
             }

@@ -211,6 +211,8 @@ pub struct ReasoningItem {
     pub summary: Vec<Value>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub encrypted_content: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<String>,
 }
 
 /// A compacted window's summary (`POST /v1/responses/compact`), sealed by the gateway: clients carry it back as

@@ -3,6 +3,7 @@
 //! Nothing here performs IO, reads a clock or draws random numbers: ids and timestamps are passed in,
 //! so every function is deterministic and tested by tables.
 
+pub mod anthropic;
 pub mod chat;
 pub mod chat_stream;
 pub mod context;
@@ -10,11 +11,14 @@ pub mod decide;
 pub mod entity;
 pub mod events;
 pub mod items;
+pub mod openai_responses;
 pub mod output;
+pub mod reasoning;
 pub mod request;
 pub mod response;
 pub mod steps;
 pub mod toolset;
+pub mod walk;
 
 pub use decide::{decide_next_action, IncompleteReason, Limits, NextAction};
 pub use items::Item;

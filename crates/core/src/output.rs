@@ -35,6 +35,8 @@ pub fn render_output(steps: &[Step], handed_back: bool) -> Vec<Item> {
                 if let Some(message) = &output.message {
                     items.push(assistant_message(&message.item_id, &message.text));
                 }
+                // After the message: a stream shows the text as it comes, and the reasoning once the call ended.
+                items.extend(output.reasoning.iter().cloned().map(Item::Reasoning));
                 if handed_back && Some(index) == last_model {
                     for call in &output.tool_calls {
                         items.push(call_item(call, "completed"));
@@ -141,7 +143,15 @@ pub fn response_object(record: &ResponseRecord, output: &[Item]) -> Value {
     object.insert("model".into(), json!(record.model));
     object.insert(
         "output".into(),
-        serde_json::to_value(output).unwrap_or(Value::Array(Vec::new())),
+        Value::Array(
+            output
+                .iter()
+                .map(|item| {
+                    serde_json::to_value(crate::reasoning::shown(item, params.include.as_deref()))
+                        .unwrap_or(Value::Null)
+                })
+                .collect(),
+        ),
     );
     object.insert("output_text".into(), json!(output_text));
     object.insert(

@@ -84,6 +84,9 @@ pub struct ResponseParams {
     pub safety_identifier: Option<String>,
     pub prompt_cache_key: Option<String>,
     pub service_tier: Option<String>,
+    /// What the client asked to be included (`reasoning.encrypted_content`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub include: Option<Vec<String>>,
     /// Log probabilities per output token (0..=20); forwarded where the provider has them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub top_logprobs: Option<u32>,
@@ -109,6 +112,7 @@ impl Default for ResponseParams {
             safety_identifier: None,
             prompt_cache_key: None,
             service_tier: None,
+            include: None,
             top_logprobs: None,
         }
     }
@@ -251,6 +255,7 @@ pub fn validate(body: CreateResponseBody) -> Result<ValidRequest, InvalidRequest
             safety_identifier: body.safety_identifier,
             prompt_cache_key: body.prompt_cache_key,
             service_tier: body.service_tier,
+            include: body.include,
             top_logprobs: body.top_logprobs.map(|n| n as u32),
         },
         previous_response_id: body.previous_response_id,

@@ -49,20 +49,37 @@ impl ResponseStatus {
 }
 
 /// Why a response failed, as its `error.code` says.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum FailureCode {
     /// The upstream model failed for good, or the gateway itself did.
+    #[default]
     ServerError,
+    /// The upstream model refused the request as the client's problem (a 4xx other than 408/409/429): not retried,
+    /// not passed to fallbacks (SPEC 8).
+    UpstreamRejected,
 }
 
 impl FailureCode {
-    pub const ALL: [FailureCode; 1] = [FailureCode::ServerError];
+    pub const ALL: [FailureCode; 2] = [FailureCode::ServerError, FailureCode::UpstreamRejected];
 
     pub fn as_str(self) -> &'static str {
         match self {
             FailureCode::ServerError => "server_error",
+            FailureCode::UpstreamRejected => "upstream_rejected",
         }
+    }
+
+    /// The OpenAI error `type` of a failure with this code: the client's problem or the server's.
+    pub fn error_type(self) -> &'static str {
+        match self {
+            FailureCode::ServerError => "server_error",
+            FailureCode::UpstreamRejected => "invalid_request_error",
+        }
+    }
+
+    pub fn is_server_error(&self) -> bool {
+        *self == FailureCode::ServerError
     }
 
     pub fn parse(text: &str) -> Option<FailureCode> {

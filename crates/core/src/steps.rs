@@ -2,6 +2,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::response::FailureCode;
+
 /// Where a step stands. A step is written before its side effect and updated after it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -65,6 +67,9 @@ pub struct ModelStep {
     pub output: Option<ModelOutput>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub failure: Option<UpstreamFailure>,
+    /// The fallback deployment that answered, when the response's own deployment did not (SPEC 8).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deployment: Option<String>,
 }
 
 /// A model call's normalised result, whatever the provider.
@@ -78,6 +83,10 @@ pub struct ModelOutput {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub usage: Option<Usage>,
     pub finish: Finish,
+    /// Thinking (Anthropic) or reasoning (Responses) the model produced, each with its id, as `reasoning` items
+    /// whose `encrypted_content` carries what the provider needs to have it replayed ([`crate::reasoning`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub reasoning: Vec<crate::items::ReasoningItem>,
 }
 
 /// What a streamed model call produced that the client may see at once, whatever the provider. Its
@@ -227,6 +236,10 @@ impl Usage {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct UpstreamFailure {
     pub message: String,
+    /// What the response's `error.code` says when this failure ends it: `upstream_rejected` when the provider
+    /// refused the request as the client's problem.
+    #[serde(default, skip_serializing_if = "FailureCode::is_server_error")]
+    pub code: FailureCode,
     /// Text a streaming client had already been shown when the call broke off: it stays in the
     /// response's output as an `incomplete` message, as the client saw it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -249,6 +262,11 @@ pub struct ToolStep {
     /// them: kept so that a replay of the stream equals the original.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ended_rank: Option<u32>,
+    /// When the call was last sent, and when it ended (Unix milliseconds), for the tool-call audit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_at_ms: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ended_at_ms: Option<i64>,
     /// Progress notes rendered from the source's templates (SPEC 7), kept with the step so that a replay of
     /// the stream shows them as the live stream did.
     #[serde(default, skip_serializing_if = "ToolNotes::is_empty")]

@@ -372,6 +372,12 @@ pub struct SeedDeployment {
     pub model: String,
     #[serde(default)]
     pub api_key: Option<SecretString>,
+    /// Deployments tried in order when this one fails (SPEC 8).
+    #[serde(default)]
+    pub fallbacks: Vec<String>,
+    /// Anthropic's `max_tokens` when a request sets none.
+    #[serde(default)]
+    pub max_tokens: Option<u32>,
 }
 
 #[derive(Debug, Clone, Deserialize)]

@@ -12,6 +12,9 @@ use crate::Application;
 /// The demo project's API key. It is public: the demo is for trying the gateway on one machine.
 pub const DEMO_KEY: &str = "sk-demo-local-only-0000000000000000";
 
+/// The demo's deployments: one per provider kind.
+pub const DEMO_MODELS: [&str; 3] = ["mock", "mock-anthropic", "mock-responses"];
+
 /// The example tools the demo registers as server tools.
 const DEMO_TOOLS: [&str; 3] = ["get_weather", "add", "plain_text"];
 
@@ -33,8 +36,9 @@ pub async fn run(
     let address = app.local_addr()?;
     // One write, and a closed stdout is no reason to stop serving.
     let banner = format!(
-        "listening on http://{address}\ndemo API key: {DEMO_KEY}   model: mock   server tools: {}, \
+        "listening on http://{address}\ndemo API key: {DEMO_KEY}   models: {}   server tools: {}, \
          MCP source '{DEMO_MCP_SOURCE}' ({DEMO_MCP_PREFIX}add)\n",
+        DEMO_MODELS.join(", "),
         DEMO_TOOLS.join(", ")
     );
     let _ = std::io::Write::write_all(&mut std::io::stdout(), banner.as_bytes());
@@ -73,15 +77,26 @@ pub fn add_demo_seed(config: &mut Config, model_base_url: &str, tool_url: impl F
         .api_keys
         .insert("demo".into(), DEMO_KEY.to_owned().into());
     seed.projects.insert("demo".into(), project);
-    seed.deployments.insert(
-        "mock".into(),
-        SeedDeployment {
-            kind: "openai_chat".into(),
-            base_url: model_base_url.to_owned(),
-            model: gateway_testkit::mock_model::MODEL_ID.into(),
-            api_key: None,
-        },
-    );
+    // One deployment per provider kind, all answered by the mock model in that provider's shape; Anthropic's base
+    // URL excludes the version (SPEC 8).
+    let root_url = model_base_url.trim_end_matches("/v1");
+    for (name, kind, base_url) in [
+        ("mock", "openai_chat", model_base_url),
+        ("mock-anthropic", "anthropic", root_url),
+        ("mock-responses", "openai_responses", model_base_url),
+    ] {
+        seed.deployments.insert(
+            name.into(),
+            SeedDeployment {
+                kind: kind.into(),
+                base_url: base_url.to_owned(),
+                model: gateway_testkit::mock_model::MODEL_ID.into(),
+                api_key: None,
+                fallbacks: Vec::new(),
+                max_tokens: None,
+            },
+        );
+    }
     for definition in tool_definitions()
         .into_iter()
         .filter(|d| DEMO_TOOLS.contains(&d.name))
@@ -104,7 +119,7 @@ pub fn add_demo_seed(config: &mut Config, model_base_url: &str, tool_url: impl F
     seed.deployment_groups.insert(
         "demo".into(),
         SeedGroup {
-            deployments: vec!["mock".into()],
+            deployments: DEMO_MODELS.iter().map(|m| m.to_string()).collect(),
             projects: vec!["demo".into()],
             tool_sources: DEMO_TOOLS.iter().map(|t| t.to_string()).collect(),
         },

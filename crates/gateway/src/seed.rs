@@ -110,6 +110,9 @@ async fn seed_deployment(
             base_url: Some(&base_url),
             upstream_model: Some(&deployment.model),
             api_key: Some(api_key),
+            fallbacks: Some(&deployment.fallbacks),
+            unsupported_tools: None,
+            max_tokens: Some(deployment.max_tokens),
         };
         store.update_deployment(&existing.id, &changes).await?;
     } else {
@@ -119,6 +122,9 @@ async fn seed_deployment(
             base_url: &base_url,
             upstream_model: &deployment.model,
             api_key,
+            fallbacks: &deployment.fallbacks,
+            unsupported_tools: Default::default(),
+            max_tokens: deployment.max_tokens,
         };
         store.create_deployment(&new).await?;
     }

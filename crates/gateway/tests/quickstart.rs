@@ -119,4 +119,24 @@ async fn the_readme_quickstart_answers_text_runs_a_server_tool_and_passes_a_clie
         second["output_text"],
         "Tool results: a server in the middle"
     );
+
+    // 4. The same server tool over the Anthropic and Responses deployments, continuing the chain across them.
+    let mut previous = second["id"].clone();
+    for model in ["mock-anthropic", "mock-responses"] {
+        let answer = create(
+            &demo,
+            json!({"model": model, "previous_response_id": previous, "input": "!call add {\"a\": 2, \"b\": 3}"}),
+        )
+        .await;
+        assert_eq!(answer["status"], "completed", "{model}: {answer:#}");
+        assert_eq!(
+            answer["output"][0]["type"], "mcp_call",
+            "{model}: {answer:#}"
+        );
+        assert!(
+            answer["output_text"].as_str().unwrap().contains("5"),
+            "{model}: {answer:#}"
+        );
+        previous = answer["id"].clone();
+    }
 }

@@ -149,6 +149,9 @@ async fn deployment(store: &Store, deployment: &str) -> String {
             base_url: &url("http://127.0.0.1:9/v1"),
             upstream_model: "mock-model",
             api_key: Some("sk-upstream"),
+            fallbacks: &[],
+            unsupported_tools: Default::default(),
+            max_tokens: None,
         })
         .await
         .expect("deployment")
@@ -717,6 +720,9 @@ async fn duplicate_names_are_a_conflict_for_every_kind(store: Store) {
                 base_url: &url("http://127.0.0.1:9"),
                 upstream_model: "m",
                 api_key: None,
+                fallbacks: &[],
+                unsupported_tools: Default::default(),
+                max_tokens: None,
             })
             .await,
     );

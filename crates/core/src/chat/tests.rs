@@ -338,6 +338,7 @@ fn reasoning_items_are_not_sent_upstream() {
 fn steps_of_a_running_response_pair_with_their_calls_in_the_next_request() {
     let context = items(json!([{"type": "message", "role": "user", "content": "both please"}]));
     let model = ModelOutput {
+        reasoning: Vec::new(),
         message: Some(AssistantMessage {
             item_id: "msg_1".into(),
             text: "On it.".into(),
@@ -363,6 +364,8 @@ fn steps_of_a_running_response_pair_with_their_calls_in_the_next_request() {
             batch: Some(0),
             outcome: Some(outcome),
             ended_rank: None,
+            started_at_ms: None,
+            ended_at_ms: None,
             notes: Default::default(),
             server_label: None,
         }),
@@ -372,6 +375,7 @@ fn steps_of_a_running_response_pair_with_their_calls_in_the_next_request() {
             seq: 0,
             state: StepState::Succeeded,
             body: StepBody::Model(ModelStep {
+                deployment: None,
                 output: Some(model.clone()),
                 failure: None,
             }),
@@ -569,6 +573,7 @@ fn a_text_answer_becomes_a_message() {
     assert_eq!(
         output,
         ModelOutput {
+            reasoning: Vec::new(),
             message: Some(AssistantMessage {
                 item_id: "msg_1".into(),
                 text: "Hello!".into(),
@@ -617,6 +622,7 @@ fn tool_calls_with_null_content_are_read_with_their_ids() {
     assert_eq!(
         output,
         ModelOutput {
+            reasoning: Vec::new(),
             message: None,
             tool_calls: vec![
                 call("fc_1", "call_1", "get_weather", "{\"city\":\"SF\"}"),

@@ -31,6 +31,7 @@ fn model_step(seq: u32, state: StepState, model: ModelStep) -> Step {
 
 fn answered(seq: u32, text: Option<&str>, tool_calls: Vec<ToolCall>, finish: Finish) -> Step {
     let output = ModelOutput {
+        reasoning: Vec::new(),
         message: text.map(|t| AssistantMessage {
             item_id: format!("msg_{seq}"),
             text: t.into(),
@@ -44,6 +45,7 @@ fn answered(seq: u32, text: Option<&str>, tool_calls: Vec<ToolCall>, finish: Fin
         seq,
         StepState::Succeeded,
         ModelStep {
+            deployment: None,
             output: Some(output),
             failure: None,
         },
@@ -79,12 +81,14 @@ fn model_unended(seq: u32, state: StepState) -> Step {
 fn upstream_failed(seq: u32, message: Option<&str>) -> Step {
     let failure = message.map(|m| UpstreamFailure {
         message: m.into(),
+        code: Default::default(),
         partial: None,
     });
     model_step(
         seq,
         StepState::Failed,
         ModelStep {
+            deployment: None,
             output: None,
             failure,
         },
@@ -107,6 +111,8 @@ fn tool(
             batch,
             outcome,
             ended_rank: None,
+            started_at_ms: None,
+            ended_at_ms: None,
             notes: Default::default(),
             server_label: None,
         }),
@@ -194,6 +200,7 @@ fn incomplete(reason: IncompleteReason) -> NextAction {
 
 fn fail(message: &str) -> NextAction {
     NextAction::Fail {
+        code: crate::response::FailureCode::ServerError,
         message: message.into(),
     }
 }

@@ -54,7 +54,9 @@ fn model(seq: u32, message: Option<AssistantMessage>, calls: &[&str]) -> Step {
         seq,
         state: StepState::Succeeded,
         body: StepBody::Model(ModelStep {
+            deployment: None,
             output: Some(ModelOutput {
+                reasoning: Vec::new(),
                 message,
                 tool_calls: calls.iter().map(|c| call(c)).collect(),
                 usage: None,
@@ -90,6 +92,8 @@ fn tool(seq: u32, batch: u32, call_id: &str, failed: bool, ended_rank: u32) -> S
             batch: Some(batch),
             outcome: Some(outcome),
             ended_rank: Some(ended_rank),
+            started_at_ms: None,
+            ended_at_ms: None,
             notes: Default::default(),
             server_label: None,
         }),
@@ -280,9 +284,11 @@ fn rows() -> Vec<Row> {
                 seq: 0,
                 state: StepState::Failed,
                 body: StepBody::Model(ModelStep {
+                    deployment: None,
                     output: None,
                     failure: Some(UpstreamFailure {
                         message: "The upstream model's stream broke off.".into(),
+                        code: Default::default(),
                         partial: Some(streamed("msg_1", &["Hel", "lo"])),
                     }),
                 }),

@@ -27,6 +27,7 @@ fn call(call_id: &str, name: &str) -> ToolCall {
 /// A model call that said `text` (if any) and asked for these `(call_id, name)` calls.
 fn model(seq: u32, text: Option<&str>, calls: &[(&str, &str)]) -> Step {
     let output = ModelOutput {
+        reasoning: Vec::new(),
         message: text.map(|t| AssistantMessage {
             item_id: format!("msg_{seq}"),
             text: t.into(),
@@ -44,6 +45,7 @@ fn model(seq: u32, text: Option<&str>, calls: &[(&str, &str)]) -> Step {
         seq,
         state: StepState::Succeeded,
         body: StepBody::Model(ModelStep {
+            deployment: None,
             output: Some(output),
             failure: None,
         }),
@@ -65,6 +67,8 @@ fn tool(seq: u32, batch: Option<u32>, call_id: &str, outcome: Option<ToolOutcome
             batch,
             outcome,
             ended_rank: None,
+            started_at_ms: None,
+            ended_at_ms: None,
             notes: Default::default(),
             server_label: None,
         }),
@@ -254,9 +258,11 @@ fn failed_or_unended_model_calls_render_nothing() {
         seq: 2,
         state: StepState::Failed,
         body: StepBody::Model(ModelStep {
+            deployment: None,
             output: None,
             failure: Some(UpstreamFailure {
                 message: "503".into(),
+                code: Default::default(),
                 partial: None,
             }),
         }),
@@ -282,9 +288,11 @@ fn a_model_call_that_broke_off_after_streaming_text_renders_that_text_as_an_inco
         seq: 2,
         state: StepState::Failed,
         body: StepBody::Model(ModelStep {
+            deployment: None,
             output: None,
             failure: Some(UpstreamFailure {
                 message: "stream broke".into(),
+                code: Default::default(),
                 partial: Some(AssistantMessage {
                     item_id: "msg_partial".into(),
                     text: "The answer is".into(),
@@ -423,6 +431,7 @@ fn every_request_parameter_is_echoed() {
         safety_identifier: Some("s1".into()),
         prompt_cache_key: Some("k1".into()),
         service_tier: Some("flex".into()),
+        include: None,
         top_logprobs: Some(2),
     };
     let object = response_object(&r, &[]);

@@ -9,7 +9,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use gateway_core::output::{listed_input_item, render_output, response_object};
 use gateway_core::request::{validate, CreateResponseBody};
-use gateway_core::response::{Ending, ResponseRecord};
+use gateway_core::response::{Ending, FailureCode, ResponseRecord};
 use serde::Deserialize;
 use serde_json::{json, Value};
 use tokio::sync::broadcast;
@@ -88,8 +88,20 @@ pub async fn create_response(
 }
 
 /// The answer to a finished create: the response, or, when it failed upstream, a 500 naming it that SDKs
-/// must not retry (server tools may already have run).
+/// must not retry (server tools may already have run); a 400 `upstream_rejected` when the provider refused the
+/// request as the client's problem.
 fn answer(record: &ResponseRecord, object: Value) -> Result<Response, ApiError> {
+    if let Some(Ending::Failed {
+        code: FailureCode::UpstreamRejected,
+        message,
+    }) = record.ending()
+    {
+        return Err(ApiError::invalid(
+            message.clone(),
+            None,
+            Some(FailureCode::UpstreamRejected.as_str()),
+        ));
+    }
     if let Some(Ending::Failed { message, .. }) = record.ending() {
         return Err(ApiError::server(format!(
             "{message} The response '{}' failed.",

@@ -9,10 +9,10 @@ use gateway_core::context::{make_call_ids_unique, model_conversation};
 use gateway_core::decide::LoopInput;
 use gateway_core::events::Progress;
 use gateway_core::output::render_output;
-use gateway_core::response::{Ending, ResponseState};
+use gateway_core::response::{Ending, FailureCode, ResponseState};
 use gateway_core::steps::{
-    total_usage, AssistantMessage, ModelDelta, ModelStep, Step, StepBody, StepState, ToolOutcome,
-    ToolStep, UpstreamFailure,
+    total_usage, AssistantMessage, ModelDelta, ModelOutput, ModelStep, Step, StepBody, StepState,
+    ToolOutcome, ToolStep, UpstreamFailure,
 };
 use gateway_core::toolset::{flatten_namespaces, name_calls, offered_client_tools, OfferedTool};
 use gateway_core::{decide_next_action, IncompleteReason, NextAction};
@@ -23,9 +23,10 @@ use super::{Engine, EngineError, Finished, Origin, ProgressSink, Run, Stop};
 use crate::clock::{now, now_ms};
 use crate::ids::{item_id, new_id};
 use crate::store::responses::Durability;
+use crate::store::tenancy::Deployment;
 use crate::store::StoreError;
 use crate::tools::CallRef;
-use crate::upstream::{Live, ModelRequest};
+use crate::upstream::{Live, ModelRequest, UpstreamError};
 
 /// Model text waiting for a slow reader: the upstream read waits when this many pieces are queued.
 const TEXT_BUFFER: usize = 64;
@@ -237,6 +238,8 @@ impl Engine {
                                     outcome: None,
                                     ended_rank: None,
                                     notes: Default::default(),
+                                    started_at_ms: None,
+                                    ended_at_ms: None,
                                 }),
                             }
                         }));
@@ -252,7 +255,7 @@ impl Engine {
                     Ending::Completed { handed_back: true }
                 }
                 NextAction::Incomplete { reason } => Ending::Incomplete { reason },
-                NextAction::Fail { message } => Ending::server_error(message),
+                NextAction::Fail { code, message } => Ending::Failed { code, message },
             };
             return self.finish(run, ending, sink).await;
         }
@@ -321,39 +324,38 @@ impl Engine {
         let mut shown = Shown::default();
         let message_id = item_id("msg", &run.record.id);
         let call = async {
-            if !sink.wants_text_deltas() {
-                return self.upstream.call(&run.deployment, &request, None).await;
-            }
-            // Text is passed on as the model produces it; the upstream read and the reader move together, so a
-            // slow reader slows the upstream read (backpressure).
-            let message_id = message_id.as_str();
-            let (delta_tx, mut delta_rx) = mpsc::channel::<ModelDelta>(TEXT_BUFFER);
-            let (deployment, request) = (&run.deployment, &request);
-            let call = async move {
-                let live = Live {
-                    message_id,
-                    deltas: &delta_tx,
-                };
-                // The sender is dropped with this block, which ends the forwarding below.
-                self.upstream.call(deployment, request, Some(live)).await
-            };
-            let forward = async {
-                while let Some(delta) = delta_rx.recv().await {
-                    match delta {
-                        ModelDelta::Text(text) => {
-                            let text = scrub_nul(text);
-                            sink.report(Progress::TextDelta {
-                                item_id: message_id,
-                                delta: &text,
-                            })
-                            .await;
-                            shown.push(&text);
-                        }
-                    }
+            let primary = &run.deployment;
+            let mut result = self
+                .call_deployment(primary, &request, &message_id, &mut *sink, &mut shown)
+                .await;
+            let mut answered_by = None;
+            // SPEC 8: the fallbacks, in order, one level deep, only while nothing of the call reached the client;
+            // never for a request the provider refused.
+            for name in &primary.fallbacks {
+                let may_fall_back = matches!(&result, Err(e) if e.failure_code() != FailureCode::UpstreamRejected)
+                    && shown.text.is_empty();
+                if !may_fall_back {
+                    break;
                 }
-            };
-            let (result, ()) = tokio::join!(call, forward);
-            result
+                let fallback = match self.store.deployment_by_name(name).await {
+                    Ok(Some(fallback)) => fallback,
+                    Ok(None) => continue,
+                    Err(e) => {
+                        tracing::warn!(deployment = %name, error = %e, "could not load a fallback deployment");
+                        continue;
+                    }
+                };
+                if let Err(e) = &result {
+                    tracing::warn!(response.id = %run.record.id, deployment = %primary.name, fallback = %fallback.name, error = %e, "model call failed; trying a fallback");
+                }
+                result = self
+                    .call_deployment(&fallback, &request, &message_id, &mut *sink, &mut shown)
+                    .await;
+                if result.is_ok() {
+                    answered_by = Some(fallback.name.clone());
+                }
+            }
+            (result, answered_by)
         };
         let told_to_stop = told_to_stop(run);
         let result = tokio::select! {
@@ -361,7 +363,7 @@ impl Engine {
             () = told_to_stop => None,
         };
         shown.item_id = message_id;
-        let Some(result) = result else {
+        let Some((result, answered_by)) = result else {
             // Told to stop mid-call: the call is dropped, and its connection with it. A cancel records it as
             // failed; a replica giving the response up leaves it running, to be made again by whoever resumes it.
             if run.stop() == Some(Stop::Cancel) {
@@ -372,9 +374,11 @@ impl Engine {
                 .await;
                 run.steps[index].state = StepState::Failed;
                 run.steps[index].body = StepBody::Model(ModelStep {
+                    deployment: None,
                     output: None,
                     failure: Some(UpstreamFailure {
                         message: CANCELLED.into(),
+                        code: Default::default(),
                         partial,
                     }),
                 });
@@ -398,6 +402,7 @@ impl Engine {
                 step.body = StepBody::Model(ModelStep {
                     output: Some(output),
                     failure: None,
+                    deployment: answered_by,
                 });
             }
             Err(e) => {
@@ -409,9 +414,11 @@ impl Engine {
                 .await;
                 step.state = StepState::Failed;
                 step.body = StepBody::Model(ModelStep {
+                    deployment: None,
                     output: None,
                     failure: Some(UpstreamFailure {
                         message: e.public_message(),
+                        code: e.failure_code(),
                         partial,
                     }),
                 });
@@ -421,6 +428,49 @@ impl Engine {
         run.journal.touch(index);
     }
 
+    /// One model call to `deployment`: streamed to `sink` (text recorded in `shown` as it is reported) when it takes
+    /// text deltas, whole otherwise.
+    async fn call_deployment<S: ProgressSink>(
+        &self,
+        deployment: &Deployment,
+        request: &ModelRequest<'_>,
+        message_id: &str,
+        sink: &mut S,
+        shown: &mut Shown,
+    ) -> Result<ModelOutput, UpstreamError> {
+        if !sink.wants_text_deltas() {
+            return self.upstream.call(deployment, request, None).await;
+        }
+        // Text is passed on as the model produces it; the upstream read and the reader move together, so a
+        // slow reader slows the upstream read (backpressure).
+        let (delta_tx, mut delta_rx) = mpsc::channel::<ModelDelta>(TEXT_BUFFER);
+        let call = async move {
+            let live = Live {
+                message_id,
+                deltas: &delta_tx,
+            };
+            // The sender is dropped with this block, which ends the forwarding below.
+            self.upstream.call(deployment, request, Some(live)).await
+        };
+        let forward = async {
+            while let Some(delta) = delta_rx.recv().await {
+                match delta {
+                    ModelDelta::Text(text) => {
+                        let text = scrub_nul(text);
+                        sink.report(Progress::TextDelta {
+                            item_id: message_id,
+                            delta: &text,
+                        })
+                        .await;
+                        shown.push(&text);
+                    }
+                }
+            }
+        };
+        let (result, ()) = tokio::join!(call, forward);
+        result
+    }
+
     /// Runs the tool steps `seqs` concurrently (bounded), recording each result as it arrives.
     async fn run_tools<S: ProgressSink>(
         &self,
@@ -428,11 +478,13 @@ impl Engine {
         seqs: &[u32],
         sink: &mut S,
     ) -> Result<(), StoreError> {
+        let started_at_ms = now_ms();
         for &seq in seqs {
             let step = &mut run.steps[seq as usize];
             step.state = StepState::Running;
             // Rendered before the calls are recorded as started, so that the stored step replays the note.
             if let StepBody::Tool(tool) = &mut step.body {
+                tool.started_at_ms = Some(started_at_ms);
                 let template = run
                     .server_tools
                     .iter()
@@ -570,6 +622,7 @@ impl Engine {
                 }
                 tool.outcome = Some(outcome);
                 tool.ended_rank = Some(next_rank);
+                tool.ended_at_ms = Some(now_ms());
                 next_rank += 1;
             }
             sink.report(Progress::ToolEnded { step }).await;

@@ -177,6 +177,8 @@ impl Engine {
                     batch: None,
                     outcome: None,
                     ended_rank: None,
+                    started_at_ms: None,
+                    ended_at_ms: None,
                     notes: Default::default(),
                     server_label: None,
                 }),

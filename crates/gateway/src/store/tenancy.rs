@@ -17,7 +17,14 @@ pub struct Deployment {
     pub api_key: Option<SecretString>,
     /// What to do with declared tools nothing serves (SPEC 12).
     pub unsupported_tools: gateway_core::toolset::UnsupportedTools,
+    /// Anthropic's required `max_tokens` when the request sets no `max_output_tokens`.
+    pub max_tokens: u32,
+    /// Names of the deployments tried, in order, when this one fails after its retries (SPEC 8).
+    pub fallbacks: Vec<String>,
 }
+
+/// `max_tokens` of an Anthropic call whose request and deployment set none.
+pub const DEFAULT_MAX_TOKENS: u32 = 4096;
 
 /// One server tool, as its source defines it.
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
@@ -121,7 +128,8 @@ impl Store {
         let _timer = crate::metrics::StoreTimer::start("resolve");
         with_pool!(self, |pool| {
             let deployment = sqlx::query_as::<_, DeploymentRecord>(
-                "SELECT d.id, d.name, d.provider_kind, d.base_url, d.upstream_model, d.api_key
+                "SELECT d.id, d.name, d.provider_kind, d.base_url, d.upstream_model, d.api_key, d.fallbacks,
+                        d.unsupported_tools, d.max_tokens
                  FROM deployments d
                  WHERE d.name = $2 AND EXISTS (
                     SELECT 1 FROM group_deployments gd
@@ -187,11 +195,26 @@ impl Store {
     pub async fn deployment_by_id(&self, id: &str) -> Result<Option<Deployment>, StoreError> {
         let found = with_pool!(self, |pool| {
             sqlx::query_as::<_, DeploymentRecord>(
-            "SELECT id, name, provider_kind, base_url, upstream_model, api_key FROM deployments WHERE id = $1",
+            "SELECT id, name, provider_kind, base_url, upstream_model, api_key, fallbacks, unsupported_tools, max_tokens
+             FROM deployments WHERE id = $1",
         )
         .bind(id)
         .fetch_optional(pool)
         .await
+        })?;
+        Ok(found.map(Deployment::from))
+    }
+
+    /// A deployment by name, whatever groups it is in: a fallback (the operator chose it, SPEC 8).
+    pub async fn deployment_by_name(&self, name: &str) -> Result<Option<Deployment>, StoreError> {
+        let found = with_pool!(self, |pool| {
+            sqlx::query_as::<_, DeploymentRecord>(
+                "SELECT id, name, provider_kind, base_url, upstream_model, api_key, fallbacks, unsupported_tools, max_tokens
+                 FROM deployments WHERE name = $1",
+            )
+            .bind(name)
+            .fetch_optional(pool)
+            .await
         })?;
         Ok(found.map(Deployment::from))
     }
@@ -226,6 +249,14 @@ struct DeploymentRecord {
     base_url: String,
     upstream_model: String,
     api_key: Option<String>,
+    fallbacks: String,
+    unsupported_tools: String,
+    max_tokens: Option<i64>,
+}
+
+/// A deployment's `fallbacks` column (a JSON array of names); unreadable text reads as none.
+pub fn parse_fallbacks(text: &str) -> Vec<String> {
+    serde_json::from_str(text).unwrap_or_default()
 }
 
 impl From<DeploymentRecord> for Deployment {
@@ -237,8 +268,16 @@ impl From<DeploymentRecord> for Deployment {
             base_url: row.base_url,
             upstream_model: row.upstream_model,
             api_key: row.api_key.map(SecretString::from),
-            // The deployment's own policy is stored with the next migration; until then, the default.
-            unsupported_tools: Default::default(),
+            unsupported_tools: gateway_core::toolset::UnsupportedTools::parse(
+                &row.unsupported_tools,
+            )
+            .unwrap_or_default(),
+            max_tokens: row
+                .max_tokens
+                .and_then(|n| u32::try_from(n).ok())
+                .filter(|n| *n > 0)
+                .unwrap_or(DEFAULT_MAX_TOKENS),
+            fallbacks: parse_fallbacks(&row.fallbacks),
         }
     }
 }

@@ -1,7 +1,9 @@
 //! Upstream model calls (SPEC section 8): one provider-neutral call, an adapter per provider kind behind it, and the
 //! retry rule they all share.
 
+mod anthropic;
 mod openai_chat;
+mod openai_responses;
 mod sse;
 
 use std::future::Future;
@@ -10,10 +12,14 @@ use std::time::Duration;
 
 use gateway_core::chat::IdSource;
 use gateway_core::entity::ProviderKind;
+use gateway_core::reasoning::replayed_to;
 use gateway_core::request::ResponseParams;
+use gateway_core::response::FailureCode;
 use gateway_core::steps::{ModelDelta, ModelOutput};
 use gateway_core::toolset::{custom_as_functions, unwrap_custom_inputs, OfferedTool, ToolInput};
 use gateway_core::Item;
+use secrecy::ExposeSecret;
+use serde_json::Value;
 use tokio::sync::mpsc;
 
 use crate::config::UpstreamConfig;
@@ -36,10 +42,12 @@ pub enum UpstreamError {
     /// body ended before the answer did.
     #[error("upstream stream broke off after {attempts} attempt(s): {detail}")]
     Broken { attempts: u32, detail: String },
+    /// The provider refused the request as the client's problem (a 4xx other than 408/409/429): not retried, not
+    /// passed to fallbacks. `message` is the provider's own, secrets stripped and capped, fit for the client.
+    #[error("upstream refused the request with HTTP {status}: {message}")]
+    Rejected { status: u16, message: String },
     #[error("upstream answer unreadable: {0}")]
     Parse(String),
-    #[error("provider kind '{0}' is not supported yet")]
-    UnsupportedProvider(String),
 }
 
 impl UpstreamError {
@@ -57,10 +65,10 @@ impl UpstreamError {
             UpstreamError::Broken { attempts, .. } => {
                 format!("The upstream model's stream broke off (after {attempts} attempt(s)).")
             }
-            UpstreamError::Parse(_) => "The upstream model's answer could not be read.".into(),
-            UpstreamError::UnsupportedProvider(kind) => {
-                format!("The deployment's provider kind '{kind}' is not supported yet.")
+            UpstreamError::Rejected { message, .. } => {
+                format!("The upstream model rejected the request: {message}")
             }
+            UpstreamError::Parse(_) => "The upstream model's answer could not be read.".into(),
         }
     }
 
@@ -68,9 +76,19 @@ impl UpstreamError {
     /// answer would be the same again.
     fn is_retryable(&self) -> bool {
         match self {
-            UpstreamError::Status { status, .. } => *status == 429 || (500..=599).contains(status),
+            UpstreamError::Status { status, .. } => {
+                matches!(*status, 408 | 409 | 429) || (500..=599).contains(status)
+            }
             UpstreamError::Transport { .. } | UpstreamError::Broken { .. } => true,
-            UpstreamError::Parse(_) | UpstreamError::UnsupportedProvider(_) => false,
+            UpstreamError::Rejected { .. } | UpstreamError::Parse(_) => false,
+        }
+    }
+
+    /// The `error.code` a response that this failure ends carries.
+    pub fn failure_code(&self) -> FailureCode {
+        match self {
+            UpstreamError::Rejected { .. } => FailureCode::UpstreamRejected,
+            _ => FailureCode::ServerError,
         }
     }
 }
@@ -128,6 +146,26 @@ impl Upstream {
         live: Option<Live<'_>>,
     ) -> Result<ModelOutput, UpstreamError> {
         let provider = deployment.provider_kind;
+        // Thinking and reasoning go only to the provider kind that made them (SPEC 8).
+        let foreign_reasoning = request
+            .conversation
+            .iter()
+            .any(|i| !replayed_to(i, provider));
+        let kept: Vec<Item>;
+        let request = &if foreign_reasoning {
+            kept = request
+                .conversation
+                .iter()
+                .filter(|i| replayed_to(i, provider))
+                .cloned()
+                .collect();
+            ModelRequest {
+                conversation: &kept,
+                ..*request
+            }
+        } else {
+            *request
+        };
         if provider.has_custom_tools() || !needs_custom_as_functions(request) {
             return self.call_provider(deployment, request, live).await;
         }
@@ -153,8 +191,9 @@ impl Upstream {
     ) -> Result<ModelOutput, UpstreamError> {
         match deployment.provider_kind {
             ProviderKind::OpenaiChat => openai_chat::call(self, deployment, request, live).await,
-            kind @ (ProviderKind::Anthropic | ProviderKind::OpenaiResponses) => {
-                Err(UpstreamError::UnsupportedProvider(kind.to_string()))
+            ProviderKind::Anthropic => anthropic::call(self, deployment, request, live).await,
+            ProviderKind::OpenaiResponses => {
+                openai_responses::call(self, deployment, request, live).await
             }
         }
     }
@@ -182,10 +221,12 @@ impl Upstream {
             .await
     }
 
-    /// Sends one attempt's request: an answer other than 2xx is `Status` (with the start of its body, for logs), no
-    /// answer is `Transport`.
+    /// Sends one attempt's request: a 4xx that is the client's problem is `Rejected` (with the provider's message,
+    /// `deployment`'s key and anything like a credential stripped), any other answer but 2xx is `Status` (with the
+    /// start of its body, for logs), no answer is `Transport`.
     async fn send(
         &self,
+        deployment: &Deployment,
         request: reqwest::RequestBuilder,
         attempt: u32,
     ) -> Result<reqwest::Response, UpstreamError> {
@@ -198,6 +239,13 @@ impl Upstream {
             return Ok(response);
         }
         let detail = response.text().await.unwrap_or_default();
+        if is_rejection(status.as_u16()) {
+            let key = deployment.api_key.as_ref().map(|k| k.expose_secret());
+            return Err(UpstreamError::Rejected {
+                status: status.as_u16(),
+                message: provider_message(&detail, key),
+            });
+        }
         Err(UpstreamError::Status {
             status: status.as_u16(),
             attempts: attempt,
@@ -317,4 +365,135 @@ impl IdSource for StreamIds<'_> {
 
 fn truncate(text: &str) -> String {
     text.chars().take(500).collect()
+}
+
+/// The longest provider message passed on to a client, in characters.
+const MAX_PROVIDER_MESSAGE: usize = 1000;
+
+/// Whether an upstream status is the client's problem (SPEC 8): a 4xx other than 408 (timeout), 409 (conflict)
+/// and 429 (rate limit), which say nothing about the request.
+fn is_rejection(status: u16) -> bool {
+    (400..=499).contains(&status) && !matches!(status, 408 | 409 | 429)
+}
+
+/// The provider's own message from an error body (`{"error": {"message"}}`, as OpenAI and Anthropic send it, or
+/// `{"message"}`, or the text itself), with `api_key` and anything that looks like a credential replaced, capped
+/// at `MAX_PROVIDER_MESSAGE` characters.
+fn provider_message(body: &str, api_key: Option<&str>) -> String {
+    let parsed: Option<Value> = serde_json::from_str(body).ok();
+    let message = parsed
+        .as_ref()
+        .and_then(|v| {
+            let error = v.get("error").unwrap_or(v);
+            error
+                .get("message")
+                .and_then(Value::as_str)
+                .or_else(|| error.as_str())
+        })
+        .map(str::to_owned)
+        .unwrap_or_else(|| body.trim().to_owned());
+    let message = redact_secrets(&message, api_key);
+    let message = if message.is_empty() {
+        "(no message)".to_owned()
+    } else {
+        message
+    };
+    if message.chars().count() > MAX_PROVIDER_MESSAGE {
+        let mut capped: String = message.chars().take(MAX_PROVIDER_MESSAGE).collect();
+        capped.push('…');
+        capped
+    } else {
+        message
+    }
+}
+
+const REDACTED: &str = "[redacted]";
+
+/// `text` with `api_key`, bearer tokens and `sk-`-style keys replaced by `[redacted]`.
+fn redact_secrets(text: &str, api_key: Option<&str>) -> String {
+    let text = match api_key.filter(|k| k.len() >= 4) {
+        Some(key) => text.replace(key, REDACTED),
+        None => text.to_owned(),
+    };
+    let is_token_char =
+        |c: char| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | '~' | '+' | '/' | '=');
+    let mut out = String::with_capacity(text.len());
+    let mut after_bearer = false;
+    let mut rest = text.as_str();
+    while !rest.is_empty() {
+        let token_len = rest.find(|c: char| !is_token_char(c)).unwrap_or(rest.len());
+        // A sentence's full stop is not part of the token before it.
+        let token_len = rest[..token_len].trim_end_matches('.').len();
+        if token_len == 0 {
+            if rest.starts_with('.') {
+                out.push('.');
+                rest = &rest[1..];
+                continue;
+            }
+            let gap_len = rest.find(is_token_char).unwrap_or(rest.len());
+            out.push_str(&rest[..gap_len]);
+            rest = &rest[gap_len..];
+            continue;
+        }
+        let token = &rest[..token_len];
+        let looks_like_key =
+            (token.starts_with("sk-") || token.starts_with("sk_")) && token.len() >= 8;
+        if (after_bearer && token.len() >= 8) || looks_like_key {
+            out.push_str(REDACTED);
+        } else {
+            out.push_str(token);
+        }
+        after_bearer = token.eq_ignore_ascii_case("bearer");
+        rest = &rest[token_len..];
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_client_problems_are_rejections() {
+        let rejected: Vec<u16> = [400, 401, 403, 404, 408, 409, 413, 422, 429, 499, 500, 529]
+            .into_iter()
+            .filter(|s| is_rejection(*s))
+            .collect();
+        assert_eq!(rejected, [400, 401, 403, 404, 413, 422, 499]);
+    }
+
+    #[test]
+    fn provider_messages_are_read_from_each_shape_with_secrets_stripped_and_capped() {
+        let cases = [
+            (
+                r#"{"error": {"message": "prompt is too long", "type": "invalid_request_error"}}"#,
+                "prompt is too long",
+            ),
+            (
+                r#"{"type": "error", "error": {"type": "invalid_request_error", "message": "max_tokens: too big"}}"#,
+                "max_tokens: too big",
+            ),
+            (r#"{"message": "bad schema"}"#, "bad schema"),
+            ("  plain text  ", "plain text"),
+            ("", "(no message)"),
+            (
+                r#"{"error": {"message": "Incorrect API key provided: sk-proj-abcdef123456. Use Bearer abcdefghijklmnop"}}"#,
+                "Incorrect API key provided: [redacted]. Use Bearer [redacted]",
+            ),
+            (
+                r#"{"error": {"message": "key the-deployment-key was refused"}}"#,
+                "key [redacted] was refused",
+            ),
+        ];
+        for (body, expected) in cases {
+            assert_eq!(
+                provider_message(body, Some("the-deployment-key")),
+                expected,
+                "{body}"
+            );
+        }
+        let long = provider_message(&"x".repeat(5000), None);
+        assert_eq!(long.chars().count(), MAX_PROVIDER_MESSAGE + 1);
+        assert!(long.ends_with('…'));
+    }
 }

@@ -45,7 +45,7 @@ pub(super) async fn call(
             upstream
                 .with_retries(deployment, None, |attempt| async move {
                     let request = post(body).timeout(upstream.whole_answer_timeout());
-                    let response = upstream.send(request, attempt).await?;
+                    let response = upstream.send(deployment, request, attempt).await?;
                     let answer = upstream.read_whole(response, attempt).await?;
                     chat::parse_response(
                         &answer,
@@ -64,7 +64,7 @@ pub(super) async fn call(
             let out = &Forwarder::new(live);
             upstream
                 .with_retries(deployment, Some(out), |attempt| async move {
-                    let response = upstream.send(post(body), attempt).await?;
+                    let response = upstream.send(deployment, post(body), attempt).await?;
                     read_stream(response.bytes_stream(), attempt, out, request_ids).await
                 })
                 .await

@@ -25,7 +25,9 @@
 //! Also served: `GET /v1/models` (lists `mock-model`) and `GET /health`. Other routes get a
 //! 404 JSON error.
 
+mod anthropic;
 mod reply;
+mod responses;
 mod rules;
 mod spec;
 
@@ -98,6 +100,8 @@ impl MockModel {
         let shared = Arc::new(Shared::default());
         let router = Router::new()
             .route("/v1/chat/completions", post(chat_completions))
+            .route("/v1/messages", post(anthropic_messages))
+            .route("/v1/responses", post(responses_create))
             .route("/v1/models", get(models))
             .route("/health", get(health))
             .route("/_mock/script", post(push_script))
@@ -118,6 +122,12 @@ impl MockModel {
     /// `http://HOST:PORT/v1`; the server answers `POST {base_url}/chat/completions`.
     pub fn base_url(&self) -> String {
         format!("http://{}/v1", self.addr())
+    }
+
+    /// `http://HOST:PORT`, the base URL of an `anthropic` deployment (Anthropic's excludes the version): the server
+    /// answers `POST {root_url}/v1/messages`.
+    pub fn root_url(&self) -> String {
+        format!("http://{}", self.addr())
     }
 
     /// Appends a reply to the script (FIFO); each chat completion request pops one.
@@ -179,11 +189,49 @@ fn unix_now() -> u64 {
         .unwrap_or(0)
 }
 
+/// The API shape a request came in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Api {
+    Chat,
+    Anthropic,
+    Responses,
+}
+
 async fn chat_completions(
     State(shared): State<Arc<Shared>>,
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
+    serve(&shared, headers, body, Api::Chat).await
+}
+
+/// `POST /v1/messages`: Anthropic's Messages API, from the same script.
+async fn anthropic_messages(
+    State(shared): State<Arc<Shared>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    serve(&shared, headers, body, Api::Anthropic).await
+}
+
+/// `POST /v1/responses`: OpenAI's Responses API (as an upstream), from the same script.
+async fn responses_create(
+    State(shared): State<Arc<Shared>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    serve(&shared, headers, body, Api::Responses).await
+}
+
+fn api_error(api: Api, status: u16, message: &str) -> Response {
+    if api != Api::Anthropic {
+        return json_error(status, message);
+    }
+    let code = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    (code, Json(anthropic::error_body(code.as_u16(), message))).into_response()
+}
+
+async fn serve(shared: &Shared, headers: HeaderMap, body: Bytes, api: Api) -> Response {
     let parsed = serde_json::from_slice::<Value>(&body).ok();
     lock(&shared.received).push((
         parsed.clone().unwrap_or(Value::Null),
@@ -196,7 +244,11 @@ async fn chat_completions(
     tracing::debug!(request = %request, "chat completion request");
 
     let scripted = lock(&shared.script).pop_front();
-    let reply = scripted.unwrap_or_else(|| rules::rule_reply(&request));
+    let reply = scripted.unwrap_or_else(|| match api {
+        Api::Chat => rules::rule_reply(&request),
+        Api::Anthropic => rules::rule_reply(&anthropic::as_chat_request(&request)),
+        Api::Responses => rules::rule_reply(&responses::as_chat_request(&request)),
+    });
     if let Some(d) = reply.delay() {
         tokio::time::sleep(d).await;
     }
@@ -208,19 +260,47 @@ async fn chat_completions(
         )
     }) {
         Ok(r) => r,
-        Err((status, message)) => return json_error(status, &message),
+        Err((status, message)) => return api_error(api, status, &message),
     };
+    let serial = shared.next_completion.fetch_add(1, Ordering::Relaxed) + 1;
+    let model = request
+        .get("model")
+        .and_then(Value::as_str)
+        .unwrap_or(MODEL_ID)
+        .to_owned();
+    let streamed = request.get("stream").and_then(Value::as_bool) == Some(true);
+    let frames = match (api, streamed) {
+        (Api::Chat, _) => None,
+        (Api::Anthropic, false) => {
+            let id = format!("msg_mock_{serial}");
+            return Json(anthropic::message_json(&resolved, &id, &model)).into_response();
+        }
+        (Api::Anthropic, true) => Some(anthropic::stream_frames(
+            &resolved,
+            &format!("msg_mock_{serial}"),
+            &model,
+        )),
+        (Api::Responses, false) => {
+            return Json(responses::response_json(
+                &resolved,
+                &format!("mock_{serial}"),
+                &model,
+            ))
+            .into_response();
+        }
+        (Api::Responses, true) => Some(responses::stream_frames(
+            &resolved,
+            &format!("mock_{serial}"),
+            &model,
+        )),
+    };
+    if let Some(frames) = frames {
+        return event_stream(frames);
+    }
     let envelope = Envelope {
-        id: format!(
-            "chatcmpl-mock-{}",
-            shared.next_completion.fetch_add(1, Ordering::Relaxed) + 1
-        ),
+        id: format!("chatcmpl-mock-{serial}"),
         created: unix_now(),
-        model: request
-            .get("model")
-            .and_then(Value::as_str)
-            .unwrap_or(MODEL_ID)
-            .to_owned(),
+        model,
         include_usage: request
             .pointer("/stream_options/include_usage")
             .and_then(Value::as_bool)
@@ -234,10 +314,17 @@ async fn chat_completions(
         return Json(resolved.completion_json(&envelope)).into_response();
     }
 
-    let frames = resolved.stream_frames(&envelope);
+    event_stream(resolved.stream_frames(&envelope))
+}
+
+/// Sends `frames` as an SSE body.
+fn event_stream(frames: Vec<Frame>) -> Response {
     let stream = futures::stream::iter(frames).then(|frame| async move {
         match frame {
             Frame::Data(payload) => Ok(Bytes::from(format!("data: {payload}\n\n"))),
+            Frame::Event(name, payload) => {
+                Ok(Bytes::from(format!("event: {name}\ndata: {payload}\n\n")))
+            }
             Frame::Abort => {
                 // Let the server flush what was already sent before the connection is dropped.
                 tokio::task::yield_now().await;

@@ -105,9 +105,9 @@ impl Call {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Usage {
-    prompt: u64,
-    completion: u64,
+pub(crate) struct Usage {
+    pub(crate) prompt: u64,
+    pub(crate) completion: u64,
 }
 
 impl Usage {
@@ -136,6 +136,9 @@ enum Kind {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Reply {
     kind: Kind,
+    /// Reasoning before the answer: `(text, token)`, an Anthropic `thinking` block with its signature, or a
+    /// Responses `reasoning` item with its summary and `encrypted_content`. Chat answers leave it out.
+    thinking: Option<(String, String)>,
     finish_reason: Option<String>,
     usage: Option<Usage>,
     delay: Option<Duration>,
@@ -146,6 +149,7 @@ impl Reply {
     fn completion(text: Option<String>, calls: Vec<Call>) -> Reply {
         Reply {
             kind: Kind::Completion { text, calls },
+            thinking: None,
             finish_reason: None,
             usage: Some(Usage {
                 prompt: 10,
@@ -181,11 +185,19 @@ impl Reply {
                 status,
                 message: message.to_owned(),
             },
+            thinking: None,
             finish_reason: None,
             usage: None,
             delay: None,
             stream_mode: StreamMode::Normal,
         }
+    }
+
+    /// Thinking before the answer, with its signature (Anthropic) or `encrypted_content` (Responses); Chat
+    /// Completions answers leave it out.
+    pub fn with_thinking(mut self, text: &str, token: &str) -> Reply {
+        self.thinking = Some((text.to_owned(), token.to_owned()));
+        self
     }
 
     /// Overrides `finish_reason` (e.g. `"stop"` with tool calls, `"length"`, `"content_filter"`).
@@ -261,6 +273,7 @@ impl Reply {
             }
         });
         Ok(Resolved {
+            thinking: self.thinking,
             text,
             calls,
             finish_reason,
@@ -282,11 +295,11 @@ pub(crate) fn error_body(status: u16, message: &str) -> Value {
 
 /// A tool call with its id assigned and its arguments encoded for the wire.
 #[derive(Debug, Clone)]
-struct WireCall {
-    id: Option<String>,
-    name: String,
+pub(crate) struct WireCall {
+    pub(crate) id: Option<String>,
+    pub(crate) name: String,
     /// A string, or any JSON value for [`Call::arguments_as_object`].
-    arguments: Value,
+    pub(crate) arguments: Value,
 }
 
 /// Per-response values shared by every chunk.
@@ -303,6 +316,8 @@ pub(crate) struct Envelope {
 pub(crate) enum Frame {
     /// `data: <payload>\n\n`
     Data(String),
+    /// `event: <name>\ndata: <payload>\n\n`
+    Event(&'static str, String),
     /// Abort the connection.
     Abort,
 }
@@ -310,15 +325,16 @@ pub(crate) enum Frame {
 /// A completion reply with ids assigned, ready to encode.
 #[derive(Debug, Clone)]
 pub(crate) struct Resolved {
-    text: Option<String>,
-    calls: Vec<WireCall>,
-    finish_reason: String,
-    usage: Option<Usage>,
-    mode: StreamMode,
+    pub(crate) thinking: Option<(String, String)>,
+    pub(crate) text: Option<String>,
+    pub(crate) calls: Vec<WireCall>,
+    pub(crate) finish_reason: String,
+    pub(crate) usage: Option<Usage>,
+    pub(crate) mode: StreamMode,
 }
 
 /// Splits `s` into at most `n` pieces of about equal length, at char boundaries.
-fn split_pieces(s: &str, n: usize) -> Vec<String> {
+pub(crate) fn split_pieces(s: &str, n: usize) -> Vec<String> {
     let chars: Vec<char> = s.chars().collect();
     if chars.is_empty() {
         return Vec::new();

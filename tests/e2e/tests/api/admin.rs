@@ -460,7 +460,7 @@ async fn deployments_can_be_created_read_listed_patched_and_deleted() {
     assert_eq!(created.body["object"], "deployment");
     assert_eq!(
         created.body["provider"],
-        json!({"kind": "openai_chat", "base_url": "https://api.example.com/v1", "model": "gpt-4o", "has_api_key": true})
+        json!({"kind": "openai_chat", "base_url": "https://api.example.com/v1", "model": "gpt-4o", "has_api_key": true, "max_tokens": 4096})
     );
     assert!(created.body["created_at"].is_i64());
 
@@ -483,7 +483,7 @@ async fn deployments_can_be_created_read_listed_patched_and_deleted() {
     assert_eq!(patched.body["name"], "claude");
     assert_eq!(
         patched.body["provider"],
-        json!({"kind": "anthropic", "base_url": "https://api.example.com/v1", "model": "claude-sonnet", "has_api_key": true})
+        json!({"kind": "anthropic", "base_url": "https://api.example.com/v1", "model": "claude-sonnet", "has_api_key": true, "max_tokens": 4096})
     );
     let cleared = admin(
         &gw,

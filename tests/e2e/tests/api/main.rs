@@ -7,6 +7,7 @@
 mod common;
 
 mod admin;
+mod audit;
 mod bad_input;
 mod chaining;
 mod compaction;
@@ -15,6 +16,7 @@ mod embedded;
 mod idempotency;
 mod mcp_sources;
 mod operations;
+mod providers;
 mod responses;
 mod robustness;
 mod seeding;
@@ -25,5 +27,6 @@ mod tool_loop;
 mod tool_policy;
 mod tool_types;
 mod upstream;
+mod upstream_rejected;
 mod validation;
 mod websocket;

@@ -21,6 +21,8 @@ fn seeded_config(base_url: &str) -> Config {
             base_url: base_url.into(),
             model: "m".into(),
             api_key: None,
+            fallbacks: Vec::new(),
+            max_tokens: None,
         },
     );
     config.seed.tool_sources.insert(

@@ -381,22 +381,6 @@ async fn an_upstream_error_chunk_after_some_text_fails_at_once() {
 }
 
 #[tokio::test]
-async fn an_upstream_client_error_is_not_retried_and_fails_the_stream() {
-    let (gw, tenant) = gateway().await;
-    gw.model.push(Reply::error(400, "bad request upstream"));
-    gw.model.push(Reply::text("never used"));
-
-    let checked = stream(&gw, &tenant, "talk").await;
-
-    assert_failed_upstream(&checked);
-    assert!(checked.error_event().unwrap()["message"]
-        .as_str()
-        .unwrap()
-        .contains("400"));
-    assert_eq!(gw.model.requests().len(), 1);
-}
-
-#[tokio::test]
 async fn an_upstream_500_then_a_good_stream_is_retried_transparently() {
     let (gw, tenant) = gateway().await;
     gw.model.push(Reply::error(503, "busy"));

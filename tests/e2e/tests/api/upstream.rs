@@ -257,22 +257,6 @@ async fn an_upstream_that_keeps_failing_gives_a_500_server_error_and_a_failed_st
 }
 
 #[tokio::test]
-async fn an_upstream_client_error_is_not_retried() {
-    let (gw, tenant) = gateway().await;
-    gw.model.push(Reply::error(400, "bad request upstream"));
-    gw.model.push(Reply::text("never used"));
-
-    let answer = gw
-        .create(&tenant.key, json!({"model": "mock", "input": "hi"}))
-        .await;
-
-    assert_error(&answer, 500, None, Some("server_error"));
-    assert_eq!(gw.model.requests().len(), 1);
-    assert_eq!(gw.model.pending(), 1);
-    assert_eq!(stored_statuses(&gw).await[0].1, "failed");
-}
-
-#[tokio::test]
 async fn an_answer_cut_by_the_length_limit_ends_incomplete_with_max_output_tokens() {
     let (gw, tenant) = gateway().await;
     gw.model

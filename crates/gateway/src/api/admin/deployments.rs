@@ -13,6 +13,8 @@ use super::{
 use crate::api::error::ApiError;
 use crate::api::AppState;
 use crate::store::admin::{DeploymentChanges, DeploymentRow, NewDeployment};
+use crate::store::tenancy::{parse_fallbacks, DEFAULT_MAX_TOKENS};
+use gateway_core::toolset::UnsupportedTools;
 
 /// `{"name","provider"}` of a deployment.
 #[derive(Debug, Deserialize)]
@@ -22,6 +24,10 @@ pub struct DeploymentBody {
     name: Option<Option<String>>,
     #[serde(default, deserialize_with = "nullable")]
     provider: Option<Option<ProviderBody>>,
+    #[serde(default, deserialize_with = "nullable")]
+    fallbacks: Option<Option<Vec<String>>>,
+    #[serde(default, deserialize_with = "nullable")]
+    unsupported_tools: Option<Option<String>>,
 }
 
 /// `{"kind","base_url","model","api_key"}` of a deployment.
@@ -36,6 +42,9 @@ pub struct ProviderBody {
     model: Option<Option<String>>,
     #[serde(default, deserialize_with = "nullable")]
     api_key: Option<Option<String>>,
+    /// Anthropic's `max_tokens` when a request sets none; `null` is the gateway's default.
+    #[serde(default, deserialize_with = "nullable")]
+    max_tokens: Option<Option<i64>>,
 }
 
 /// A deployment as the admin API shows it: whether it has an upstream key, never the key.
@@ -45,6 +54,8 @@ pub struct DeploymentObject {
     object: &'static str,
     name: String,
     provider: ProviderObject,
+    fallbacks: Vec<String>,
+    unsupported_tools: String,
     created_at: i64,
 }
 
@@ -55,6 +66,8 @@ pub struct ProviderObject {
     base_url: String,
     model: String,
     has_api_key: bool,
+    /// What an Anthropic call sends as `max_tokens` when the request sets none.
+    max_tokens: u32,
 }
 
 impl From<DeploymentRow> for DeploymentObject {
@@ -68,7 +81,13 @@ impl From<DeploymentRow> for DeploymentObject {
                 base_url: row.base_url,
                 model: row.upstream_model,
                 has_api_key: row.has_api_key,
+                max_tokens: row
+                    .max_tokens
+                    .and_then(|n| u32::try_from(n).ok())
+                    .unwrap_or(DEFAULT_MAX_TOKENS),
             },
+            fallbacks: parse_fallbacks(&row.fallbacks),
+            unsupported_tools: row.unsupported_tools,
             created_at: row.created_at,
         }
     }
@@ -91,12 +110,30 @@ pub async fn create_deployment(
     if let Some(api_key) = &api_key {
         check_secret(api_key, "provider.api_key")?;
     }
+    let max_tokens = provider
+        .max_tokens
+        .flatten()
+        .map(parse_max_tokens)
+        .transpose()?;
+    let fallbacks = match body.fallbacks.flatten() {
+        Some(names) => check_fallbacks(&state, names, name.as_str()).await?,
+        None => Vec::new(),
+    };
+    let unsupported_tools = body
+        .unsupported_tools
+        .flatten()
+        .map(|policy| parse_unsupported_tools(&policy))
+        .transpose()?
+        .unwrap_or_default();
     let new = NewDeployment {
         name: &name,
         provider_kind: kind,
         base_url: &base_url,
         upstream_model: &model,
         api_key: api_key.as_deref(),
+        fallbacks: &fallbacks,
+        unsupported_tools,
+        max_tokens,
     };
     let deployment = state.store.create_deployment(&new).await?;
     tracing::info!(deployment.id = %deployment.id, "deployment created");
@@ -134,6 +171,7 @@ pub async fn update_deployment(
     let name = parse_changed(body.name, "name", EntityName::parse)?;
     let provider = not_null(body.provider, "provider")?;
     let (mut kind, mut base_url, mut model, mut api_key) = (None, None, None, None);
+    let mut max_tokens = None;
     if let Some(provider) = provider {
         kind = parse_changed(provider.kind, "provider.kind", |kind: String, param| {
             ProviderKind::parse(&kind, param)
@@ -147,13 +185,38 @@ pub async fn update_deployment(
         if let Some(Some(api_key)) = &api_key {
             check_secret(api_key, "provider.api_key")?;
         }
+        max_tokens = match provider.max_tokens {
+            None => None,
+            Some(None) => Some(None),
+            Some(Some(n)) => Some(Some(parse_max_tokens(n)?)),
+        };
     }
+    let fallbacks = match not_null(body.fallbacks, "fallbacks")? {
+        Some(names) => {
+            let current = state
+                .store
+                .get_deployment(&id)
+                .await?
+                .ok_or_else(|| not_found("deployment", &id))?;
+            let own = name
+                .as_ref()
+                .map_or(current.name.as_str(), EntityName::as_str);
+            Some(check_fallbacks(&state, names, own).await?)
+        }
+        None => None,
+    };
+    let unsupported_tools = not_null(body.unsupported_tools, "unsupported_tools")?
+        .map(|policy| parse_unsupported_tools(&policy))
+        .transpose()?;
     let changes = DeploymentChanges {
         name: name.as_ref(),
         provider_kind: kind,
         base_url: base_url.as_ref(),
         upstream_model: model.as_deref(),
         api_key: api_key.as_ref().map(Option::as_deref),
+        fallbacks: fallbacks.as_deref(),
+        unsupported_tools,
+        max_tokens,
     };
     let deployment = state
         .store
@@ -162,6 +225,73 @@ pub async fn update_deployment(
         .ok_or_else(|| not_found("deployment", &id))?;
     tracing::info!(deployment.id = %deployment.id, "deployment updated");
     Ok(Json(deployment.into()))
+}
+
+/// The most `max_tokens` a deployment may default to.
+const MAX_TOKENS_CEILING: i64 = 1_000_000;
+
+fn parse_max_tokens(n: i64) -> Result<u32, ApiError> {
+    if !(1..=MAX_TOKENS_CEILING).contains(&n) {
+        return Err(ApiError::invalid(
+            format!("'provider.max_tokens' must be between 1 and {MAX_TOKENS_CEILING}; got {n}."),
+            Some("provider.max_tokens"),
+            Some("invalid_value"),
+        ));
+    }
+    Ok(n as u32)
+}
+
+fn parse_unsupported_tools(policy: &str) -> Result<UnsupportedTools, ApiError> {
+    UnsupportedTools::parse(policy).ok_or_else(|| {
+        ApiError::invalid(
+            format!("'unsupported_tools' must be 'ignore' or 'reject'; got '{policy}'."),
+            Some("unsupported_tools"),
+            Some("invalid_value"),
+        )
+    })
+}
+
+/// The most fallbacks a deployment may list.
+const MAX_FALLBACKS: usize = 8;
+
+/// Checks `fallbacks` of the deployment named `own`: existing deployments, each once, never itself.
+async fn check_fallbacks(
+    state: &AppState,
+    names: Vec<String>,
+    own: &str,
+) -> Result<Vec<String>, ApiError> {
+    let refuse = |message: String, index: Option<usize>| {
+        let param = index.map_or("fallbacks".to_owned(), |i| format!("fallbacks[{i}]"));
+        ApiError::invalid(message, Some(&param), Some("invalid_value"))
+    };
+    if names.len() > MAX_FALLBACKS {
+        return Err(refuse(
+            format!("At most {MAX_FALLBACKS} fallbacks may be listed."),
+            None,
+        ));
+    }
+    let known = state.store.list_deployments().await?;
+    for (index, name) in names.iter().enumerate() {
+        if name == own {
+            return Err(refuse(
+                "A deployment cannot be its own fallback.".into(),
+                Some(index),
+            ));
+        }
+        if names[..index].contains(name) {
+            return Err(refuse(
+                format!("Fallback '{name}' is listed twice."),
+                Some(index),
+            ));
+        }
+        if !known.iter().any(|d| &d.name == name) {
+            return Err(refuse(
+                format!("No deployment named '{name}'."),
+                Some(index),
+            ));
+        }
+    }
+    Ok(names)
 }
 
 /// `DELETE /deployments/{deployment_id}`: also removes it from every group.
@@ -190,6 +320,9 @@ mod tests {
             base_url: "https://api.example.com/v1".into(),
             upstream_model: "gpt-4o-2024-08-06".into(),
             has_api_key: true,
+            fallbacks: "[\"backup\"]".into(),
+            unsupported_tools: "ignore".into(),
+            max_tokens: None,
             created_at: 1_735_689_600,
         };
         assert_eq!(
@@ -198,7 +331,9 @@ mod tests {
                 "id": "dep_1",
                 "object": "deployment",
                 "name": "gpt-4o",
-                "provider": {"kind": "openai_chat", "base_url": "https://api.example.com/v1", "model": "gpt-4o-2024-08-06", "has_api_key": true},
+                "provider": {"kind": "openai_chat", "base_url": "https://api.example.com/v1", "model": "gpt-4o-2024-08-06", "has_api_key": true, "max_tokens": 4096},
+                "fallbacks": ["backup"],
+                "unsupported_tools": "ignore",
                 "created_at": 1_735_689_600,
             })
         );

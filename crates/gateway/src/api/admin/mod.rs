@@ -6,6 +6,7 @@ mod api_keys;
 mod deployments;
 mod groups;
 mod projects;
+mod tool_calls;
 mod tool_sources;
 
 use axum::extract::{FromRequest, Request, State};
@@ -81,6 +82,14 @@ pub fn routes(state: AppState) -> Router<AppState> {
         .route(
             "/deployment_groups/{group_id}/tool_sources/{tool_source_id}",
             put(groups::attach_tool_source).delete(groups::detach_tool_source),
+        )
+        .route(
+            "/responses/{response_id}/tool_calls",
+            get(tool_calls::response_tool_calls),
+        )
+        .route(
+            "/projects/{project_id}/tool_calls",
+            get(tool_calls::project_tool_calls),
         )
         .route(
             "/tool_sources",

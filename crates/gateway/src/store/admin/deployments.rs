@@ -2,6 +2,7 @@
 //! here and only read back as `has_api_key`.
 
 use gateway_core::entity::{EntityName, HttpUrl, ProviderKind};
+use gateway_core::toolset::UnsupportedTools;
 
 use crate::clock::now;
 use crate::ids::new_id;
@@ -17,6 +18,10 @@ pub struct DeploymentRow {
     pub base_url: String,
     pub upstream_model: String,
     pub has_api_key: bool,
+    /// JSON array of deployment names.
+    pub fallbacks: String,
+    pub unsupported_tools: String,
+    pub max_tokens: Option<i64>,
     pub created_at: i64,
 }
 
@@ -28,6 +33,9 @@ pub struct NewDeployment<'a> {
     pub base_url: &'a HttpUrl,
     pub upstream_model: &'a str,
     pub api_key: Option<&'a str>,
+    pub fallbacks: &'a [String],
+    pub unsupported_tools: UnsupportedTools,
+    pub max_tokens: Option<u32>,
 }
 
 /// Changes to a deployment; `None` leaves a field as it is.
@@ -39,12 +47,17 @@ pub struct DeploymentChanges<'a> {
     pub upstream_model: Option<&'a str>,
     /// `Some(None)` clears the key, `Some(Some(k))` replaces it.
     pub api_key: Option<Option<&'a str>>,
+    pub fallbacks: Option<&'a [String]>,
+    pub unsupported_tools: Option<UnsupportedTools>,
+    /// `Some(None)` returns to the gateway's default.
+    pub max_tokens: Option<Option<u32>>,
 }
 
 /// The columns of a `DeploymentRow`: whether there is a key, never the key.
 macro_rules! deployment_columns {
     () => {
-        "id, name, provider_kind, base_url, upstream_model, (api_key IS NOT NULL) AS has_api_key, created_at"
+        "id, name, provider_kind, base_url, upstream_model, (api_key IS NOT NULL) AS has_api_key, fallbacks,
+         unsupported_tools, max_tokens, created_at"
     };
 }
 
@@ -55,8 +68,9 @@ impl Store {
         new: &NewDeployment<'_>,
     ) -> Result<DeploymentRow, StoreError> {
         with_pool!(self, |pool| sqlx::query_as::<_, DeploymentRow>(concat!(
-            "INSERT INTO deployments (id, name, provider_kind, base_url, upstream_model, api_key, created_at)
-             VALUES ($1, $2, $3, $4, $5, $6, $7)
+            "INSERT INTO deployments (id, name, provider_kind, base_url, upstream_model, api_key, created_at,
+                                      fallbacks, unsupported_tools, max_tokens)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
              RETURNING ",
             deployment_columns!()
         ))
@@ -67,6 +81,9 @@ impl Store {
         .bind(new.upstream_model)
         .bind(new.api_key)
         .bind(now())
+        .bind(fallbacks_json(new.fallbacks))
+        .bind(new.unsupported_tools.as_str())
+        .bind(new.max_tokens.map(i64::from))
         .fetch_one(pool)
         .await)
         .map_err(|e| StoreError::from_write(e, &taken(new.name.as_str())))
@@ -111,7 +128,10 @@ impl Store {
                 provider_kind = COALESCE($3, provider_kind),
                 base_url = COALESCE($4, base_url),
                 upstream_model = COALESCE($5, upstream_model),
-                api_key = CASE WHEN $6 THEN $7 ELSE api_key END
+                api_key = CASE WHEN $6 THEN $7 ELSE api_key END,
+                fallbacks = COALESCE($8, fallbacks),
+                unsupported_tools = COALESCE($9, unsupported_tools),
+                max_tokens = CASE WHEN $10 THEN $11 ELSE max_tokens END
              WHERE id = $1
              RETURNING ",
             deployment_columns!()
@@ -123,6 +143,10 @@ impl Store {
         .bind(changes.upstream_model)
         .bind(changes.api_key.is_some())
         .bind(changes.api_key.flatten())
+        .bind(changes.fallbacks.map(fallbacks_json))
+        .bind(changes.unsupported_tools.map(UnsupportedTools::as_str))
+        .bind(changes.max_tokens.is_some())
+        .bind(changes.max_tokens.flatten().map(i64::from))
         .fetch_optional(pool)
         .await)
         .map_err(|e| StoreError::from_write(e, &taken(changes.name.map_or("", EntityName::as_str))))
@@ -133,6 +157,10 @@ impl Store {
         self.delete_by_id("DELETE FROM deployments WHERE id = $1", id)
             .await
     }
+}
+
+fn fallbacks_json(names: &[String]) -> String {
+    serde_json::Value::from(names.to_vec()).to_string()
 }
 
 fn taken(name: &str) -> String {

@@ -9,12 +9,14 @@ mod api_keys;
 mod deployments;
 mod groups;
 mod projects;
+mod tool_calls;
 mod tool_sources;
 
 pub use api_keys::{ApiKeyRow, NewApiKey};
 pub use deployments::{DeploymentChanges, DeploymentRow, NewDeployment};
 pub use groups::{GroupRow, Member, Membership};
 pub use projects::ProjectRow;
+pub use tool_calls::{AuditedResponse, StepAttempts};
 pub use tool_sources::{NewToolSource, ToolSourceChanges, ToolSourceRow};
 
 use super::{Store, StoreError};

@@ -371,6 +371,7 @@ pub fn check_stream(events: Vec<Value>) -> Checked {
             "message" => check_message(trace),
             "function_call" => check_function_call(trace),
             "mcp_call" => check_mcp_call(trace),
+            "reasoning" => check_reasoning(trace),
             other => panic!("unexpected item type {other}: {:#}", trace.added),
         }
     }
@@ -394,6 +395,13 @@ pub fn check_stream(events: Vec<Value>) -> Checked {
         items,
         terminal,
     }
+}
+
+/// A reasoning item is shown whole once its model call ended: added, then done, with its summary.
+fn check_reasoning(trace: &ItemTrace) {
+    assert_eq!(trace.kinds(), ["response.output_item.done"], "{}", trace.id);
+    assert!(trace.done["summary"].is_array(), "{:#}", trace.done);
+    assert_eq!(trace.done["status"], "completed", "{:#}", trace.done);
 }
 
 fn check_message(trace: &ItemTrace) {
