@@ -58,6 +58,10 @@ pub fn build_request(
     if let Some(p) = params.top_p {
         body.insert("top_p".into(), json!(p));
     }
+    // Anthropic's one per-user field: an opaque id of the end user, for abuse detection.
+    if let Some(user) = params.safety_identifier.as_ref().or(params.user.as_ref()) {
+        body.insert("metadata".into(), json!({"user_id": user}));
+    }
     Value::Object(body)
 }
 

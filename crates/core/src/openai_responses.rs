@@ -56,12 +56,30 @@ pub fn build_request(
             params.max_output_tokens.map(|n| json!(n)),
         ),
         ("reasoning", params.reasoning.clone()),
+        // Passed on as the client set them: the Responses API has the same fields.
+        (
+            "prompt_cache_key",
+            params.prompt_cache_key.as_ref().map(|v| json!(v)),
+        ),
+        (
+            "safety_identifier",
+            params.safety_identifier.as_ref().map(|v| json!(v)),
+        ),
+        ("user", params.user.as_ref().map(|v| json!(v))),
+        (
+            "service_tier",
+            params.service_tier.as_ref().map(|v| json!(v)),
+        ),
+        (
+            "top_logprobs",
+            params.top_logprobs.filter(|n| *n > 0).map(|n| json!(n)),
+        ),
     ] {
         if let Some(value) = value {
             body.insert(key.into(), value);
         }
     }
-    if params.text.get("format").is_some() {
+    if params.text.get("format").is_some() || params.text.get("verbosity").is_some() {
         body.insert("text".into(), params.text.clone());
     }
     Value::Object(body)

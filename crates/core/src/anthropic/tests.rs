@@ -267,3 +267,16 @@ fn an_error_event_mid_stream_is_an_error_and_a_cut_stream_is_incomplete() {
         .unwrap_err();
     assert!(error.0.contains("Overloaded"), "{error}");
 }
+
+#[test]
+fn the_end_user_id_goes_as_metadata_user_id() {
+    let params = ResponseParams {
+        safety_identifier: Some("u-hash".into()),
+        user: Some("u1".into()),
+        ..ResponseParams::default()
+    };
+    let sent = build_request("claude", 1024, &params, &[], &[]);
+    assert_eq!(sent["metadata"], json!({"user_id": "u-hash"}));
+    let plain = build_request("claude", 1024, &ResponseParams::default(), &[], &[]);
+    assert!(plain.get("metadata").is_none());
+}

@@ -190,3 +190,21 @@ fn a_stream_passes_text_on_and_reads_the_terminal_response() {
         .unwrap_err();
     assert!(error.0.contains("exploded"));
 }
+
+#[test]
+fn provider_settings_a_client_sets_are_passed_on() {
+    let body: crate::request::CreateResponseBody = serde_json::from_value(json!({
+        "model": "m", "input": "x", "prompt_cache_key": "k1", "safety_identifier": "u-hash",
+        "user": "u1", "service_tier": "flex", "top_logprobs": 3, "text": {"verbosity": "low"}
+    }))
+    .unwrap();
+    let request = crate::request::validate(body).unwrap();
+    let sent = build_request("up", &request.params, &[], &[]);
+    assert_eq!(sent["prompt_cache_key"], "k1");
+    assert_eq!(sent["safety_identifier"], "u-hash");
+    assert_eq!(sent["user"], "u1");
+    assert_eq!(sent["service_tier"], "flex");
+    assert_eq!(sent["top_logprobs"], 3);
+    assert_eq!(sent["text"]["verbosity"], "low");
+    assert_eq!(sent["store"], false, "always stateless");
+}
