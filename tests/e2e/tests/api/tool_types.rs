@@ -385,3 +385,29 @@ async fn input_items_list_string_content_as_text_parts() {
     );
     assert_eq!(listed.body["data"][0]["type"], "message");
 }
+
+#[tokio::test]
+async fn a_deployment_that_rejects_unsupported_tools_refuses_hosted_ones_with_their_param() {
+    let (gw, tenant) = gateway().await;
+    gw.admin_ok(
+        reqwest::Method::PATCH,
+        &format!("/deployments/{}", tenant.deployment_id),
+        Some(json!({"unsupported_tools": "reject"})),
+    )
+    .await;
+    let answer = gw
+        .create(
+            &tenant.key,
+            json!({"model": "mock", "input": "hi",
+                   "tools": [{"type": "function", "name": "f", "parameters": {"type": "object"}}, {"type": "web_search"}]}),
+        )
+        .await;
+    assert_error(
+        &answer,
+        400,
+        Some("tools[1].type"),
+        Some("unsupported_tool_type"),
+    );
+    assert_eq!(stored_rows(&gw).await, (0, 0, 0));
+    assert!(gw.model.requests().is_empty());
+}
