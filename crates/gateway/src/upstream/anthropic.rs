@@ -2,7 +2,6 @@
 //! answered whole or as SSE events; translation and normalisation are the core's (`anthropic`).
 
 use bytes::Bytes;
-use eventsource_stream::EventStreamError;
 use futures::{Stream, StreamExt};
 use gateway_core::anthropic::{self, AnthropicStream};
 use gateway_core::steps::ModelOutput;
@@ -82,13 +81,9 @@ async fn read_stream<E: std::fmt::Display>(
         detail,
     };
     let mut stream = AnthropicStream::new();
-    let mut events = std::pin::pin!(sse::events(body));
+    let mut events = std::pin::pin!(sse::upstream_events(body, attempt));
     while let Some(event) = events.next().await {
-        let event = event.map_err(|e| match e {
-            EventStreamError::Transport(e) => broken(format!("body error: {e}")),
-            EventStreamError::Utf8(e) => UpstreamError::Parse(format!("body not UTF-8: {e}")),
-            EventStreamError::Parser(e) => UpstreamError::Parse(format!("bad event stream: {e}")),
-        })?;
+        let event = event?;
         if event.data.trim().is_empty() {
             continue;
         }

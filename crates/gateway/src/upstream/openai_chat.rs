@@ -2,7 +2,6 @@
 //! chunks; translation and normalisation are the core's (`chat`, `chat_stream`).
 
 use bytes::Bytes;
-use eventsource_stream::EventStreamError;
 use futures::{Stream, StreamExt};
 use gateway_core::chat;
 use gateway_core::chat_stream::ChatStream;
@@ -85,14 +84,10 @@ async fn read_stream<E: std::fmt::Display>(
         detail,
     };
     let mut stream = ChatStream::new();
-    let mut events = std::pin::pin!(sse::events(body));
+    let mut events = std::pin::pin!(sse::upstream_events(body, attempt));
     let mut done = false;
     while let Some(event) = events.next().await {
-        let event = event.map_err(|e| match e {
-            EventStreamError::Transport(e) => broken(format!("body error: {e}")),
-            EventStreamError::Utf8(e) => UpstreamError::Parse(format!("body not UTF-8: {e}")),
-            EventStreamError::Parser(e) => UpstreamError::Parse(format!("bad event stream: {e}")),
-        })?;
+        let event = event?;
         if event.data.trim() == "[DONE]" {
             done = true;
             break;

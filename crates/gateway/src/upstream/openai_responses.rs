@@ -2,7 +2,6 @@
 //! SSE events; translation and normalisation are the core's (`openai_responses`).
 
 use bytes::Bytes;
-use eventsource_stream::EventStreamError;
 use futures::{Stream, StreamExt};
 use gateway_core::openai_responses::{self, ResponsesStream};
 use gateway_core::steps::ModelOutput;
@@ -75,13 +74,9 @@ async fn read_stream<E: std::fmt::Display>(
         detail,
     };
     let mut stream = ResponsesStream::new();
-    let mut events = std::pin::pin!(sse::events(body));
+    let mut events = std::pin::pin!(sse::upstream_events(body, attempt));
     while let Some(event) = events.next().await {
-        let event = event.map_err(|e| match e {
-            EventStreamError::Transport(e) => broken(format!("body error: {e}")),
-            EventStreamError::Utf8(e) => UpstreamError::Parse(format!("body not UTF-8: {e}")),
-            EventStreamError::Parser(e) => UpstreamError::Parse(format!("bad event stream: {e}")),
-        })?;
+        let event = event?;
         let data = event.data.trim();
         if data.is_empty() || data == "[DONE]" {
             continue;

@@ -5,6 +5,26 @@ use bytes::Bytes;
 use eventsource_stream::{Event, EventStreamError, Eventsource};
 use futures::{Stream, StreamExt};
 
+use super::UpstreamError;
+
+/// The events of an upstream's SSE answer, each failure already an [`UpstreamError`]: a body cut or broken is
+/// `Broken` (retried), bytes that are not UTF-8 or not SSE are `Parse`.
+pub(super) fn upstream_events<E: std::fmt::Display>(
+    body: impl Stream<Item = Result<Bytes, E>>,
+    attempt: u32,
+) -> impl Stream<Item = Result<Event, UpstreamError>> {
+    events(body).map(move |event| {
+        event.map_err(|e| match e {
+            EventStreamError::Transport(e) => UpstreamError::Broken {
+                attempts: attempt,
+                detail: format!("body error: {e}"),
+            },
+            EventStreamError::Utf8(e) => UpstreamError::Parse(format!("body not UTF-8: {e}")),
+            EventStreamError::Parser(e) => UpstreamError::Parse(format!("bad event stream: {e}")),
+        })
+    })
+}
+
 /// The events of an SSE body.
 ///
 /// Some servers end the body right after the last event's final line, without the blank line that dispatches it;
