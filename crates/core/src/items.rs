@@ -169,6 +169,11 @@ pub struct McpCallItem {
     pub error: Option<Value>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub status: Option<String>,
+    /// The gateway's own mark, kept in stored context: the hosted tool type whose bound source ran this call.
+    /// Clients are shown the hosted item (`web_search_call`) instead (see [`crate::output::client_item_json`]);
+    /// models see the call and its output like any server tool call.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hosted_type: Option<String>,
 }
 
 impl McpCallItem {

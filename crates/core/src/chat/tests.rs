@@ -368,6 +368,7 @@ fn steps_of_a_running_response_pair_with_their_calls_in_the_next_request() {
             ended_at_ms: None,
             notes: Default::default(),
             server_label: None,
+            hosted_type: None,
         }),
     };
     let steps = vec![
