@@ -298,8 +298,16 @@ mod tests;
 
 /// An input item as `GET /v1/responses/{id}/input_items` lists it: a message whose content the client sent
 /// as a bare string shows it as one text part (`input_text`, or `output_text` for the assistant), as OpenAI
-/// lists it and as openai-node types it. Everything else is listed as stored.
+/// lists it and as openai-node types it; a bound hosted call shows as its hosted item. Everything else is listed
+/// as stored.
 pub fn listed_input_item(mut item: Value) -> Value {
+    if item.get("type").and_then(Value::as_str) == Some("mcp_call")
+        && item.get("hosted_type").is_some_and(Value::is_string)
+    {
+        if let Ok(call) = serde_json::from_value::<Item>(item.clone()) {
+            return client_item_json(&call);
+        }
+    }
     let role = item.get("role").and_then(Value::as_str).map(str::to_owned);
     let is_message = matches!(
         item.get("type").and_then(Value::as_str),

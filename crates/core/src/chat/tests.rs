@@ -94,7 +94,9 @@ fn instructions_lead_and_string_input_becomes_a_user_message() {
         .into_iter()
         .map(|i| match i {
             InputItem::Item(item) => item,
-            InputItem::Reference { .. } => unreachable!("no references here"),
+            InputItem::Reference { .. } | InputItem::Hosted { .. } => {
+                unreachable!("no references here")
+            }
         })
         .collect();
     let body = build_request("upstream-model", &valid.params, &input, &[]);

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use gateway_core::context::pair_calls;
 use gateway_core::decide::LoopInput;
-use gateway_core::items::InputItem;
+use gateway_core::items::{InputItem, McpCallItem};
 use gateway_core::output::render_output;
 use gateway_core::request::ValidRequest;
 use gateway_core::response::{ResponseRecord, ResponseState};
@@ -353,6 +353,21 @@ impl Engine {
                     Some(item) => items.push(item),
                     None => return Err(EngineError::ItemNotFound { id, index }),
                 },
+                // A hosted call sent back: the stored call it shows, if it is one; otherwise nothing.
+                InputItem::Hosted { id } => {
+                    if let Some(id) = id {
+                        let found = self.store.find_item(project_id, &id).await?;
+                        if let Some(
+                            item @ Item::McpCall(McpCallItem {
+                                hosted_type: Some(_),
+                                ..
+                            }),
+                        ) = found
+                        {
+                            items.push(item);
+                        }
+                    }
+                }
             }
         }
         Ok(items)

@@ -120,6 +120,47 @@ async fn a_continuation_after_a_web_search_call_gives_the_model_the_call_and_its
 }
 
 #[tokio::test]
+async fn a_web_search_call_sent_back_as_history_stands_for_the_stored_call_and_its_result() {
+    let (gw, tenant) = gateway_with_web_search().await;
+    gw.model.push(search_call("weather in Oslo", "call_ws"));
+    gw.model.push(Reply::text("It is cold."));
+    gw.model.push(Reply::text("Bring a coat."));
+    let first = create_ok(&gw, &tenant.key, declaring_web_search("weather?")).await;
+
+    // A stateless client sends the whole history back, the output items as it was shown them.
+    let mut input = vec![json!({"role": "user", "content": "weather?"})];
+    input.extend(first["output"].as_array().expect("output").iter().cloned());
+    input.push(json!({"role": "user", "content": "what should I wear?"}));
+    let second = create_ok(
+        &gw,
+        &tenant.key,
+        json!({"model": "mock", "input": input, "tools": [{"type": "web_search"}]}),
+    )
+    .await;
+    assert_eq!(second["output_text"], "Bring a coat.", "{second:#}");
+    let requests = gw.model.requests();
+    let request = &requests[2];
+    let calls = assistant_tool_calls(request);
+    assert_eq!(calls.len(), 1, "{request:#}");
+    assert_eq!(calls[0].1, "web_search");
+    assert!(tool_result(request, "call_ws").contains("weather in Oslo"));
+    assert_calls_paired(request);
+    // Listed back, the input shows the hosted item as the client sent it.
+    let listed = gw
+        .call(gw.public(
+            Method::GET,
+            &format!("/responses/{}/input_items?order=asc", id_of(&second)),
+            &tenant.key,
+        ))
+        .await;
+    assert_eq!(
+        listed.body["data"][1], first["output"][0],
+        "{:#}",
+        listed.body
+    );
+}
+
+#[tokio::test]
 async fn a_streamed_web_search_call_shows_openai_s_events_in_order_and_replays_the_same() {
     let (gw, tenant) = gateway_with_web_search().await;
     gw.model.push(search_call("rust", "call_ws"));
