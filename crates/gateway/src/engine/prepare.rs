@@ -501,3 +501,74 @@ pub(super) fn add_input(context: &mut Vec<Item>, input: Vec<Item>, response_id: 
         context.push(item);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+    use serde_json::json;
+
+    fn source(name: &str, hosted: Option<&str>, kind: &str) -> ToolSource {
+        serde_json::from_value(json!({
+            "id": format!("ts_{name}"), "name": name, "description": name, "parameters": {"type": "object"},
+            "url": "http://127.0.0.1:1/", "timeout_ms": 1000, "strict": false, "hosted_type": hosted, "kind": kind,
+        }))
+        .unwrap()
+    }
+
+    fn declared(kinds: &[&str]) -> Vec<DeclaredTool> {
+        kinds
+            .iter()
+            .map(|k| DeclaredTool::from_json(json!({"type": k})).unwrap())
+            .collect()
+    }
+
+    fn names(sources: &[ToolSource]) -> Vec<(&str, Option<&str>)> {
+        sources
+            .iter()
+            .map(|s| (s.name.as_str(), s.hosted_type.as_deref()))
+            .collect()
+    }
+
+    #[test]
+    fn a_bound_source_serves_its_type_only_when_declared_under_the_type_s_name() {
+        let sources = || {
+            vec![
+                source("add", None, "http"),
+                source("search_a", Some("web_search"), "http"),
+                source("search_b", Some("web_search"), "http"),
+                source("files", Some("file_search"), "http"),
+            ]
+        };
+        let (bound, served) = bind_hosted_tools(sources(), &[]);
+        assert_eq!(names(&bound), [("add", None)]);
+        assert!(served.is_empty());
+
+        let (bound, served) =
+            bind_hosted_tools(sources(), &declared(&["web_search", "tool_search"]));
+        assert_eq!(
+            names(&bound),
+            [("add", None), ("web_search", Some("web_search"))]
+        );
+        assert_eq!(
+            bound[1].id, "ts_search_a",
+            "the first binding serves the type"
+        );
+        assert_eq!(served.into_iter().collect::<Vec<_>>(), ["web_search"]);
+    }
+
+    #[test]
+    fn a_binding_that_would_clash_or_names_an_mcp_source_serves_nothing() {
+        let (bound, served) = bind_hosted_tools(
+            vec![
+                source("web_search", None, "http"),
+                source("search", Some("web_search"), "http"),
+                source("docs", Some("file_search"), "mcp"),
+            ],
+            &declared(&["web_search", "file_search"]),
+        );
+        assert_eq!(names(&bound), [("web_search", None), ("docs", None)]);
+        assert!(served.is_empty());
+    }
+}
