@@ -251,3 +251,32 @@ async fn a_key_that_cannot_see_the_bound_source_gets_the_deployment_policy() {
         "{outside:#}"
     );
 }
+
+#[tokio::test]
+async fn choosing_a_bound_hosted_type_forces_its_tool_and_an_unbound_one_is_auto() {
+    let (gw, tenant) = gateway_with_web_search().await;
+    gw.model.push(Reply::text("forced"));
+    gw.model.push(Reply::text("not bound"));
+    let mut body = declaring_web_search("search");
+    body["tool_choice"] = json!({"type": "web_search"});
+    create_ok(&gw, &tenant.key, body).await;
+    create_ok(
+        &gw,
+        &tenant.key,
+        json!({"model": "mock", "input": "search", "tools": [{"type": "file_search"}],
+               "tool_choice": {"type": "file_search"}}),
+    )
+    .await;
+    let requests = gw.model.requests();
+    assert_eq!(
+        requests[0]["tool_choice"],
+        json!({"type": "function", "function": {"name": "web_search"}}),
+        "{:#}",
+        requests[0]
+    );
+    assert_ne!(
+        requests[1]["tool_choice"]["type"], "function",
+        "{:#}",
+        requests[1]
+    );
+}
