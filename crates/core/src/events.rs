@@ -15,7 +15,8 @@ use serde_json::{json, Map, Value};
 
 use crate::items::Item;
 use crate::output::{
-    assistant_message, mcp_call_item, message_with_status, render_output, response_object,
+    assistant_message, hosted_item_kind, mcp_call_item, message_with_status, render_output,
+    response_object,
 };
 use crate::response::{Ending, ResponseRecord, ResponseStatus};
 use crate::steps::{AssistantMessage, CallKind, ModelOutput, Step, StepBody, StepState, ToolCall};
@@ -250,6 +251,26 @@ impl EventProjection {
         // done, then the call in progress.
         let mut running = tool.clone();
         running.outcome = None;
+        if tool.hosted_type.as_deref().and_then(hosted_item_kind) == Some("web_search_call") {
+            // As OpenAI streams a `web_search_call`: added in progress (its query known), then in progress and
+            // searching.
+            self.emit(
+                "response.output_item.added",
+                json!({"output_index": index, "item": item_json(&mcp_call_item(&running))}),
+            );
+            self.emit(
+                "response.web_search_call.in_progress",
+                json!({"item_id": tool.item_id, "output_index": index}),
+            );
+            self.emit(
+                "response.web_search_call.searching",
+                json!({"item_id": tool.item_id, "output_index": index}),
+            );
+            if let Some(label) = &tool.notes.on_request {
+                self.note(&tool.item_id, index, "request", label, "in_progress");
+            }
+            return;
+        }
         running.call.arguments = String::new();
         self.emit(
             "response.output_item.added",
@@ -285,21 +306,24 @@ impl EventProjection {
         let (Some(tool), Some(&index)) = (step.tool(), self.tool_items.get(&step.seq)) else {
             return;
         };
-        let kind = if tool.outcome.as_ref().is_some_and(|o| o.is_error()) {
-            "response.mcp_call.failed"
-        } else {
-            "response.mcp_call.completed"
+        let failed = tool.outcome.as_ref().is_some_and(|o| o.is_error());
+        let web_search =
+            tool.hosted_type.as_deref().and_then(hosted_item_kind) == Some("web_search_call");
+        // OpenAI has no `web_search_call.failed` event: a failed search shows in its done item's status.
+        let kind = match (web_search, failed) {
+            (false, true) => Some("response.mcp_call.failed"),
+            (false, false) => Some("response.mcp_call.completed"),
+            (true, false) => Some("response.web_search_call.completed"),
+            (true, true) => None,
         };
-        self.emit(
-            kind,
-            json!({"item_id": tool.item_id, "output_index": index}),
-        );
+        if let Some(kind) = kind {
+            self.emit(
+                kind,
+                json!({"item_id": tool.item_id, "output_index": index}),
+            );
+        }
         if let Some(label) = &tool.notes.on_result {
-            let status = if kind == "response.mcp_call.failed" {
-                "failed"
-            } else {
-                "completed"
-            };
+            let status = if failed { "failed" } else { "completed" };
             self.note(&tool.item_id, index, "result", label, status);
         }
         self.emit(
@@ -489,7 +513,7 @@ pub fn text_part(text: &str) -> Value {
 }
 
 fn item_json(item: &Item) -> Value {
-    serde_json::to_value(item).unwrap_or(Value::Null)
+    crate::output::client_item_json(item)
 }
 
 #[cfg(test)]

@@ -169,6 +169,11 @@ pub struct McpCallItem {
     pub error: Option<Value>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub status: Option<String>,
+    /// The gateway's own mark, kept in stored context: the hosted tool type whose bound source ran this call.
+    /// Clients are shown the hosted item (`web_search_call`) instead (see [`crate::output::client_item_json`]);
+    /// models see the call and its output like any server tool call.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hosted_type: Option<String>,
 }
 
 impl McpCallItem {
@@ -331,6 +336,12 @@ pub enum InputItem {
     Reference {
         id: String,
     },
+    /// A hosted call item the gateway showed (`web_search_call`), sent back as history: it stands for the stored
+    /// call (with its output) when its `id` names one, and for nothing otherwise (it carries no output a model
+    /// could pair with it).
+    Hosted {
+        id: Option<String>,
+    },
 }
 
 /// Reads one input item as clients send it: messages may omit `type`, item references too.
@@ -370,6 +381,13 @@ pub fn parse_input_item(value: Value) -> Result<InputItem, ItemError> {
             .map_err(|e| ItemError {
                 message: format!("invalid '{kind}' item: {e}"),
             }),
+        "web_search_call" => Ok(InputItem::Hosted {
+            id: value
+                .get("id")
+                .and_then(Value::as_str)
+                .filter(|id| !id.is_empty())
+                .map(str::to_owned),
+        }),
         "item_reference" => match value.get("id").and_then(Value::as_str) {
             Some(id) if !id.is_empty() => Ok(InputItem::Reference { id: id.to_owned() }),
             _ => Err(ItemError {

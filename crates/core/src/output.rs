@@ -69,7 +69,67 @@ pub fn mcp_call_item(tool: &ToolStep) -> Item {
         output,
         error,
         status: Some(status.into()),
+        hosted_type: tool.hosted_type.clone(),
     })
+}
+
+/// The item type a call of a bound hosted tool shows as, for the hosted types the gateway shapes: `web_search`
+/// → `web_search_call`. Calls of other hosted types (`file_search`, `code_interpreter`, ...) show as `mcp_call`:
+/// their OpenAI items describe results the gateway cannot know from a tool's text output (file hits, code
+/// outputs, images), so no honest item of that type can be built.
+pub fn hosted_item_kind(hosted_type: &str) -> Option<&'static str> {
+    match hosted_type {
+        "web_search" | "web_search_preview" => Some("web_search_call"),
+        _ => None,
+    }
+}
+
+/// The prefix of the item id of a server tool call: `ws` for a bound `web_search`, `mcp` otherwise.
+pub fn tool_item_prefix(hosted_type: Option<&str>) -> &'static str {
+    match hosted_type.and_then(hosted_item_kind) {
+        Some("web_search_call") => "ws",
+        _ => "mcp",
+    }
+}
+
+/// An item as clients are shown it: a call of a bound hosted tool as its hosted item (`web_search_call`, without
+/// the output, as OpenAI's carries none), everything else as stored.
+pub fn client_item_json(item: &Item) -> Value {
+    if let Item::McpCall(call) = item {
+        if let Some(hosted) = call.hosted_type.as_deref() {
+            if let Some(shaped) = hosted_call_json(call, hosted) {
+                return shaped;
+            }
+            let mut plain = call.clone();
+            plain.hosted_type = None;
+            return serde_json::to_value(Item::McpCall(plain)).unwrap_or(Value::Null);
+        }
+    }
+    serde_json::to_value(item).unwrap_or(Value::Null)
+}
+
+/// A bound hosted call in OpenAI's shape, for the types [`hosted_item_kind`] names.
+fn hosted_call_json(call: &McpCallItem, hosted_type: &str) -> Option<Value> {
+    match hosted_item_kind(hosted_type)? {
+        "web_search_call" => {
+            let status = match call.status.as_deref() {
+                Some("completed") => "completed",
+                Some("failed") => "failed",
+                _ => "in_progress",
+            };
+            let mut action = json!({"type": "search"});
+            let query = serde_json::from_str::<Value>(&call.arguments)
+                .ok()
+                .and_then(|args| args.get("query").and_then(Value::as_str).map(str::to_owned));
+            if let Some(query) = query {
+                action["query"] = json!(query);
+            }
+            Some(
+                json!({"id": call.id, "type": "web_search_call", "status": status, "action": action}),
+            )
+        }
+        _ => None,
+    }
 }
 
 /// An assistant message item holding one `output_text` part.
@@ -147,8 +207,7 @@ pub fn response_object(record: &ResponseRecord, output: &[Item]) -> Value {
             output
                 .iter()
                 .map(|item| {
-                    serde_json::to_value(crate::reasoning::shown(item, params.include.as_deref()))
-                        .unwrap_or(Value::Null)
+                    client_item_json(&crate::reasoning::shown(item, params.include.as_deref()))
                 })
                 .collect(),
         ),
@@ -239,8 +298,16 @@ mod tests;
 
 /// An input item as `GET /v1/responses/{id}/input_items` lists it: a message whose content the client sent
 /// as a bare string shows it as one text part (`input_text`, or `output_text` for the assistant), as OpenAI
-/// lists it and as openai-node types it. Everything else is listed as stored.
+/// lists it and as openai-node types it; a bound hosted call shows as its hosted item. Everything else is listed
+/// as stored.
 pub fn listed_input_item(mut item: Value) -> Value {
+    if item.get("type").and_then(Value::as_str) == Some("mcp_call")
+        && item.get("hosted_type").is_some_and(Value::is_string)
+    {
+        if let Ok(call) = serde_json::from_value::<Item>(item.clone()) {
+            return client_item_json(&call);
+        }
+    }
     let role = item.get("role").and_then(Value::as_str).map(str::to_owned);
     let is_message = matches!(
         item.get("type").and_then(Value::as_str),

@@ -274,6 +274,10 @@ pub struct ToolStep {
     /// The `server_label` its `mcp_call` item shows: the MCP source's name; `None` for HTTP tools ("gateway").
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub server_label: Option<String>,
+    /// The hosted tool type (`web_search`, ...) whose bound source ran this call (SPEC 12): clients see the
+    /// hosted item type rather than `mcp_call` (see [`crate::output::hosted_item_kind`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hosted_type: Option<String>,
 }
 
 /// The rendered progress notes of one tool call.

@@ -767,7 +767,8 @@ pub fn forced_tool_name(choice: &Value) -> Option<&str> {
 }
 
 /// `tool_choice` as a model sees it, given the flat names it is offered: a choice of a tool it is not offered
-/// (a hosted tool left out, say) is `auto`; a custom tool named is `custom` or, for a provider without custom
+/// (a hosted tool left out, say) is `auto`; a hosted type a bound source serves (offered under the type's name)
+/// forces that function; a custom tool named is `custom` or, for a provider without custom
 /// tools, `function`; `allowed_tools` keeps only offered names.
 pub fn model_tool_choice(choice: &Value, offered: &[OfferedTool]) -> Value {
     let offered_name = |name: &str| offered.iter().find(|t| t.name == name);
@@ -803,6 +804,11 @@ pub fn model_tool_choice(choice: &Value, offered: &[OfferedTool]) -> Value {
                     return mode;
                 }
                 json!({"type": "allowed_tools", "mode": mode, "tools": tools})
+            }
+            // A hosted type served by a bound source is offered under the type's name: choosing the type
+            // forces that function.
+            Some(kind) if kind != "mcp" && offered_name(kind).is_some() => {
+                json!({"type": "function", "name": kind})
             }
             _ => json!("auto"),
         },

@@ -132,7 +132,7 @@ fn through_the_core(body: Value) {
         .into_iter()
         .filter_map(|item| match item {
             InputItem::Item(item) => Some(item),
-            InputItem::Reference { .. } => None,
+            InputItem::Reference { .. } | InputItem::Hosted { .. } => None,
         })
         .collect();
     let _ = pair_calls(&context, 0, &Default::default());

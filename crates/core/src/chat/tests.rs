@@ -94,7 +94,9 @@ fn instructions_lead_and_string_input_becomes_a_user_message() {
         .into_iter()
         .map(|i| match i {
             InputItem::Item(item) => item,
-            InputItem::Reference { .. } => unreachable!("no references here"),
+            InputItem::Reference { .. } | InputItem::Hosted { .. } => {
+                unreachable!("no references here")
+            }
         })
         .collect();
     let body = build_request("upstream-model", &valid.params, &input, &[]);
@@ -368,6 +370,7 @@ fn steps_of_a_running_response_pair_with_their_calls_in_the_next_request() {
             ended_at_ms: None,
             notes: Default::default(),
             server_label: None,
+            hosted_type: None,
         }),
     };
     let steps = vec![

@@ -115,6 +115,7 @@ fn tool(
             ended_at_ms: None,
             notes: Default::default(),
             server_label: None,
+            hosted_type: None,
         }),
     }
 }

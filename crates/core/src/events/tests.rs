@@ -96,6 +96,7 @@ fn tool(seq: u32, batch: u32, call_id: &str, failed: bool, ended_rank: u32) -> S
             ended_at_ms: None,
             notes: Default::default(),
             server_label: None,
+            hosted_type: None,
         }),
     }
 }
@@ -614,5 +615,84 @@ fn progress_notes_stream_as_slug_prefixed_events_of_their_call_and_replay_the_sa
     // Sequence numbers stay contiguous.
     for (i, event) in events.iter().enumerate() {
         assert_eq!(event.sequence_number(), i as u64);
+    }
+}
+
+/// A call of a source bound to `web_search`, with `{"query": ...}` arguments.
+fn web_search(seq: u32, call_id: &str, failed: bool) -> Step {
+    let mut step = tool(seq, 0, call_id, failed, 0);
+    if let StepBody::Tool(t) = &mut step.body {
+        t.item_id = format!("ws_{call_id}");
+        t.hosted_type = Some("web_search".into());
+        t.call.arguments = format!("{{\"query\":\"q {call_id}\"}}");
+    }
+    step
+}
+
+#[test]
+fn a_bound_web_search_streams_as_openai_streams_a_web_search_call_and_replays_the_same() {
+    for failed in [false, true] {
+        let mut first = model(0, None, &["a"]);
+        if let StepBody::Model(m) = &mut first.body {
+            if let Some(output) = &mut m.output {
+                output.tool_calls[0].arguments = "{\"query\":\"q a\"}".into();
+            }
+        }
+        let steps = vec![
+            first,
+            web_search(1, "a", failed),
+            model(2, Some(AssistantMessage::whole("msg_2", "Found")), &[]),
+        ];
+        let record = ended(Ending::Completed { handed_back: false });
+        let events = live(&record, &steps, &|p| {
+            p.handle(Progress::ModelEnded {
+                output: output_of(&steps[0]),
+            });
+            p.handle(Progress::ToolsStarted {
+                steps: &[&steps[1]],
+            });
+            p.handle(Progress::ToolEnded { step: &steps[1] });
+            p.handle(Progress::ModelEnded {
+                output: output_of(&steps[2]),
+            });
+        });
+        assert_eq!(
+            events,
+            replay(&record, &steps),
+            "a replay equals the live stream"
+        );
+        let tool_events: Vec<&Event> = events
+            .iter()
+            .filter(|e| e.data["item_id"] == "ws_a" || e.data["item"]["id"] == "ws_a")
+            .collect();
+        let mut expected = vec![
+            "response.output_item.added",
+            "response.web_search_call.in_progress",
+            "response.web_search_call.searching",
+        ];
+        if !failed {
+            expected.push("response.web_search_call.completed");
+        }
+        expected.push("response.output_item.done");
+        assert_eq!(
+            tool_events.iter().map(|e| e.kind).collect::<Vec<_>>(),
+            expected
+        );
+        assert_eq!(
+            tool_events[0].data["item"],
+            json!({"id": "ws_a", "type": "web_search_call", "status": "in_progress",
+                   "action": {"type": "search", "query": "q a"}})
+        );
+        let status = if failed { "failed" } else { "completed" };
+        assert_eq!(
+            tool_events.last().unwrap().data["item"],
+            json!({"id": "ws_a", "type": "web_search_call", "status": status,
+                   "action": {"type": "search", "query": "q a"}})
+        );
+        let Some(Event { data, .. }) = events.last() else {
+            panic!("no events")
+        };
+        assert_eq!(data["response"]["output"][0]["type"], "web_search_call");
+        assert!(data["response"]["output"][0].get("output").is_none());
     }
 }

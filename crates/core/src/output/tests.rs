@@ -71,6 +71,7 @@ fn tool(seq: u32, batch: Option<u32>, call_id: &str, outcome: Option<ToolOutcome
             ended_at_ms: None,
             notes: Default::default(),
             server_label: None,
+            hosted_type: None,
         }),
     }
 }
@@ -732,4 +733,43 @@ fn listed_input_items_show_string_content_as_text_parts() {
         output,
         "only messages change"
     );
+}
+
+#[test]
+fn a_bound_hosted_call_keeps_its_output_for_models_and_shows_clients_the_hosted_item() {
+    let mut step = tool(
+        1,
+        Some(0),
+        "a",
+        Some(ToolOutcome::Output {
+            text: "results".into(),
+        }),
+    );
+    if let StepBody::Tool(t) = &mut step.body {
+        t.hosted_type = Some("web_search".into());
+        t.item_id = "ws_a".into();
+        t.call.arguments = "{\"query\":\"rust\"}".into();
+    }
+    let item = render_output(std::slice::from_ref(&step), false).remove(0);
+    // Stored context keeps the call and its output: a continuation pairs them for the model.
+    let Item::McpCall(call) = &item else {
+        panic!("{item:?}")
+    };
+    assert_eq!(call.output.as_deref(), Some("results"));
+    assert_eq!(call.hosted_type.as_deref(), Some("web_search"));
+    let stored: Item = serde_json::from_value(serde_json::to_value(&item).unwrap()).unwrap();
+    assert_eq!(stored, item);
+    assert_eq!(
+        client_item_json(&item),
+        json!({"id": "ws_a", "type": "web_search_call", "status": "completed",
+               "action": {"type": "search", "query": "rust"}})
+    );
+    // A hosted type without a shaped item shows as a plain mcp_call.
+    let Item::McpCall(mut other) = item else {
+        unreachable!()
+    };
+    other.hosted_type = Some("file_search".into());
+    let shown = client_item_json(&Item::McpCall(other));
+    assert_eq!(shown["type"], "mcp_call");
+    assert!(shown.get("hosted_type").is_none());
 }

@@ -306,6 +306,20 @@ fn tool_choice_is_checked_and_shown_to_the_model_by_flat_name() {
         json!("auto"),
         "a tool the model is not offered"
     );
+    let mut bound = offered.clone();
+    bound.push(OfferedTool {
+        name: "web_search".into(),
+        description: Some("Search the web.".into()),
+        input: ToolInput::Json {
+            parameters: json!({"type": "object"}),
+            strict: None,
+        },
+    });
+    assert_eq!(
+        model_tool_choice(&json!({"type": "web_search"}), &bound),
+        json!({"type": "function", "name": "web_search"}),
+        "a hosted type a bound source serves"
+    );
     assert_eq!(
         model_tool_choice(&json!("required"), &offered),
         json!("required")

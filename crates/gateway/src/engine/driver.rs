@@ -8,7 +8,7 @@ use gateway_core::chat::scrub_nul;
 use gateway_core::context::{make_call_ids_unique, model_conversation};
 use gateway_core::decide::LoopInput;
 use gateway_core::events::Progress;
-use gateway_core::output::render_output;
+use gateway_core::output::{render_output, tool_item_prefix};
 use gateway_core::response::{Ending, FailureCode, ResponseState};
 use gateway_core::steps::{
     total_usage, AssistantMessage, ModelDelta, ModelOutput, ModelStep, Step, StepBody, StepState,
@@ -223,16 +223,19 @@ impl Engine {
                     let record_id = &run.record.id;
                     // Recorded with the next write, right before they run.
                     run.steps
-                        .extend(calls.into_iter().enumerate().map(|(i, call)| {
-                            Step {
-                                seq: first + i as u32,
-                                state: StepState::Pending,
-                                body: StepBody::Tool(ToolStep {
-                                    item_id: item_id("mcp", record_id),
-                                    server_label: server_tools
-                                        .iter()
-                                        .find(|s| s.name == call.name)
-                                        .and_then(|s| s.server_label.clone()),
+                        .extend(calls.into_iter().enumerate().map(|(i, call)| Step {
+                            seq: first + i as u32,
+                            state: StepState::Pending,
+                            body: {
+                                let source = server_tools.iter().find(|s| s.name == call.name);
+                                let hosted_type = source.and_then(|s| s.hosted_type.clone());
+                                StepBody::Tool(ToolStep {
+                                    item_id: item_id(
+                                        tool_item_prefix(hosted_type.as_deref()),
+                                        record_id,
+                                    ),
+                                    server_label: source.and_then(|s| s.server_label.clone()),
+                                    hosted_type,
                                     call,
                                     batch,
                                     outcome: None,
@@ -240,8 +243,8 @@ impl Engine {
                                     notes: Default::default(),
                                     started_at_ms: None,
                                     ended_at_ms: None,
-                                }),
-                            }
+                                })
+                            },
                         }));
                     continue;
                 }

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use gateway_core::context::pair_calls;
 use gateway_core::decide::LoopInput;
-use gateway_core::items::InputItem;
+use gateway_core::items::{InputItem, McpCallItem};
 use gateway_core::output::render_output;
 use gateway_core::request::ValidRequest;
 use gateway_core::response::{ResponseRecord, ResponseState};
@@ -22,6 +22,7 @@ use gateway_core::events::Event;
 use tokio::sync::broadcast;
 
 use crate::store::ownership::channel;
+use crate::store::tenancy::{SourceKind, ToolSource};
 
 use super::journal::Journal;
 use super::{Engine, EngineError, Origin, Run};
@@ -139,11 +140,17 @@ impl Engine {
                 model: request.model.clone(),
             })?;
         // MCP sources become the tools their servers list now (cached per source).
-        let server_tools = self.tools.expand(resolution.tools.clone()).await;
+        let expanded = self.tools.expand(resolution.tools.clone()).await;
+        // Sources bound to a hosted type serve it only when the request declares it.
+        let (server_tools, served) = bind_hosted_tools(expanded, &request.params.tools);
         let registered: BTreeSet<String> = server_tools.iter().map(|t| t.name.clone()).collect();
         let mut request = request;
         check_tools(&request, &registered)?;
-        apply_unsupported_tools(&mut request, resolution.deployment.unsupported_tools)?;
+        apply_unsupported_tools(
+            &mut request,
+            &served,
+            resolution.deployment.unsupported_tools,
+        )?;
 
         let response_id = new_id("resp");
         let input = self.resolve_references(project_id, request.input).await?;
@@ -181,6 +188,7 @@ impl Engine {
                     ended_at_ms: None,
                     notes: Default::default(),
                     server_label: None,
+                    hosted_type: None,
                 }),
             })
             .collect();
@@ -345,6 +353,21 @@ impl Engine {
                     Some(item) => items.push(item),
                     None => return Err(EngineError::ItemNotFound { id, index }),
                 },
+                // A hosted call sent back: the stored call it shows, if it is one; otherwise nothing.
+                InputItem::Hosted { id } => {
+                    if let Some(id) = id {
+                        let found = self.store.find_item(project_id, &id).await?;
+                        if let Some(
+                            item @ Item::McpCall(McpCallItem {
+                                hosted_type: Some(_),
+                                ..
+                            }),
+                        ) = found
+                        {
+                            items.push(item);
+                        }
+                    }
+                }
             }
         }
         Ok(items)
@@ -378,14 +401,63 @@ fn check_tools(request: &ValidRequest, registered: &BTreeSet<String>) -> Result<
     Ok(())
 }
 
+/// The server tools a request may use, given the hosted tools it declares (SPEC 12), and the hosted types they
+/// serve. A source bound to a hosted type (`hosted_type`) serves it only for a request that declares a tool of
+/// that type: the model is then offered it under the hosted type's own name (`web_search`), with the source's
+/// description and parameters, and its calls run the source. A request that does not declare the type is not
+/// offered the source at all. When several visible sources bind one type, the first (the key's sources come
+/// ordered by name) serves it; a bound source whose type is already the name of another server tool serves
+/// nothing, and the declared tool is left to the deployment's policy.
+pub(super) fn bind_hosted_tools(
+    sources: Vec<ToolSource>,
+    declared: &[DeclaredTool],
+) -> (Vec<ToolSource>, BTreeSet<String>) {
+    let declared: BTreeSet<&str> = declared
+        .iter()
+        .filter_map(|tool| match tool {
+            DeclaredTool::Other(other) if !other.is_mcp() => Some(other.kind.as_str()),
+            _ => None,
+        })
+        .collect();
+    let plain: BTreeSet<String> = sources
+        .iter()
+        .filter(|s| s.hosted_type.is_none())
+        .map(|s| s.name.clone())
+        .collect();
+    let mut served = BTreeSet::new();
+    let mut bound = Vec::with_capacity(sources.len());
+    for mut source in sources {
+        if source.kind == SourceKind::Mcp {
+            // An MCP server's tools are many: a binding names one HTTP tool.
+            source.hosted_type = None;
+        }
+        let Some(hosted) = source.hosted_type.clone() else {
+            bound.push(source);
+            continue;
+        };
+        if !declared.contains(hosted.as_str()) || served.contains(&hosted) {
+            continue;
+        }
+        if plain.contains(&hosted) {
+            tracing::warn!(tool.source = %source.name, hosted_type = %hosted,
+                "a server tool already has the hosted type's name: the binding is not used");
+            continue;
+        }
+        source.name = hosted.clone();
+        served.insert(hosted);
+        bound.push(source);
+    }
+    (bound, served)
+}
+
 /// Declared tools that no model is offered and no source serves: left out and listed in the response's
 /// metadata (`ignore`), or the request refused (`reject`), as the deployment says (SPEC 12).
 fn apply_unsupported_tools(
     request: &mut ValidRequest,
+    served: &BTreeSet<String>,
     policy: UnsupportedTools,
 ) -> Result<(), EngineError> {
-    let served = BTreeSet::new();
-    let unserved = unserved_tools(&request.params.tools, &served);
+    let unserved = unserved_tools(&request.params.tools, served);
     if unserved.is_empty() {
         return Ok(());
     }
@@ -427,5 +499,76 @@ pub(super) fn add_input(context: &mut Vec<Item>, input: Vec<Item>, response_id: 
         }
         taken.insert(item.id().unwrap_or_default().to_owned());
         context.push(item);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+    use serde_json::json;
+
+    fn source(name: &str, hosted: Option<&str>, kind: &str) -> ToolSource {
+        serde_json::from_value(json!({
+            "id": format!("ts_{name}"), "name": name, "description": name, "parameters": {"type": "object"},
+            "url": "http://127.0.0.1:1/", "timeout_ms": 1000, "strict": false, "hosted_type": hosted, "kind": kind,
+        }))
+        .unwrap()
+    }
+
+    fn declared(kinds: &[&str]) -> Vec<DeclaredTool> {
+        kinds
+            .iter()
+            .map(|k| DeclaredTool::from_json(json!({"type": k})).unwrap())
+            .collect()
+    }
+
+    fn names(sources: &[ToolSource]) -> Vec<(&str, Option<&str>)> {
+        sources
+            .iter()
+            .map(|s| (s.name.as_str(), s.hosted_type.as_deref()))
+            .collect()
+    }
+
+    #[test]
+    fn a_bound_source_serves_its_type_only_when_declared_under_the_type_s_name() {
+        let sources = || {
+            vec![
+                source("add", None, "http"),
+                source("search_a", Some("web_search"), "http"),
+                source("search_b", Some("web_search"), "http"),
+                source("files", Some("file_search"), "http"),
+            ]
+        };
+        let (bound, served) = bind_hosted_tools(sources(), &[]);
+        assert_eq!(names(&bound), [("add", None)]);
+        assert!(served.is_empty());
+
+        let (bound, served) =
+            bind_hosted_tools(sources(), &declared(&["web_search", "tool_search"]));
+        assert_eq!(
+            names(&bound),
+            [("add", None), ("web_search", Some("web_search"))]
+        );
+        assert_eq!(
+            bound[1].id, "ts_search_a",
+            "the first binding serves the type"
+        );
+        assert_eq!(served.into_iter().collect::<Vec<_>>(), ["web_search"]);
+    }
+
+    #[test]
+    fn a_binding_that_would_clash_or_names_an_mcp_source_serves_nothing() {
+        let (bound, served) = bind_hosted_tools(
+            vec![
+                source("web_search", None, "http"),
+                source("search", Some("web_search"), "http"),
+                source("docs", Some("file_search"), "mcp"),
+            ],
+            &declared(&["web_search", "file_search"]),
+        );
+        assert_eq!(names(&bound), [("web_search", None), ("docs", None)]);
+        assert!(served.is_empty());
     }
 }

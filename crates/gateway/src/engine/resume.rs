@@ -66,10 +66,13 @@ impl Engine {
         ids.dedup();
         // The tools it started with, as they are now (with their secrets); one deleted since is "no longer
         // available" to the loop.
-        let server_tools = self
+        let expanded = self
             .tools
             .expand(self.store.tool_sources_by_id(&ids).await?)
             .await;
+        // Bound as when it started: a hosted tool it declared is served under the hosted type's name.
+        let (server_tools, _) =
+            super::prepare::bind_hosted_tools(expanded, &stored.record.params.tools);
         let registered: BTreeSet<String> =
             stored.server_tools.iter().map(|t| t.name.clone()).collect();
         let remaining_ms = stored.deadline_at.map_or(0, |at| (at - now_ms()).max(0));

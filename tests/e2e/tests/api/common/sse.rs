@@ -371,6 +371,7 @@ pub fn check_stream(events: Vec<Value>) -> Checked {
             "message" => check_message(trace),
             "function_call" => check_function_call(trace),
             "mcp_call" => check_mcp_call(trace),
+            "web_search_call" => check_web_search_call(trace),
             "reasoning" => check_reasoning(trace),
             other => panic!("unexpected item type {other}: {:#}", trace.added),
         }
@@ -478,6 +479,31 @@ fn check_function_call(trace: &ItemTrace) {
     assert_eq!(done["name"], added["name"]);
     assert_eq!(done["call_id"], added["call_id"]);
     assert_eq!(done["status"], "completed", "{done:#}");
+}
+
+/// A bound `web_search` call, as OpenAI streams one: added in progress, in progress, searching, completed (a
+/// failed one has no event of its own: its done item says so), done. No output is shown, as OpenAI shows none.
+fn check_web_search_call(trace: &ItemTrace) {
+    assert_eq!(trace.added["status"], "in_progress", "{:#}", trace.added);
+    assert_eq!(trace.added["action"]["type"], "search", "{:#}", trace.added);
+    let done = &trace.done;
+    assert!(done.get("output").is_none(), "{done:#}");
+    let mut expected = vec![
+        "response.web_search_call.in_progress",
+        "response.web_search_call.searching",
+    ];
+    match done["status"].as_str() {
+        Some("completed") => expected.push("response.web_search_call.completed"),
+        Some("failed") => {}
+        _ => panic!("web_search_call ended neither completed nor failed: {done:#}"),
+    }
+    expected.push("response.output_item.done");
+    let kinds: Vec<&str> = trace
+        .kinds()
+        .into_iter()
+        .filter(|k| *k != "gateway:tool_note")
+        .collect();
+    assert_eq!(kinds, expected, "web_search_call events of {}", trace.id);
 }
 
 fn check_mcp_call(trace: &ItemTrace) {
