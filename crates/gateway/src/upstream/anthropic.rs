@@ -8,7 +8,7 @@ use gateway_core::steps::ModelOutput;
 use secrecy::ExposeSecret;
 use serde_json::Value;
 
-use super::{sse, Forwarder, Live, ModelRequest, ResponseIds, Upstream, UpstreamError};
+use super::{sse, Forwarder, Live, ModelRequest, Upstream, UpstreamError};
 use crate::store::tenancy::Deployment;
 
 /// One model call: the body is built once, then sent once per attempt. Overloaded (529), rate-limited (429) and
@@ -43,15 +43,13 @@ pub(super) async fn call(
     let response_id = request.response_id;
     match live {
         None => {
-            let body = &body;
             upstream
-                .with_retries(deployment, None, |attempt| async move {
-                    let request = post(body).timeout(upstream.whole_answer_timeout());
-                    let response = upstream.send(deployment, request, attempt).await?;
-                    let answer = upstream.read_whole(response, attempt).await?;
-                    anthropic::parse_response(&answer, &mut ResponseIds { response_id })
-                        .map_err(|e| UpstreamError::Parse(e.0))
-                })
+                .call_whole(
+                    deployment,
+                    &|| post(&body),
+                    anthropic::parse_response,
+                    response_id,
+                )
                 .await
         }
         Some(live) => {

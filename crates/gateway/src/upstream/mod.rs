@@ -10,7 +10,7 @@ use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use gateway_core::chat::IdSource;
+use gateway_core::chat::{IdSource, ParseError};
 use gateway_core::entity::ProviderKind;
 use gateway_core::reasoning::replayed_to;
 use gateway_core::request::ResponseParams;
@@ -251,6 +251,24 @@ impl Upstream {
             attempts: attempt,
             detail: truncate(&detail),
         })
+    }
+
+    /// One non-streamed model call with its retries: `post` builds the request, the whole JSON answer is read
+    /// and `parse` turns it into the normalised answer (the same for every provider kind but the parser).
+    async fn call_whole(
+        &self,
+        deployment: &Deployment,
+        post: &(dyn Fn() -> reqwest::RequestBuilder + Sync),
+        parse: fn(&serde_json::Value, &mut dyn IdSource) -> Result<ModelOutput, ParseError>,
+        response_id: &str,
+    ) -> Result<ModelOutput, UpstreamError> {
+        self.with_retries(deployment, None, |attempt| async move {
+            let request = post().timeout(self.whole_answer_timeout());
+            let response = self.send(deployment, request, attempt).await?;
+            let answer = self.read_whole(response, attempt).await?;
+            parse(&answer, &mut ResponseIds { response_id }).map_err(|e| UpstreamError::Parse(e.0))
+        })
+        .await
     }
 
     /// Reads a whole (non-streamed) JSON answer. A body that breaks off, or ends before its JSON does, is
