@@ -248,7 +248,7 @@ impl IntoResponse for ApiError {
                 status = self.status.as_u16(),
                 code = self.code.as_deref().unwrap_or(""),
                 param = self.param.as_deref().unwrap_or(""),
-                message = %self.message,
+                // Not the message: it may quote the client's input (serde) or the provider's words about it.
                 "request refused"
             );
         } else {
