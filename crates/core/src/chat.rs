@@ -199,7 +199,11 @@ fn messages(instructions: Option<&str>, conversation: &[Item]) -> Vec<Value> {
             Item::FunctionCallOutput(_)
             | Item::CustomToolCallOutput(_)
             | Item::Reasoning(_)
-            | Item::Compaction(_) => index += 1,
+            | Item::Compaction(_)
+            // `context::model_conversation` made these function calls and outputs already.
+            | Item::McpListTools(_)
+            | Item::McpApprovalRequest(_)
+            | Item::McpApprovalResponse(_) => index += 1,
         }
     }
     messages

@@ -5,7 +5,7 @@ use std::collections::{BTreeSet, HashMap, HashSet};
 use crate::items::{
     FunctionCallOutputItem, FunctionOutput, Item, MessageContent, MessageItem, Role,
 };
-use crate::steps::{CallKind, Step, StepBody, ToolCall};
+use crate::steps::{Approval, CallKind, Step, StepBody, ToolCall};
 use crate::toolset::call_item;
 
 /// The conversation for the next model call: the stored context, then what the steps produced.
@@ -49,9 +49,54 @@ pub fn model_conversation(context: &[Item], steps: &[Step]) -> Vec<Item> {
                     status: None,
                 }));
             }
+            // The model is offered the listed tools; the listing itself is not part of the conversation.
+            StepBody::Listing(_) => {}
         }
     }
+    as_model_reads_approvals(conversation)
+}
+
+/// The remote MCP items of a conversation as a model reads them (SPEC 12): an approval request is the model's
+/// call; a denial is its output, saying so; an approval adds nothing (the call's result follows); a listing is
+/// not part of the conversation (its tools are offered instead).
+fn as_model_reads_approvals(conversation: Vec<Item>) -> Vec<Item> {
+    let requests: HashMap<String, (String, String)> = conversation
+        .iter()
+        .filter_map(|item| match item {
+            Item::McpApprovalRequest(request) => Some((
+                request.id.clone()?,
+                (request.pairing_id()?.to_owned(), request.name.clone()),
+            )),
+            _ => None,
+        })
+        .collect();
     conversation
+        .into_iter()
+        .filter_map(|item| match item {
+            Item::McpApprovalRequest(request) => {
+                let call_id = request.pairing_id()?.to_owned();
+                Some(Item::FunctionCall(crate::items::FunctionCallItem {
+                    id: request.id,
+                    call_id,
+                    namespace: None,
+                    name: request.name,
+                    arguments: request.arguments,
+                    status: Some("completed".into()),
+                }))
+            }
+            Item::McpApprovalResponse(response) if !response.approve => {
+                let (call_id, name) = requests.get(&response.approval_request_id)?;
+                Some(Item::FunctionCallOutput(FunctionCallOutputItem {
+                    id: None,
+                    call_id: call_id.clone(),
+                    output: FunctionOutput::Text(response.denial_text(name)),
+                    status: None,
+                }))
+            }
+            Item::McpApprovalResponse(_) | Item::McpListTools(_) => None,
+            other => Some(other),
+        })
+        .collect()
 }
 
 /// A context whose tool calls and outputs do not pair up. `index` is the item's position in the context.
@@ -65,6 +110,18 @@ pub enum PairingError {
     DuplicateCall { call_id: String, index: usize },
     #[error("Duplicate tool output: the call with call_id '{call_id}' is already answered.")]
     DuplicateOutput { call_id: String, index: usize },
+    #[error(
+        "No mcp_approval_request found with id '{request_id}' for this mcp_approval_response."
+    )]
+    OrphanApproval { request_id: String, index: usize },
+    #[error(
+        "Duplicate mcp_approval_response: the approval request '{request_id}' is already answered."
+    )]
+    DuplicateApproval { request_id: String, index: usize },
+    #[error("No mcp_approval_response found for mcp_approval_request '{request_id}' (tool '{name}'): send one that approves or denies it.")]
+    UnansweredApproval { request_id: String, name: String },
+    #[error("The approved call of tool '{name}' cannot run: this request declares no MCP server '{server_label}' that offers it.")]
+    ApprovedToolUnavailable { name: String, server_label: String },
 }
 
 impl PairingError {
@@ -73,8 +130,12 @@ impl PairingError {
         match self {
             PairingError::OrphanOutput { index, .. }
             | PairingError::DuplicateCall { index, .. }
-            | PairingError::DuplicateOutput { index, .. } => Some(*index),
-            PairingError::UnansweredCall { .. } => None,
+            | PairingError::DuplicateOutput { index, .. }
+            | PairingError::OrphanApproval { index, .. }
+            | PairingError::DuplicateApproval { index, .. } => Some(*index),
+            PairingError::UnansweredCall { .. }
+            | PairingError::UnansweredApproval { .. }
+            | PairingError::ApprovedToolUnavailable { .. } => None,
         }
     }
 }
@@ -95,14 +156,26 @@ pub fn pair_calls(
     let mut calls: Vec<ToolCall> = Vec::new();
     let mut known_ids: HashSet<&str> = HashSet::new();
     let mut answered: HashSet<&str> = HashSet::new();
+    // Approval requests by their id: the call id they stand for, and the server they name.
+    let mut requests: HashMap<&str, (&str, &str)> = HashMap::new();
+    // Approved calls by call id: the request that approved them.
+    let mut granted: HashMap<&str, &str> = HashMap::new();
+    let mut decided: HashSet<&str> = HashSet::new();
     for (index, item) in context.iter().enumerate() {
         match item {
-            Item::FunctionCall(_) | Item::CustomToolCall(_) | Item::McpCall(_) => {
+            Item::FunctionCall(_)
+            | Item::CustomToolCall(_)
+            | Item::McpCall(_)
+            | Item::McpApprovalRequest(_) => {
                 let Some(call_id) = item.call_id() else {
                     continue;
                 };
                 if !known_ids.insert(call_id) {
-                    if index >= first_new {
+                    // The run of an approved call repeats its request's call id, also when a client sends the
+                    // whole history back by value.
+                    let runs_approved = matches!(item, Item::McpCall(_))
+                        && requests.values().any(|(id, _)| *id == call_id);
+                    if index >= first_new && !runs_approved {
                         return Err(PairingError::DuplicateCall {
                             call_id: call_id.to_owned(),
                             index,
@@ -121,6 +194,7 @@ pub fn pair_calls(
                         name: call.name.clone(),
                         arguments: call.arguments.clone(),
                         kind: CallKind::Function,
+                        approval: None,
                     }),
                     Item::CustomToolCall(call) => calls.push(ToolCall {
                         item_id: call.id.clone().unwrap_or_else(|| call.call_id.clone()),
@@ -129,7 +203,23 @@ pub fn pair_calls(
                         name: call.name.clone(),
                         arguments: call.input.clone(),
                         kind: CallKind::Custom,
+                        approval: None,
                     }),
+                    Item::McpApprovalRequest(request) => {
+                        let request_id = request.id.as_deref().unwrap_or(call_id);
+                        requests.insert(request_id, (call_id, request.server_label.as_str()));
+                        calls.push(ToolCall {
+                            item_id: request_id.to_owned(),
+                            call_id: call_id.to_owned(),
+                            namespace: None,
+                            name: request.name.clone(),
+                            arguments: request.arguments.clone(),
+                            kind: CallKind::Function,
+                            approval: Some(Approval::Required {
+                                server_label: request.server_label.clone(),
+                            }),
+                        });
+                    }
                     // An mcp_call carries its own result.
                     _ => {
                         answered.insert(call_id);
@@ -153,12 +243,55 @@ pub fn pair_calls(
                     });
                 }
             }
-            Item::Message(_) | Item::Reasoning(_) | Item::Compaction(_) => {}
+            Item::McpApprovalResponse(response) => {
+                let request_id = response.approval_request_id.as_str();
+                let Some(&(call_id, _)) = requests.get(request_id) else {
+                    return Err(PairingError::OrphanApproval {
+                        request_id: request_id.to_owned(),
+                        index,
+                    });
+                };
+                if !decided.insert(request_id) {
+                    if index >= first_new {
+                        return Err(PairingError::DuplicateApproval {
+                            request_id: request_id.to_owned(),
+                            index,
+                        });
+                    }
+                    continue;
+                }
+                if response.approve {
+                    granted.insert(call_id, request_id);
+                } else {
+                    answered.insert(call_id);
+                }
+            }
+            Item::Message(_) | Item::Reasoning(_) | Item::Compaction(_) | Item::McpListTools(_) => {
+            }
         }
     }
     let mut carried = Vec::new();
-    for call in calls {
+    for mut call in calls {
         if answered.contains(call.call_id.as_str()) {
+            continue;
+        }
+        if let Some(Approval::Required { server_label }) = &call.approval {
+            let Some(&request_id) = granted.get(call.call_id.as_str()) else {
+                return Err(PairingError::UnansweredApproval {
+                    request_id: call.item_id,
+                    name: call.name,
+                });
+            };
+            if !registered.contains(&call.name) {
+                return Err(PairingError::ApprovedToolUnavailable {
+                    name: call.name,
+                    server_label: server_label.clone(),
+                });
+            }
+            call.approval = Some(Approval::Granted {
+                request_id: request_id.to_owned(),
+            });
+            carried.push(call);
             continue;
         }
         if !call.is_server_call(registered) {
@@ -205,7 +338,10 @@ pub fn outputs_by_call_id(conversation: &[Item]) -> HashMap<&str, String> {
             | Item::FunctionCall(_)
             | Item::CustomToolCall(_)
             | Item::Reasoning(_)
-            | Item::Compaction(_) => {}
+            | Item::Compaction(_)
+            | Item::McpListTools(_)
+            | Item::McpApprovalRequest(_)
+            | Item::McpApprovalResponse(_) => {}
         }
     }
     outputs
@@ -437,5 +573,109 @@ mod tests {
         let outputs = outputs_by_call_id(&context);
         assert_eq!(outputs["s"], r#"{"error":{"message":"it broke"}}"#);
         assert_eq!(outputs["t"], r#"{"error":{"message":"plain string"}}"#);
+    }
+
+    fn approval_history() -> Vec<Item> {
+        items(json!([
+            {"type": "message", "role": "user", "content": "add 2 and 3"},
+            {"type": "mcp_list_tools", "id": "mcpl_1", "server_label": "calc", "tools": [{"name": "add"}]},
+            {"type": "mcp_approval_request", "id": "mcpr_1", "call_id": "call_1", "server_label": "calc",
+             "name": "add", "arguments": "{\"a\":2,\"b\":3}"},
+        ]))
+    }
+
+    fn approval(approve: bool) -> Item {
+        items(json!([{"type": "mcp_approval_response", "approval_request_id": "mcpr_1", "approve": approve,
+                      "reason": "not now"}]))
+        .remove(0)
+    }
+
+    #[test]
+    fn an_approved_request_is_carried_to_run_and_names_its_request() {
+        let mut context = approval_history();
+        context.push(approval(true));
+        let carried = pair_calls(&context, 3, &registered(&["add"])).unwrap();
+        assert_eq!(carried.len(), 1);
+        assert_eq!(carried[0].call_id, "call_1");
+        assert_eq!(
+            carried[0].approval,
+            Some(Approval::Granted {
+                request_id: "mcpr_1".into()
+            })
+        );
+        let err = pair_calls(&context, 3, &registered(&[])).unwrap_err();
+        assert!(
+            matches!(err, PairingError::ApprovedToolUnavailable { .. }),
+            "{err:?}"
+        );
+    }
+
+    #[test]
+    fn a_denied_request_is_answered_and_the_model_reads_the_denial() {
+        let mut context = approval_history();
+        context.push(approval(false));
+        assert_eq!(pair_calls(&context, 3, &registered(&["add"])), Ok(vec![]));
+        let conversation = model_conversation(&context, &[]);
+        let kinds: Vec<&str> = conversation
+            .iter()
+            .map(|item| match item {
+                Item::Message(_) => "message",
+                Item::FunctionCall(_) => "function_call",
+                Item::FunctionCallOutput(_) => "function_call_output",
+                _ => "other",
+            })
+            .collect();
+        assert_eq!(kinds, ["message", "function_call", "function_call_output"]);
+        let outputs = outputs_by_call_id(&conversation);
+        assert!(
+            outputs["call_1"].contains("denied"),
+            "{}",
+            outputs["call_1"]
+        );
+        assert!(
+            outputs["call_1"].contains("not now"),
+            "{}",
+            outputs["call_1"]
+        );
+    }
+
+    #[test]
+    fn approval_responses_that_answer_nothing_or_nothing_new_are_refused() {
+        let unanswered = approval_history();
+        assert!(matches!(
+            pair_calls(&unanswered, 0, &registered(&["add"])),
+            Err(PairingError::UnansweredApproval { .. })
+        ));
+        let orphan = items(
+            json!([{"type": "mcp_approval_response", "approval_request_id": "mcpr_x",
+                                   "approve": true}]),
+        );
+        assert_eq!(
+            pair_calls(&orphan, 0, &registered(&[])),
+            Err(PairingError::OrphanApproval {
+                request_id: "mcpr_x".into(),
+                index: 0
+            })
+        );
+        let mut twice = approval_history();
+        twice.push(approval(true));
+        twice.push(approval(false));
+        assert!(matches!(
+            pair_calls(&twice, 3, &registered(&["add"])),
+            Err(PairingError::DuplicateApproval { index: 4, .. })
+        ));
+    }
+
+    #[test]
+    fn a_whole_history_sent_back_by_value_pairs_the_approved_call_with_its_run() {
+        let mut context = approval_history();
+        context.push(approval(true));
+        context.extend(items(json!([
+            {"type": "mcp_call", "id": "mcp_1", "call_id": "call_1", "server_label": "calc", "name": "add",
+             "arguments": "{}", "output": "5", "approval_request_id": "mcpr_1", "status": "completed"},
+        ])));
+        assert_eq!(pair_calls(&context, 0, &registered(&["add"])), Ok(vec![]));
+        let conversation = model_conversation(&context, &[]);
+        assert_eq!(outputs_by_call_id(&conversation)["call_1"], "5");
     }
 }

@@ -186,7 +186,10 @@ pub fn decide_next_action(input: &LoopInput<'_>) -> NextAction {
         .map(|c| (*c).clone())
         .collect();
     if !missing.is_empty() {
-        if batch_steps.is_empty() && missing.iter().any(|c| !c.is_server_call(input.registered)) {
+        // A call the client runs, or one it must approve first, sends the whole batch back to it.
+        let for_the_client =
+            |c: &ToolCall| !c.is_server_call(input.registered) || c.awaits_approval();
+        if batch_steps.is_empty() && missing.iter().any(for_the_client) {
             return NextAction::HandBack { calls: missing };
         }
         if input.deadline_passed {

@@ -15,8 +15,8 @@ use serde_json::{json, Map, Value};
 
 use crate::items::Item;
 use crate::output::{
-    assistant_message, hosted_item_kind, mcp_call_item, message_with_status, render_output,
-    response_object,
+    assistant_message, hosted_item_kind, listing_item, mcp_call_item, message_with_status,
+    render_output, response_object,
 };
 use crate::response::{Ending, ResponseRecord, ResponseStatus};
 use crate::steps::{AssistantMessage, CallKind, ModelOutput, Step, StepBody, StepState, ToolCall};
@@ -61,6 +61,8 @@ pub enum Progress<'a> {
     ModelFailed {
         partial: Option<&'a AssistantMessage>,
     },
+    /// A remote MCP server's tools were listed when the response was created: its `mcp_list_tools` item.
+    Listed { step: &'a Step },
     /// These tool steps started running (steps already announced are skipped).
     ToolsStarted { steps: &'a [&'a Step] },
     /// A tool step ended (its outcome is set).
@@ -135,6 +137,7 @@ impl EventProjection {
                 }
             }
             Progress::ToolEnded { step } => self.tool_ended(step),
+            Progress::Listed { step } => self.listed(step),
             Progress::HandedBack { calls } => {
                 for call in calls {
                     self.handed_back(call);
@@ -332,10 +335,50 @@ impl EventProjection {
         );
     }
 
-    /// A handed-back call: a `function_call` item with its arguments streamed whole, or a `custom_tool_call`
-    /// with its input.
+    /// A listing, as OpenAI streams `mcp_list_tools`: the item added without its tools, in progress, completed,
+    /// then the item done with them.
+    fn listed(&mut self, step: &Step) {
+        let Some(listing) = step.listing() else {
+            return;
+        };
+        let index = self.take_output_index();
+        let item = listing_item(listing);
+        let mut added = item_json(&item);
+        added["tools"] = json!([]);
+        self.emit(
+            "response.output_item.added",
+            json!({"output_index": index, "item": added}),
+        );
+        self.emit(
+            "response.mcp_list_tools.in_progress",
+            json!({"item_id": listing.item_id, "output_index": index}),
+        );
+        self.emit(
+            "response.mcp_list_tools.completed",
+            json!({"item_id": listing.item_id, "output_index": index}),
+        );
+        self.emit(
+            "response.output_item.done",
+            json!({"output_index": index, "item": item_json(&item)}),
+        );
+    }
+
+    /// A handed-back call: a `function_call` item with its arguments streamed whole, a `custom_tool_call` with
+    /// its input, or an `mcp_approval_request` (added and done, as OpenAI streams it).
     fn handed_back(&mut self, call: &ToolCall) {
         let index = self.take_output_index();
+        if call.awaits_approval() {
+            let item = item_json(&call_item(call, "completed"));
+            self.emit(
+                "response.output_item.added",
+                json!({"output_index": index, "item": item}),
+            );
+            self.emit(
+                "response.output_item.done",
+                json!({"output_index": index, "item": item}),
+            );
+            return;
+        }
         let empty = ToolCall {
             arguments: String::new(),
             ..call.clone()
@@ -451,6 +494,14 @@ pub fn project_stored(projection: &mut EventProjection, record: &ResponseRecord,
                     }
                     projection.handle(Progress::ModelFailed {
                         partial: failure.partial.as_ref(),
+                    });
+                }
+                index += 1;
+            }
+            StepBody::Listing(_) => {
+                if !never_ran {
+                    projection.handle(Progress::Listed {
+                        step: &steps[index],
                     });
                 }
                 index += 1;

@@ -14,6 +14,9 @@ pub enum Item {
     CustomToolCall(CustomToolCallItem),
     CustomToolCallOutput(CustomToolCallOutputItem),
     McpCall(McpCallItem),
+    McpListTools(McpListToolsItem),
+    McpApprovalRequest(McpApprovalRequestItem),
+    McpApprovalResponse(McpApprovalResponseItem),
     Reasoning(ReasoningItem),
     Compaction(CompactionItem),
 }
@@ -174,6 +177,67 @@ pub struct McpCallItem {
     /// models see the call and its output like any server tool call.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hosted_type: Option<String>,
+    /// The `mcp_approval_request` whose approval let this call run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approval_request_id: Option<String>,
+}
+
+/// The tools a remote MCP server named in the request listed (SPEC 12). Kept in the chain: a later response of
+/// the chain that declares the same `server_label` uses this list instead of listing again.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct McpListToolsItem {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    pub server_label: String,
+    /// `{name, description, input_schema, annotations}` per tool, as the server listed it.
+    #[serde(default)]
+    pub tools: Vec<Value>,
+    #[serde(default)]
+    pub error: Option<String>,
+}
+
+/// A call of a remote MCP server's tool that waits for the client's approval (SPEC 12).
+///
+/// `call_id` is the gateway's addition, as on `mcp_call`: it pairs the request with the model's tool call. A
+/// request sent back without it pairs by its `id`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct McpApprovalRequestItem {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub call_id: Option<String>,
+    pub server_label: String,
+    pub name: String,
+    pub arguments: String,
+}
+
+impl McpApprovalRequestItem {
+    /// The id that pairs this call with its result upstream.
+    pub fn pairing_id(&self) -> Option<&str> {
+        self.call_id.as_deref().or(self.id.as_deref())
+    }
+}
+
+/// The client's answer to an `mcp_approval_request`: approved, the call runs; denied, the model is told so.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct McpApprovalResponseItem {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    pub approval_request_id: String,
+    pub approve: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+impl McpApprovalResponseItem {
+    /// What the model reads in place of the output of a call the client denied.
+    pub fn denial_text(&self, name: &str) -> String {
+        let mut message = format!("The user denied running the tool '{name}'.");
+        if let Some(reason) = self.reason.as_deref().filter(|r| !r.is_empty()) {
+            message.push_str(&format!(" Reason: {reason}"));
+        }
+        serde_json::json!({"error": {"message": message}}).to_string()
+    }
 }
 
 impl McpCallItem {
@@ -249,6 +313,9 @@ impl Item {
             Item::CustomToolCall(c) => c.id.as_deref(),
             Item::CustomToolCallOutput(o) => o.id.as_deref(),
             Item::McpCall(c) => c.id.as_deref(),
+            Item::McpListTools(l) => l.id.as_deref(),
+            Item::McpApprovalRequest(r) => r.id.as_deref(),
+            Item::McpApprovalResponse(r) => r.id.as_deref(),
             Item::Reasoning(r) => r.id.as_deref(),
             Item::Compaction(c) => c.id.as_deref(),
         }
@@ -263,6 +330,9 @@ impl Item {
             Item::CustomToolCall(c) => &mut c.id,
             Item::CustomToolCallOutput(o) => &mut o.id,
             Item::McpCall(c) => &mut c.id,
+            Item::McpListTools(l) => &mut l.id,
+            Item::McpApprovalRequest(r) => &mut r.id,
+            Item::McpApprovalResponse(r) => &mut r.id,
             Item::Reasoning(r) => &mut r.id,
             Item::Compaction(c) => &mut c.id,
         };
@@ -278,6 +348,9 @@ impl Item {
             Item::CustomToolCall(_) => "ctc",
             Item::CustomToolCallOutput(_) => "ctco",
             Item::McpCall(_) => "mcp",
+            Item::McpListTools(_) => "mcpl",
+            Item::McpApprovalRequest(_) => "mcpr",
+            Item::McpApprovalResponse(_) => "mcpa",
             Item::Reasoning(_) => "rs",
             Item::Compaction(_) => "cmp",
         }
@@ -291,7 +364,12 @@ impl Item {
             Item::CustomToolCall(c) => Some(&c.call_id),
             Item::CustomToolCallOutput(o) => Some(&o.call_id),
             Item::McpCall(c) => c.pairing_id(),
-            Item::Message(_) | Item::Reasoning(_) | Item::Compaction(_) => None,
+            Item::McpApprovalRequest(r) => r.pairing_id(),
+            Item::Message(_)
+            | Item::Reasoning(_)
+            | Item::Compaction(_)
+            | Item::McpListTools(_)
+            | Item::McpApprovalResponse(_) => None,
         }
     }
 
@@ -330,6 +408,8 @@ pub struct ItemError {
 
 /// An input item as a client sends it: an item, or a reference to a stored one that the shell resolves.
 #[derive(Debug, Clone, PartialEq)]
+// Read once per request and turned into items at once: boxing the item would cost an allocation per input item.
+#[allow(clippy::large_enum_variant)]
 pub enum InputItem {
     Item(Item),
     /// `{"type": "item_reference", "id"}`: stands for a stored item of the same project.
@@ -375,6 +455,9 @@ pub fn parse_input_item(value: Value) -> Result<InputItem, ItemError> {
         | "custom_tool_call"
         | "custom_tool_call_output"
         | "mcp_call"
+        | "mcp_list_tools"
+        | "mcp_approval_request"
+        | "mcp_approval_response"
         | "reasoning"
         | "compaction" => serde_json::from_value(value)
             .map(InputItem::Item)

@@ -14,6 +14,7 @@ pub mod items;
 pub mod openai_responses;
 pub mod output;
 pub mod reasoning;
+pub mod remote_mcp;
 pub mod request;
 pub mod response;
 pub mod steps;

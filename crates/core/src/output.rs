@@ -2,9 +2,13 @@
 
 use serde_json::{json, Map, Value};
 
-use crate::items::{ContentPart, Item, McpCallItem, MessageContent, MessageItem, Role};
+use crate::items::{
+    ContentPart, Item, McpCallItem, McpListToolsItem, MessageContent, MessageItem, Role,
+};
 use crate::response::{Ending, ResponseRecord, ResponseState};
-use crate::steps::{Step, StepBody, StepState, ToolOutcome, ToolStep, Usage};
+use crate::steps::{
+    Approval, ListingStep, Step, StepBody, StepState, ToolOutcome, ToolStep, Usage,
+};
 use crate::toolset::{call_item, DeclaredTool};
 
 /// `server_label` of the `mcp_call` items that show server tool calls.
@@ -45,6 +49,7 @@ pub fn render_output(steps: &[Step], handed_back: bool) -> Vec<Item> {
             }
             StepBody::Tool(_) if step.state == StepState::Pending => {}
             StepBody::Tool(tool) => items.push(mcp_call_item(tool)),
+            StepBody::Listing(listing) => items.push(listing_item(listing)),
         }
     }
     items
@@ -70,6 +75,20 @@ pub fn mcp_call_item(tool: &ToolStep) -> Item {
         error,
         status: Some(status.into()),
         hosted_type: tool.hosted_type.clone(),
+        approval_request_id: match &tool.call.approval {
+            Some(Approval::Granted { request_id }) => Some(request_id.clone()),
+            _ => None,
+        },
+    })
+}
+
+/// A remote MCP server's listing as its `mcp_list_tools` item.
+pub fn listing_item(listing: &ListingStep) -> Item {
+    Item::McpListTools(McpListToolsItem {
+        id: Some(listing.item_id.clone()),
+        server_label: listing.server_label.clone(),
+        tools: listing.tools.clone(),
+        error: None,
     })
 }
 
@@ -154,7 +173,11 @@ pub fn message_with_status(id: &str, text: &str, status: &str) -> Item {
 /// The `Response` object, with every field OpenAI returns.
 pub fn response_object(record: &ResponseRecord, output: &[Item]) -> Value {
     let params = &record.params;
-    let tools: Vec<Value> = params.tools.iter().map(DeclaredTool::to_json).collect();
+    let tools: Vec<Value> = params
+        .tools
+        .iter()
+        .map(DeclaredTool::to_client_json)
+        .collect();
     let output_text: String = output
         .iter()
         .filter_map(|item| match item {

@@ -58,6 +58,18 @@ pub struct Step {
 pub enum StepBody {
     Model(ModelStep),
     Tool(ToolStep),
+    /// The tools of a remote MCP server named in the request, listed when the response was created (SPEC 12).
+    Listing(ListingStep),
+}
+
+/// A remote MCP server's `tools/list`, shown as an `mcp_list_tools` item.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ListingStep {
+    pub item_id: String,
+    pub server_label: String,
+    /// `{name, description, input_schema, annotations}` per tool.
+    #[serde(default)]
+    pub tools: Vec<serde_json::Value>,
 }
 
 /// A call to the upstream model: what came back, normalised, or why it failed.
@@ -166,6 +178,20 @@ pub struct ToolCall {
     pub arguments: String,
     #[serde(default, skip_serializing_if = "CallKind::is_function")]
     pub kind: CallKind,
+    /// For a tool of a remote MCP server named in the request: whether the client must approve the call first,
+    /// or approved it (SPEC 12).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approval: Option<Approval>,
+}
+
+/// Where a remote MCP tool call stands with the client's approval.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "state", rename_all = "snake_case")]
+pub enum Approval {
+    /// The call waits for the client: it is handed back as an `mcp_approval_request` of `server_label`.
+    Required { server_label: String },
+    /// The client approved the request `request_id`: the call runs, and its `mcp_call` names the request.
+    Granted { request_id: String },
 }
 
 /// Whether a call takes JSON arguments (a function) or free-form text (a custom tool).
@@ -198,7 +224,13 @@ impl ToolCall {
             name: name.into(),
             arguments: arguments.into(),
             kind: CallKind::Function,
+            approval: None,
         }
+    }
+
+    /// Whether the client must approve this call before it runs.
+    pub fn awaits_approval(&self) -> bool {
+        matches!(self.approval, Some(Approval::Required { .. }))
     }
 
     /// Whether the gateway runs this call: a plain function named like one of the server tools. A call inside a
@@ -387,14 +419,21 @@ impl Step {
     pub fn model(&self) -> Option<&ModelStep> {
         match &self.body {
             StepBody::Model(model) => Some(model),
-            StepBody::Tool(_) => None,
+            StepBody::Tool(_) | StepBody::Listing(_) => None,
         }
     }
 
     pub fn tool(&self) -> Option<&ToolStep> {
         match &self.body {
             StepBody::Tool(tool) => Some(tool),
-            StepBody::Model(_) => None,
+            StepBody::Model(_) | StepBody::Listing(_) => None,
+        }
+    }
+
+    pub fn listing(&self) -> Option<&ListingStep> {
+        match &self.body {
+            StepBody::Listing(listing) => Some(listing),
+            StepBody::Model(_) | StepBody::Tool(_) => None,
         }
     }
 }

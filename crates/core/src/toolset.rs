@@ -119,6 +119,18 @@ impl DeclaredTool {
         }
     }
 
+    /// The declaration as a response shows it: an `mcp` server's credentials left out.
+    pub fn to_client_json(&self) -> Value {
+        match self {
+            DeclaredTool::Other(other) if other.is_mcp() => {
+                let mut map = crate::remote_mcp::redacted_settings(&other.settings);
+                map.insert("type".into(), json!("mcp"));
+                Value::Object(map)
+            }
+            _ => self.to_json(),
+        }
+    }
+
     /// Reads a stored declaration. Structure only: requests are checked by [`parse_tools`]. A declaration without
     /// a `type` is a function (as responses stored before other types existed hold them).
     pub fn from_json(value: Value) -> Result<DeclaredTool, serde_json::Error> {
@@ -186,9 +198,20 @@ pub fn parse_tools(values: Vec<Value>) -> Result<Vec<DeclaredTool>, InvalidReque
     let mut tools = Vec::with_capacity(values.len());
     // Flat name -> the param that declared it: two declarations a model would see under one name clash.
     let mut names: HashMap<String, String> = HashMap::new();
+    let mut server_labels: BTreeSet<String> = BTreeSet::new();
     for (i, value) in values.into_iter().enumerate() {
         let at = format!("tools[{i}]");
         let tool = parse_tool(value, &at)?;
+        if let DeclaredTool::Other(other) = &tool {
+            if let Some(Value::String(label)) = other.settings.get("server_label") {
+                if other.is_mcp() && !server_labels.insert(label.clone()) {
+                    return Err(InvalidRequest::new(
+                        format!("Duplicate MCP server_label '{label}' in 'tools'."),
+                        format!("{at}.server_label"),
+                    ));
+                }
+            }
+        }
         for (flat, param) in declared_names(&tool, &at) {
             if names.insert(flat.clone(), param.clone()).is_some() {
                 return Err(InvalidRequest::new(
@@ -284,16 +307,7 @@ fn parse_tool(value: Value, at: &str) -> Result<DeclaredTool, InvalidRequest> {
             let mut settings = map;
             settings.remove("type");
             if other == "mcp" {
-                match settings.get("server_label") {
-                    Some(Value::String(label)) if !label.is_empty() => {}
-                    _ => {
-                        return Err(InvalidRequest::new(
-                            format!("Missing required parameter: '{at}.server_label'."),
-                            format!("{at}.server_label"),
-                        )
-                        .with_code("missing_required_parameter"))
-                    }
-                }
+                crate::remote_mcp::parse_remote_mcp(&settings, at)?;
             }
             Ok(DeclaredTool::Other(OtherTool {
                 kind: other.to_owned(),
@@ -710,6 +724,15 @@ pub fn unwrap_custom_inputs(offered: &[OfferedTool], calls: &mut [ToolCall]) {
 
 /// A handed-back or replayed call as the item the client sees: `function_call` or `custom_tool_call`.
 pub fn call_item(call: &ToolCall, status: &str) -> Item {
+    if let Some(crate::steps::Approval::Required { server_label }) = &call.approval {
+        return Item::McpApprovalRequest(crate::items::McpApprovalRequestItem {
+            id: Some(call.item_id.clone()),
+            call_id: Some(call.call_id.clone()),
+            server_label: server_label.clone(),
+            name: call.name.clone(),
+            arguments: call.arguments.clone(),
+        });
+    }
     match call.kind {
         CallKind::Function => Item::FunctionCall(FunctionCallItem {
             id: Some(call.item_id.clone()),
@@ -857,7 +880,8 @@ pub fn unserved_tools<'a>(
         .iter()
         .enumerate()
         .filter_map(|(i, tool)| match tool {
-            DeclaredTool::Other(other) if !served.contains(&other.kind) => {
+            // A remote MCP server is served by the gateway itself, or the request refused (SPEC 12).
+            DeclaredTool::Other(other) if !other.is_mcp() && !served.contains(&other.kind) => {
                 Some((i, other.kind.as_str()))
             }
             _ => None,

@@ -131,9 +131,30 @@ pub fn walk_items(items: &mut [Item], fresh: &mut dyn FnMut() -> String) -> Vec<
         shape: Shape::Items,
         fresh,
     };
+    // Approval requests by id: the call id each stands for, and the tool it names.
+    let mut requests: std::collections::HashMap<String, (String, String)> =
+        std::collections::HashMap::new();
     for (index, item) in items.iter_mut().enumerate() {
         let at = Position { index, part: None };
         match item {
+            Item::McpApprovalRequest(r) => {
+                let id = walk.call(r.pairing_id(), &r.name, r.arguments.clone(), at);
+                if let Some(request_id) = r.id.clone() {
+                    requests.insert(request_id, (id.clone(), r.name.clone()));
+                }
+                if r.call_id.is_none() {
+                    r.call_id = Some(id);
+                }
+            }
+            // A denial answers the call; an approval leaves it to the `mcp_call` that ran it.
+            Item::McpApprovalResponse(r) => {
+                if let Some((call_id, name)) = requests.get(&r.approval_request_id) {
+                    if !r.approve {
+                        walk.result(Some(call_id), r.denial_text(name), true, at);
+                    }
+                }
+            }
+            Item::McpListTools(_) => {}
             Item::FunctionCall(c) => {
                 c.call_id = walk.call(Some(&c.call_id), &c.name, c.arguments.clone(), at);
             }

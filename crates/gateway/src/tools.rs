@@ -3,6 +3,7 @@
 
 pub mod mcp;
 pub mod policy;
+pub mod remote;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -27,6 +28,14 @@ pub struct ToolExecutor {
     policies: Arc<policy::Policies>,
     /// Sessions and tool lists of MCP sources.
     mcp: Arc<mcp::McpClients>,
+    /// The operator's allow-list of MCP servers that requests name themselves.
+    remote_servers: remote::RemoteServers,
+}
+
+/// rmcp's HTTP client (reqwest 0.13) is built without a TLS crypto provider of its own: ring, which the
+/// gateway's other client uses too, is installed process-wide once. One already installed is kept.
+pub fn install_tls_provider() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
 }
 
 /// Identifies one tool step across retries and restarts.
@@ -39,6 +48,7 @@ pub struct CallRef<'a> {
 
 impl ToolExecutor {
     pub fn new(config: ToolsConfig) -> Result<ToolExecutor, reqwest::Error> {
+        install_tls_provider();
         let http = reqwest::Client::builder()
             .pool_max_idle_per_host(256)
             // A 3xx is the tool's answer, not an instruction: following it could re-post the arguments (and
@@ -54,8 +64,26 @@ impl ToolExecutor {
                 Duration::from_millis(config.mcp_list_ttl_ms),
                 Duration::from_millis(config.mcp_connect_timeout_ms),
             )),
+            // Checked when the configuration was loaded.
+            remote_servers: remote::RemoteServers::new(&config.mcp_allowed_urls)
+                .unwrap_or_default(),
             config,
         })
+    }
+
+    /// The MCP client of every MCP source and of the servers requests name.
+    pub fn mcp(&self) -> &mcp::McpClients {
+        &self.mcp
+    }
+
+    /// The allow-list of MCP servers that requests name themselves (`tools.mcp_allowed_urls`).
+    pub fn remote_servers(&self) -> &remote::RemoteServers {
+        &self.remote_servers
+    }
+
+    /// The timeout of a tool call whose source sets none.
+    pub fn default_timeout_ms(&self) -> u64 {
+        self.config.default_timeout_ms
     }
 
     /// The server tools of `sources`, each MCP source replaced by the tools its server lists (see
@@ -76,8 +104,8 @@ impl ToolExecutor {
     ) -> ToolOutcome {
         let started = Instant::now();
         let (outcome, result) = self.run(source, call, at).await;
-        metrics::counter!("gateway_tool_calls_total", "tool" => source.name.clone(), "outcome" => result).increment(1);
-        metrics::histogram!("gateway_tool_call_duration_seconds", "tool" => source.name.clone())
+        metrics::counter!("gateway_tool_calls_total", "tool" => source.metric_label(), "outcome" => result).increment(1);
+        metrics::histogram!("gateway_tool_call_duration_seconds", "tool" => source.metric_label())
             .record(started.elapsed().as_secs_f64());
         outcome
     }
@@ -104,7 +132,7 @@ impl ToolExecutor {
             None => None,
             Some(slots) => {
                 let waiting =
-                    metrics::gauge!("gateway_tool_calls_waiting", "tool" => source.name.clone());
+                    metrics::gauge!("gateway_tool_calls_waiting", "tool" => source.metric_label());
                 waiting.increment(1.0);
                 let acquired =
                     tokio::time::timeout_at(deadline.into(), slots.acquire_owned()).await;
@@ -125,8 +153,10 @@ impl ToolExecutor {
                 }
             }
         };
-        if let policy::Admission::Refuse { retry_in } =
-            self.policies.admit(&source.id, Instant::now())
+        // A request's own server is not the operator's: no breaker state is shared between requests over it.
+        let guarded = source.kind != SourceKind::Remote;
+        if let (true, policy::Admission::Refuse { retry_in }) =
+            (guarded, self.policies.admit(&source.id, Instant::now()))
         {
             return (
                 ToolOutcome::error(format!(
@@ -142,12 +172,28 @@ impl ToolExecutor {
         let remaining = deadline
             .saturating_duration_since(Instant::now())
             .max(Duration::from_millis(1));
-        let outcome = match &source.mcp_tool {
-            Some(tool) => {
+        let outcome = match (&source.mcp_tool, &source.remote) {
+            (Some(tool), Some(access)) => {
+                let outcome = self
+                    .mcp
+                    .call_remote(access, tool, &arguments, remaining)
+                    .await;
+                cap_output(outcome, source.policy.max_output_bytes())
+            }
+            // A request's server is reached only through its checked address.
+            (_, None) if source.kind == SourceKind::Remote => ToolOutcome::error(format!(
+                "Tool '{}': its MCP server is not declared in this request.",
+                source.name
+            )),
+            (None, Some(_)) => ToolOutcome::error(format!(
+                "Tool '{}' names no tool of its MCP server.",
+                source.name
+            )),
+            (Some(tool), None) => {
                 let outcome = self.mcp.call(source, tool, &arguments, remaining).await;
                 cap_output(outcome, source.policy.max_output_bytes())
             }
-            None => {
+            (None, None) => {
                 self.send(source, call, at, &arguments, remaining, timeout_ms)
                     .await
             }
@@ -159,14 +205,12 @@ impl ToolExecutor {
                 !http_status.is_some_and(|s| (400..500).contains(&s))
             }
         };
-        let open = self
-            .policies
-            .record(&source.id, &source.policy, Instant::now(), failed);
-        metrics::gauge!("gateway_tool_breaker_open", "tool" => source.name.clone()).set(if open {
-            1.0
-        } else {
-            0.0
-        });
+        let open = guarded
+            && self
+                .policies
+                .record(&source.id, &source.policy, Instant::now(), failed);
+        metrics::gauge!("gateway_tool_breaker_open", "tool" => source.metric_label())
+            .set(if open { 1.0 } else { 0.0 });
         let result = if outcome.is_error() { "error" } else { "ok" };
         (outcome, result)
     }

@@ -294,6 +294,8 @@ fn server_tool() -> ToolSource {
         name_prefix: None,
         mcp_tool: None,
         server_label: None,
+        approval_required: false,
+        remote: None,
     }
 }
 

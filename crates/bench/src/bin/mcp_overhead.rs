@@ -42,6 +42,7 @@ fn line(name: &str, h: &Histogram<u64>) {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
+    gateway::tools::install_tls_provider();
     let mcp = McpServer::start().await?;
     let warmup = (args.calls / 10).max(10);
 
@@ -82,6 +83,8 @@ async fn main() -> anyhow::Result<()> {
         name_prefix: None,
         mcp_tool: None,
         server_label: None,
+        approval_required: false,
+        remote: None,
     };
     let tools = executor.expand(vec![source]).await;
     let add = tools

@@ -872,3 +872,76 @@ fn next_action_is_plain_serialisable_data() {
     assert_eq!(value["calls"][0]["call_id"], "a");
     assert_eq!(serde_json::from_value::<NextAction>(value).unwrap(), action);
 }
+
+// ---- remote MCP approvals (SPEC 12) ---------------------------------------------------------------
+
+fn awaiting(call_id: &str, name: &str) -> ToolCall {
+    ToolCall {
+        approval: Some(crate::steps::Approval::Required {
+            server_label: "calc".into(),
+        }),
+        ..call(call_id, name)
+    }
+}
+
+#[test]
+fn a_batch_with_a_call_awaiting_approval_goes_back_whole_and_an_approved_one_runs() {
+    let registered: BTreeSet<String> = REGISTERED.iter().map(|n| n.to_string()).collect();
+    let batch = vec![call("a", "search"), awaiting("b", "fetch")];
+    let steps = vec![answered(0, None, batch.clone(), Finish::ToolCalls)];
+    let input = LoopInput {
+        steps: &steps,
+        registered: &registered,
+        limits: LIMITS,
+        deadline_passed: false,
+    };
+    assert_eq!(
+        decide_next_action(&input),
+        NextAction::HandBack { calls: batch },
+        "one call waiting for approval sends the whole batch to the client"
+    );
+
+    let granted = ToolCall {
+        approval: Some(crate::steps::Approval::Granted {
+            request_id: "mcpr_1".into(),
+        }),
+        ..call("b", "fetch")
+    };
+    let steps = vec![answered(0, None, vec![granted.clone()], Finish::ToolCalls)];
+    let input = LoopInput {
+        steps: &steps,
+        ..input
+    };
+    assert_eq!(
+        decide_next_action(&input),
+        NextAction::DispatchBatch {
+            batch: Some(0),
+            calls: vec![granted]
+        }
+    );
+}
+
+#[test]
+fn a_listing_step_changes_no_decision() {
+    let listing = Step {
+        seq: 0,
+        state: StepState::Succeeded,
+        body: StepBody::Listing(crate::steps::ListingStep {
+            item_id: "mcpl_1".into(),
+            server_label: "calc".into(),
+            tools: Vec::new(),
+        }),
+    };
+    check(vec![
+        row(
+            "only a listing: call the model",
+            vec![listing.clone()],
+            NextAction::CallModel,
+        ),
+        row(
+            "a listing then a text answer: complete",
+            vec![listing, text(1)],
+            NextAction::Complete,
+        ),
+    ]);
+}

@@ -272,7 +272,8 @@ fn tools_nothing_serves_are_listed_by_index() {
     let served: BTreeSet<String> = ["web_search".to_owned()].into();
     assert_eq!(
         unserved_tools(&declared, &served),
-        [(4, "tool_search"), (5, "mcp")]
+        [(4, "tool_search")],
+        "a remote MCP server is the gateway's to serve, never left to the policy"
     );
 }
 

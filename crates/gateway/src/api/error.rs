@@ -178,6 +178,30 @@ impl From<EngineError> for ApiError {
                 Some(&format!("tools[{index}].type")),
                 Some("unsupported_tool_type"),
             ),
+            EngineError::RemoteMcpRefused { index, message } => ApiError::invalid(
+                format!("The MCP server of 'tools[{index}]' may not be used: {message}."),
+                Some(&format!("tools[{index}].server_url")),
+                Some("mcp_server_not_allowed"),
+            ),
+            // As OpenAI answers a server that does not list: 424, the request depended on it.
+            EngineError::RemoteMcpUnlisted { index, message } => ApiError {
+                status: StatusCode::FAILED_DEPENDENCY,
+                kind: "external_connector_error",
+                ..ApiError::invalid(
+                    format!("Error retrieving tool list from the MCP server of 'tools[{index}]': {message}"),
+                    Some(&format!("tools[{index}]")),
+                    Some("mcp_list_tools_failed"),
+                )
+            },
+            EngineError::RemoteToolClash {
+                name,
+                server_label,
+                index,
+            } => ApiError::invalid(
+                format!("Tool '{name}' of MCP server '{server_label}' has the name of another tool of this request or of a server tool this key may use; leave one out with 'allowed_tools'."),
+                Some(&format!("tools[{index}].allowed_tools")),
+                Some("tool_name_conflict"),
+            ),
             EngineError::UnknownToolChoice { name } => ApiError::invalid(
                 format!("Tool choice '{name}' not found in 'tools' parameter."),
                 Some("tool_choice"),
@@ -194,6 +218,10 @@ impl From<EngineError> for ApiError {
                     PairingError::UnansweredCall { .. } => "function_call_output_missing",
                     PairingError::DuplicateCall { .. } => "duplicate_call_id",
                     PairingError::DuplicateOutput { .. } => "duplicate_function_call_output",
+                    PairingError::OrphanApproval { .. } => "mcp_approval_request_not_found",
+                    PairingError::DuplicateApproval { .. } => "duplicate_mcp_approval_response",
+                    PairingError::UnansweredApproval { .. } => "mcp_approval_response_missing",
+                    PairingError::ApprovedToolUnavailable { .. } => "mcp_tool_not_declared",
                 };
                 ApiError::invalid(error.to_string(), Some(&param), Some(code))
             }

@@ -11,8 +11,8 @@ use gateway_core::events::Progress;
 use gateway_core::output::{render_output, tool_item_prefix};
 use gateway_core::response::{Ending, FailureCode, ResponseState};
 use gateway_core::steps::{
-    total_usage, AssistantMessage, ModelDelta, ModelOutput, ModelStep, Step, StepBody, StepState,
-    ToolOutcome, ToolStep, UpstreamFailure,
+    total_usage, Approval, AssistantMessage, ModelDelta, ModelOutput, ModelStep, Step, StepBody,
+    StepState, ToolCall, ToolOutcome, ToolStep, UpstreamFailure,
 };
 use gateway_core::toolset::{flatten_namespaces, name_calls, offered_client_tools, OfferedTool};
 use gateway_core::{decide_next_action, IncompleteReason, NextAction};
@@ -23,7 +23,7 @@ use super::{Engine, EngineError, Finished, Origin, ProgressSink, Run, Stop};
 use crate::clock::{now, now_ms};
 use crate::ids::{item_id, new_id};
 use crate::store::responses::Durability;
-use crate::store::tenancy::Deployment;
+use crate::store::tenancy::{Deployment, ToolSource};
 use crate::store::StoreError;
 use crate::tools::CallRef;
 use crate::upstream::{Live, ModelRequest, UpstreamError};
@@ -146,6 +146,7 @@ impl Engine {
                     record: &run.record,
                 })
                 .await;
+                report_listings(run, sink).await;
             }
             Origin::Queued => {
                 // Its deadline runs from now.
@@ -166,6 +167,7 @@ impl Engine {
                         record: &run.record,
                     })
                     .await;
+                    report_listings(run, sink).await;
                 }
             }
             Origin::Resumed => {}
@@ -397,6 +399,7 @@ impl Engine {
                 make_call_ids_unique(&mut output.tool_calls, &conversation, || new_id("call"));
                 // The model called tools by the flat names it was offered; the client sees its own.
                 name_calls(&run.record.params.tools, &mut output.tool_calls);
+                mark_approvals(&run.server_tools, &run.record.id, &mut output.tool_calls);
                 if let Some(message) = &mut output.message {
                     message.deltas = shown.deltas;
                 }
@@ -691,5 +694,30 @@ impl Shown {
             text: self.text,
             deltas: self.deltas,
         })
+    }
+}
+
+/// Reports the listings of the request's own MCP servers, made when the response was created.
+async fn report_listings<S: ProgressSink>(run: &Run, sink: &mut S) {
+    for step in run.steps.iter().filter(|s| s.listing().is_some()) {
+        sink.report(Progress::Listed { step }).await;
+    }
+}
+
+/// Marks the calls of remote MCP tools that wait for the client's approval (SPEC 12): they are handed back as
+/// `mcp_approval_request` items, with ids of their own.
+fn mark_approvals(server_tools: &[ToolSource], response_id: &str, calls: &mut [ToolCall]) {
+    for call in calls {
+        if call.namespace.is_some() || !call.kind.is_function() {
+            continue;
+        }
+        let source = server_tools.iter().find(|s| s.name == call.name);
+        let Some(source) = source.filter(|s| s.approval_required) else {
+            continue;
+        };
+        call.approval = Some(Approval::Required {
+            server_label: source.server_label.clone().unwrap_or_default(),
+        });
+        call.item_id = item_id("mcpr", response_id);
     }
 }

@@ -23,6 +23,20 @@ pub enum EngineError {
     /// The deployment refuses tools of a type it cannot serve (`unsupported_tools: reject`).
     #[error("tools of type '{kind}' are not supported by this deployment")]
     UnsupportedTool { kind: String, index: usize },
+    /// A remote MCP server the request names may not be reached (`tools.mcp_allowed_urls`, a private address,
+    /// a malformed URL); `message` says why.
+    #[error("MCP server refused: {message}")]
+    RemoteMcpRefused { index: usize, message: String },
+    /// A remote MCP server the request names did not list its tools.
+    #[error("MCP server did not list its tools: {message}")]
+    RemoteMcpUnlisted { index: usize, message: String },
+    /// A tool of a remote MCP server has the name of another tool of the request or of the key.
+    #[error("MCP tool '{name}' of '{server_label}' clashes with another tool")]
+    RemoteToolClash {
+        name: String,
+        server_label: String,
+        index: usize,
+    },
     /// `tool_choice` names a tool that is not among the tools.
     #[error("tool_choice names '{name}', which is not among the tools")]
     UnknownToolChoice { name: String },

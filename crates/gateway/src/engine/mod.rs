@@ -16,6 +16,7 @@ mod error;
 mod journal;
 mod prepare;
 mod progress;
+mod remote;
 mod replica;
 mod resume;
 mod runs;

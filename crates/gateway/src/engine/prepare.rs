@@ -10,7 +10,7 @@ use gateway_core::context::pair_calls;
 use gateway_core::decide::LoopInput;
 use gateway_core::items::{InputItem, McpCallItem};
 use gateway_core::output::render_output;
-use gateway_core::request::ValidRequest;
+use gateway_core::request::{ResponseParams, ValidRequest};
 use gateway_core::response::{ResponseRecord, ResponseState};
 use gateway_core::steps::{ModelStep, Step, StepBody, StepState, ToolStep};
 use gateway_core::toolset::{
@@ -142,10 +142,10 @@ impl Engine {
         // MCP sources become the tools their servers list now (cached per source).
         let expanded = self.tools.expand(resolution.tools.clone()).await;
         // Sources bound to a hosted type serve it only when the request declares it.
-        let (server_tools, served) = bind_hosted_tools(expanded, &request.params.tools);
-        let registered: BTreeSet<String> = server_tools.iter().map(|t| t.name.clone()).collect();
+        let (mut server_tools, served) = bind_hosted_tools(expanded, &request.params.tools);
+        let mut registered: BTreeSet<String> =
+            server_tools.iter().map(|t| t.name.clone()).collect();
         let mut request = request;
-        check_tools(&request, &registered)?;
         apply_unsupported_tools(
             &mut request,
             &served,
@@ -163,6 +163,14 @@ impl Engine {
         add_input(&mut context, input, &response_id);
         self.open_compactions(project_id, &mut context, first_new)
             .await?;
+        // The request's own MCP servers: listed now unless the chain already holds their listing.
+        let remote = self
+            .remote_tools(&request.params.tools, &context, &response_id)
+            .await?;
+        check_remote_names(&request.params, &registered, &remote.tools)?;
+        registered.extend(remote.tools.iter().map(|t| t.name.clone()));
+        server_tools.extend(remote.tools);
+        check_tools(&request.params, &registered)?;
         let carried = pair_calls(&context, first_new, &registered).map_err(|error| {
             let param = match error.index() {
                 Some(index) if index >= first_new => format!("input[{}]", index - first_new),
@@ -172,14 +180,24 @@ impl Engine {
         })?;
 
         let limits = self.limits_for(request.params.max_tool_calls);
-        let mut steps: Vec<Step> = carried
+        // Listings first, as they happened; then the calls carried over from the client's answer.
+        let mut steps: Vec<Step> = remote
+            .listings
             .into_iter()
-            .enumerate()
-            .map(|(seq, call)| Step {
-                seq: seq as u32,
+            .map(|listing| Step {
+                seq: 0,
+                state: StepState::Succeeded,
+                body: StepBody::Listing(listing),
+            })
+            .collect();
+        steps.extend(carried.into_iter().map(|call| {
+            let source = server_tools.iter().find(|s| s.name == call.name);
+            Step {
+                seq: 0,
                 state: StepState::Pending,
                 body: StepBody::Tool(ToolStep {
                     item_id: item_id("mcp", &response_id),
+                    server_label: source.and_then(|s| s.server_label.clone()),
                     call,
                     batch: None,
                     outcome: None,
@@ -187,11 +205,13 @@ impl Engine {
                     started_at_ms: None,
                     ended_at_ms: None,
                     notes: Default::default(),
-                    server_label: None,
                     hosted_type: None,
                 }),
-            })
-            .collect();
+            }
+        }));
+        for (seq, step) in steps.iter_mut().enumerate() {
+            step.seq = seq as u32;
+        }
         let first = decide_next_action(&LoopInput {
             steps: &steps,
             registered: &registered,
@@ -376,8 +396,8 @@ impl Engine {
 
 /// Client tools may not take the name of a server tool the key may use, and `tool_choice` must name a tool
 /// that exists.
-fn check_tools(request: &ValidRequest, registered: &BTreeSet<String>) -> Result<(), EngineError> {
-    for (index, tool) in request.params.tools.iter().enumerate() {
+fn check_tools(params: &ResponseParams, registered: &BTreeSet<String>) -> Result<(), EngineError> {
+    for (index, tool) in params.tools.iter().enumerate() {
         if let Some(name) = tool
             .model_names()
             .into_iter()
@@ -386,15 +406,52 @@ fn check_tools(request: &ValidRequest, registered: &BTreeSet<String>) -> Result<
             return Err(EngineError::ToolNameConflict { name, index });
         }
     }
-    if let Some(name) = forced_tool_name(&request.params.tool_choice) {
+    if let Some(name) = forced_tool_name(&params.tool_choice) {
         let known = registered.contains(name)
-            || request.params.tools.iter().any(|tool| {
+            || params.tools.iter().any(|tool| {
                 tool.model_names().iter().any(|n| n == name)
                     || matches!(tool, DeclaredTool::Namespace(ns) if ns.tools.iter().any(|m| m.name() == name))
             });
         if !known {
             return Err(EngineError::UnknownToolChoice {
                 name: name.to_owned(),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// The tools of the request's own MCP servers may not take the name of a client tool, of a server tool the key
+/// may use, or of another server's tool: a model could not tell them apart.
+fn check_remote_names(
+    params: &ResponseParams,
+    registered: &BTreeSet<String>,
+    remote: &[ToolSource],
+) -> Result<(), EngineError> {
+    let client: BTreeSet<String> = params
+        .tools
+        .iter()
+        .flat_map(DeclaredTool::model_names)
+        .collect();
+    let mut seen: BTreeSet<&str> = BTreeSet::new();
+    for tool in remote {
+        let clashes = client.contains(&tool.name)
+            || registered.contains(&tool.name)
+            || !seen.insert(tool.name.as_str());
+        if clashes {
+            let server_label = tool.server_label.clone().unwrap_or_default();
+            let index = params
+                .tools
+                .iter()
+                .position(|t| {
+                    matches!(t, DeclaredTool::Other(o) if o.is_mcp()
+                        && o.settings.get("server_label").and_then(|l| l.as_str()) == Some(server_label.as_str()))
+                })
+                .unwrap_or_default();
+            return Err(EngineError::RemoteToolClash {
+                name: tool.name.clone(),
+                server_label,
+                index,
             });
         }
     }

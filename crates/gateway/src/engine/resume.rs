@@ -14,6 +14,7 @@ use super::{Engine, EventSink, Origin, Run};
 use crate::clock::{now, now_ms};
 use crate::store::ownership::Claimed;
 use crate::store::responses::{Durability, StepWrite, StoredRun};
+use crate::store::tenancy::{SourceKind, ToolSource};
 use crate::store::StoreError;
 
 impl Engine {
@@ -60,7 +61,17 @@ impl Engine {
                 )
                 .await;
         };
-        let mut ids: Vec<String> = stored.server_tools.iter().map(|t| t.id.clone()).collect();
+        let (remote, _): (Vec<ToolSource>, Vec<ToolSource>) = stored
+            .server_tools
+            .iter()
+            .cloned()
+            .partition(|t| t.kind == SourceKind::Remote);
+        let mut ids: Vec<String> = stored
+            .server_tools
+            .iter()
+            .filter(|t| t.kind != SourceKind::Remote)
+            .map(|t| t.id.clone())
+            .collect();
         // The tools of one MCP source share its id.
         ids.sort();
         ids.dedup();
@@ -71,8 +82,13 @@ impl Engine {
             .expand(self.store.tool_sources_by_id(&ids).await?)
             .await;
         // Bound as when it started: a hosted tool it declared is served under the hosted type's name.
-        let (server_tools, _) =
+        let (mut server_tools, _) =
             super::prepare::bind_hosted_tools(expanded, &stored.record.params.tools);
+        // The request's own MCP servers, reached again the way its request declares them.
+        server_tools.extend(
+            self.reattach_remote(&stored.record.params.tools, remote)
+                .await,
+        );
         let registered: BTreeSet<String> =
             stored.server_tools.iter().map(|t| t.name.clone()).collect();
         let remaining_ms = stored.deadline_at.map_or(0, |at| (at - now_ms()).max(0));

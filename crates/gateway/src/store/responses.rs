@@ -834,6 +834,7 @@ fn step_rows(steps: &[Step]) -> Result<Vec<StepRow<'_>>, StoreError> {
         .map(|step| {
             let (kind, call_id, tool_name) = match &step.body {
                 StepBody::Model(_) => ("model", None, None),
+                StepBody::Listing(_) => ("listing", None, None),
                 StepBody::Tool(tool) => (
                     "tool",
                     Some(tool.call.call_id.as_str()),

@@ -65,6 +65,24 @@ pub struct ToolSource {
     /// For one tool of an `mcp` source: the source's name, shown as `server_label` of its calls.
     #[serde(default)]
     pub server_label: Option<String>,
+    /// For a tool of a `remote` server: whether the client approves each call first (SPEC 12).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub approval_required: bool,
+    /// For a tool of a `remote` server: where and how to reach it (checked address, credentials). Never stored:
+    /// a resumed response declares the server again in its stored request.
+    #[serde(skip)]
+    pub remote: Option<std::sync::Arc<crate::tools::mcp::RemoteAccess>>,
+}
+
+impl ToolSource {
+    /// The `tool` label of its metrics: its name, or `remote_mcp` for any tool of a server a request names
+    /// (whose names are the client's, and would grow the metrics without bound).
+    pub fn metric_label(&self) -> String {
+        match self.kind {
+            SourceKind::Remote => "remote_mcp".into(),
+            SourceKind::Http | SourceKind::Mcp => self.name.clone(),
+        }
+    }
 }
 
 /// The kind of a tool source.
@@ -74,6 +92,8 @@ pub enum SourceKind {
     #[default]
     Http,
     Mcp,
+    /// A remote MCP server that the request itself names (SPEC 12); never registered by an operator.
+    Remote,
 }
 
 impl SourceKind {
@@ -89,6 +109,7 @@ impl SourceKind {
         match self {
             SourceKind::Http => "http",
             SourceKind::Mcp => "mcp",
+            SourceKind::Remote => "remote",
         }
     }
 }
@@ -338,6 +359,8 @@ impl From<ToolSourceRecord> for ToolSource {
             name_prefix: row.name_prefix,
             mcp_tool: None,
             server_label: None,
+            approval_required: false,
+            remote: None,
         }
     }
 }

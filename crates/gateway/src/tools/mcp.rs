@@ -196,6 +196,8 @@ impl McpClients {
                     parameters: Value::Object((*tool.input_schema).clone()),
                     mcp_tool: Some(original),
                     server_label: Some(source.name.clone()),
+                    approval_required: false,
+                    remote: None,
                     ..source.clone()
                 });
             }
@@ -238,6 +240,135 @@ impl McpClients {
             )),
         }
     }
+}
+
+/// How to reach a remote MCP server that a request names (SPEC 12): the address the allow-list check passed
+/// (connections go there and nowhere else) and the request's credentials. Never stored, logged or shown.
+pub struct RemoteAccess {
+    pub server_label: String,
+    pub server: super::remote::CheckedServer,
+    pub headers: std::collections::BTreeMap<String, String>,
+    pub authorization: Option<String>,
+}
+
+impl std::fmt::Debug for RemoteAccess {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RemoteAccess")
+            .field("server_label", &self.server_label)
+            .field("host", &self.server.host())
+            .finish_non_exhaustive()
+    }
+}
+
+impl McpClients {
+    /// A session with a remote server, for one operation: a request's server is not the operator's, so nothing
+    /// of it outlives the operation (no session kept per client-chosen URL).
+    async fn open_remote(
+        &self,
+        access: &RemoteAccess,
+    ) -> Result<RunningService<RoleClient, ()>, String> {
+        let label = &access.server_label;
+        let client = access.server.http_client(self.timeout).map_err(|e| {
+            tracing::error!(mcp.server_label = %label, error = %e, "no HTTP client for a remote MCP server");
+            format!("The MCP server '{label}' could not be reached.")
+        })?;
+        let mut config =
+            StreamableHttpClientTransportConfig::with_uri(access.server.url().as_str());
+        if let Some(token) = &access.authorization {
+            config = config.auth_header(token.clone());
+        }
+        let mut headers = HashMap::new();
+        for (name, value) in &access.headers {
+            let (Ok(name), Ok(value)) = (
+                reqwest::header::HeaderName::try_from(name.as_str()),
+                reqwest::header::HeaderValue::try_from(value.as_str()),
+            ) else {
+                return Err(format!(
+                    "The MCP server '{label}' was given a header that is not valid HTTP ('{}').",
+                    name.escape_debug()
+                ));
+            };
+            headers.insert(name, value);
+        }
+        config = config.custom_headers(headers);
+        let transport = StreamableHttpClientTransport::with_client(client, config);
+        match tokio::time::timeout(self.timeout, ().serve(transport)).await {
+            Ok(Ok(service)) => Ok(service),
+            Ok(Err(e)) => {
+                tracing::info!(mcp.server_label = %label, error = %e, "remote MCP session could not be opened");
+                Err(format!("The MCP server '{label}' could not be reached."))
+            }
+            Err(_) => Err(format!("The MCP server '{label}' did not answer in time.")),
+        }
+    }
+
+    /// The tools a remote server lists now.
+    pub async fn list_remote(&self, access: &RemoteAccess) -> Result<Vec<Tool>, String> {
+        let service = self.open_remote(access).await?;
+        let listed = tokio::time::timeout(self.timeout, service.list_all_tools()).await;
+        let _ = service.cancel().await;
+        match listed {
+            Ok(Ok(tools)) => Ok(tools),
+            Ok(Err(e)) => {
+                tracing::info!(mcp.server_label = %access.server_label, error = %e, "remote MCP tools/list failed");
+                Err(format!(
+                    "The MCP server '{}' did not list its tools.",
+                    access.server_label
+                ))
+            }
+            Err(_) => Err(format!(
+                "The MCP server '{}' did not list its tools in time.",
+                access.server_label
+            )),
+        }
+    }
+
+    /// Calls `tool` of a remote server; every failure is an error outcome.
+    pub async fn call_remote(
+        &self,
+        access: &RemoteAccess,
+        tool: &str,
+        arguments: &Value,
+        timeout: Duration,
+    ) -> ToolOutcome {
+        let label = &access.server_label;
+        let service = match self.open_remote(access).await {
+            Ok(service) => service,
+            Err(message) => return ToolOutcome::error(message),
+        };
+        let arguments = match arguments {
+            Value::Object(map) => map.clone(),
+            _ => serde_json::Map::new(),
+        };
+        let request = CallToolRequestParams::new(tool.to_owned()).with_arguments(arguments);
+        let called = tokio::time::timeout(timeout, service.call_tool(request)).await;
+        let _ = service.cancel().await;
+        match called {
+            Ok(Ok(result)) => outcome_of(&result),
+            Ok(Err(e)) => {
+                tracing::info!(mcp.server_label = %label, tool.name = %tool, error = %e, "remote MCP tools/call failed");
+                ToolOutcome::error(format!(
+                    "Tool '{tool}' (MCP server '{label}') could not be called."
+                ))
+            }
+            Err(_) => ToolOutcome::error(format!(
+                "Tool '{tool}' (MCP server '{label}') timed out after {} ms.",
+                timeout.as_millis()
+            )),
+        }
+    }
+}
+
+/// A remote server's tool as its `mcp_list_tools` item shows it.
+pub fn listed_tool_json(tool: &Tool) -> Value {
+    gateway_core::remote_mcp::listed_tool(
+        &tool.name,
+        tool.description.as_deref(),
+        Value::Object((*tool.input_schema).clone()),
+        tool.annotations
+            .as_ref()
+            .and_then(|a| serde_json::to_value(a).ok()),
+    )
 }
 
 /// The outcome of an MCP result: its structured content as JSON, else its text blocks; `isError` an error.

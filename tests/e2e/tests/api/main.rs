@@ -18,6 +18,7 @@ mod idempotency;
 mod mcp_sources;
 mod operations;
 mod providers;
+mod remote_mcp;
 mod responses;
 mod robustness;
 mod seeding;

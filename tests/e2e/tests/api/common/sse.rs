@@ -326,7 +326,13 @@ pub fn check_stream(events: Vec<Value>) -> Checked {
                 items.iter().all(|t| t.id != item_id),
                 "item id {item_id} added twice"
             );
-            assert_eq!(item["status"], "in_progress", "added item: {item:#}");
+            // Listings and approval requests carry no status (as OpenAI's); every other item starts in progress.
+            if !matches!(
+                item["type"].as_str(),
+                Some("mcp_list_tools" | "mcp_approval_request")
+            ) {
+                assert_eq!(item["status"], "in_progress", "added item: {item:#}");
+            }
             items.push(ItemTrace {
                 id: item_id,
                 kind: item["type"].as_str().expect("item type").to_owned(),
@@ -372,6 +378,8 @@ pub fn check_stream(events: Vec<Value>) -> Checked {
             "function_call" => check_function_call(trace),
             "mcp_call" => check_mcp_call(trace),
             "web_search_call" => check_web_search_call(trace),
+            "mcp_list_tools" => check_mcp_list_tools(trace),
+            "mcp_approval_request" => check_mcp_approval_request(trace),
             "reasoning" => check_reasoning(trace),
             other => panic!("unexpected item type {other}: {:#}", trace.added),
         }
@@ -483,6 +491,32 @@ fn check_function_call(trace: &ItemTrace) {
 
 /// A bound `web_search` call, as OpenAI streams one: added in progress, in progress, searching, completed (a
 /// failed one has no event of its own: its done item says so), done. No output is shown, as OpenAI shows none.
+/// As OpenAI streams a listing: added without its tools, in progress, completed, done with them.
+fn check_mcp_list_tools(trace: &ItemTrace) {
+    assert_eq!(trace.added["tools"], json!([]), "{:#}", trace.added);
+    assert!(trace.done["tools"].is_array(), "{:#}", trace.done);
+    assert_eq!(trace.added["server_label"], trace.done["server_label"]);
+    assert_eq!(
+        trace.kinds(),
+        [
+            "response.mcp_list_tools.in_progress",
+            "response.mcp_list_tools.completed",
+            "response.output_item.done"
+        ],
+        "mcp_list_tools events of {}",
+        trace.id
+    );
+}
+
+/// An approval request is added and done whole.
+fn check_mcp_approval_request(trace: &ItemTrace) {
+    assert_eq!(trace.added, trace.done);
+    for field in ["server_label", "name", "arguments"] {
+        assert!(trace.done[field].is_string(), "{field}: {:#}", trace.done);
+    }
+    assert_eq!(trace.kinds(), ["response.output_item.done"]);
+}
+
 fn check_web_search_call(trace: &ItemTrace) {
     assert_eq!(trace.added["status"], "in_progress", "{:#}", trace.added);
     assert_eq!(trace.added["action"]["type"], "search", "{:#}", trace.added);
@@ -508,7 +542,9 @@ fn check_web_search_call(trace: &ItemTrace) {
 
 fn check_mcp_call(trace: &ItemTrace) {
     let added = &trace.added;
-    assert_eq!(added["server_label"], "gateway", "{added:#}");
+    // "gateway" for HTTP tools; the source's or the request's server otherwise.
+    assert!(added["server_label"].is_string(), "{added:#}");
+    assert_eq!(added["server_label"], trace.done["server_label"]);
     assert!(
         added["output"].is_null() && added["error"].is_null(),
         "{added:#}"

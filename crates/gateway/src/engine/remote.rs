@@ -1,0 +1,167 @@
+//! Remote MCP servers a request names (SPEC 12): each checked against the operator's allow-list (address
+//! included), listed once per chain (a chain that already holds its `mcp_list_tools` item is not listed again),
+//! and its allowed tools made server tools of the response, whose calls wait for approval where the request says.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use gateway_core::remote_mcp::{listed_in_chain, remote_servers, RemoteMcpServer};
+use gateway_core::steps::ListingStep;
+use gateway_core::toolset::{is_valid_tool_name, DeclaredTool};
+use gateway_core::Item;
+use serde_json::Value;
+
+use super::{Engine, EngineError};
+use crate::ids::item_id;
+use crate::store::tenancy::{SourceKind, ToolSource};
+use crate::tools::mcp::{listed_tool_json, RemoteAccess};
+
+/// The server tools a request's own MCP servers add, and the listings made for them now.
+#[derive(Debug, Default)]
+pub(super) struct RemoteTools {
+    pub tools: Vec<ToolSource>,
+    pub listings: Vec<ListingStep>,
+}
+
+impl Engine {
+    /// The tools of the MCP servers `declared` names. A server the allow-list refuses is a `400`; one that
+    /// cannot list its tools, a `424` (as OpenAI answers); nothing is stored either way.
+    pub(super) async fn remote_tools(
+        &self,
+        declared: &[DeclaredTool],
+        context: &[Item],
+        response_id: &str,
+    ) -> Result<RemoteTools, EngineError> {
+        let mut remote = RemoteTools::default();
+        for (index, server) in remote_servers(declared) {
+            let access = Arc::new(
+                self.remote_access(&server)
+                    .await
+                    .map_err(|message| EngineError::RemoteMcpRefused { index, message })?,
+            );
+            let listed: Vec<Value> = match listed_in_chain(context, &server.server_label) {
+                Some(listing) => listing.tools.clone(),
+                None => {
+                    let tools = self
+                        .tools
+                        .mcp()
+                        .list_remote(&access)
+                        .await
+                        .map_err(|message| EngineError::RemoteMcpUnlisted { index, message })?;
+                    let tools: Vec<Value> = tools.iter().map(listed_tool_json).collect();
+                    remote.listings.push(ListingStep {
+                        item_id: item_id("mcpl", response_id),
+                        server_label: server.server_label.clone(),
+                        tools: tools.clone(),
+                    });
+                    tools
+                }
+            };
+            remote.tools.extend(tools_of(
+                &server,
+                &listed,
+                &access,
+                self.tools.default_timeout_ms(),
+            ));
+        }
+        Ok(remote)
+    }
+
+    /// The checked way to a declared server, or why it is refused.
+    async fn remote_access(&self, server: &RemoteMcpServer) -> Result<RemoteAccess, String> {
+        let checked = self
+            .tools
+            .remote_servers()
+            .check(&server.server_url)
+            .await
+            .map_err(|refusal| refusal.to_string())?;
+        Ok(RemoteAccess {
+            server_label: server.server_label.clone(),
+            server: checked,
+            headers: server.headers.clone(),
+            authorization: server.authorization.clone(),
+        })
+    }
+
+    /// A resumed response's remote tools, as it stored them, given again the way to their servers: each server
+    /// its stored request declares is checked again (a server refused now leaves its tools unreachable, and
+    /// their calls end with error outputs).
+    pub(super) async fn reattach_remote(
+        &self,
+        declared: &[DeclaredTool],
+        stored: Vec<ToolSource>,
+    ) -> Vec<ToolSource> {
+        let mut tools = stored;
+        for (_, server) in remote_servers(declared) {
+            let access = match self.remote_access(&server).await {
+                Ok(access) => Arc::new(access),
+                Err(reason) => {
+                    tracing::warn!(mcp.server_label = %server.server_label, %reason,
+                        "a resumed response's MCP server is refused now");
+                    continue;
+                }
+            };
+            for tool in tools.iter_mut().filter(|t| {
+                t.kind == SourceKind::Remote
+                    && t.server_label.as_deref() == Some(server.server_label.as_str())
+            }) {
+                tool.remote = Some(Arc::clone(&access));
+            }
+        }
+        tools
+    }
+}
+
+/// The server tools of one declared server: the listed tools it allows, under their own names. A name that is
+/// not one every provider accepts is left out.
+fn tools_of(
+    server: &RemoteMcpServer,
+    listed: &[Value],
+    access: &Arc<RemoteAccess>,
+    timeout_ms: u64,
+) -> Vec<ToolSource> {
+    let mut seen = BTreeSet::new();
+    listed
+        .iter()
+        .filter_map(|tool| {
+            let name = tool.get("name").and_then(Value::as_str)?;
+            if !server.allows(name) || !seen.insert(name.to_owned()) {
+                return None;
+            }
+            if !is_valid_tool_name(name) {
+                tracing::info!(mcp.server_label = %server.server_label, tool.name = %name.escape_debug(),
+                    "a remote MCP tool's name is not usable; left out");
+                return None;
+            }
+            let parameters = match tool.get("input_schema") {
+                Some(schema @ Value::Object(_)) => schema.clone(),
+                _ => serde_json::json!({"type": "object"}),
+            };
+            Some(ToolSource {
+                id: format!("remote:{}", server.server_label),
+                name: name.to_owned(),
+                description: tool
+                    .get("description")
+                    .and_then(Value::as_str)
+                    .unwrap_or_default()
+                    .to_owned(),
+                parameters,
+                url: String::new(),
+                timeout_ms,
+                secret: None,
+                strict: false,
+                policy: Default::default(),
+                note_on_request: None,
+                note_on_result: None,
+                hosted_type: None,
+                kind: SourceKind::Remote,
+                allowed_tools: None,
+                name_prefix: None,
+                mcp_tool: Some(name.to_owned()),
+                server_label: Some(server.server_label.clone()),
+                approval_required: server.approval.requires(name),
+                remote: Some(Arc::clone(access)),
+            })
+        })
+        .collect()
+}
