@@ -153,6 +153,12 @@ pub struct ToolsConfig {
     pub mcp_list_ttl_ms: u64,
     /// How long opening an MCP session or listing its tools may take.
     pub mcp_connect_timeout_ms: u64,
+    /// URL prefixes of the MCP servers a request may declare itself (`{"type": "mcp", "server_url": ...}`); none
+    /// (the default) allows none. A plain prefix of the normalised URL: `https://` or `https://mcp.` admits
+    /// public addresses only; a prefix that goes on past the host (`http://calc:9000/`) names that host, and
+    /// admits whatever it resolves to, private, loopback and link-local addresses included
+    /// ([`crate::tools::remote`]).
+    pub mcp_allowed_urls: Vec<String>,
 }
 
 impl Default for ToolsConfig {
@@ -163,6 +169,7 @@ impl Default for ToolsConfig {
             backoff_ms: 50,
             mcp_list_ttl_ms: 60_000,
             mcp_connect_timeout_ms: 5_000,
+            mcp_allowed_urls: Vec::new(),
         }
     }
 }
@@ -317,6 +324,8 @@ impl Config {
             crate::compaction::parse_key(key.expose_secret())
                 .map_err(|problem| format!("{name} must be 32 bytes in base64: {problem}"))?;
         }
+        crate::tools::remote::RemoteServers::new(&self.tools.mcp_allowed_urls)
+            .map_err(|problem| format!("tools.mcp_allowed_urls: {problem}"))?;
         if self.server.max_active_responses > tokio::sync::Semaphore::MAX_PERMITS {
             return Err(format!(
                 "server.max_active_responses must be at most {}",
@@ -412,4 +421,43 @@ pub struct SeedGroup {
     pub deployments: Vec<String>,
     pub projects: Vec<String>,
     pub tool_sources: Vec<String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Config as `Config::load` builds it, with `raw` given for `key` the way `Env` hands over a variable's
+    /// text (parsed as a figment `Value`, so `'["a", "b"]'` is a list).
+    fn with_variable(key: &str, raw: &str) -> Result<Config, Box<figment::Error>> {
+        let value: figment::value::Value = match raw.parse() {
+            Ok(value) => value,
+            Err(never) => match never {},
+        };
+        let config: Config = Figment::from(Serialized::defaults(DefaultsShim::default()))
+            .merge((key, value))
+            .extract()
+            .map_err(Box::new)?;
+        config
+            .check()
+            .map_err(|problem| Box::new(figment::Error::from(problem)))?;
+        Ok(config)
+    }
+
+    #[test]
+    fn mcp_allowed_urls_parse_from_a_variable() {
+        let config = with_variable("tools.mcp_allowed_urls", r#"["http://127.0.0.1:8080/"]"#)
+            .expect("loads");
+        assert_eq!(config.tools.mcp_allowed_urls, ["http://127.0.0.1:8080/"]);
+        let config = with_variable("tools.mcp_list_ttl_ms", "1").expect("loads");
+        assert!(config.tools.mcp_allowed_urls.is_empty());
+    }
+
+    #[test]
+    fn an_mcp_allowed_url_that_cannot_work_is_refused_at_start_up() {
+        let problem = with_variable("tools.mcp_allowed_urls", r#"["mcp.example.com/"]"#)
+            .expect_err("refused")
+            .to_string();
+        assert!(problem.contains("tools.mcp_allowed_urls"), "{problem}");
+    }
 }

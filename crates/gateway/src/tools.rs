@@ -3,6 +3,7 @@
 
 pub mod mcp;
 pub mod policy;
+pub mod remote;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
