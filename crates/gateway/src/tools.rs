@@ -40,6 +40,8 @@ pub struct CallRef<'a> {
 
 impl ToolExecutor {
     pub fn new(config: ToolsConfig) -> Result<ToolExecutor, reqwest::Error> {
+        // rmcp's reqwest 0.13 clients (MCP sessions) need a rustls provider before they are built.
+        remote::install_tls_provider();
         let http = reqwest::Client::builder()
             .pool_max_idle_per_host(256)
             // A 3xx is the tool's answer, not an instruction: following it could re-post the arguments (and
