@@ -430,7 +430,10 @@ mod tests {
     /// Config as `Config::load` builds it, with `raw` given for `key` the way `Env` hands over a variable's
     /// text (parsed as a figment `Value`, so `'["a", "b"]'` is a list).
     fn with_variable(key: &str, raw: &str) -> Result<Config, Box<figment::Error>> {
-        let Ok(value) = raw.parse::<figment::value::Value>();
+        let value: figment::value::Value = match raw.parse() {
+            Ok(value) => value,
+            Err(never) => match never {},
+        };
         let config: Config = Figment::from(Serialized::defaults(DefaultsShim::default()))
             .merge((key, value))
             .extract()

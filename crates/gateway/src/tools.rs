@@ -32,12 +32,6 @@ pub struct ToolExecutor {
     remote_servers: remote::RemoteServers,
 }
 
-/// rmcp's HTTP client (reqwest 0.13) is built without a TLS crypto provider of its own: ring, which the
-/// gateway's other client uses too, is installed process-wide once. One already installed is kept.
-pub fn install_tls_provider() {
-    let _ = rustls::crypto::ring::default_provider().install_default();
-}
-
 /// Identifies one tool step across retries and restarts.
 #[derive(Debug, Clone, Copy)]
 pub struct CallRef<'a> {
@@ -48,7 +42,8 @@ pub struct CallRef<'a> {
 
 impl ToolExecutor {
     pub fn new(config: ToolsConfig) -> Result<ToolExecutor, reqwest::Error> {
-        install_tls_provider();
+        // rmcp's reqwest 0.13 clients (MCP sessions) need a rustls provider before they are built.
+        remote::install_tls_provider();
         let http = reqwest::Client::builder()
             .pool_max_idle_per_host(256)
             // A 3xx is the tool's answer, not an instruction: following it could re-post the arguments (and
@@ -76,9 +71,17 @@ impl ToolExecutor {
         &self.mcp
     }
 
-    /// The allow-list of MCP servers that requests name themselves (`tools.mcp_allowed_urls`).
-    pub fn remote_servers(&self) -> &remote::RemoteServers {
-        &self.remote_servers
+    /// Whether a server a request names may be reached (`tools.mcp_allowed_urls`, then every address its host
+    /// resolves to), within `tools.mcp_connect_timeout_ms`; the refusal as the client reads it.
+    pub async fn check_remote(&self, url: &str) -> Result<remote::CheckedServer, String> {
+        let timeout = Duration::from_millis(self.config.mcp_connect_timeout_ms);
+        match tokio::time::timeout(timeout, self.remote_servers.check(url)).await {
+            Ok(checked) => checked.map_err(|refusal| refusal.to_string()),
+            Err(_) => Err(format!(
+                "server_url's host could not be resolved within {} ms",
+                timeout.as_millis()
+            )),
+        }
     }
 
     /// The timeout of a tool call whose source sets none.

@@ -109,3 +109,22 @@ fn admission_limits_must_be_usable() {
     let error = load("no_wait", "[database]\nacquire_timeout_ms = 0\n").unwrap_err();
     assert!(error.contains("database.acquire_timeout_ms"), "{error}");
 }
+
+#[test]
+fn mcp_allowed_urls_are_read_and_checked() {
+    let config = load(
+        "mcp-allowed",
+        "[tools]\nmcp_allowed_urls = [\"https://\", \"http://calc:9000/\"]\n",
+    )
+    .unwrap();
+    assert_eq!(
+        config.tools.mcp_allowed_urls,
+        ["https://", "http://calc:9000/"]
+    );
+    let problem = load(
+        "mcp-allowed-bad",
+        "[tools]\nmcp_allowed_urls = [\"calc:9000/\"]\n",
+    )
+    .unwrap_err();
+    assert!(problem.contains("tools.mcp_allowed_urls"), "{problem}");
+}

@@ -42,7 +42,7 @@ fn line(name: &str, h: &Histogram<u64>) {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    gateway::tools::install_tls_provider();
+    gateway::tools::remote::install_tls_provider();
     let mcp = McpServer::start().await?;
     let warmup = (args.calls / 10).max(10);
 

@@ -69,12 +69,7 @@ impl Engine {
 
     /// The checked way to a declared server, or why it is refused.
     async fn remote_access(&self, server: &RemoteMcpServer) -> Result<RemoteAccess, String> {
-        let checked = self
-            .tools
-            .remote_servers()
-            .check(&server.server_url)
-            .await
-            .map_err(|refusal| refusal.to_string())?;
+        let checked = self.tools.check_remote(&server.server_url).await?;
         Ok(RemoteAccess {
             server_label: server.server_label.clone(),
             server: checked,

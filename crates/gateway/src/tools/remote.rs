@@ -233,6 +233,19 @@ pub enum RemoteClientError {
     Build(reqwest_mcp::Error),
 }
 
+/// Makes ring rustls's process-wide crypto provider, once; later calls (and a provider installed by someone
+/// else first) leave it be. Needed by every reqwest 0.13 client built without a preconfigured TLS setup (rmcp's
+/// own default client, `StreamableHttpClientTransport::from_config`): with the `rustls-no-provider` feature that
+/// this crate turns on, building one without a provider installed panics. [`crate::tools::ToolExecutor::new`]
+/// calls it; anything else that builds such a client before an executor exists must call it first.
+pub fn install_tls_provider() {
+    static INSTALLED: std::sync::Once = std::sync::Once::new();
+    INSTALLED.call_once(|| {
+        // An error means a provider is already installed, which serves as well.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+    });
+}
+
 /// rustls with ring and the webpki roots (as the gateway's other client), offering HTTP/1.1 only: the client is
 /// built without HTTP/2. Handed to reqwest preconfigured, so no process-wide crypto provider is needed.
 static TLS_CONFIG: LazyLock<Result<rustls::ClientConfig, rustls::Error>> = LazyLock::new(|| {
@@ -659,8 +672,36 @@ mod tests {
         served.await.expect("served");
     }
 
+    #[tokio::test]
+    async fn an_https_server_gets_a_tls_handshake_for_the_checked_name() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let address = listener.local_addr().expect("address");
+        let server = CheckedServer {
+            url: Url::parse(&format!("https://mcp.invalid:{}/mcp", address.port())).expect("url"),
+            host: "mcp.invalid".into(),
+            addresses: vec![address],
+        };
+        let client = server.http_client(Duration::from_secs(5)).expect("client");
+        let request = tokio::spawn(async move { client.get(server.url().clone()).send().await });
+        let (mut stream, _) = listener.accept().await.expect("accept");
+        let mut hello = vec![0u8; 5];
+        stream.read_exact(&mut hello).await.expect("record header");
+        // A TLS handshake record, whose ClientHello names the checked host (SNI), not the address.
+        assert_eq!(hello[0], 0x16, "{hello:?}");
+        let length = usize::from(u16::from_be_bytes([hello[3], hello[4]]));
+        let mut body = vec![0u8; length];
+        stream.read_exact(&mut body).await.expect("ClientHello");
+        assert!(body.windows(11).any(|w| w == b"mcp.invalid"));
+        drop(stream);
+        assert!(request.await.expect("joined").is_err());
+    }
+
     #[test]
-    fn the_tls_configuration_builds() {
-        assert!(TLS_CONFIG.is_ok());
+    fn rmcp_default_clients_build_once_the_provider_is_installed() {
+        install_tls_provider();
+        install_tls_provider();
+        assert!(reqwest_mcp::Client::builder().build().is_ok());
     }
 }

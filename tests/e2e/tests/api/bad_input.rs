@@ -294,6 +294,55 @@ fn create_cases() -> Vec<Case> {
         create("two tools, one name", with(json!({"tools": [function("f"), function("f")]})))
             .param("tools[1].name"),
         create("custom without a name", with(json!({"tools": [{"type": "custom"}]}))).param("tools[0].name"),
+        create("mcp without a server_url", with(json!({"tools": [{"type": "mcp", "server_label": "s"}]})))
+            .param("tools[0].server_url")
+            .code("missing_required_parameter"),
+        create(
+            "mcp with a connector",
+            with(json!({"tools": [{"type": "mcp", "server_label": "s", "connector_id": "connector_gmail"}]})),
+        )
+        .param("tools[0].connector_id"),
+        create(
+            "mcp label with a space",
+            with(json!({"tools": [{"type": "mcp", "server_label": "a b", "server_url": "https://h/"}]})),
+        )
+        .param("tools[0].server_label"),
+        create(
+            "mcp approval neither always nor never",
+            with(json!({"tools": [{"type": "mcp", "server_label": "s", "server_url": "https://h/",
+                                   "require_approval": "sometimes"}]})),
+        )
+        .param("tools[0].require_approval"),
+        create(
+            "mcp header not a string",
+            with(json!({"tools": [{"type": "mcp", "server_label": "s", "server_url": "https://h/",
+                                   "headers": {"X-Key": 1}}]})),
+        )
+        .param("tools[0].headers.X-Key"),
+        create(
+            "two mcp servers, one label",
+            with(json!({"tools": [{"type": "mcp", "server_label": "s", "server_url": "https://h/"},
+                                  {"type": "mcp", "server_label": "s", "server_url": "https://i/"}]})),
+        )
+        .param("tools[1].server_label"),
+        create(
+            "mcp server the operator does not allow",
+            with(json!({"tools": [{"type": "mcp", "server_label": "s", "server_url": "https://mcp.example.com/"}]})),
+        )
+        .param("tools[0].server_url")
+        .code("mcp_server_not_allowed"),
+        create(
+            "approval response without its request id",
+            json!({"model": "mock", "input": [{"type": "mcp_approval_response", "approve": true}]}),
+        )
+        .param("input[0]"),
+        create(
+            "approval response to no request",
+            json!({"model": "mock", "input": [
+                {"type": "mcp_approval_response", "approval_request_id": "mcpr_x", "approve": true}]}),
+        )
+        .param("input[0]")
+        .code("mcp_approval_request_not_found"),
         create(
             "grammar without a definition",
             with(json!({"tools": [{"type": "custom", "name": "c", "format": {"type": "grammar", "syntax": "lark"}}]})),
