@@ -100,6 +100,23 @@ def test_an_agent_with_a_hosted_mcp_tool_gets_its_call_run_by_the_gateway(stack:
     assert tool_messages(second) == [SUM_5]
 
 
+def test_a_failing_hosted_mcp_tool_shows_as_a_failed_mcp_call_and_the_model_hears_the_error(stack: Stack) -> None:
+    async def body(model: Callable[[str], OpenAIResponsesModel]) -> RunResult:
+        agent = Agent(name="adder", instructions="Add.", tools=[calc(stack, "never")], model=model("mock"))
+        return await Runner.run(agent, "!call fail {}")
+
+    result = run(stack, body)
+
+    assert stack.mcp_calls() == [{"tool": "fail", "arguments": {}}]
+    assert [item.type for item in result.new_items] == ["mcp_list_tools_item", "tool_call_item", "message_output_item"]
+    call = result.new_items[1].raw_item
+    assert isinstance(call, McpCall) and call.name == "fail"
+    assert call.status == "failed" and call.error, call
+    [told] = tool_messages(stack.model_requests()[-1])
+    assert "failed on purpose" in told, told
+    assert result.final_output == f"Tool results: {told}"
+
+
 @pytest.mark.parametrize("chained", [False, True], ids=["history", "previous_response_id"])
 def test_an_approved_hosted_mcp_call_runs_only_after_on_approval_request_approves(stack: Stack, chained: bool) -> None:
     approver = Approver(stack, {"approve": True})
