@@ -1,11 +1,13 @@
 """Harness of the client conformance suite.
 
-One session starts the real processes: a fresh Postgres database, the testkit's `mock-model` and
-`example-tools` binaries, and `gateway serve`, each on port 0. It configures the gateway through the
-admin API (plain HTTP): a project with a key, a deployment `mock` without server tools, and a
-deployment `mock-tools` in another group whose server tools are `get_weather`, `add` and `fail`.
+One session starts the real processes: a fresh Postgres database, the testkit's `mock-model`,
+`example-tools` and `example-mcp` binaries, and `gateway serve` (whose `tools.mcp_allowed_urls` names the
+MCP server's exact address), each on port 0. It configures the gateway through the admin API (plain HTTP):
+a project with a key, a deployment `mock` without server tools, a deployment `mock-tools` in another group
+whose server tools are `get_weather`, `add` and `fail`, and a deployment `mock-mcp` in a third group whose
+tools come from the MCP server as the operator's MCP source `calc` (names prefixed `calc_`).
 Tests talk to the gateway only through the published SDKs; they script and inspect the mocks through
-their `/_mock/*` and `/_tools/*` control endpoints. Everything is torn down at the end.
+their `/_mock/*`, `/_tools/*` and `/_mcp/*` control endpoints. Everything is torn down at the end.
 
 The binaries are taken from the cargo target dir (`CARGO_TARGET_DIR` or `<repo>/target`, profile
 `debug`); `run.sh` builds them first. Postgres comes from `TEST_DATABASE_URL` (default
@@ -197,6 +199,7 @@ class Stack:
     gateway_url: str
     mock_url: str
     tools_url: str
+    mcp_base_url: str
     admin_token: str
     key: str = ""
     project_id: str = ""
@@ -238,9 +241,23 @@ class Stack:
         calls = self.http.get(f"{self.tools_url}/_tools/calls").json()
         return [c for c in calls if tool is None or c["tool"] == tool]
 
+    @property
+    def mcp_url(self) -> str:
+        """The MCP server's streamable HTTP endpoint, as a request's `mcp` tool names it."""
+        return f"{self.mcp_base_url}/mcp"
+
+    def mcp_calls(self) -> list[dict[str, Any]]:
+        """Every `tools/call` the MCP server received since the last reset: `{"tool", "arguments"}`."""
+        return self.http.get(f"{self.mcp_base_url}/_mcp/calls").json()["calls"]
+
+    def mcp_lists(self) -> int:
+        """How many `tools/list` requests the MCP server answered since the last reset."""
+        return self.http.get(f"{self.mcp_base_url}/_mcp/calls").json()["lists"]
+
     def reset_mocks(self) -> None:
         assert self.http.post(f"{self.mock_url}/_mock/reset").status_code == 200
         assert self.http.post(f"{self.tools_url}/_tools/reset").status_code == 200
+        assert self.http.post(f"{self.mcp_base_url}/_mcp/reset").status_code == 200
 
     # SDK clients ----------------------------------------------------------------------------------
 
@@ -320,7 +337,7 @@ def provider_of(mock_url: str) -> dict[str, Any]:
 
 
 def configure(stack: Stack) -> None:
-    """Project, key, deployments `mock` (no server tools) and `mock-tools` (server tools)."""
+    """Project, key, deployments `mock` (no server tools), `mock-tools` (server tools) and `mock-mcp` (MCP source)."""
     provider = provider_of(stack.mock_url)
     project = stack.admin("POST", "/projects", {"name": "clients"})
     stack.project_id = project["id"]
@@ -340,7 +357,18 @@ def configure(stack: Stack) -> None:
             "POST", "/tool_sources", {"name": name, "url": f"{stack.tools_url}/tools/{name}", **definition}
         )
         stack.admin("PUT", f"/deployment_groups/{tools}/tool_sources/{source['id']}")
-    stack.ids.update(plain_group=plain, tools_group=tools, mock=mock, mock_tools=mock_tools)
+
+    mcp_group = stack.admin("POST", "/deployment_groups", {"name": "with-mcp"})["id"]
+    mock_mcp = stack.admin("POST", "/deployments", {"name": "mock-mcp", "provider": provider})["id"]
+    stack.admin("PUT", f"/deployment_groups/{mcp_group}/deployments/{mock_mcp}")
+    stack.admin("PUT", f"/deployment_groups/{mcp_group}/projects/{project['id']}")
+    calc = stack.admin(
+        "POST", "/tool_sources", {"kind": "mcp", "name": "calc", "url": stack.mcp_url, "name_prefix": "calc_"}
+    )
+    stack.admin("PUT", f"/deployment_groups/{mcp_group}/tool_sources/{calc['id']}")
+    stack.ids.update(
+        plain_group=plain, tools_group=tools, mcp_group=mcp_group, mock=mock, mock_tools=mock_tools, mock_mcp=mock_mcp
+    )
 
 
 @pytest.fixture(scope="session")
@@ -356,8 +384,11 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Any:
         processes.append(mock)
         tools = Process("example-tools", [binary("example-tools"), "--bind", "127.0.0.1:0"], env, log_dir)
         processes.append(tools)
+        mcp = Process("example-mcp", [binary("example-mcp"), "--bind", "127.0.0.1:0"], env, log_dir)
+        processes.append(mcp)
         mock_url = mock.wait_for(testkit_address)
         tools_url = tools.wait_for(testkit_address)
+        mcp_base_url = mcp.wait_for(testkit_address)
 
         admin_token = f"admin-{uuid.uuid4().hex}"
         gateway_env = dict(
@@ -368,6 +399,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Any:
             GATEWAY__LOG__FORMAT="json",
             GATEWAY__UPSTREAM__MAX_RETRIES=str(UPSTREAM_MAX_RETRIES),
             GATEWAY__UPSTREAM__BACKOFF_MS="1",
+            # Loopback is admitted only by a prefix naming the exact host and port.
+            GATEWAY__TOOLS__MCP_ALLOWED_URLS=json.dumps([f"{mcp_base_url}/"]),
         )
         gateway = Process(
             "gateway", [binary("gateway"), "--config", "config/default.toml", "serve"], gateway_env, log_dir
@@ -375,7 +408,13 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Any:
         processes.append(gateway)
         gateway_url = gateway.wait_for(gateway_address)
 
-        stack = Stack(gateway_url=gateway_url, mock_url=mock_url, tools_url=tools_url, admin_token=admin_token)
+        stack = Stack(
+            gateway_url=gateway_url,
+            mock_url=mock_url,
+            tools_url=tools_url,
+            mcp_base_url=mcp_base_url,
+            admin_token=admin_token,
+        )
         wait_healthy(stack.http, f"{gateway_url}/healthz")
         configure(stack)
         yield stack

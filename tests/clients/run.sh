@@ -21,6 +21,7 @@ if [ "$(cat "$here/node/node_modules/.installed-lock" 2>/dev/null)" != "$lock_su
   echo "$lock_sum" > "$here/node/node_modules/.installed-lock"
 fi
 
+# gateway, and the testkit's mock-model, example-tools and example-mcp.
 (cd "$root" && cargo build -p gateway -p gateway-testkit)
 
 cd "$here"

@@ -5,15 +5,20 @@
 //! when [`McpServer::release`] is called) and, once [`McpServer::add_late_tool`] was called, `late` (answers
 //! `"late"`). Adding the late tool notifies every connected client with `notifications/tools/list_changed`.
 //! Every `tools/call` and `tools/list` is counted; the `Authorization` header of each HTTP request is kept.
+//!
+//! Control surface (for out-of-process tests): `GET /_mcp/calls` answers
+//! `{"calls": [{"tool", "arguments"}], "lists": N}`, and `POST /_mcp/reset` forgets the calls, the list count
+//! and the kept `Authorization` headers.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use axum::extract::Request;
+use axum::extract::{Request, State};
 use axum::middleware::Next;
 use axum::response::Response;
-use axum::Router;
+use axum::routing::{get, post};
+use axum::{Json, Router};
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, InitializeResult,
     ListToolsResult, PaginatedRequestParams, ServerCapabilities, Tool,
@@ -165,6 +170,9 @@ impl McpServer {
         );
         let for_auth = Arc::clone(&shared);
         let router = Router::new()
+            .route("/_mcp/calls", get(recorded_calls))
+            .route("/_mcp/reset", post(reset))
+            .with_state(Arc::clone(&shared))
             .nest_service("/mcp", service)
             .layer(axum::middleware::from_fn(
                 move |request: Request, next: Next| {
@@ -241,4 +249,21 @@ impl McpServer {
             }
         }
     }
+}
+
+/// `GET /_mcp/calls`: every `tools/call` received, in arrival order, and how many listings were answered.
+async fn recorded_calls(State(shared): State<Arc<Shared>>) -> Json<Value> {
+    let calls: Vec<Value> = lock(&shared.calls)
+        .iter()
+        .map(|(tool, arguments)| json!({"tool": tool, "arguments": arguments}))
+        .collect();
+    Json(json!({"calls": calls, "lists": shared.lists.load(Ordering::SeqCst)}))
+}
+
+/// `POST /_mcp/reset`: forgets the recorded calls, the listing count and the `Authorization` headers.
+async fn reset(State(shared): State<Arc<Shared>>) -> Json<Value> {
+    lock(&shared.calls).clear();
+    lock(&shared.authorization).clear();
+    shared.lists.store(0, Ordering::SeqCst);
+    Json(json!({"reset": true}))
 }
