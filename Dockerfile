@@ -6,7 +6,8 @@ COPY crates crates
 COPY tests/e2e tests/e2e
 COPY migrations migrations
 RUN cargo build --release --locked -p gateway -p gateway-testkit \
- && cp target/release/gateway target/release/mock-model target/release/example-tools /usr/local/bin/
+ && cp target/release/gateway target/release/mock-model target/release/example-tools target/release/example-mcp \
+    /usr/local/bin/
 
 FROM debian:bookworm-slim
 RUN apt-get update \
@@ -14,7 +15,8 @@ RUN apt-get update \
  && rm -rf /var/lib/apt/lists/* \
  && useradd --system --uid 10001 --home-dir /app gateway
 WORKDIR /app
-COPY --from=build /usr/local/bin/gateway /usr/local/bin/mock-model /usr/local/bin/example-tools /usr/local/bin/
+COPY --from=build /usr/local/bin/gateway /usr/local/bin/mock-model /usr/local/bin/example-tools \
+    /usr/local/bin/example-mcp /usr/local/bin/
 COPY config config
 RUN mkdir -p /app/data && chown gateway /app/data
 USER gateway
