@@ -1,7 +1,8 @@
 //! `gateway-mcp-overhead`: what the gateway adds to one MCP tool call. The testkit's MCP server runs in-process;
 //! the same `add` call is made N times directly over an rmcp client session, and N times through the gateway's
 //! tool executor (an `mcp` tool source: schema check, per-source policy, metrics, output cap, the same kind of
-//! reused session). Prints p50/p90/p99 of both and the p50 difference, in microseconds.
+//! reused session), and N times as a server that a request names (SPEC 12: checked address, a session opened and
+//! closed per call). Prints p50/p90/p99 of each and the p50 differences, in microseconds.
 
 use std::time::Instant;
 
@@ -91,8 +92,48 @@ async fn main() -> anyhow::Result<()> {
         .iter()
         .find(|t| t.name == "add")
         .context("the MCP server's add tool was not discovered")?;
-    let mut gateway = Histogram::<u64>::new(3)?;
-    for i in 0..warmup + args.calls {
+    let gateway = measure(&executor, add, warmup, args.calls).await?;
+
+    // As a server a request names: the same tool, reached through the checked address, a session per call.
+    let prefix = format!("http://{}/", mcp.addr());
+    let checked = gateway::tools::remote::RemoteServers::new(&[prefix])?
+        .check(&mcp.url())
+        .await?;
+    let remote = ToolSource {
+        id: "remote:calc".into(),
+        name: "add".into(),
+        kind: SourceKind::Remote,
+        mcp_tool: Some("add".into()),
+        server_label: Some("calc".into()),
+        remote: Some(std::sync::Arc::new(gateway::tools::mcp::RemoteAccess {
+            server_label: "calc".into(),
+            server: checked,
+            headers: Default::default(),
+            authorization: None,
+        })),
+        ..add.clone()
+    };
+    let declared = measure(&executor, &remote, warmup, args.calls).await?;
+
+    line("direct (rmcp client)", &direct);
+    line("through the gateway", &gateway);
+    line("request-declared server", &declared);
+    let p50 = i128::from(micros(&gateway, 0.5)) - i128::from(micros(&direct, 0.5));
+    println!("gateway overhead per MCP call at p50: {p50} us");
+    let p50 = i128::from(micros(&declared, 0.5)) - i128::from(micros(&direct, 0.5));
+    println!("request-declared server (session per call) overhead at p50: {p50} us");
+    Ok(())
+}
+
+/// `calls` timed calls of `add` on `source` through the executor, after `warmup` untimed ones.
+async fn measure(
+    executor: &ToolExecutor,
+    source: &ToolSource,
+    warmup: u64,
+    calls: u64,
+) -> anyhow::Result<Histogram<u64>> {
+    let mut histogram = Histogram::<u64>::new(3)?;
+    for i in 0..warmup + calls {
         let call = ToolCall::function(
             format!("fc_{i}"),
             format!("call_{i}"),
@@ -105,7 +146,7 @@ async fn main() -> anyhow::Result<()> {
             idempotency_key: &key,
         };
         let started = Instant::now();
-        let outcome = executor.execute(add, &call, at).await;
+        let outcome = executor.execute(source, &call, at).await;
         if outcome.is_error() {
             anyhow::bail!(
                 "the call through the gateway failed: {}",
@@ -113,15 +154,10 @@ async fn main() -> anyhow::Result<()> {
             );
         }
         if i >= warmup {
-            gateway.record(elapsed_us(started))?;
+            histogram.record(elapsed_us(started))?;
         }
     }
-
-    line("direct (rmcp client)", &direct);
-    line("through the gateway", &gateway);
-    let p50 = i128::from(micros(&gateway, 0.5)) - i128::from(micros(&direct, 0.5));
-    println!("gateway overhead per MCP call at p50: {p50} us");
-    Ok(())
+    Ok(histogram)
 }
 
 fn elapsed_us(started: Instant) -> u64 {
