@@ -129,6 +129,19 @@ pub fn parse_remote_mcp(
                         "header values must be strings.".into(),
                     ));
                 };
+                if !is_header_name(name) {
+                    return Err(invalid(
+                        "headers",
+                        format!("'{}' is not a valid HTTP header name.", name.escape_debug()),
+                    ));
+                }
+                // The value is a credential: the message never quotes it.
+                if value.bytes().any(|b| (b < 0x20 && b != b'\t') || b == 0x7f) {
+                    return Err(invalid(
+                        &format!("headers.{name}"),
+                        "header values may not hold control characters.".into(),
+                    ));
+                }
                 headers.insert(name.clone(), value.clone());
             }
             headers
@@ -201,6 +214,14 @@ pub fn parse_remote_mcp(
         approval,
         server_description,
     })
+}
+
+/// Whether `name` is an HTTP header name (an RFC 9110 token).
+fn is_header_name(name: &str) -> bool {
+    !name.is_empty()
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b))
 }
 
 /// Tool names given as an array of strings or as a filter object (`{"tool_names": [...]}`).
@@ -356,6 +377,14 @@ mod tests {
             (
                 json!({"server_label": "s", "server_url": "http://h/", "allowed_tools": "add"}),
                 "tools[1].allowed_tools",
+            ),
+            (
+                json!({"server_label": "s", "server_url": "http://h/", "headers": {"a b": "x"}}),
+                "tools[1].headers",
+            ),
+            (
+                json!({"server_label": "s", "server_url": "http://h/", "headers": {"X-Key": "a\nb"}}),
+                "tools[1].headers.X-Key",
             ),
             (
                 json!({"server_label": "s", "server_url": 5}),

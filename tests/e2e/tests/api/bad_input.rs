@@ -320,6 +320,12 @@ fn create_cases() -> Vec<Case> {
         )
         .param("tools[0].headers.X-Key"),
         create(
+            "mcp header name not a token",
+            with(json!({"tools": [{"type": "mcp", "server_label": "s", "server_url": "https://h/",
+                                   "headers": {"X Key": "v"}}]})),
+        )
+        .param("tools[0].headers"),
+        create(
             "two mcp servers, one label",
             with(json!({"tools": [{"type": "mcp", "server_label": "s", "server_url": "https://h/"},
                                   {"type": "mcp", "server_label": "s", "server_url": "https://i/"}]})),
