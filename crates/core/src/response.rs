@@ -58,22 +58,36 @@ pub enum FailureCode {
     /// The upstream model refused the request as the client's problem (a 4xx other than 408/409/429): not retried,
     /// not passed to fallbacks (SPEC 8).
     UpstreamRejected,
+    /// A running response could not be resumed because the deployment it ran on was deleted since (SPEC 9:
+    /// nothing loops for ever).
+    DeploymentGone,
+    /// A running response could not be resumed because what the store holds of it cannot be read.
+    UnreadableState,
 }
 
 impl FailureCode {
-    pub const ALL: [FailureCode; 2] = [FailureCode::ServerError, FailureCode::UpstreamRejected];
+    pub const ALL: [FailureCode; 4] = [
+        FailureCode::ServerError,
+        FailureCode::UpstreamRejected,
+        FailureCode::DeploymentGone,
+        FailureCode::UnreadableState,
+    ];
 
     pub fn as_str(self) -> &'static str {
         match self {
             FailureCode::ServerError => "server_error",
             FailureCode::UpstreamRejected => "upstream_rejected",
+            FailureCode::DeploymentGone => "deployment_gone",
+            FailureCode::UnreadableState => "unreadable_state",
         }
     }
 
     /// The OpenAI error `type` of a failure with this code: the client's problem or the server's.
     pub fn error_type(self) -> &'static str {
         match self {
-            FailureCode::ServerError => "server_error",
+            FailureCode::ServerError
+            | FailureCode::DeploymentGone
+            | FailureCode::UnreadableState => "server_error",
             FailureCode::UpstreamRejected => "invalid_request_error",
         }
     }

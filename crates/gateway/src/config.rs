@@ -174,6 +174,9 @@ impl Default for ToolsConfig {
     }
 }
 
+/// The shortest lease a replica may have (milliseconds).
+pub const MIN_LEASE_MS: u64 = 300;
+
 /// How replicas share the running responses (SPEC 9): leases, takeover, waits.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -187,6 +190,9 @@ pub struct DurabilityConfig {
     /// How long a create repeated with the `Idempotency-Key` of a running response waits for it to end before
     /// answering `409` (which SDKs retry); also how long a cancel waits for the response to stop.
     pub wait_ms: u64,
+    /// How many re-attached streams (`GET /v1/responses/{id}?stream=true`) one replica follows at once; more
+    /// are refused with `503 server_overloaded`, which SDKs retry.
+    pub max_followers: usize,
 }
 
 impl Default for DurabilityConfig {
@@ -195,6 +201,7 @@ impl Default for DurabilityConfig {
             lease_ms: 10_000,
             sweep_interval_ms: 2_000,
             wait_ms: 10_000,
+            max_followers: 1_000,
         }
     }
 }
@@ -305,6 +312,10 @@ impl Config {
             ),
             ("durability.lease_ms", self.durability.lease_ms),
             (
+                "durability.max_followers",
+                self.durability.max_followers as u64,
+            ),
+            (
                 "durability.sweep_interval_ms",
                 self.durability.sweep_interval_ms,
             ),
@@ -330,6 +341,15 @@ impl Config {
             return Err(format!(
                 "server.max_active_responses must be at most {}",
                 tokio::sync::Semaphore::MAX_PERMITS
+            ));
+        }
+        // A replica beats every third of its lease, and each beat waits at most a quarter of it for its own
+        // connection: a beat may fail once and the next still lands in time. Below this the beats' round trips
+        // themselves would eat the lease.
+        if self.durability.lease_ms < MIN_LEASE_MS {
+            return Err(format!(
+                "durability.lease_ms must be at least {MIN_LEASE_MS} (a beat every third of it must reach the \
+                 database in time)"
             ));
         }
         match must_be_positive.iter().find(|(_, value)| *value == 0) {

@@ -68,6 +68,10 @@ on_both_backends!(
     deleting_a_response_removes_its_items_and_steps,
     an_idempotency_key_finds_its_response_and_cannot_be_used_twice_in_a_project,
     concurrent_writes_of_steps_and_responses_all_succeed,
+    a_create_made_again_after_its_reply_was_lost_is_the_same_write,
+    a_run_fenced_on_an_older_claim_writes_nothing_even_when_its_replica_claims_the_response_again,
+    a_heartbeat_says_whether_the_lease_held_since_the_previous_one,
+    the_deadline_is_set_and_read_by_the_database_clock,
 );
 
 // ---- scratch databases ----
@@ -320,7 +324,7 @@ async fn create(
                 steps,
                 idempotency_key,
                 owner: Some(OWNER),
-                deadline_at: Some(1_700_600_000_000),
+                deadline_in_ms: Some(60_000),
             },
             Durability::Flush,
         )
@@ -344,6 +348,7 @@ async fn write_steps(
             at: 1_700_000_050,
             durability,
             owner: OWNER,
+            epoch: 0,
             notify: false,
         })
         .await
@@ -1022,7 +1027,7 @@ async fn a_response_written_when_it_ended_loads_back_ended_with_its_steps(store:
                 steps: &steps,
                 idempotency_key: None,
                 owner: Some(OWNER),
-                deadline_at: None,
+                deadline_in_ms: None,
             },
             Durability::Flush,
         )
@@ -1250,22 +1255,25 @@ async fn step_writes_add_change_and_end_all_or_nothing(store: Store) {
         "ending is no new attempt"
     );
 
-    // All or nothing: a seq already stored fails the whole write, so the change beside it is not applied.
-    let lost = finished(&batch[0], "{\"sum\":9}");
-    let duplicate = write_steps(
+    // A write made again because its reply was lost (its commit went through) is the same write: the steps it
+    // adds are there already, and it succeeds without changing them or counting another attempt.
+    let again = write_steps(
         &store,
         "resp_steps",
-        &[tool_step(2, 0)],
-        &[&lost],
+        std::slice::from_ref(&next),
+        &[&done],
         Durability::Flush,
     )
     .await;
-    assert!(duplicate.is_err(), "a seq is written once: {duplicate:?}");
+    assert!(again.is_ok(), "a repeated write is no conflict: {again:?}");
     let loaded = store
         .load_steps(&project_id, "resp_steps")
         .await
         .expect("load");
-    assert_eq!(loaded[3], three, "the failed write changed nothing");
+    assert_eq!(loaded[1], done);
+    assert_eq!(loaded[3], three);
+    assert_eq!(loaded[4], next);
+    assert_eq!(attempts(&store, "resp_steps").await[4], (4, 1));
 
     let orphan = write_steps(
         &store,
@@ -1294,6 +1302,7 @@ async fn step_writes_add_change_and_end_all_or_nothing(store: Store) {
             at: 1_700_000_300,
             durability: Durability::Flush,
             owner: OWNER,
+            epoch: 0,
             notify: false,
         })
         .await
@@ -1389,6 +1398,7 @@ async fn every_ending_round_trips_through_the_response_row(store: Store) {
                 at: 1_700_000_100,
                 durability: Durability::Flush,
                 owner: OWNER,
+                epoch: 0,
                 notify: false,
             })
             .await
@@ -1619,6 +1629,208 @@ async fn concurrent_writes_of_steps_and_responses_all_succeed(store: Store) {
             3
         );
     }
+}
+
+async fn a_create_made_again_after_its_reply_was_lost_is_the_same_write(store: Store) {
+    let (project_id, deployment_id) = tenant(&store, "acme").await;
+    let first = [with_state(&model_step(0), StepState::Running)];
+    create(
+        &store,
+        &project_id,
+        &deployment_id,
+        &record("resp_again"),
+        &context(2),
+        &first,
+        Some("k-1"),
+    )
+    .await
+    .expect("create");
+    // The same write again, as a run retries it when the reply of the first was lost; meanwhile its model call
+    // ended, so the step it carries has moved on.
+    let moved_on = [model_step(0)];
+    create(
+        &store,
+        &project_id,
+        &deployment_id,
+        &record("resp_again"),
+        &context(2),
+        &moved_on,
+        Some("k-1"),
+    )
+    .await
+    .expect("a repeated create is no conflict");
+    assert_eq!(
+        store
+            .load_steps(&project_id, "resp_again")
+            .await
+            .expect("steps"),
+        moved_on
+    );
+    assert_eq!(
+        store
+            .load_context(&project_id, "resp_again")
+            .await
+            .expect("context")
+            .len(),
+        2
+    );
+    // Another response under the same Idempotency-Key is still refused.
+    let other = create(
+        &store,
+        &project_id,
+        &deployment_id,
+        &record("resp_other"),
+        &context(1),
+        &[],
+        Some("k-1"),
+    )
+    .await;
+    assert!(matches!(other, Err(StoreError::Conflict(_))), "{other:?}");
+}
+
+/// One boundary of response `id` written by `owner` under claim `epoch`: a model step added.
+async fn write_as(
+    store: &Store,
+    id: &str,
+    owner: &str,
+    epoch: i64,
+    seq: u32,
+) -> Result<(), StoreError> {
+    store
+        .write_steps(&StepWrite {
+            response_id: id,
+            added: &[model_step(seq)],
+            changed: &[],
+            ended: None,
+            at: 1_700_000_060,
+            durability: Durability::Flush,
+            owner,
+            epoch,
+            notify: false,
+        })
+        .await
+        .map(drop)
+}
+
+async fn a_run_fenced_on_an_older_claim_writes_nothing_even_when_its_replica_claims_the_response_again(
+    store: Store,
+) {
+    let (project_id, deployment_id) = tenant(&store, "acme").await;
+    // Created and driven by OWNER under the first epoch (0); OWNER never beats, so its lease is over at once.
+    create(
+        &store,
+        &project_id,
+        &deployment_id,
+        &record("resp_fenced"),
+        &context(1),
+        &[],
+        None,
+    )
+    .await
+    .expect("create");
+    write_as(&store, "resp_fenced", OWNER, 0, 0)
+        .await
+        .expect("the owner writes");
+
+    // Another replica takes it over, then hands it back; the first replica claims it again.
+    store.heartbeat("replica-b", 60_000).await.expect("beat");
+    let taken = store.claim("replica-b", 60_000, 10).await.expect("claim");
+    assert_eq!(taken.len(), 1);
+    assert!(taken[0].taken_over);
+    assert_eq!(taken[0].epoch, 1, "a claim raises the epoch");
+    store
+        .release_one("resp_fenced", "replica-b", 0)
+        .await
+        .expect("release");
+    assert_eq!(
+        store
+            .claims_of(&["resp_fenced".to_owned()])
+            .await
+            .expect("claims")[0]
+            .owner
+            .as_deref(),
+        Some("replica-b"),
+        "a release under another epoch leaves the claim alone"
+    );
+    store
+        .release_one("resp_fenced", "replica-b", 1)
+        .await
+        .expect("release");
+    store.heartbeat(OWNER, 60_000).await.expect("beat");
+    let back = store.claim(OWNER, 60_000, 10).await.expect("claim");
+    assert_eq!(back.len(), 1);
+    assert_eq!(back[0].epoch, 2);
+
+    // The run of the first claim is stale: same replica, older epoch. It writes nothing.
+    let stale = write_as(&store, "resp_fenced", OWNER, 0, 1).await;
+    assert!(matches!(stale, Err(StoreError::NotOwner)), "{stale:?}");
+    let started = store.start_queued("resp_fenced", OWNER, 0, 1_000).await;
+    assert!(matches!(started, Err(StoreError::NotOwner)), "{started:?}");
+    assert_eq!(
+        store
+            .load_steps(&project_id, "resp_fenced")
+            .await
+            .expect("steps")
+            .len(),
+        1
+    );
+    // The run of the new claim writes.
+    write_as(&store, "resp_fenced", OWNER, 2, 1)
+        .await
+        .expect("the current claim writes");
+    assert_eq!(
+        store
+            .load_steps(&project_id, "resp_fenced")
+            .await
+            .expect("steps")
+            .len(),
+        2
+    );
+    let claims = store
+        .claims_of(&["resp_fenced".to_owned(), "resp_none".to_owned()])
+        .await
+        .expect("claims");
+    assert_eq!(claims.len(), 1);
+    assert_eq!(
+        (claims[0].owner.as_deref(), claims[0].epoch),
+        (Some(OWNER), 2)
+    );
+}
+
+async fn a_heartbeat_says_whether_the_lease_held_since_the_previous_one(store: Store) {
+    let first = store.heartbeat("replica-a", 60_000).await.expect("beat");
+    assert!(
+        !first.lease_kept,
+        "a first beat proves nothing about before"
+    );
+    let second = store.heartbeat("replica-a", 60_000).await.expect("beat");
+    assert!(second.lease_kept, "beats well within the lease keep it");
+    // Beats further apart than the lease (here: any two beats, with a lease of nothing) lose it.
+    let lapsed = store.heartbeat("replica-a", 0).await.expect("beat");
+    assert!(!lapsed.lease_kept);
+}
+
+async fn the_deadline_is_set_and_read_by_the_database_clock(store: Store) {
+    let (project_id, deployment_id) = tenant(&store, "acme").await;
+    create(
+        &store,
+        &project_id,
+        &deployment_id,
+        &record("resp_deadline"),
+        &context(1),
+        &[],
+        None,
+    )
+    .await
+    .expect("create");
+    let run = store
+        .load_run(&project_id, "resp_deadline")
+        .await
+        .expect("load")
+        .expect("there");
+    let left = run.deadline_in_ms.expect("a deadline");
+    // Created with 60 s to go, read back moments later by the same clock: whatever this machine's clock says.
+    assert!((50_000..=60_000).contains(&left), "{left}");
 }
 
 // ---- the embedded store only ----

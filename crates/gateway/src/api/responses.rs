@@ -71,6 +71,7 @@ pub async fn create_response(
                 None,
                 live,
                 state.keep_alive,
+                None,
             ));
         }
         return Ok(Json(response_object(&record, &[])).into_response());
@@ -269,6 +270,11 @@ pub async fn get_response(
     };
     if stream {
         find_response(&state, &project, &id).await?;
+        let place = state.engine.replica().admit_follower().ok_or_else(|| {
+            ApiError::overloaded(
+                "This gateway replica follows as many streams as it may; re-attach again shortly.",
+            )
+        })?;
         let live = state.engine.replica().runs.follow(&id);
         let engine = state.engine.clone();
         return Ok(follow(
@@ -279,6 +285,7 @@ pub async fn get_response(
             starting_after,
             live,
             state.keep_alive,
+            Some(place),
         ));
     }
     Ok(Json(response_json(&state, &project, &id).await?.1).into_response())

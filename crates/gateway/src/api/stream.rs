@@ -45,9 +45,12 @@ pub fn follow(
     after: Option<u64>,
     live: Option<broadcast::Receiver<Event>>,
     keep_alive: Duration,
+    place: Option<tokio::sync::OwnedSemaphorePermit>,
 ) -> Response {
     let (tx, rx) = mpsc::channel(STREAM_BUFFER);
     tokio::spawn(tracing::Instrument::in_current_span(async move {
+        // The follower's place among those this replica follows, given back when it stops.
+        let _place = place;
         let follower = Follower {
             engine,
             store,

@@ -64,12 +64,13 @@ impl Engine {
             Ok(finished) => return Ok(finished),
             Err(Interrupted::GivenUp) => return Err(self.given_up(&run).await),
             Err(Interrupted::Store(source))
-                if source.is_transient() && run.journal.is_written() =>
+                if source.is_transient() && !run.journal.nothing_stored() =>
             {
                 // The store did not answer for a lease: give the response up, and release it once the store
                 // answers again, so that a replica (maybe this one) resumes it from its stored steps.
                 tracing::warn!(response.id = %run.record.id, error = %source, "the store stopped answering; handing the response over");
-                self.replica.release_later(&run.record.id);
+                self.replica
+                    .release_later(&run.record.id, run.registration.epoch);
                 return Err(self.given_up(&run).await);
             }
             Err(Interrupted::Store(source)) => source,
@@ -88,10 +89,27 @@ impl Engine {
             now(),
         );
         if run.journal.is_written() {
-            // Best effort: a response must not stay in progress for ever when its loop gave up; the steps not yet
-            // written go with its ending.
+            // A response must not stay in progress for ever when its loop gave up: the steps not yet written go
+            // with its ending; failing that, the ending alone; failing that too, the response is handed back, so
+            // that a replica resumes it and ends it.
             if let Err(again) = self.write(&mut run, Durability::Flush).await {
-                tracing::error!(response.id = %run.record.id, error = %again, "could not record the failure either");
+                tracing::error!(response.id = %run.record.id, error = %again, "could not record the failure with its steps");
+                let ended = self
+                    .store
+                    .end_unreadable(
+                        &run.record.id,
+                        &self.replica.id,
+                        run.registration.epoch,
+                        &FailureCode::ServerError,
+                        &message,
+                        now(),
+                    )
+                    .await;
+                if let Err(again) = ended {
+                    tracing::error!(response.id = %run.record.id, error = %again, "could not record the failure either; handing the response over");
+                    self.replica
+                        .release_later(&run.record.id, run.registration.epoch);
+                }
             }
         }
         // Best effort, bounded for a reader that takes nothing: it learns why its stream ends here, and the
@@ -149,14 +167,17 @@ impl Engine {
                 report_listings(run, sink).await;
             }
             Origin::Queued => {
-                // Its deadline runs from now.
-                let deadline_at = now_ms() + self.deadline_ms();
-                run.journal.deadline_at = Some(deadline_at);
+                // Its deadline runs from now (the database's clock, as every replica reads it).
                 run.deadline =
                     Instant::now() + Duration::from_millis(self.limits.response_deadline_ms);
                 if self
                     .store
-                    .start_queued(&run.record.id, &self.replica.id, deadline_at)
+                    .start_queued(
+                        &run.record.id,
+                        &self.replica.id,
+                        run.registration.epoch,
+                        self.deadline_ms(),
+                    )
                     .await?
                 {
                     run.heard(Stop::Cancel);
@@ -173,6 +194,7 @@ impl Engine {
             Origin::Resumed => {}
         }
         loop {
+            self.check_lease(run).await;
             match run.stop() {
                 Some(Stop::Cancel) => {
                     tracing::info!(response.id = %run.record.id, "response cancelled");
@@ -264,6 +286,22 @@ impl Engine {
             };
             return self.finish(run, ending, sink).await;
         }
+    }
+
+    /// Makes sure this replica still holds its lease before the run acts (a model call, a tool request): a
+    /// process that was paused or cut off for longer than a lease waits for its next beat, which tells the runs
+    /// whose response another replica took to give it up (SPEC 9). A lease that does not come back within a lease
+    /// means the store is out of reach: the run gives its response up, to be released once the store answers.
+    async fn check_lease(&self, run: &mut Run) {
+        if self.replica.hold_lease().await {
+            return;
+        }
+        tracing::warn!(response.id = %run.record.id, "this replica's lease lapsed; giving the response up");
+        if !run.journal.nothing_stored() {
+            self.replica
+                .release_later(&run.record.id, run.registration.epoch);
+        }
+        run.heard(Stop::Abandon);
     }
 
     /// Records how the response ended (waiting for the disk: clients see it), and reports it.
@@ -513,6 +551,11 @@ impl Engine {
                 run.steps[seq as usize].state = StepState::Pending;
             }
             return Err(e);
+        }
+        // A process paused since that write may have lost the response meanwhile: no request goes out then.
+        self.check_lease(run).await;
+        if run.stop() == Some(Stop::Abandon) {
+            return Err(StoreError::NotOwner);
         }
         let started: Vec<&Step> = seqs
             .iter()

@@ -39,43 +39,38 @@ pub(super) struct Journal {
     stored: usize,
     /// Stored steps changed since the last write, by index.
     changed: BTreeSet<usize>,
-    /// When the response's deadline passes (milliseconds); `None` until a queued response starts.
-    pub(super) deadline_at: Option<i64>,
+    /// The first write of the row failed in a way that leaves it unknown whether it committed (its reply was
+    /// lost): the response may be in the store.
+    in_doubt: bool,
 }
 
 impl Journal {
     /// The journal of a new run: `written` when its row and first `steps` were stored as it was prepared.
-    pub(super) fn new(
-        persist: bool,
-        project_id: &str,
-        written: bool,
-        steps: usize,
-        deadline_at: Option<i64>,
-    ) -> Journal {
+    pub(super) fn new(persist: bool, project_id: &str, written: bool, steps: usize) -> Journal {
         Journal {
             persist,
             unwritten: (persist && !written).then(|| project_id.to_owned()),
             stored: if written { steps } else { 0 },
             changed: BTreeSet::new(),
-            deadline_at,
+            in_doubt: false,
         }
     }
 
     /// The journal of a run resumed from the store, where all of its `steps` are.
-    pub(super) fn resumed(steps: usize, deadline_at: Option<i64>) -> Journal {
+    pub(super) fn resumed(steps: usize) -> Journal {
         Journal {
             persist: true,
             unwritten: None,
             stored: steps,
             changed: BTreeSet::new(),
-            deadline_at,
+            in_doubt: false,
         }
     }
 
     /// Whether nothing of the run is in the store yet (a stored response whose row was put off, or an unstored
     /// one): a failure then left nothing behind, and no tool ran.
     pub(super) fn nothing_stored(&self) -> bool {
-        !self.persist || self.unwritten.is_some()
+        !self.persist || (self.unwritten.is_some() && !self.in_doubt)
     }
 
     /// Whether the response is stored and its row written.
@@ -100,10 +95,11 @@ struct Changes {
     changed: Vec<Step>,
 }
 
-/// How one write goes out: as which replica, how durably, told to followers or not.
+/// How one write goes out: as which replica and claim, how durably, told to followers or not.
 #[derive(Clone, Copy)]
 struct Writing<'a> {
     owner: &'a str,
+    epoch: i64,
     durability: Durability,
     notify: bool,
 }
@@ -129,6 +125,7 @@ impl Changes {
                 at: now(),
                 durability: writing.durability,
                 owner: writing.owner,
+                epoch: writing.epoch,
                 notify: writing.notify,
             })
             .await
@@ -205,6 +202,7 @@ impl Engine {
         let sent = AtomicBool::new(false);
         let writing = Writing {
             owner: &self.replica.id,
+            epoch: run.registration.epoch,
             durability: self.relaxed(),
             notify: run.registration.is_followed(),
         };
@@ -264,11 +262,12 @@ impl Engine {
                 Ok(()) => return Ok(()),
                 Err(failure) => failure,
             };
-            // A response not yet in the store left nothing behind: its client is better told at once (and may
-            // send it again) than kept waiting.
+            // A write that must land is tried again while the store fails for a moment: a write whose commit
+            // succeeded but whose reply was lost is recognised as the same write (the first write of a response's
+            // row included), never a conflict.
             let retry = durability == Durability::Flush
                 && failure.is_transient()
-                && run.journal.is_written()
+                && run.journal.persist
                 && run.stop() != Some(Stop::Abandon);
             let wait = waits
                 .next()
@@ -286,7 +285,8 @@ impl Engine {
         if let Some(project_id) = &run.journal.unwritten {
             // The first write of a response whose row was put off: the row (with its ending, if this is it),
             // its context and every step so far, at once.
-            self.store
+            let written = self
+                .store
                 .create_response(
                     &NewResponse {
                         record: &run.record,
@@ -297,11 +297,15 @@ impl Engine {
                         steps: &run.steps,
                         idempotency_key: None,
                         owner: Some(&self.replica.id),
-                        deadline_at: run.journal.deadline_at,
+                        deadline_in_ms: Some(remaining_ms(run.deadline)),
                     },
                     durability,
                 )
-                .await?;
+                .await;
+            if let Err(e) = written {
+                run.journal.in_doubt |= e.is_transient();
+                return Err(e);
+            }
             run.journal.unwritten = None;
             run.journal.stored = run.steps.len();
             run.journal.changed.clear();
@@ -312,6 +316,7 @@ impl Engine {
             let ended = ends.then_some(&run.record);
             let writing = Writing {
                 owner: &self.replica.id,
+                epoch: run.registration.epoch,
                 durability,
                 notify: run.registration.is_followed(),
             };
@@ -330,6 +335,31 @@ impl Engine {
         Ok(())
     }
 
+    /// Writes a new response's row, tried again while the store fails for a moment (for at most a lease): the
+    /// write is recognised when its commit succeeded but its reply was lost.
+    pub(super) async fn create_row(
+        &self,
+        new: &NewResponse<'_>,
+        durability: Durability,
+    ) -> Result<(), StoreError> {
+        let give_up_at = tokio::time::Instant::now() + self.replica.lease;
+        let mut waits = RetryPolicy::new(u32::MAX, STORE_RETRY_BASE_MS).waits();
+        loop {
+            let failure = match self.store.create_response(new, durability).await {
+                Ok(()) => return Ok(()),
+                Err(failure) => failure,
+            };
+            let wait = waits.next().filter(|wait| {
+                failure.is_transient() && tokio::time::Instant::now() + *wait < give_up_at
+            });
+            let Some(wait) = wait else {
+                return Err(failure);
+            };
+            tracing::warn!(response.id = %new.record.id, error = %failure, "writing a new response failed; trying again");
+            tokio::time::sleep(wait).await;
+        }
+    }
+
     /// A write whose loss is harmless (see `relaxed`): when it fails, what it held goes with the next write, and
     /// the loop goes on.
     pub(super) async fn write_relaxed(&self, run: &mut Run) {
@@ -337,4 +367,10 @@ impl Engine {
             tracing::warn!(response.id = %run.record.id, error = %e, "a step write failed; retrying it with the next one");
         }
     }
+}
+
+/// What is left of a run's deadline, in milliseconds: the store adds it to the database's clock.
+pub(super) fn remaining_ms(deadline: std::time::Instant) -> i64 {
+    let left = deadline.saturating_duration_since(std::time::Instant::now());
+    i64::try_from(left.as_millis()).unwrap_or(i64::MAX)
 }

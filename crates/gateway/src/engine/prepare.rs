@@ -26,7 +26,7 @@ use crate::store::tenancy::{SourceKind, ToolSource};
 
 use super::journal::Journal;
 use super::{Engine, EngineError, Origin, Run};
-use crate::clock::{now, now_ms};
+use crate::clock::now;
 use crate::ids::{item_id, new_id};
 use crate::store::responses::{Durability, NewResponse};
 use crate::store::StoreError;
@@ -243,7 +243,7 @@ impl Engine {
             usage: None,
         };
         // A foreground response's deadline runs from now; a background one's from when a replica starts it.
-        let deadline_at = (!request.background).then(|| now_ms() + self.deadline_ms());
+        let deadline_in_ms = (!request.background).then(|| self.deadline_ms());
         // A response that someone may look for while it runs (its stream told the client its id) or that
         // must be found by its Idempotency-Key is written now. Any other is written with its first step
         // boundary: before a tool request goes out, or with its ending. Until then nothing outside this call
@@ -251,34 +251,41 @@ impl Engine {
         let write_now =
             request.store && (request.stream || request.background || idempotency_key.is_some());
         if write_now {
-            self.store
-                .create_response(
-                    &NewResponse {
-                        record: &record,
-                        project_id,
-                        deployment_id: &resolution.deployment.id,
-                        server_tools: &server_tools,
-                        context: &context,
-                        steps: &steps,
-                        idempotency_key,
-                        owner: admitted.is_some().then_some(self.replica.id.as_str()),
-                        deadline_at,
-                    },
-                    // A background response is answered `queued` at once: it must outlive a crash of the
-                    // database server from then on. The others run on, and their next writes make this one
-                    // durable before anything else happens.
-                    if request.background {
-                        Durability::Flush
-                    } else {
-                        self.relaxed()
-                    },
-                )
-                .await
-                .map_err(|e| match e {
-                    // Two creates with one Idempotency-Key raced: the other one is running it.
-                    StoreError::Conflict(_) => EngineError::IdempotencyInProgress,
-                    other => EngineError::NothingStored(other),
-                })?;
+            let owner = admitted.is_some().then_some(self.replica.id.as_str());
+            self.create_row(
+                &NewResponse {
+                    record: &record,
+                    project_id,
+                    deployment_id: &resolution.deployment.id,
+                    server_tools: &server_tools,
+                    context: &context,
+                    steps: &steps,
+                    idempotency_key,
+                    owner,
+                    deadline_in_ms,
+                },
+                // A background response is answered `queued` at once: it must outlive a crash of the
+                // database server from then on. The others run on, and their next writes make this one
+                // durable before anything else happens.
+                if request.background {
+                    Durability::Flush
+                } else {
+                    self.relaxed()
+                },
+            )
+            .await
+            .map_err(|e| match e {
+                // Two creates with one Idempotency-Key raced: the other one is running it.
+                StoreError::Conflict(_) => EngineError::IdempotencyInProgress,
+                other => {
+                    if owner.is_some() && other.is_transient() {
+                        // It may have committed with its reply lost: once the store answers, the response
+                        // is handed to whichever replica claims it, rather than left owned by nobody running.
+                        self.replica.release_later(&record.id, 0);
+                    }
+                    EngineError::NothingStored(other)
+                }
+            })?;
         }
         let Some(admitted) = admitted else {
             return Ok(Prepared::Queued(record));
@@ -286,15 +293,9 @@ impl Engine {
         let registration = self
             .replica
             .runs
-            .register(&record.id)
+            .register(&record.id, 0)
             .ok_or(EngineError::TaskFailed)?;
-        let journal = Journal::new(
-            request.store,
-            project_id,
-            write_now,
-            steps.len(),
-            deadline_at,
-        );
+        let journal = Journal::new(request.store, project_id, write_now, steps.len());
         Ok(Prepared::Run(Run {
             record,
             project_id: project_id.to_owned(),

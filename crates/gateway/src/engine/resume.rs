@@ -5,13 +5,13 @@
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
-use gateway_core::response::{Ending, ResponseStatus};
+use gateway_core::response::{Ending, FailureCode, ResponseStatus};
 use gateway_core::steps::total_usage;
 use tokio::sync::OwnedSemaphorePermit;
 
 use super::journal::Journal;
 use super::{Engine, EventSink, Origin, Run};
-use crate::clock::{now, now_ms};
+use crate::clock::now;
 use crate::store::ownership::Claimed;
 use crate::store::responses::{Durability, StepWrite, StoredRun};
 use crate::store::tenancy::{SourceKind, ToolSource};
@@ -24,18 +24,33 @@ impl Engine {
         claimed: Claimed,
         admitted: OwnedSemaphorePermit,
     ) -> Result<(), StoreError> {
-        let Some(stored) = self
-            .store
-            .load_run(&claimed.project_id, &claimed.id)
-            .await?
-        else {
-            return Ok(()); // deleted meanwhile
+        let stored = match self.store.load_run(&claimed.project_id, &claimed.id).await {
+            Ok(Some(stored)) => stored,
+            Ok(None) => return Ok(()), // deleted meanwhile
+            // Whatever holds it cannot be read, and never will be: it ends now rather than being claimed and
+            // released for ever (SPEC 9).
+            Err(e) if !e.is_transient() => {
+                tracing::warn!(response.id = %claimed.id, error = %e, "a running response cannot be read back; ending it failed");
+                self.store
+                    .end_unreadable(
+                        &claimed.id,
+                        &self.replica.id,
+                        claimed.epoch,
+                        &FailureCode::UnreadableState,
+                        "What the gateway stored of this response cannot be read back; it cannot be resumed.",
+                        now(),
+                    )
+                    .await?;
+                self.replica.progressed(&claimed.id);
+                return Ok(());
+            }
+            Err(e) => return Err(e),
         };
         if stored.record.ending().is_some() {
             return Ok(());
         }
-        let Some(registration) = self.replica.runs.register(&claimed.id) else {
-            return Ok(()); // it runs here already
+        let Some(registration) = self.replica.runs.register(&claimed.id, claimed.epoch) else {
+            return Ok(()); // it runs here already, under this claim
         };
         let origin = if stored.record.status() == ResponseStatus::Queued {
             Origin::Queued
@@ -57,6 +72,7 @@ impl Engine {
             return self
                 .end_unresumable(
                     stored,
+                    claimed.epoch,
                     "The deployment this response ran on no longer exists; it cannot be resumed.",
                 )
                 .await;
@@ -91,7 +107,8 @@ impl Engine {
         );
         let registered: BTreeSet<String> =
             stored.server_tools.iter().map(|t| t.name.clone()).collect();
-        let remaining_ms = stored.deadline_at.map_or(0, |at| (at - now_ms()).max(0));
+        // The time left was read off the database's clock, as the deadline was set (SPEC 9).
+        let remaining_ms = stored.deadline_in_ms.map_or(0, |left| left.max(0));
         let sink = EventSink::for_followers(&stored.record, &stored.steps);
         let run = Run {
             limits: self.limits_for(stored.record.params.max_tool_calls),
@@ -101,7 +118,7 @@ impl Engine {
             server_tools,
             registered,
             context: stored.context,
-            journal: Journal::resumed(stored.steps.len(), stored.deadline_at),
+            journal: Journal::resumed(stored.steps.len()),
             steps: stored.steps,
             deadline: Instant::now() + Duration::from_millis(remaining_ms.unsigned_abs()),
             record: stored.record,
@@ -114,12 +131,20 @@ impl Engine {
         Ok(())
     }
 
-    /// Ends a taken response that cannot run again, with `message` as its failure.
-    async fn end_unresumable(&self, stored: StoredRun, message: &str) -> Result<(), StoreError> {
+    /// Ends a taken response whose deployment is gone, with `message` as its failure.
+    async fn end_unresumable(
+        &self,
+        stored: StoredRun,
+        epoch: i64,
+        message: &str,
+    ) -> Result<(), StoreError> {
         tracing::warn!(response.id = %stored.record.id, "{message}");
         let mut record = stored.record;
         record.end(
-            Ending::server_error(message),
+            Ending::Failed {
+                code: FailureCode::DeploymentGone,
+                message: message.to_owned(),
+            },
             total_usage(&stored.steps),
             now(),
         );
@@ -132,6 +157,7 @@ impl Engine {
                 at: now(),
                 durability: Durability::Flush,
                 owner: &self.replica.id,
+                epoch,
                 notify: true,
             })
             .await?;

@@ -31,6 +31,8 @@ pub enum Stop {
 pub type Hub = Arc<OnceLock<broadcast::Sender<Event>>>;
 
 struct Entry {
+    /// The claim epoch the run drives the response under (SPEC 9, fencing).
+    epoch: i64,
     stop: watch::Sender<Option<Stop>>,
     hub: Hub,
     followed: Followed,
@@ -70,6 +72,8 @@ impl Default for Runs {
 pub struct Registration {
     runs: Arc<Runs>,
     id: String,
+    /// The claim epoch the run drives its response under.
+    pub epoch: i64,
     /// Changes when the run must stop.
     pub stop: watch::Receiver<Option<Stop>>,
     pub hub: Hub,
@@ -86,7 +90,10 @@ impl Registration {
 impl Drop for Registration {
     fn drop(&mut self) {
         let mut entries = self.runs.lock();
-        entries.remove(&self.id);
+        // A run under a later claim may have taken the place of this one: its entry stays.
+        if entries.get(&self.id).is_some_and(|e| e.epoch == self.epoch) {
+            entries.remove(&self.id);
+        }
         if entries.is_empty() {
             self.runs.emptied.notify_waiters();
         }
@@ -109,11 +116,17 @@ impl Runs {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// Registers the run of response `id`; `None` when it already runs here.
-    pub fn register(self: &Arc<Self>, id: &str) -> Option<Registration> {
+    /// Registers the run of response `id` under claim `epoch`; `None` when it already runs here under that epoch
+    /// or a later one. A run here under an earlier epoch lost the response, which came back to this replica by a
+    /// later claim: it is told to give it up (its writes are fenced off already), and the new run takes its place.
+    pub fn register(self: &Arc<Self>, id: &str, epoch: i64) -> Option<Registration> {
         let mut entries = self.lock();
-        if entries.contains_key(id) {
-            return None;
+        if let Some(stale) = entries.get(id) {
+            if stale.epoch >= epoch {
+                return None;
+            }
+            stale.stop.send_replace(Some(Stop::Abandon));
+            entries.remove(id);
         }
         let (stop, receiver) = watch::channel(None);
         let hub: Hub = Arc::default();
@@ -121,6 +134,7 @@ impl Runs {
         entries.insert(
             id.to_owned(),
             Entry {
+                epoch,
                 stop,
                 hub: Arc::clone(&hub),
                 followed: followed.clone(),
@@ -129,6 +143,7 @@ impl Runs {
         Some(Registration {
             runs: Arc::clone(self),
             id: id.to_owned(),
+            epoch,
             stop: receiver,
             hub,
             followed,
@@ -152,6 +167,14 @@ impl Runs {
             }
             None => false,
         }
+    }
+
+    /// The responses running here, each with the epoch it runs under.
+    pub fn epochs(&self) -> Vec<(String, i64)> {
+        self.lock()
+            .iter()
+            .map(|(id, entry)| (id.clone(), entry.epoch))
+            .collect()
     }
 
     /// Asks every run to stop.
@@ -209,8 +232,8 @@ mod tests {
     #[tokio::test]
     async fn a_run_is_registered_once_stopped_by_id_and_gone_when_its_registration_drops() {
         let runs = Arc::new(Runs::default());
-        let mut first = runs.register("resp_1").expect("registered");
-        assert!(runs.register("resp_1").is_none(), "one run per response");
+        let mut first = runs.register("resp_1", 0).expect("registered");
+        assert!(runs.register("resp_1", 0).is_none(), "one run per response");
         assert!(runs.stop("resp_1", Stop::Cancel));
         assert!(!runs.stop("resp_2", Stop::Cancel));
         first.stop.changed().await.expect("told");
@@ -226,9 +249,28 @@ mod tests {
     }
 
     #[test]
+    fn a_run_under_a_later_claim_takes_the_place_of_a_stale_one_which_is_told_to_give_up() {
+        let runs = Arc::new(Runs::default());
+        let stale = runs.register("resp_1", 1).expect("registered");
+        assert!(runs.register("resp_1", 1).is_none(), "the same claim");
+        assert!(runs.register("resp_1", 0).is_none(), "an older claim");
+        let fresh = runs.register("resp_1", 2).expect("a later claim");
+        assert_eq!(*stale.stop.borrow(), Some(Stop::Abandon));
+        assert_eq!(*fresh.stop.borrow(), None);
+        drop(stale);
+        assert_eq!(
+            runs.epochs(),
+            vec![("resp_1".to_owned(), 2)],
+            "the stale run's end leaves the new entry"
+        );
+        drop(fresh);
+        assert!(runs.is_empty());
+    }
+
+    #[test]
     fn an_abandon_is_not_undone_by_a_cancel() {
         let runs = Arc::new(Runs::default());
-        let registration = runs.register("resp_1").expect("registered");
+        let registration = runs.register("resp_1", 0).expect("registered");
         runs.stop_all(Stop::Abandon);
         runs.stop("resp_1", Stop::Cancel);
         assert_eq!(*registration.stop.borrow(), Some(Stop::Abandon));
@@ -237,7 +279,7 @@ mod tests {
     #[test]
     fn a_run_is_followed_for_a_while_once_marked() {
         let runs = Arc::new(Runs::default());
-        let registration = runs.register("resp_1").expect("registered");
+        let registration = runs.register("resp_1", 0).expect("registered");
         assert!(!registration.is_followed());
         runs.mark_followed("resp_1");
         runs.mark_followed("resp_2");
@@ -247,7 +289,7 @@ mod tests {
     #[test]
     fn a_hub_is_made_for_the_first_follower_only() {
         let runs = Arc::new(Runs::default());
-        let registration = runs.register("resp_1").expect("registered");
+        let registration = runs.register("resp_1", 0).expect("registered");
         assert!(registration.hub.get().is_none(), "nobody follows yet");
         let _follower = runs.follow("resp_1").expect("runs here");
         assert!(registration.hub.get().is_some());

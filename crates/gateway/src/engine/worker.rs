@@ -11,7 +11,7 @@ use tokio::task::JoinHandle;
 
 use super::{Engine, Stop};
 use crate::store::ownership::channel;
-use crate::store::{Backend, StoreError};
+use crate::store::{Backend, Store, StoreError};
 
 /// Responses a replica takes at once, at most (it takes no more than it has room for).
 const CLAIM_BATCH: usize = 32;
@@ -22,6 +22,8 @@ const ABANDON_WAIT: Duration = Duration::from_secs(5);
 /// The running duties of a replica; `shutdown` ends them.
 pub struct Worker {
     engine: Engine,
+    /// The store on the replica's own connections, for beats, claims and releases.
+    ownership: Store,
     tasks: Vec<JoinHandle<()>>,
 }
 
@@ -30,21 +32,30 @@ impl Worker {
     /// store with unfinished responses resumes them.
     pub async fn start(engine: Engine) -> Result<Worker, StoreError> {
         let replica = Arc::clone(&engine.replica);
-        engine.store.heartbeat(&replica.id).await?;
+        // A beat must be able to fail once and the next still land within the lease.
+        let ownership = engine.store.for_ownership(replica.lease / 4);
+        let sent = tokio::time::Instant::now();
+        ownership.heartbeat(&replica.id, replica.lease_ms()).await?;
+        replica.lease_renewed(sent);
         if let Backend::Sqlite(_) = engine.store.backend() {
             // The embedded store serves one process: any other that used it is gone.
             engine.store.forget_other_replicas(&replica.id).await?;
+            replica.set_exclusive();
         }
         let mut tasks = vec![
-            tokio::spawn(beat(engine.clone())),
-            tokio::spawn(claim(engine.clone())),
+            tokio::spawn(beat(engine.clone(), ownership.clone())),
+            tokio::spawn(claim(engine.clone(), ownership.clone())),
         ];
         if let Backend::Postgres(pool) = engine.store.backend() {
             tasks.push(tokio::spawn(listen(engine.clone(), pool.clone())));
         }
         replica.work.notify_one();
         tracing::info!(replica.id = %replica.id, "replica started");
-        Ok(Worker { engine, tasks })
+        Ok(Worker {
+            engine,
+            ownership,
+            tasks,
+        })
     }
 
     /// The replica's id.
@@ -72,7 +83,7 @@ impl Worker {
         for task in &self.tasks {
             task.abort();
         }
-        let store = &self.engine.store;
+        let store = &self.ownership;
         match store.release(&replica.id).await {
             Ok(released) => {
                 tracing::info!(released, "handed the unfinished responses over");
@@ -87,30 +98,44 @@ impl Worker {
     }
 }
 
-/// Keeps the lease: beats every third of it. Each beat also releases what runs gave up while the store did not
-/// answer, and heeds cancels whose notification was missed.
-async fn beat(engine: Engine) {
+/// Keeps the lease: beats every third of it. A beat that finds the lease lapsed since the previous one (the
+/// process was paused, or cut off from the store, for longer than a lease) first tells the runs whose response
+/// another replica claimed meanwhile to give it up, and only then lets the runs act again. Each beat also
+/// releases what runs gave up while the store did not answer, and heeds cancels whose notification was missed.
+async fn beat(engine: Engine, ownership: Store) {
     let replica = Arc::clone(&engine.replica);
     let mut ticks = tokio::time::interval(replica.lease / 3);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         ticks.tick().await;
-        if let Err(e) = engine.store.heartbeat(&replica.id).await {
-            tracing::warn!(error = %e, "heartbeat failed");
-            continue;
+        let sent = tokio::time::Instant::now();
+        let beat = match ownership.heartbeat(&replica.id, replica.lease_ms()).await {
+            Ok(beat) => beat,
+            Err(e) => {
+                tracing::warn!(error = %e, "heartbeat failed");
+                continue;
+            }
+        };
+        if !beat.lease_kept {
+            tracing::warn!(replica.id = %replica.id, "this replica's lease lapsed; checking which responses are still its own");
+            if let Err(e) = give_up_lost_responses(&engine, &ownership).await {
+                tracing::warn!(error = %e, "could not check which responses are still this replica's");
+                continue;
+            }
         }
+        replica.lease_renewed(sent);
         let mut released = false;
-        for id in replica.take_to_release() {
-            match engine.store.release_one(&id, &replica.id).await {
+        for (id, epoch) in replica.take_to_release() {
+            match ownership.release_one(&id, &replica.id, epoch).await {
                 Ok(()) => released = true,
-                Err(_) => replica.release_later(&id),
+                Err(_) => replica.release_later(&id, epoch),
             }
         }
         if released {
             replica.work.notify_one();
-            let _ = engine.store.notify(channel::WORK, "").await;
+            let _ = ownership.notify(channel::WORK, "").await;
         }
-        match engine.store.cancels_requested(&replica.id).await {
+        match ownership.cancels_requested(&replica.id).await {
             Ok(ids) => {
                 for id in ids {
                     replica.runs.stop(&id, Stop::Cancel);
@@ -121,9 +146,31 @@ async fn beat(engine: Engine) {
     }
 }
 
+/// Tells every run here whose response is now driven by another replica, or under a later claim, to give it up.
+async fn give_up_lost_responses(engine: &Engine, ownership: &Store) -> Result<(), StoreError> {
+    let replica = &engine.replica;
+    let running = replica.runs.epochs();
+    if running.is_empty() {
+        return Ok(());
+    }
+    let ids: Vec<String> = running.iter().map(|(id, _)| id.clone()).collect();
+    let claims = ownership.claims_of(&ids).await?;
+    for (id, epoch) in running {
+        // A response with no running row is not stored yet, or has ended: its run's writes say the rest.
+        let Some(claim) = claims.iter().find(|c| c.id == id) else {
+            continue;
+        };
+        if claim.owner.as_deref() != Some(replica.id.as_str()) || claim.epoch != epoch {
+            tracing::warn!(response.id = %id, "another replica took this response over while this one's lease lapsed; giving it up");
+            replica.runs.stop(&id, Stop::Abandon);
+        }
+    }
+    Ok(())
+}
+
 /// Takes what needs a replica, as much as this one has room for: every sweep interval, and at once when told a
 /// response is waiting.
-async fn claim(engine: Engine) {
+async fn claim(engine: Engine, ownership: Store) {
     let replica = Arc::clone(&engine.replica);
     loop {
         tokio::select! {
@@ -140,8 +187,7 @@ async fn claim(engine: Engine) {
             continue;
         }
         let limit = room as i64;
-        let claimed = match engine
-            .store
+        let claimed = match ownership
             .claim(&replica.id, replica.lease_ms(), limit)
             .await
         {
@@ -158,18 +204,21 @@ async fn claim(engine: Engine) {
         for taken in claimed {
             let Ok(admitted) = Arc::clone(&engine.admission).try_acquire_owned() else {
                 // Requests took the room meanwhile: give it back for another replica (or this one, later).
-                if let Err(e) = engine.store.release_one(&taken.id, &replica.id).await {
+                if let Err(e) = ownership
+                    .release_one(&taken.id, &replica.id, taken.epoch)
+                    .await
+                {
                     tracing::warn!(response.id = %taken.id, error = %e, "could not give a response back");
-                    replica.release_later(&taken.id);
+                    replica.release_later(&taken.id, taken.epoch);
                 }
                 continue;
             };
             let engine = engine.clone();
             tokio::spawn(async move {
-                let id = taken.id.clone();
+                let (id, epoch) = (taken.id.clone(), taken.epoch);
                 if let Err(e) = engine.resume(taken, admitted).await {
                     tracing::warn!(response.id = %id, error = %e, "could not resume a response; releasing it");
-                    engine.replica.release_later(&id);
+                    engine.replica.release_later(&id, epoch);
                 }
             });
         }
@@ -232,7 +281,13 @@ impl Engine {
     /// Says that somebody on this replica waits for response `id`'s progress: the replica that runs it (if
     /// another) notifies each of its step writes for a while. Waiters say it again as they wait.
     pub async fn follow(&self, id: &str) {
-        if self.replica.runs.follow(id).is_none() {
+        // Followers of one response here share one notification a while (SPEC 9: many followers must not load
+        // the store).
+        if self.replica.runs.follow(id).is_none()
+            && self
+                .replica
+                .should_tell_following(id, super::runs::FOLLOWED_FOR / 5)
+        {
             self.tell_all(channel::FOLLOW, id).await;
         }
     }

@@ -17,6 +17,31 @@ macro_rules! with_pool {
     };
 }
 
+/// The database clock in milliseconds, as Postgres reads it: times that decide ownership or a deadline come from
+/// the database, never from a replica's clock (SPEC 9).
+macro_rules! pg_now_ms {
+    () => {
+        "(extract(epoch from clock_timestamp()) * 1000)::bigint"
+    };
+}
+
+/// The database clock in milliseconds, as SQLite reads it.
+macro_rules! sqlite_now_ms {
+    () => {
+        "CAST(unixepoch('subsec') * 1000 AS INTEGER)"
+    };
+}
+
+/// One SQL text with the database clock (milliseconds) between `$before` and `$after`, for the store's backend.
+macro_rules! with_clock {
+    ($store:expr, $before:literal, $after:literal) => {
+        match &$store.backend {
+            $crate::store::Backend::Postgres(_) => concat!($before, pg_now_ms!(), $after),
+            $crate::store::Backend::Sqlite(_) => concat!($before, sqlite_now_ms!(), $after),
+        }
+    };
+}
+
 pub mod admin;
 mod backend;
 mod compaction;
@@ -170,6 +195,24 @@ impl Store {
             std::time::Duration::from_millis(database.acquire_timeout_ms),
         )
         .await
+    }
+
+    /// A store on connections of its own, for the replica's ownership duties (beats, claims, releases): they never
+    /// wait behind the requests' pool, so load, a full pool or many followers cannot make a healthy replica lose
+    /// its lease (SPEC 9). Postgres gets a pool of two connections, opened when first used; the embedded store,
+    /// one process on one file, shares its pool.
+    pub fn for_ownership(&self, acquire_timeout: std::time::Duration) -> Store {
+        match &self.backend {
+            Backend::Postgres(pool) => Store {
+                backend: Backend::Postgres(
+                    sqlx::postgres::PgPoolOptions::new()
+                        .max_connections(2)
+                        .acquire_timeout(acquire_timeout)
+                        .connect_lazy_with((*pool.connect_options()).clone()),
+                ),
+            },
+            Backend::Sqlite(_) => self.clone(),
+        }
     }
 
     /// The database behind this store, e.g. for a test to inspect what was written.

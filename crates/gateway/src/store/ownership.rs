@@ -9,20 +9,6 @@
 
 use super::{Backend, Store, StoreError};
 
-/// The database clock in milliseconds, as Postgres reads it.
-macro_rules! pg_now_ms {
-    () => {
-        "(extract(epoch from clock_timestamp()) * 1000)::bigint"
-    };
-}
-
-/// The database clock in milliseconds, as SQLite reads it.
-macro_rules! sqlite_now_ms {
-    () => {
-        "CAST(unixepoch('subsec') * 1000 AS INTEGER)"
-    };
-}
-
 /// A running response a replica took to drive.
 #[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
 pub struct Claimed {
@@ -30,6 +16,25 @@ pub struct Claimed {
     pub project_id: String,
     /// Whether another replica drove it before (and stopped beating); `false` for a queued response nobody took.
     pub taken_over: bool,
+    /// The epoch of this claim: every write of the run is fenced on it (SPEC 9).
+    pub epoch: i64,
+}
+
+/// Who drives a running response now.
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
+pub struct Claim {
+    pub id: String,
+    /// `None` while no replica drives it (queued, or released).
+    pub owner: Option<String>,
+    pub epoch: i64,
+}
+
+/// What a heartbeat found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Beat {
+    /// The replica's previous beat was within the lease: no other replica can have taken any of its responses
+    /// since. `false` after a pause, a partition or a store outage longer than the lease (or on the first beat).
+    pub lease_kept: bool,
 }
 
 /// How many background responses wait for a replica, and since when the oldest does.
@@ -56,36 +61,90 @@ pub mod channel {
 }
 
 impl Store {
-    /// Records that `replica` is alive now (registering it the first time).
-    pub async fn heartbeat(&self, replica: &str) -> Result<(), StoreError> {
+    /// Records that `replica` is alive now (registering it the first time), and says whether its lease held since
+    /// its previous beat.
+    pub async fn heartbeat(&self, replica: &str, lease_ms: i64) -> Result<Beat, StoreError> {
         let _timer = crate::metrics::StoreTimer::start("heartbeat");
-        match &self.backend {
+        // The previous beat is read in the transaction that replaces it; only this replica beats its row.
+        let previous: Option<i64> = match &self.backend {
             Backend::Postgres(pool) => {
-                sqlx::query(concat!(
+                let mut tx = pool.begin().await?;
+                let previous: Option<i64> = sqlx::query_scalar(
+                    "SELECT heartbeat_at FROM replicas WHERE id = $1 FOR UPDATE",
+                )
+                .bind(replica)
+                .fetch_optional(&mut *tx)
+                .await?;
+                let now: i64 = sqlx::query_scalar(concat!(
                     "INSERT INTO replicas (id, started_at, heartbeat_at) VALUES ($1, ",
                     pg_now_ms!(),
                     ", ",
                     pg_now_ms!(),
-                    ") ON CONFLICT (id) DO UPDATE SET heartbeat_at = EXCLUDED.heartbeat_at"
+                    ") ON CONFLICT (id) DO UPDATE SET heartbeat_at = EXCLUDED.heartbeat_at RETURNING heartbeat_at"
                 ))
                 .bind(replica)
-                .execute(pool)
+                .fetch_one(&mut *tx)
                 .await?;
+                tx.commit().await?;
+                previous.map(|at| now - at)
             }
             Backend::Sqlite(pool) => {
-                sqlx::query(concat!(
+                let mut tx = pool.begin().await?;
+                let previous: Option<i64> =
+                    sqlx::query_scalar("SELECT heartbeat_at FROM replicas WHERE id = $1")
+                        .bind(replica)
+                        .fetch_optional(&mut *tx)
+                        .await?;
+                let now: i64 = sqlx::query_scalar(concat!(
                     "INSERT INTO replicas (id, started_at, heartbeat_at) VALUES ($1, ",
                     sqlite_now_ms!(),
                     ", ",
                     sqlite_now_ms!(),
-                    ") ON CONFLICT (id) DO UPDATE SET heartbeat_at = excluded.heartbeat_at"
+                    ") ON CONFLICT (id) DO UPDATE SET heartbeat_at = excluded.heartbeat_at RETURNING heartbeat_at"
                 ))
                 .bind(replica)
-                .execute(pool)
+                .fetch_one(&mut *tx)
                 .await?;
+                tx.commit().await?;
+                previous.map(|at| now - at)
             }
-        }
-        Ok(())
+        };
+        Ok(Beat {
+            lease_kept: previous.is_some_and(|since| since < lease_ms),
+        })
+    }
+
+    /// Who drives each of the responses `ids` now, and under which claim epoch (`None` for an ended or deleted
+    /// one, or one no replica drives). On Postgres the rows are locked while read, so a claim by another replica
+    /// that is under way is seen once it committed.
+    pub async fn claims_of(&self, ids: &[String]) -> Result<Vec<Claim>, StoreError> {
+        let _timer = crate::metrics::StoreTimer::start("claims_of");
+        let claims: Vec<Claim> = match &self.backend {
+            Backend::Postgres(pool) => {
+                sqlx::query_as(
+                    "SELECT id, owner, claim_epoch AS epoch FROM responses
+                     WHERE id = ANY($1) AND status IN ('queued', 'in_progress') FOR UPDATE",
+                )
+                .bind(ids)
+                .fetch_all(pool)
+                .await?
+            }
+            Backend::Sqlite(pool) => {
+                let mut claims = Vec::with_capacity(ids.len());
+                for id in ids {
+                    let claim: Option<Claim> = sqlx::query_as(
+                        "SELECT id, owner, claim_epoch AS epoch FROM responses
+                         WHERE id = $1 AND status IN ('queued', 'in_progress')",
+                    )
+                    .bind(id)
+                    .fetch_optional(pool)
+                    .await?;
+                    claims.extend(claim);
+                }
+                claims
+            }
+        };
+        Ok(claims)
     }
 
     /// Takes up to `limit` running responses that no live replica drives, oldest first: queued ones nobody took,
@@ -111,8 +170,9 @@ impl Store {
                         ORDER BY r.created_at, r.id
                         LIMIT $3
                         FOR UPDATE OF r SKIP LOCKED)
-                    UPDATE responses r SET owner = $1 FROM candidates c WHERE r.id = c.id
-                    RETURNING r.id, r.project_id, c.owner IS NOT NULL AS taken_over"
+                    UPDATE responses r SET owner = $1, claim_epoch = r.claim_epoch + 1
+                    FROM candidates c WHERE r.id = c.id
+                    RETURNING r.id, r.project_id, c.owner IS NOT NULL AS taken_over, r.claim_epoch AS epoch"
                 ))
                 .bind(replica)
                 .bind(lease_ms)
@@ -123,8 +183,9 @@ impl Store {
             Backend::Sqlite(pool) => {
                 // One process writes this store: the candidates read in the transaction stay candidates.
                 let mut tx = pool.begin().await?;
-                let candidates: Vec<Claimed> = sqlx::query_as(concat!(
-                    "SELECT r.id, r.project_id, r.owner IS NOT NULL AS taken_over FROM responses r
+                let mut candidates: Vec<Claimed> = sqlx::query_as(concat!(
+                    "SELECT r.id, r.project_id, r.owner IS NOT NULL AS taken_over, r.claim_epoch + 1 AS epoch
+                     FROM responses r
                      WHERE r.status IN ('queued', 'in_progress')
                        AND (r.owner IS NULL OR NOT EXISTS (
                            SELECT 1 FROM replicas p WHERE p.id = r.owner AND p.heartbeat_at > ",
@@ -136,12 +197,15 @@ impl Store {
                 .bind(limit)
                 .fetch_all(&mut *tx)
                 .await?;
-                for candidate in &candidates {
-                    sqlx::query("UPDATE responses SET owner = $2 WHERE id = $1")
-                        .bind(&candidate.id)
-                        .bind(replica)
-                        .execute(&mut *tx)
-                        .await?;
+                for candidate in &mut candidates {
+                    candidate.epoch = sqlx::query_scalar(
+                        "UPDATE responses SET owner = $2, claim_epoch = claim_epoch + 1 WHERE id = $1
+                         RETURNING claim_epoch",
+                    )
+                    .bind(&candidate.id)
+                    .bind(replica)
+                    .fetch_one(&mut *tx)
+                    .await?;
                 }
                 tx.commit().await?;
                 candidates
@@ -187,17 +251,21 @@ impl Store {
         Ok(released)
     }
 
-    /// Gives up one running response `replica` drives, so that a replica resumes it from its stored steps.
-    pub async fn release_one(&self, id: &str, replica: &str) -> Result<(), StoreError> {
-        with_pool!(self, |pool| sqlx::query(
+    /// Gives up one running response `replica` drives under claim `epoch`, so that a replica resumes it from its
+    /// stored steps. A later claim of the same response (by this replica too) is left alone.
+    pub async fn release_one(&self, id: &str, replica: &str, epoch: i64) -> Result<(), StoreError> {
+        with_pool!(self, |pool| {
+            sqlx::query(
             "UPDATE responses SET owner = NULL
-             WHERE id = $1 AND owner = $2 AND status IN ('queued', 'in_progress')"
+             WHERE id = $1 AND owner = $2 AND claim_epoch = $3 AND status IN ('queued', 'in_progress')"
         )
         .bind(id)
         .bind(replica)
+        .bind(epoch)
         .execute(pool)
         .await
-        .map(|done| done.rows_affected()))?;
+        .map(|done| done.rows_affected())
+        })?;
         Ok(())
     }
 

@@ -24,8 +24,9 @@ pub struct NewResponse<'a> {
     pub idempotency_key: Option<&'a str>,
     /// The replica that drives it; `None` for a background response left queued for any replica.
     pub owner: Option<&'a str>,
-    /// When its deadline passes (milliseconds); `None` until it starts (a queued background response).
-    pub deadline_at: Option<i64>,
+    /// How long it has until its deadline passes (milliseconds, counted from the database's clock when the row
+    /// is written); `None` until it starts (a queued background response).
+    pub deadline_in_ms: Option<i64>,
 }
 
 /// A response row of a project: `$1` its id, `$2` the project.
@@ -54,8 +55,9 @@ pub struct StoredRun {
     pub deployment_id: Option<String>,
     /// The server tools it started with, as resolved then (without their secrets).
     pub server_tools: Vec<ToolSource>,
-    /// When its deadline passes (milliseconds); `None` for a queued response that has not started.
-    pub deadline_at: Option<i64>,
+    /// How long it has left until its deadline (milliseconds, by the database's clock; negative once passed);
+    /// `None` for a queued response that has not started.
+    pub deadline_in_ms: Option<i64>,
     /// Whether it was created with an `Idempotency-Key` (a repeated create may be waiting for it).
     pub keyed: bool,
     pub context: Vec<Item>,
@@ -104,8 +106,10 @@ pub struct StepWrite<'a> {
     /// `updated_at` of everything written and `created_at` of added steps.
     pub at: i64,
     pub durability: Durability,
-    /// The replica that drives the response: nothing is written unless it still owns it.
+    /// The replica that drives the response and the epoch of its claim: nothing is written unless both still
+    /// hold (SPEC 9, fencing).
     pub owner: &'a str,
+    pub epoch: i64,
     /// Whether followers of the response (a re-attached stream, a repeated create) are told it progressed.
     pub notify: bool,
 }
@@ -161,7 +165,9 @@ macro_rules! insert_step_rows {
         for row in $rows {
             sqlx::query(
                 "INSERT INTO steps (response_id, seq, kind, state, body, call_id, tool_name, attempts, created_at, updated_at)
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
+                 ON CONFLICT (response_id, seq) DO UPDATE SET state = excluded.state, body = excluded.body,
+                    updated_at = excluded.updated_at",
             )
             .bind($response_id)
             .bind(row.seq)
@@ -194,16 +200,28 @@ macro_rules! bind_step_columns {
     }};
 }
 
-/// The response row's insert, shared by both backends: parameters `$1`..`$20` in the order `bind_response_row!`
-/// binds them. A deployment deleted while the response ran is recorded as none, as `ON DELETE SET NULL` does
-/// for rows written earlier; `updated_at` is the ending time of a response written when it ended.
+/// The response row's insert, shared by both backends (`$now` the database clock in milliseconds): parameters
+/// `$1`..`$20` in the order `bind_response_row!` binds them. A deployment deleted while the response ran is
+/// recorded as none, as `ON DELETE SET NULL` does for rows written earlier; `updated_at` is the ending time of a
+/// response written when it ended; the deadline runs from the database's clock. Response ids are random, so a row
+/// already there under the same id is this very write, made again because its reply was lost: it is written
+/// over while the same replica still owns it at the first epoch, and is otherwise left alone.
 macro_rules! insert_response_row {
-    () => {
-        "INSERT INTO responses (id, project_id, deployment_id, model, status, params, server_tools,
+    ($now:expr) => {
+        concat!(
+            "INSERT INTO responses (id, project_id, deployment_id, model, status, params, server_tools,
             previous_response_id, store, background, created_at, updated_at, idempotency_key,
             usage, handed_back, error_code, error_message, incomplete_reason, completed_at, owner, deadline_at)
          VALUES ($1, $2, (SELECT id FROM deployments WHERE id = $3), $4, $5, $6, $7, $8, $9, $10, $11,
-            COALESCE($18, $11), $12, $13, $14, $15, $16, $17, $18, $19, $20)"
+            COALESCE($18, $11), $12, $13, $14, $15, $16, $17, $18, $19, ",
+            $now,
+            " + $20)
+         ON CONFLICT (id) DO UPDATE SET status = excluded.status, usage = excluded.usage,
+            handed_back = excluded.handed_back, error_code = excluded.error_code,
+            error_message = excluded.error_message, incomplete_reason = excluded.incomplete_reason,
+            completed_at = excluded.completed_at, updated_at = excluded.updated_at
+         WHERE responses.owner IS NOT DISTINCT FROM excluded.owner AND responses.claim_epoch = 0"
+        )
     };
 }
 
@@ -233,7 +251,7 @@ macro_rules! bind_response_row {
             .bind(ended.incomplete_reason)
             .bind(ended.completed_at)
             .bind(new.owner)
-            .bind(new.deadline_at)
+            .bind(new.deadline_in_ms)
     }};
 }
 
@@ -242,28 +260,35 @@ macro_rules! bind_response_row {
 /// response row exists.
 const PG_CREATE_RESPONSE: &str = concat!(
     "WITH response AS (",
-    insert_response_row!(),
+    insert_response_row!(pg_now_ms!()),
     "), items AS (
     INSERT INTO response_input_items (response_id, position, item_id, item)
     SELECT $1, * FROM UNNEST($21::int4[], $22::text[], $23::jsonb[])
+    ON CONFLICT DO NOTHING
 ), added AS (
     INSERT INTO steps (response_id, seq, kind, state, body, call_id, tool_name, attempts, created_at, updated_at)
     SELECT $1, s.seq, s.kind, s.state, s.body, s.call_id, s.tool_name,
            CASE WHEN s.state = 'pending' THEN 0 ELSE 1 END, $11, COALESCE($18, $11)
     FROM UNNEST($24::int4[], $25::text[], $26::text[], $27::jsonb[], $28::text[], $29::text[])
         AS s(seq, kind, state, body, call_id, tool_name)
+    ON CONFLICT (response_id, seq) DO UPDATE SET state = excluded.state, body = excluded.body,
+        updated_at = excluded.updated_at
+    WHERE EXISTS (SELECT 1 FROM responses r WHERE r.id = $1 AND r.owner IS NOT DISTINCT FROM $19
+        AND r.claim_epoch = 0)
 )
 SELECT set_config('synchronous_commit', COALESCE($30, current_setting('synchronous_commit')), true)"
 );
 
-/// Postgres: one step boundary as one statement, written only while replica `$20` owns the response (the row is
-/// locked for the statement, so a takeover waits for it): a replica that lost the response writes nothing, and
-/// learns it from `cancel_requested` being NULL. Changed steps count an attempt when they start running; the
+/// Postgres: one step boundary as one statement, written only while replica `$20` owns the response under the
+/// claim epoch `$22` (the row is locked for the statement, so a takeover waits for it): a run that lost the
+/// response writes nothing, and learns it from `cancel_requested` being NULL, even when the response came back
+/// to its replica under a later claim. A step already there is this run's own write made again (its reply was
+/// lost): it is written over, never a conflict. Changed steps count an attempt when they start running; the
 /// response row is changed only when `$12` (its ending status) is set. With `$21`, followers of the response
 /// are told it progressed.
 const PG_WRITE_STEPS: &str = "
 WITH owned AS (
-    SELECT cancel_requested FROM responses WHERE id = $1 AND owner = $20 FOR UPDATE
+    SELECT cancel_requested FROM responses WHERE id = $1 AND owner = $20 AND claim_epoch = $22 FOR UPDATE
 ), changed AS (
     UPDATE steps SET state = u.state, body = u.body, updated_at = $2,
         attempts = steps.attempts + CASE WHEN u.state = 'running' THEN 1 ELSE 0 END
@@ -276,6 +301,8 @@ WITH owned AS (
     FROM UNNEST($6::int4[], $7::text[], $8::text[], $9::jsonb[], $10::text[], $11::text[])
         AS s(seq, kind, state, body, call_id, tool_name)
     WHERE EXISTS (SELECT 1 FROM owned)
+    ON CONFLICT (response_id, seq) DO UPDATE SET state = excluded.state, body = excluded.body,
+        updated_at = excluded.updated_at
 ), ended AS (
     UPDATE responses SET status = $12, usage = $13, handed_back = $14, error_code = $15, error_message = $16,
         incomplete_reason = $17, completed_at = $19, updated_at = $2
@@ -340,7 +367,7 @@ impl Store {
                 let written: Result<(), sqlx::Error> = async {
                     let mut tx = pool.begin().await?;
                     bind_response_row!(
-                        sqlx::query(insert_response_row!()),
+                        sqlx::query(insert_response_row!(sqlite_now_ms!())),
                         new,
                         &params,
                         &tools,
@@ -351,7 +378,7 @@ impl Store {
                     for ((position, id), item) in positions.iter().zip(&ids).zip(&items) {
                         sqlx::query(
                             "INSERT INTO response_input_items (response_id, position, item_id, item)
-                             VALUES ($1, $2, $3, $4)",
+                             VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING",
                         )
                         .bind(&record.id)
                         .bind(position)
@@ -452,17 +479,17 @@ impl Store {
         let Some(stored) = self.load_response(project_id, id).await? else {
             return Ok(None);
         };
-        let (server_tools, deadline_at, keyed): (Value, Option<i64>, bool) = with_pool!(
+        // The time left is read off the database's clock, as the deadline was set.
+        let sql = with_clock!(
             self,
-            |pool| {
-                sqlx::query_as(
-                "SELECT server_tools, deadline_at, idempotency_key IS NOT NULL FROM responses WHERE id = $1",
-            )
-            .bind(id)
-            .fetch_one(pool)
-            .await
-            }
-        )?;
+            "SELECT server_tools, deadline_at - ",
+            ", idempotency_key IS NOT NULL FROM responses WHERE id = $1"
+        );
+        let (server_tools, deadline_in_ms, keyed): (Value, Option<i64>, bool) =
+            with_pool!(self, |pool| sqlx::query_as(sql)
+                .bind(id)
+                .fetch_one(pool)
+                .await)?;
         let server_tools = serde_json::from_value(server_tools)
             .map_err(|e| StoreError::Corrupt(format!("server tools of '{id}': {e}")))?;
         Ok(Some(StoredRun {
@@ -470,32 +497,67 @@ impl Store {
             project_id: project_id.to_owned(),
             deployment_id: stored.deployment_id,
             server_tools,
-            deadline_at,
+            deadline_in_ms,
             keyed,
             context: self.load_context(project_id, id).await?,
             steps: self.load_steps(project_id, id).await?,
         }))
     }
 
-    /// Starts a queued background response that `owner` took: it is in progress from now, with its deadline.
-    /// Answers whether a cancel already asked it to stop; `NotOwner` when the replica no longer drives it.
+    /// Starts a queued background response that `owner` took under claim `epoch`: it is in progress from now,
+    /// with its deadline `deadline_in_ms` from now by the database's clock. Answers whether a cancel already asked
+    /// it to stop; `NotOwner` when the run no longer drives it.
     pub async fn start_queued(
         &self,
         id: &str,
         owner: &str,
-        deadline_at: i64,
+        epoch: i64,
+        deadline_in_ms: i64,
     ) -> Result<bool, StoreError> {
-        let cancel_requested: Option<bool> = with_pool!(self, |pool| sqlx::query_scalar(
-            "UPDATE responses SET status = 'in_progress', deadline_at = $3
-             WHERE id = $1 AND owner = $2 AND status IN ('queued', 'in_progress')
-             RETURNING cancel_requested",
+        let sql = with_clock!(
+            self,
+            "UPDATE responses SET status = 'in_progress', deadline_at = ",
+            " + $4 WHERE id = $1 AND owner = $2 AND claim_epoch = $3 AND status IN ('queued', 'in_progress')
+             RETURNING cancel_requested"
+        );
+        let cancel_requested: Option<bool> = with_pool!(self, |pool| sqlx::query_scalar(sql)
+            .bind(id)
+            .bind(owner)
+            .bind(epoch)
+            .bind(deadline_in_ms)
+            .fetch_optional(pool)
+            .await)?;
+        cancel_requested.ok_or(StoreError::NotOwner)
+    }
+
+    /// Ends as `failed` (`code`, `message`) a running response that `owner` claimed under `epoch` but cannot
+    /// resume because what is stored of it cannot be read: only the row's columns are written, nothing is parsed.
+    pub async fn end_unreadable(
+        &self,
+        id: &str,
+        owner: &str,
+        epoch: i64,
+        code: &FailureCode,
+        message: &str,
+        at: i64,
+    ) -> Result<(), StoreError> {
+        with_pool!(self, |pool| {
+            sqlx::query(
+            "UPDATE responses SET status = 'failed', error_code = $4, error_message = $5, completed_at = $6,
+                updated_at = $6
+             WHERE id = $1 AND owner = $2 AND claim_epoch = $3 AND status IN ('queued', 'in_progress')",
         )
         .bind(id)
         .bind(owner)
-        .bind(deadline_at)
-        .fetch_optional(pool)
-        .await)?;
-        cancel_requested.ok_or(StoreError::NotOwner)
+        .bind(epoch)
+        .bind(code.as_str())
+        .bind(message)
+        .bind(at)
+        .execute(pool)
+        .await
+        .map(|done| done.rows_affected())
+        })?;
+        Ok(())
     }
 
     /// Ends as `cancelled` a queued background response of `project_id` that no replica took: nobody else will.
@@ -720,6 +782,7 @@ impl Store {
                     .bind(ended.completed_at)
                     .bind(write.owner)
                     .bind(write.notify)
+                    .bind(write.epoch)
                     .fetch_one(pool)
                     .await
                     .map_err(written)?
@@ -730,12 +793,13 @@ impl Store {
                     // The ownership check writes the row first, so that the transaction holds the write lock from
                     // its first statement.
                     let owned: Option<bool> = sqlx::query_scalar(
-                        "UPDATE responses SET updated_at = $3 WHERE id = $1 AND owner = $2
+                        "UPDATE responses SET updated_at = $3 WHERE id = $1 AND owner = $2 AND claim_epoch = $4
                          RETURNING cancel_requested",
                     )
                     .bind(id)
                     .bind(write.owner)
                     .bind(write.at)
+                    .bind(write.epoch)
                     .fetch_optional(&mut *tx)
                     .await?;
                     if owned.is_none() {
