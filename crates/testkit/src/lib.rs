@@ -2,6 +2,7 @@
 //!
 //! * [`mock_model`] — a scripted mock of the OpenAI Chat Completions API ([`MockModel`]).
 //! * [`tool_server`] — an example tool server with deterministic tools ([`ToolServer`]).
+//! * [`fault_proxy`] — a TCP proxy that cuts connections at random moments, for fault injection ([`FaultProxy`]).
 //! * `scratch` (feature `scratch`) — a fresh database per test, Postgres or an embedded-store file.
 //!
 //! Both servers run in-process on a tokio task, bind to a port of your choice (port 0 in
@@ -11,6 +12,7 @@
 //! (`/_mock/*`, `/_tools/*`). Each binary prints `listening on http://HOST:PORT` on stdout once
 //! bound, so a test can start it with `--bind 127.0.0.1:0` and read the port.
 
+pub mod fault_proxy;
 pub mod mcp_server;
 pub mod mock_model;
 #[cfg(feature = "scratch")]
@@ -18,6 +20,7 @@ pub mod scratch;
 mod server;
 pub mod tool_server;
 
+pub use fault_proxy::FaultProxy;
 pub use mcp_server::McpServer;
 pub use mock_model::{Call, MockModel, Reply, ReplySpec, StreamMode};
 pub use tool_server::{

@@ -17,7 +17,7 @@ use tokio::time::Instant;
 
 use super::error::ApiError;
 use super::extract::{ApiJson, ApiPath, ApiQuery, ProjectKey};
-use super::stream::{event_stream, follow};
+use super::stream::{event_stream, follow, Following};
 use super::AppState;
 use crate::clock::now;
 use crate::store::ownership::channel;
@@ -63,16 +63,14 @@ pub async fn create_response(
             .await?;
         if stream {
             let engine = state.engine.clone();
-            return Ok(follow(
-                engine,
-                state.store,
+            let following = Following {
                 project,
-                record.id,
-                None,
+                id: record.id,
+                after: None,
                 live,
-                state.keep_alive,
-                None,
-            ));
+                place: None,
+            };
+            return Ok(follow(engine, state.store, following, state.keep_alive));
         }
         return Ok(Json(response_object(&record, &[])).into_response());
     }
@@ -277,16 +275,14 @@ pub async fn get_response(
         })?;
         let live = state.engine.replica().runs.follow(&id);
         let engine = state.engine.clone();
-        return Ok(follow(
-            engine,
-            state.store,
+        let following = Following {
             project,
             id,
-            starting_after,
+            after: starting_after,
             live,
-            state.keep_alive,
-            Some(place),
-        ));
+            place: Some(place),
+        };
+        return Ok(follow(engine, state.store, following, state.keep_alive));
     }
     Ok(Json(response_json(&state, &project, &id).await?.1).into_response())
 }

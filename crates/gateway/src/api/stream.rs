@@ -35,18 +35,32 @@ pub fn event_stream(engine: &Engine, run: Run, keep_alive: Duration) -> Response
     sse(rx, keep_alive)
 }
 
-/// The events of response `id` of `project` after sequence number `after` (all of them without one): those the
-/// store accounts for, then the live ones until the response ends. `live` follows the run when it runs here.
+/// What a client follows: response `id` of `project`, from after sequence number `after` (from the start without
+/// one); `live` follows the run when it runs here; `place` is the follower's place among those this replica
+/// follows (`None` for a stream that began with the response).
+pub struct Following {
+    pub project: String,
+    pub id: String,
+    pub after: Option<u64>,
+    pub live: Option<broadcast::Receiver<Event>>,
+    pub place: Option<tokio::sync::OwnedSemaphorePermit>,
+}
+
+/// The events of what `following` names: those the store accounts for, then the live ones until the response
+/// ends.
 pub fn follow(
     engine: Engine,
     store: Store,
-    project: String,
-    id: String,
-    after: Option<u64>,
-    live: Option<broadcast::Receiver<Event>>,
+    following: Following,
     keep_alive: Duration,
-    place: Option<tokio::sync::OwnedSemaphorePermit>,
 ) -> Response {
+    let Following {
+        project,
+        id,
+        after,
+        live,
+        place,
+    } = following;
     let (tx, rx) = mpsc::channel(STREAM_BUFFER);
     tokio::spawn(tracing::Instrument::in_current_span(async move {
         // The follower's place among those this replica follows, given back when it stops.

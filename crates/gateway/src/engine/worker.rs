@@ -33,7 +33,7 @@ impl Worker {
     pub async fn start(engine: Engine) -> Result<Worker, StoreError> {
         let replica = Arc::clone(&engine.replica);
         // A beat must be able to fail once and the next still land within the lease.
-        let ownership = engine.store.for_ownership(replica.lease / 4);
+        let ownership = engine.store.for_ownership(replica.lease / 3);
         let sent = tokio::time::Instant::now();
         ownership.heartbeat(&replica.id, replica.lease_ms()).await?;
         replica.lease_renewed(sent);
@@ -146,7 +146,8 @@ async fn beat(engine: Engine, ownership: Store) {
     }
 }
 
-/// Tells every run here whose response is now driven by another replica, or under a later claim, to give it up.
+/// Tells every run here whose response is now driven by another replica, or under a later claim, or has ended
+/// meanwhile, to give it up.
 async fn give_up_lost_responses(engine: &Engine, ownership: &Store) -> Result<(), StoreError> {
     let replica = &engine.replica;
     let running = replica.runs.epochs();
@@ -156,11 +157,14 @@ async fn give_up_lost_responses(engine: &Engine, ownership: &Store) -> Result<()
     let ids: Vec<String> = running.iter().map(|(id, _)| id.clone()).collect();
     let claims = ownership.claims_of(&ids).await?;
     for (id, epoch) in running {
-        // A response with no running row is not stored yet, or has ended: its run's writes say the rest.
+        // A response with no row is not stored yet (or was deleted): its run's writes say the rest.
         let Some(claim) = claims.iter().find(|c| c.id == id) else {
             continue;
         };
-        if claim.owner.as_deref() != Some(replica.id.as_str()) || claim.epoch != epoch {
+        let still_ours = claim.running
+            && claim.owner.as_deref() == Some(replica.id.as_str())
+            && claim.epoch == epoch;
+        if !still_ours {
             tracing::warn!(response.id = %id, "another replica took this response over while this one's lease lapsed; giving it up");
             replica.runs.stop(&id, Stop::Abandon);
         }

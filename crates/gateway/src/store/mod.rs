@@ -199,7 +199,7 @@ impl Store {
 
     /// A store on connections of its own, for the replica's ownership duties (beats, claims, releases): they never
     /// wait behind the requests' pool, so load, a full pool or many followers cannot make a healthy replica lose
-    /// its lease (SPEC 9). Postgres gets a pool of two connections, opened when first used; the embedded store,
+    /// its lease (SPEC 9). Postgres gets a pool of two connections, kept open; the embedded store,
     /// one process on one file, shares its pool.
     pub fn for_ownership(&self, acquire_timeout: std::time::Duration) -> Store {
         match &self.backend {
@@ -207,6 +207,9 @@ impl Store {
                 backend: Backend::Postgres(
                     sqlx::postgres::PgPoolOptions::new()
                         .max_connections(2)
+                        .min_connections(1)
+                        .idle_timeout(None)
+                        .max_lifetime(None)
                         .acquire_timeout(acquire_timeout)
                         .connect_lazy_with((*pool.connect_options()).clone()),
                 ),

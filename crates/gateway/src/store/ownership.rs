@@ -27,6 +27,8 @@ pub struct Claim {
     /// `None` while no replica drives it (queued, or released).
     pub owner: Option<String>,
     pub epoch: i64,
+    /// Whether it is still queued or in progress.
+    pub running: bool,
 }
 
 /// What a heartbeat found.
@@ -114,16 +116,16 @@ impl Store {
         })
     }
 
-    /// Who drives each of the responses `ids` now, and under which claim epoch (`None` for an ended or deleted
-    /// one, or one no replica drives). On Postgres the rows are locked while read, so a claim by another replica
+    /// Who drives each of the stored responses among `ids` now, under which claim epoch, and whether it still
+    /// runs (a deleted one, or one not stored yet, is left out). On Postgres the rows are locked while read, so a claim by another replica
     /// that is under way is seen once it committed.
     pub async fn claims_of(&self, ids: &[String]) -> Result<Vec<Claim>, StoreError> {
         let _timer = crate::metrics::StoreTimer::start("claims_of");
         let claims: Vec<Claim> = match &self.backend {
             Backend::Postgres(pool) => {
                 sqlx::query_as(
-                    "SELECT id, owner, claim_epoch AS epoch FROM responses
-                     WHERE id = ANY($1) AND status IN ('queued', 'in_progress') FOR UPDATE",
+                    "SELECT id, owner, claim_epoch AS epoch, status IN ('queued', 'in_progress') AS running
+                     FROM responses WHERE id = ANY($1) FOR UPDATE",
                 )
                 .bind(ids)
                 .fetch_all(pool)
@@ -133,8 +135,8 @@ impl Store {
                 let mut claims = Vec::with_capacity(ids.len());
                 for id in ids {
                     let claim: Option<Claim> = sqlx::query_as(
-                        "SELECT id, owner, claim_epoch AS epoch FROM responses
-                         WHERE id = $1 AND status IN ('queued', 'in_progress')",
+                        "SELECT id, owner, claim_epoch AS epoch, status IN ('queued', 'in_progress') AS running
+                         FROM responses WHERE id = $1",
                     )
                     .bind(id)
                     .fetch_optional(pool)

@@ -1,0 +1,258 @@
+//! Faults the durable loop must survive (SPEC 9), injected for real into `gateway serve` child processes: a
+//! replica paused with SIGSTOP while another takes its response over, database connections cut at random moments
+//! under a load of tool rounds, and a replica whose request pool is full while hundreds of followers read.
+//!
+//! Nothing here sleeps to synchronise: tests wait for tool calls, log lines, or rows in the database.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use common::*;
+use gateway_testkit::FaultProxy;
+use serde_json::json;
+
+/// Counts the responses of the database at `url` by status.
+async fn statuses(url: &str) -> BTreeMap<String, i64> {
+    let pool = sqlx::PgPool::connect(url).await.expect("connect");
+    let rows: Vec<(String, i64)> =
+        sqlx::query_as("SELECT status, COUNT(*) FROM responses GROUP BY status")
+            .fetch_all(&pool)
+            .await
+            .expect("count");
+    pool.close().await;
+    rows.into_iter().collect()
+}
+
+/// Waits, at most `within`, until no response of the database at `url` is queued or in progress.
+async fn all_ended(url: &str, within: Duration) -> BTreeMap<String, i64> {
+    let give_up = tokio::time::Instant::now() + within;
+    loop {
+        let counts = statuses(url).await;
+        let running = counts.get("queued").copied().unwrap_or(0)
+            + counts.get("in_progress").copied().unwrap_or(0);
+        if running == 0 {
+            return counts;
+        }
+        assert!(
+            tokio::time::Instant::now() < give_up,
+            "responses still running after {within:?}: {counts:?}"
+        );
+        // Polling the database: the condition is outside this process.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_paused_replica_whose_response_was_taken_over_calls_and_writes_nothing_when_it_comes_back(
+) {
+    let mut cluster = Cluster::postgres().await;
+    let paused = cluster.replica(&[]);
+    let other = cluster.replica(&[]);
+    cluster.configure(&paused).await;
+    let id = cluster.background_gate_call(&paused).await;
+    cluster.gate_calls(1).await;
+
+    // Frozen with its tool call in flight; the other replica takes the response over once the lease ran out, and
+    // finishes it.
+    paused.pause();
+    let calls = cluster.gate_calls(2).await;
+    cluster.tools.open_gate();
+    let finished = cluster.ended(&other, &id).await;
+    assert_gate_round(&finished);
+    let model_calls = cluster.model.requests().len();
+    assert_eq!(
+        model_calls, 2,
+        "the call that asked for the tool, then the one that read its result"
+    );
+
+    // Back to life: its tool call's answer is waiting for it. It learns that its lease lapsed and that the
+    // response is another's, and gives it up without a model call or a write.
+    paused.resume();
+    paused
+        .logs
+        .wait_for(
+            "another replica took this response over while this one's lease lapsed; giving it up",
+        )
+        .await;
+    paused
+        .logs
+        .wait_for("response handed over before it ended")
+        .await;
+    assert_eq!(
+        cluster.model.requests().len(),
+        model_calls,
+        "no second model call"
+    );
+    assert_eq!(
+        cluster.tools.calls().len(),
+        calls.len(),
+        "no tool call either"
+    );
+    let (status, now) = cluster.get(&other, &id).await;
+    assert_eq!(status, 200);
+    assert_eq!(now, finished, "nothing written over the finished response");
+}
+
+// The proxy must forward while the test starts the replicas (which blocks its thread reading their output).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn database_connections_cut_at_random_moments_leave_no_response_unfinished_and_no_step_under_two_keys(
+) {
+    let mut cluster = Cluster::postgres().await;
+    let database: url::Url = cluster.db.url().parse().expect("database URL");
+    let target = format!(
+        "{}:{}",
+        database.host_str().expect("host"),
+        database.port().unwrap_or(5432)
+    );
+    let target = tokio::net::lookup_host(target)
+        .await
+        .expect("resolve")
+        .find(std::net::SocketAddr::is_ipv4)
+        .expect("an IPv4 address");
+    let proxy = FaultProxy::start(target, 40, 0x5eed).await.expect("proxy");
+    let mut through_proxy = database.clone();
+    through_proxy.set_host(Some("127.0.0.1")).expect("host");
+    through_proxy
+        .set_port(Some(proxy.addr().port()))
+        .expect("port");
+    let through_proxy = through_proxy.to_string();
+    let settings = [
+        ("DATABASE_URL", through_proxy.as_str()),
+        ("GATEWAY__LIMITS__RESPONSE_DEADLINE_MS", "20000"),
+        ("GATEWAY__DATABASE__ACQUIRE_TIMEOUT_MS", "1000"),
+    ];
+    let first = cluster.replica(&settings);
+    let second = cluster.replica(&settings);
+    cluster.configure(&first).await;
+
+    // A load of tool rounds while connections are cut, mid-statement and after commits alike.
+    proxy.cut();
+    let mut accepted = Vec::new();
+    for n in 0..40 {
+        let replica = if n % 2 == 0 { &first } else { &second };
+        let created = cluster
+            .http
+            .post(format!("{}/v1/responses", replica.base_url))
+            .bearer_auth(&cluster.key)
+            .json(&json!({"model": "mock", "input": format!("!call add {{\"a\": {n}, \"b\": 1}}"), "background": true}))
+            .send()
+            .await;
+        // A create that met a cut connection may fail; it must then leave nothing running behind.
+        if let Ok(created) = created {
+            if created.status().is_success() {
+                let body: serde_json::Value = created.json().await.expect("JSON");
+                accepted.push(body["id"].as_str().expect("id").to_owned());
+            }
+        }
+    }
+    cluster
+        .tools
+        .wait_for_calls("add", accepted.len() / 2, PATIENCE)
+        .await
+        .expect("tool rounds under way");
+    proxy.heal();
+    let cuts = proxy.cuts();
+    assert!(cuts > 0, "the proxy cut nothing");
+    assert!(!accepted.is_empty(), "no create got through");
+
+    // Every response ends within its deadline plus a lease, whatever was cut.
+    let counts = all_ended(cluster.db.url(), Duration::from_secs(20 + 3 + 20)).await;
+    assert!(
+        counts.get("completed").copied().unwrap_or(0) > 0,
+        "{counts:?}"
+    );
+
+    // A tool step may be sent again after a cut, but always under its one Idempotency-Key.
+    let mut keys: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for call in cluster.tools.calls().iter().filter(|c| c.tool == "add") {
+        let response = call
+            .header("x-gateway-response-id")
+            .expect("response id")
+            .to_owned();
+        let key = call.header("idempotency-key").expect("key").to_owned();
+        keys.entry(response).or_default().insert(key);
+    }
+    for (response, keys) in &keys {
+        assert_eq!(
+            keys.len(),
+            1,
+            "{response} sent its one tool step under {keys:?}"
+        );
+    }
+    eprintln!(
+        "cuts: {cuts}; accepted: {}; ended: {counts:?}; tool calls: {}",
+        accepted.len(),
+        cluster.tools.calls().len()
+    );
+}
+
+#[tokio::test]
+async fn a_replica_with_a_full_pool_and_hundreds_of_followers_keeps_its_leases() {
+    let mut cluster = Cluster::postgres().await;
+    let busy = cluster.replica(&[
+        ("GATEWAY__DATABASE__MAX_CONNECTIONS", "1"),
+        ("GATEWAY__DATABASE__ACQUIRE_TIMEOUT_MS", "2000"),
+    ]);
+    // Ready to take over anything the busy replica stops beating for.
+    let _watching = cluster.replica(&[]);
+    cluster.configure(&busy).await;
+    let mut ids = Vec::new();
+    for _ in 0..4 {
+        ids.push(cluster.background_gate_call(&busy).await);
+    }
+    cluster.gate_calls(ids.len()).await;
+
+    // Hundreds of re-attached followers, each reading the store as its response progresses.
+    let mut followers = Vec::new();
+    for n in 0..300 {
+        let url = format!(
+            "{}/v1/responses/{}?stream=true",
+            busy.base_url,
+            ids[n % ids.len()]
+        );
+        let (http, key) = (cluster.http.clone(), cluster.key.clone());
+        followers.push(tokio::spawn(async move {
+            let response = http.get(url).bearer_auth(key).send().await.expect("follow");
+            assert_eq!(response.status(), 200);
+            response.text().await.expect("to the end")
+        }));
+    }
+
+    // Several leases pass with the pool full: the busy replica keeps beating all along.
+    let pool = sqlx::PgPool::connect(cluster.db.url())
+        .await
+        .expect("connect");
+    let beat = || async {
+        sqlx::query_scalar::<_, i64>("SELECT MAX(heartbeat_at) - MIN(started_at) FROM replicas")
+            .fetch_one(&pool)
+            .await
+            .expect("beats")
+    };
+    let lease: i64 = LEASE_MS.parse().expect("lease");
+    let give_up = tokio::time::Instant::now() + PATIENCE;
+    while beat().await < 4 * lease {
+        assert!(tokio::time::Instant::now() < give_up, "no beats");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    cluster.tools.open_gate();
+    for follower in followers {
+        let stream = follower.await.expect("follower");
+        assert!(stream.contains("response.completed"), "{stream}");
+    }
+
+    // No response was taken over: each tool call went out once.
+    let calls = cluster.tools.calls();
+    assert_eq!(calls.len(), ids.len(), "a takeover sent a tool call again");
+    let keys: BTreeSet<_> = calls
+        .iter()
+        .map(|c| c.header("idempotency-key").expect("key").to_owned())
+        .collect();
+    assert_eq!(keys.len(), ids.len());
+    for id in &ids {
+        assert_gate_round(&cluster.ended(&busy, id).await);
+    }
+}
