@@ -36,7 +36,8 @@ pub struct ToolExecutor {
 #[derive(Debug, Clone, Copy)]
 pub struct CallRef<'a> {
     pub response_id: &'a str,
-    /// Stable key of the tool step, sent as `Idempotency-Key`.
+    /// Stable key of the tool step, the same on every re-send of the step: sent as `Idempotency-Key` to an HTTP
+    /// source and as `params._meta.idempotencyKey` of an MCP `tools/call`.
     pub idempotency_key: &'a str,
 }
 
@@ -179,7 +180,7 @@ impl ToolExecutor {
             (Some(tool), Some(access)) => {
                 let outcome = self
                     .mcp
-                    .call_remote(access, tool, &arguments, remaining)
+                    .call_remote(access, tool, &arguments, remaining, at.idempotency_key)
                     .await;
                 cap_output(outcome, source.policy.max_output_bytes())
             }
@@ -193,7 +194,10 @@ impl ToolExecutor {
                 source.name
             )),
             (Some(tool), None) => {
-                let outcome = self.mcp.call(source, tool, &arguments, remaining).await;
+                let outcome = self
+                    .mcp
+                    .call(source, tool, &arguments, remaining, at.idempotency_key)
+                    .await;
                 cap_output(outcome, source.policy.max_output_bytes())
             }
             (None, None) => {

@@ -4,11 +4,12 @@
 //! Tools: `add` (`{a, b}` → `{"sum": a + b}` as text), `fail` (a result with `isError`), `hang` (answers only
 //! when [`McpServer::release`] is called) and, once [`McpServer::add_late_tool`] was called, `late` (answers
 //! `"late"`). Adding the late tool notifies every connected client with `notifications/tools/list_changed`.
-//! Every `tools/call` and `tools/list` is counted; the `Authorization` header of each HTTP request is kept.
+//! Every `tools/call` (with its `_meta`) and `tools/list` is counted; the `Authorization` header of each HTTP
+//! request is kept.
 //!
 //! Control surface (for out-of-process tests): `GET /_mcp/calls` answers
-//! `{"calls": [{"tool", "arguments"}], "lists": N}`, and `POST /_mcp/reset` forgets the calls, the list count
-//! and the kept `Authorization` headers.
+//! `{"calls": [{"tool", "arguments", "meta"}], "lists": N}`, and `POST /_mcp/reset` forgets the calls, the list
+//! count and the kept `Authorization` headers.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -34,6 +35,8 @@ use crate::server::{self, lock, ServerGuard};
 #[derive(Debug, Default)]
 struct Shared {
     calls: Mutex<Vec<(String, Value)>>,
+    /// The `_meta` of each call in `calls` (an empty object when it had none).
+    metas: Mutex<Vec<Value>>,
     lists: AtomicUsize,
     initializes: AtomicUsize,
     late: AtomicBool,
@@ -106,10 +109,22 @@ impl ServerHandler for Handler {
     async fn call_tool(
         &self,
         request: CallToolRequestParams,
-        _context: RequestContext<RoleServer>,
+        context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
         let arguments = Value::Object(request.arguments.clone().unwrap_or_default());
-        lock(&self.0.calls).push((request.name.to_string(), arguments.clone()));
+        // rmcp hands the request's `_meta` over in the context; the params keep it too on some paths.
+        let meta = request
+            .meta
+            .as_ref()
+            .filter(|meta| !meta.is_empty())
+            .unwrap_or(&context.meta);
+        let meta = serde_json::to_value(meta).unwrap_or_default();
+        {
+            let mut calls = lock(&self.0.calls);
+            let mut metas = lock(&self.0.metas);
+            calls.push((request.name.to_string(), arguments.clone()));
+            metas.push(meta);
+        }
         let result = match request.name.as_ref() {
             "add" => {
                 let a = arguments.get("a").and_then(Value::as_f64).unwrap_or(0.0);
@@ -219,6 +234,11 @@ impl McpServer {
         lock(&self.shared.calls).clone()
     }
 
+    /// The `params._meta` of every `tools/call` received, in the order of [`McpServer::calls`].
+    pub fn call_metas(&self) -> Vec<Value> {
+        lock(&self.shared.metas).clone()
+    }
+
     /// How many `tools/list` requests were answered.
     pub fn lists(&self) -> usize {
         self.shared.lists.load(Ordering::SeqCst)
@@ -253,9 +273,11 @@ impl McpServer {
 
 /// `GET /_mcp/calls`: every `tools/call` received, in arrival order, and how many listings were answered.
 async fn recorded_calls(State(shared): State<Arc<Shared>>) -> Json<Value> {
+    let metas = lock(&shared.metas).clone();
     let calls: Vec<Value> = lock(&shared.calls)
         .iter()
-        .map(|(tool, arguments)| json!({"tool": tool, "arguments": arguments}))
+        .zip(metas)
+        .map(|((tool, arguments), meta)| json!({"tool": tool, "arguments": arguments, "meta": meta}))
         .collect();
     Json(json!({"calls": calls, "lists": shared.lists.load(Ordering::SeqCst)}))
 }
@@ -263,6 +285,7 @@ async fn recorded_calls(State(shared): State<Arc<Shared>>) -> Json<Value> {
 /// `POST /_mcp/reset`: forgets the recorded calls, the listing count and the `Authorization` headers.
 async fn reset(State(shared): State<Arc<Shared>>) -> Json<Value> {
     lock(&shared.calls).clear();
+    lock(&shared.metas).clear();
     lock(&shared.authorization).clear();
     shared.lists.store(0, Ordering::SeqCst);
     Json(json!({"reset": true}))

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use gateway_core::steps::ToolOutcome;
-use rmcp::model::{CallToolRequestParams, CallToolResult, ContentBlock, Tool};
+use rmcp::model::{CallToolRequestParams, CallToolResult, ContentBlock, RequestMetaObject, Tool};
 use rmcp::service::{NotificationContext, RunningService};
 use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
 use rmcp::transport::StreamableHttpClientTransport;
@@ -212,17 +212,14 @@ impl McpClients {
         tool: &str,
         arguments: &Value,
         timeout: Duration,
+        idempotency_key: &str,
     ) -> ToolOutcome {
         let label = source.server_label.as_deref().unwrap_or(&source.name);
         let session = match self.session(source).await {
             Ok(session) => session,
             Err(message) => return ToolOutcome::error(message),
         };
-        let arguments = match arguments {
-            Value::Object(map) => map.clone(),
-            _ => serde_json::Map::new(),
-        };
-        let request = CallToolRequestParams::new(tool.to_owned()).with_arguments(arguments);
+        let request = call_request(tool, arguments, idempotency_key);
         match tokio::time::timeout(timeout, session.service.call_tool(request)).await {
             Ok(Ok(result)) => outcome_of(&result),
             Ok(Err(e)) => {
@@ -330,17 +327,14 @@ impl McpClients {
         tool: &str,
         arguments: &Value,
         timeout: Duration,
+        idempotency_key: &str,
     ) -> ToolOutcome {
         let label = &access.server_label;
         let service = match self.open_remote(access).await {
             Ok(service) => service,
             Err(message) => return ToolOutcome::error(message),
         };
-        let arguments = match arguments {
-            Value::Object(map) => map.clone(),
-            _ => serde_json::Map::new(),
-        };
-        let request = CallToolRequestParams::new(tool.to_owned()).with_arguments(arguments);
+        let request = call_request(tool, arguments, idempotency_key);
         let called = tokio::time::timeout(timeout, service.call_tool(request)).await;
         let _ = service.cancel().await;
         match called {
@@ -357,6 +351,23 @@ impl McpClients {
             )),
         }
     }
+}
+
+/// The `tools/call` of `tool`, carrying the tool step's idempotency key as `_meta.idempotencyKey` (SPEC 7): the
+/// same string an HTTP source gets as `Idempotency-Key`, so a server can tell a re-sent step from a new one.
+fn call_request(tool: &str, arguments: &Value, idempotency_key: &str) -> CallToolRequestParams {
+    let arguments = match arguments {
+        Value::Object(map) => map.clone(),
+        _ => serde_json::Map::new(),
+    };
+    let mut meta = RequestMetaObject::new();
+    meta.insert(
+        "idempotencyKey".to_owned(),
+        Value::String(idempotency_key.to_owned()),
+    );
+    let mut request = CallToolRequestParams::new(tool.to_owned()).with_arguments(arguments);
+    request.meta = Some(meta);
+    request
 }
 
 /// A remote server's tool as its `mcp_list_tools` item shows it.

@@ -258,3 +258,65 @@ async fn a_source_whose_tool_names_clash_with_another_visible_source_is_refused_
     let attached = gw.call(attach(id_of(&source))).await;
     assert_eq!(attached.status.as_u16(), 200, "{:#}", attached.body);
 }
+
+/// The idempotency key of each tool step of `response_id`, by call id, as the audit shows it (the key an HTTP
+/// source receives as `Idempotency-Key`).
+pub(crate) async fn step_keys(gw: &TestGateway, response_id: &str) -> Vec<(String, String)> {
+    let audit = gw
+        .admin_ok(
+            Method::GET,
+            &format!("/responses/{response_id}/tool_calls"),
+            None,
+        )
+        .await;
+    audit["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|row| {
+            Some((
+                row["call_id"].as_str()?.to_owned(),
+                row["idempotency_key"].as_str()?.to_owned(),
+            ))
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn an_mcp_call_carries_its_step_s_idempotency_key_as_an_http_tool_gets_it() {
+    let (gw, tenant) = gateway().await;
+    let mcp = McpServer::start().await.expect("mcp server");
+    attach_mcp(&gw, &tenant.group_id, &mcp, json!({"name_prefix": "calc_"})).await;
+    gw.attach_tool(&tenant.group_id, "add").await;
+    gw.model.push(Reply::tool_calls(vec![
+        Call::new("calc_add", json!({"a": 1, "b": 2})).with_id("call_mcp"),
+        Call::new("add", json!({"a": 1, "b": 2})).with_id("call_http"),
+    ]));
+    gw.model.push(Reply::text("done"));
+
+    let body = create_ok(&gw, &tenant.key, json!({"model": "mock", "input": "go"})).await;
+
+    assert_eq!(body["status"], "completed", "{body:#}");
+    let keys = step_keys(&gw, &id_of(&body)).await;
+    let key_of = |call_id: &str| {
+        keys.iter()
+            .find(|(id, _)| id == call_id)
+            .map(|(_, key)| key.clone())
+            .unwrap_or_default()
+    };
+    let http_received: Vec<String> = gw
+        .tools
+        .calls()
+        .into_iter()
+        .filter_map(|c| c.header("idempotency-key").map(str::to_owned))
+        .collect();
+    assert_eq!(http_received, [key_of("call_http")], "{keys:?}");
+    let metas = mcp.call_metas();
+    assert_eq!(metas.len(), 1, "{metas:?}");
+    assert_eq!(
+        metas[0]["idempotencyKey"],
+        key_of("call_mcp"),
+        "the MCP call carries its step's key: {metas:?}"
+    );
+    assert_ne!(key_of("call_mcp"), key_of("call_http"), "one key per step");
+}

@@ -91,6 +91,12 @@ async fn a_declared_server_is_listed_once_per_chain_and_its_calls_run_without_ap
         json!({"sum": 5})
     );
     assert_eq!(mcp.calls(), [("add".to_owned(), json!({"a": 2, "b": 3}))]);
+    let keys = crate::mcp_sources::step_keys(&gw, &id_of(&first)).await;
+    assert_eq!(
+        mcp.call_metas()[0]["idempotencyKey"],
+        keys[0].1,
+        "the call carries its step's idempotency key: {keys:?}"
+    );
     assert!(
         mcp.authorizations()
             .iter()
