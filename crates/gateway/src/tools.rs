@@ -368,9 +368,17 @@ async fn read_answer(tool: &str, mut response: reqwest::Response, cap: usize) ->
     }
     let text = gateway_core::chat::scrub_nul(String::from_utf8_lossy(&kept).into_owned());
     if !status.is_success() {
-        let detail: String = text.chars().take(1000).collect();
+        // An error body obeys the cap as an output does (the message, status line included, fits in it), with
+        // the same marker giving the body's size: the model reads it, marker and all.
+        let head = format!("Tool '{tool}' answered HTTP {}: ", status.as_u16());
+        let room = cap.saturating_sub(head.len());
+        let detail = if total > room {
+            truncated(&text, total, room)
+        } else {
+            text
+        };
         return ToolOutcome::Error {
-            message: format!("Tool '{tool}' answered HTTP {}: {detail}", status.as_u16()),
+            message: head + &detail,
             http_status: Some(status.as_u16()),
         };
     }
@@ -392,12 +400,19 @@ async fn read_answer(tool: &str, mut response: reqwest::Response, cap: usize) ->
     }
 }
 
-/// An MCP output cut to the source's cap, as an HTTP answer is.
+/// An MCP outcome cut to the source's cap, as an HTTP answer is: its output, or its error (`isError`) text.
 fn cap_output(outcome: ToolOutcome, cap: u64) -> ToolOutcome {
     let cap = usize::try_from(cap).unwrap_or(usize::MAX);
     match outcome {
         ToolOutcome::Output { text } if text.len() > cap => ToolOutcome::Output {
             text: truncated(&text, text.len(), cap),
+        },
+        ToolOutcome::Error {
+            message,
+            http_status,
+        } if message.len() > cap => ToolOutcome::Error {
+            message: truncated(&message, message.len(), cap),
+            http_status,
         },
         other => other,
     }

@@ -1,9 +1,11 @@
 //! Example MCP server (rmcp's server side, streamable HTTP at `/mcp`): tools that succeed, fail, hang and
 //! change their list, standing in for the MCP servers teams run.
 //!
-//! Tools: `add` (`{a, b}` → `{"sum": a + b}` as text), `fail` (a result with `isError`), `hang` (answers only
-//! when [`McpServer::release`] is called) and, once [`McpServer::add_late_tool`] was called, `late` (answers
-//! `"late"`). Adding the late tool notifies every connected client with `notifications/tools/list_changed`.
+//! Tools: `add` (`{a, b}` → `{"sum": a + b}` as text), `fail` (a result with `isError`; with `{bytes}`, its text
+//! is that many `x`), `hang` (answers only when [`McpServer::release`] is called), once
+//! [`McpServer::add_late_tool`] was called `late` (answers `"late"`), and the extra tools that
+//! [`McpServer::list_extra_tools`] asks for. Adding the late tool notifies every connected client with
+//! `notifications/tools/list_changed`.
 //! Every `tools/call` (with its `_meta`) and `tools/list` is counted; the `Authorization` header of each HTTP
 //! request is kept.
 //!
@@ -40,6 +42,8 @@ struct Shared {
     lists: AtomicUsize,
     initializes: AtomicUsize,
     late: AtomicBool,
+    /// Extra tools listed: how many, and how long each one's description is.
+    extra: Mutex<(usize, usize)>,
     authorization: Mutex<Vec<String>>,
     peers: Mutex<Vec<Peer<RoleServer>>>,
     release: tokio::sync::Notify,
@@ -56,7 +60,7 @@ fn schema(value: Value) -> Arc<Map<String, Value>> {
     })
 }
 
-fn tools(late: bool) -> Vec<Tool> {
+fn tools(late: bool, (extra, description_bytes): (usize, usize)) -> Vec<Tool> {
     let empty = json!({"type": "object", "properties": {}});
     let mut tools = vec![
         Tool::new(
@@ -75,8 +79,16 @@ fn tools(late: bool) -> Vec<Tool> {
         ),
     ];
     if late {
-        tools.push(Tool::new("late", "Appears later.", schema(empty)));
+        tools.push(Tool::new("late", "Appears later.", schema(empty.clone())));
     }
+    let description = "d".repeat(description_bytes);
+    tools.extend((0..extra).map(|i| {
+        Tool::new(
+            format!("extra_{i}"),
+            description.clone(),
+            schema(empty.clone()),
+        )
+    }));
     tools
 }
 
@@ -103,6 +115,7 @@ impl ServerHandler for Handler {
         self.0.lists.fetch_add(1, Ordering::SeqCst);
         Ok(ListToolsResult::with_all_items(tools(
             self.0.late.load(Ordering::SeqCst),
+            *lock(&self.0.extra),
         )))
     }
 
@@ -137,7 +150,14 @@ impl ServerHandler for Handler {
                 };
                 CallToolResult::success(vec![ContentBlock::text(json!({"sum": sum}).to_string())])
             }
-            "fail" => CallToolResult::error(vec![ContentBlock::text("the tool failed on purpose")]),
+            "fail" => match arguments.get("bytes").and_then(Value::as_u64) {
+                Some(bytes) => CallToolResult::error(vec![ContentBlock::text(
+                    "x".repeat(usize::try_from(bytes).unwrap_or(0)),
+                )]),
+                None => {
+                    CallToolResult::error(vec![ContentBlock::text("the tool failed on purpose")])
+                }
+            },
             "hang" => {
                 self.0.release.notified().await;
                 CallToolResult::success(vec![ContentBlock::text("released")])
@@ -252,6 +272,11 @@ impl McpServer {
     /// The `Authorization` headers received, one per HTTP request that had one.
     pub fn authorizations(&self) -> Vec<String> {
         lock(&self.shared.authorization).clone()
+    }
+
+    /// Lists `count` more tools (`extra_0`, ...), each with a description of `description_bytes` bytes.
+    pub fn list_extra_tools(&self, count: usize, description_bytes: usize) {
+        *lock(&self.shared.extra) = (count, description_bytes);
     }
 
     /// Lets every `hang` call waiting now answer.

@@ -11,8 +11,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use gateway_core::steps::ToolOutcome;
-use rmcp::model::{CallToolRequestParams, CallToolResult, ContentBlock, RequestMetaObject, Tool};
-use rmcp::service::{NotificationContext, RunningService};
+use rmcp::model::{
+    CallToolRequestParams, CallToolResult, ContentBlock, PaginatedRequestParams, RequestMetaObject,
+    Tool,
+};
+use rmcp::service::{NotificationContext, Peer, RunningService, ServiceError};
 use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
 use rmcp::transport::StreamableHttpClientTransport;
 use rmcp::{ClientHandler, RoleClient, ServiceExt};
@@ -32,6 +35,56 @@ impl ClientHandler for Watcher {
     async fn on_tool_list_changed(&self, _context: NotificationContext<RoleClient>) {
         self.stale.store(true, Ordering::SeqCst);
     }
+}
+
+/// The most tools a server's listing may hold (every page together); a larger listing is an error.
+pub const MAX_LISTED_TOOLS: usize = 1_000;
+
+/// The most bytes a server's listing may hold: the tools of every page together, measured as their JSON. A
+/// larger listing is an error.
+pub const MAX_LISTING_BYTES: usize = 4 * 1024 * 1024;
+
+/// Why a listing failed.
+#[derive(Debug, thiserror::Error)]
+enum ListingError {
+    #[error(transparent)]
+    Service(#[from] ServiceError),
+    #[error("it lists more than {MAX_LISTED_TOOLS} tools, the gateway's limit")]
+    TooMany,
+    #[error("its tools take more than {} MiB, the gateway's limit", MAX_LISTING_BYTES / (1024 * 1024))]
+    TooLarge,
+}
+
+/// Every page of a server's `tools/list`, within [`MAX_LISTED_TOOLS`] and [`MAX_LISTING_BYTES`]: paging stops as
+/// soon as a page takes the listing over either limit (or after as many pages as tools are allowed, so a server
+/// answering empty pages with a cursor cannot keep it going). rmcp's transport reads each page as one whole
+/// JSON-RPC message and offers no byte limit for it, so a single page is read before it is measured: the bound is
+/// on what is kept and on how many pages are asked for, and each page's read is bounded in time by the listing's
+/// timeout.
+async fn list_bounded(peer: &Peer<RoleClient>) -> Result<Vec<Tool>, ListingError> {
+    let mut tools: Vec<Tool> = Vec::new();
+    let mut bytes = 0usize;
+    let mut cursor = None;
+    for _ in 0..MAX_LISTED_TOOLS {
+        let page = peer
+            .list_tools(Some(PaginatedRequestParams::default().with_cursor(cursor)))
+            .await?;
+        for tool in &page.tools {
+            bytes = bytes.saturating_add(serde_json::to_vec(tool).map_or(0, |json| json.len()));
+        }
+        if tools.len().saturating_add(page.tools.len()) > MAX_LISTED_TOOLS {
+            return Err(ListingError::TooMany);
+        }
+        if bytes > MAX_LISTING_BYTES {
+            return Err(ListingError::TooLarge);
+        }
+        tools.extend(page.tools);
+        match page.next_cursor {
+            Some(next) => cursor = Some(next),
+            None => return Ok(tools),
+        }
+    }
+    Err(ListingError::TooMany)
 }
 
 /// One open MCP session of a source, with its cached tool list.
@@ -135,11 +188,19 @@ impl McpClients {
                 return Ok(Arc::clone(tools));
             }
         }
-        match tokio::time::timeout(self.timeout, session.service.list_all_tools()).await {
+        match tokio::time::timeout(self.timeout, list_bounded(&session.service)).await {
             Ok(Ok(tools)) => {
                 let tools = Arc::new(tools);
                 *listed = Some((Instant::now(), Arc::clone(&tools)));
                 Ok(tools)
+            }
+            Ok(Err(e @ (ListingError::TooMany | ListingError::TooLarge))) => {
+                // The server answered: the session is sound, the listing is refused.
+                tracing::warn!(tool_source.name = %source.name, reason = %e, "MCP tools/list refused");
+                Err(format!(
+                    "The MCP server of '{}' did not list its tools: {e}.",
+                    source.name
+                ))
             }
             failed => {
                 if let Ok(Err(e)) = &failed {
@@ -302,10 +363,14 @@ impl McpClients {
     /// The tools a remote server lists now.
     pub async fn list_remote(&self, access: &RemoteAccess) -> Result<Vec<Tool>, String> {
         let service = self.open_remote(access).await?;
-        let listed = tokio::time::timeout(self.timeout, service.list_all_tools()).await;
+        let listed = tokio::time::timeout(self.timeout, list_bounded(&service)).await;
         let _ = service.cancel().await;
         match listed {
             Ok(Ok(tools)) => Ok(tools),
+            Ok(Err(e @ (ListingError::TooMany | ListingError::TooLarge))) => Err(format!(
+                "The MCP server '{}' did not list its tools: {e}.",
+                access.server_label
+            )),
             Ok(Err(e)) => {
                 tracing::info!(mcp.server_label = %access.server_label, error = %e, "remote MCP tools/list failed");
                 Err(format!(

@@ -320,3 +320,44 @@ async fn an_mcp_call_carries_its_step_s_idempotency_key_as_an_http_tool_gets_it(
     );
     assert_ne!(key_of("call_mcp"), key_of("call_http"), "one key per step");
 }
+
+#[tokio::test]
+async fn an_is_error_result_is_cut_to_the_source_s_cap_with_the_same_marker() {
+    let (gw, tenant) = gateway().await;
+    let mcp = McpServer::start().await.expect("mcp server");
+    attach_mcp(&gw, &tenant.group_id, &mcp, json!({"max_output_bytes": 1000})).await;
+
+    let (body, seen) = round(&gw, &tenant.key, "fail", json!({"bytes": 5000})).await;
+
+    let call = &items_of(&body, "mcp_call")[0];
+    assert_eq!(call["status"], "failed", "{call:#}");
+    let message = call["error"]["content"][0]["text"]
+        .as_str()
+        .expect("error text");
+    assert!(message.len() <= 1000, "{}", message.len());
+    assert!(message.starts_with("xxx"), "{message}");
+    assert!(
+        message.contains("truncated") && message.contains("5000 bytes"),
+        "{message}"
+    );
+    assert!(seen.contains("truncated"), "the model reads the marker: {seen}");
+}
+
+#[tokio::test]
+async fn a_listing_past_the_tool_limit_offers_nothing_and_the_request_still_succeeds() {
+    let (gw, tenant) = gateway().await;
+    let mcp = McpServer::start().await.expect("mcp server");
+    mcp.list_extra_tools(1_000, 10);
+    attach_mcp(&gw, &tenant.group_id, &mcp, json!({})).await;
+    gw.model.push(Reply::text("no tools"));
+
+    let answer = gw
+        .create(&tenant.key, json!({"model": "mock", "input": "hi"}))
+        .await;
+
+    assert_eq!(answer.status.as_u16(), 200, "{:#}", answer.body);
+    assert!(
+        offered_tools(&gw.model.requests()[0]).is_empty(),
+        "1003 tools are over the limit of 1000"
+    );
+}

@@ -392,3 +392,24 @@ async fn without_an_allow_list_no_declared_server_is_used_and_a_server_that_cann
     assert_eq!(stored_rows(&gw).await, before, "nothing stored");
     assert!(gw.model.requests().is_empty());
 }
+
+#[tokio::test]
+async fn a_declared_server_listing_too_many_or_too_large_tools_is_a_424() {
+    let mcp = McpServer::start().await.expect("mcp server");
+    let (gw, tenant) = gateway_allowing(&mcp).await;
+    let request = json!({"model": "mock", "input": "x", "tools": [mcp_tool(&mcp, json!({}))]});
+    for (count, description_bytes, says) in [
+        (1_000, 10, "more than 1000 tools"),
+        (5, 1024 * 1024, "more than 4 MiB"),
+    ] {
+        mcp.list_extra_tools(count, description_bytes);
+
+        let answer = gw.create(&tenant.key, request.clone()).await;
+
+        assert_eq!(answer.status.as_u16(), 424, "{says}: {:#}", answer.body);
+        assert_eq!(answer.body["error"]["code"], "mcp_list_tools_failed");
+        let message = answer.body["error"]["message"].as_str().unwrap();
+        assert!(message.contains(says), "{message}");
+    }
+    assert!(gw.model.requests().is_empty());
+}
