@@ -61,8 +61,11 @@ impl ToolExecutor {
                 Duration::from_millis(config.mcp_connect_timeout_ms),
             )),
             // Checked when the configuration was loaded.
-            remote_servers: remote::RemoteServers::new(&config.mcp_allowed_urls)
-                .unwrap_or_default(),
+            remote_servers: remote::RemoteServers::new(
+                &config.mcp_allowed_urls,
+                &config.mcp_allowed_private_urls,
+            )
+            .unwrap_or_default(),
             config,
         })
     }
@@ -72,8 +75,8 @@ impl ToolExecutor {
         &self.mcp
     }
 
-    /// Whether a server a request names may be reached (`tools.mcp_allowed_urls`, then every address its host
-    /// resolves to), within `tools.mcp_connect_timeout_ms`; the refusal as the client reads it.
+    /// Whether a server a request names may be reached (`tools.mcp_allowed_urls` and
+    /// `tools.mcp_allowed_private_urls`, then every address its host resolves to), within `tools.mcp_connect_timeout_ms`; the refusal as the client reads it.
     pub async fn check_remote(&self, url: &str) -> Result<remote::CheckedServer, String> {
         let timeout = Duration::from_millis(self.config.mcp_connect_timeout_ms);
         match tokio::time::timeout(timeout, self.remote_servers.check(url)).await {

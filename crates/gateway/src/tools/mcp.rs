@@ -23,6 +23,7 @@ use secrecy::ExposeSecret;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
+use super::remote::redact_url;
 use crate::store::tenancy::{SourceKind, ToolSource};
 
 /// Marks a session's tool list stale when the server says it changed.
@@ -150,7 +151,8 @@ impl McpClients {
         let service = match tokio::time::timeout(self.timeout, watcher.serve(transport)).await {
             Ok(Ok(service)) => service,
             Ok(Err(e)) => {
-                tracing::warn!(tool_source.name = %source.name, error = %e, "MCP session could not be opened");
+                tracing::warn!(tool_source.name = %source.name, error = %redact_url(&e.to_string(), &source.url),
+                    "MCP session could not be opened");
                 return Err(format!(
                     "The MCP server of '{}' could not be reached.",
                     source.name
@@ -204,7 +206,8 @@ impl McpClients {
             }
             failed => {
                 if let Ok(Err(e)) = &failed {
-                    tracing::warn!(tool_source.name = %source.name, error = %e, "MCP tools/list failed");
+                    tracing::warn!(tool_source.name = %source.name, error = %redact_url(&e.to_string(), &source.url),
+                        "MCP tools/list failed");
                 }
                 drop(listed);
                 self.forget(source).await;
@@ -284,7 +287,8 @@ impl McpClients {
         match tokio::time::timeout(timeout, session.service.call_tool(request)).await {
             Ok(Ok(result)) => outcome_of(&result),
             Ok(Err(e)) => {
-                tracing::warn!(tool_source.name = %label, tool.name = %tool, error = %e, "MCP tools/call failed");
+                tracing::warn!(tool_source.name = %label, tool.name = %tool,
+                    error = %redact_url(&e.to_string(), &source.url), "MCP tools/call failed");
                 self.forget(source).await;
                 ToolOutcome::error(format!(
                     "Tool '{}' (MCP server '{label}') could not be called.",
@@ -353,7 +357,8 @@ impl McpClients {
         match tokio::time::timeout(self.timeout, ().serve(transport)).await {
             Ok(Ok(service)) => Ok(service),
             Ok(Err(e)) => {
-                tracing::info!(mcp.server_label = %label, error = %e, "remote MCP session could not be opened");
+                tracing::info!(mcp.server_label = %label, error = %access.server.redact(&e.to_string()),
+                    "remote MCP session could not be opened");
                 Err(format!("The MCP server '{label}' could not be reached."))
             }
             Err(_) => Err(format!("The MCP server '{label}' did not answer in time.")),
@@ -372,7 +377,8 @@ impl McpClients {
                 access.server_label
             )),
             Ok(Err(e)) => {
-                tracing::info!(mcp.server_label = %access.server_label, error = %e, "remote MCP tools/list failed");
+                tracing::info!(mcp.server_label = %access.server_label,
+                    error = %access.server.redact(&e.to_string()), "remote MCP tools/list failed");
                 Err(format!(
                     "The MCP server '{}' did not list its tools.",
                     access.server_label
@@ -405,7 +411,8 @@ impl McpClients {
         match called {
             Ok(Ok(result)) => outcome_of(&result),
             Ok(Err(e)) => {
-                tracing::info!(mcp.server_label = %label, tool.name = %tool, error = %e, "remote MCP tools/call failed");
+                tracing::info!(mcp.server_label = %label, tool.name = %tool,
+                    error = %access.server.redact(&e.to_string()), "remote MCP tools/call failed");
                 ToolOutcome::error(format!(
                     "Tool '{tool}' (MCP server '{label}') could not be called."
                 ))
