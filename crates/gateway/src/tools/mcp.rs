@@ -3,7 +3,8 @@
 //! One session per source and replica, opened on first use and reused (no `initialize` per call); it is opened
 //! again after a transport error, or when the source's URL or secret changed. A source's tool list is cached and
 //! listed again after a `notifications/tools/list_changed` from the server or after the TTL. A server that is
-//! down offers no tools while listing fails, and its calls end with error outputs: never a 5xx to the client.
+//! down keeps offering the tools it last listed (since the process started), and their calls end with error
+//! outputs: a server tool never becomes a client's function call, and the client never gets a 5xx.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -100,6 +101,10 @@ struct Session {
 /// The MCP sessions of this replica, by source id.
 pub struct McpClients {
     sessions: tokio::sync::Mutex<HashMap<String, Arc<Session>>>,
+    /// The last tools each source listed successfully since the process started, by source id: kept while its
+    /// server is down, so that its tools stay server tools (their calls end with error outputs) and are never
+    /// handed to the client as its own functions.
+    last_known: std::sync::Mutex<HashMap<String, Arc<Vec<Tool>>>>,
     /// How long a tool list is used before it is listed again.
     ttl: Duration,
     /// How long opening a session or listing may take.
@@ -127,6 +132,7 @@ impl McpClients {
     pub fn new(ttl: Duration, timeout: Duration) -> McpClients {
         McpClients {
             sessions: tokio::sync::Mutex::default(),
+            last_known: std::sync::Mutex::default(),
             ttl,
             timeout,
         }
@@ -180,8 +186,38 @@ impl McpClients {
         self.sessions.lock().await.remove(&source.id);
     }
 
-    /// The tools of an MCP source as the server lists them (cached).
+    /// The tools of an MCP source as the server lists them (cached); when it cannot list them now, the last
+    /// tools it listed since the process started, if any.
     async fn list(&self, source: &ToolSource) -> Result<Arc<Vec<Tool>>, String> {
+        match self.list_now(source).await {
+            Ok(tools) => {
+                self.last_known
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .insert(source.id.clone(), Arc::clone(&tools));
+                Ok(tools)
+            }
+            Err(message) => {
+                let kept = self
+                    .last_known
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .get(&source.id)
+                    .cloned();
+                match kept {
+                    Some(tools) => {
+                        tracing::warn!(tool_source.name = %source.name, reason = %message,
+                            "MCP source cannot list its tools; its last known tools are kept");
+                        Ok(tools)
+                    }
+                    None => Err(message),
+                }
+            }
+        }
+    }
+
+    /// The tools of an MCP source as the server lists them (cached in its session).
+    async fn list_now(&self, source: &ToolSource) -> Result<Arc<Vec<Tool>>, String> {
         let session = self.session(source).await?;
         let mut listed = session.listed.lock().await;
         let changed = session.stale.swap(false, Ordering::SeqCst);
@@ -221,7 +257,8 @@ impl McpClients {
 
     /// The server tools of `sources`: HTTP sources as they are, each MCP source replaced by one tool per tool its
     /// server lists (those in `allowed_tools`, named with `name_prefix`). A name already taken (by an HTTP tool,
-    /// or an earlier source) is skipped with a warning; a server that cannot list offers nothing this time.
+    /// or an earlier source) is skipped with a warning. A server that cannot list offers the tools it last listed
+    /// (their calls fail while it is down), or nothing if it never listed since the process started.
     pub async fn expand(&self, sources: Vec<ToolSource>) -> Vec<ToolSource> {
         let (http, mcp): (Vec<ToolSource>, Vec<ToolSource>) = sources
             .into_iter()

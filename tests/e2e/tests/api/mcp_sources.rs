@@ -164,15 +164,45 @@ async fn a_server_that_goes_down_gives_error_outputs_and_never_a_5xx() {
         "{body:#}"
     );
     assert!(seen.contains("error"), "{seen}");
-    // With the session gone, the list cannot be read: the model is offered nothing from it, and the request
-    // still succeeds.
+    // With the session gone, the list cannot be read: the model is offered the tools last listed, and the
+    // request still succeeds.
     gw.model.reset();
     gw.model.push(Reply::text("no tools"));
     let answer = gw
         .create(&tenant.key, json!({"model": "mock", "input": "hi"}))
         .await;
     assert_eq!(answer.status.as_u16(), 200, "{:#}", answer.body);
-    assert!(offered_tools(&gw.model.requests()[0]).is_empty());
+    let mut offered = offered_tools(&gw.model.requests()[0]);
+    offered.sort();
+    assert_eq!(offered, ["add", "fail", "hang"]);
+}
+
+#[tokio::test]
+async fn a_stopped_source_s_tool_stays_a_server_tool_whose_calls_fail_and_is_never_handed_to_the_client() {
+    let (gw, tenant) = gateway().await;
+    let mcp = McpServer::start().await.expect("mcp server");
+    attach_mcp(&gw, &tenant.group_id, &mcp, json!({"name_prefix": "calc_"})).await;
+    let (body, _) = round(&gw, &tenant.key, "calc_add", json!({"a": 1, "b": 2})).await;
+    assert_eq!(items_of(&body, "mcp_call")[0]["status"], "completed");
+
+    mcp.stop();
+
+    // The first request after the stop fails its call on the dead session; the later ones cannot even list.
+    for attempt in 2..=3 {
+        let (body, seen) = round(&gw, &tenant.key, "calc_add", json!({"a": 1, "b": 2})).await;
+        assert_eq!(body["status"], "completed", "request {attempt}: {body:#}");
+        assert!(
+            items_of(&body, "function_call").is_empty(),
+            "request {attempt}: a server tool is never handed to the client: {body:#}"
+        );
+        let call = &items_of(&body, "mcp_call")[0];
+        assert_eq!(call["name"], "calc_add");
+        assert_eq!(call["status"], "failed", "request {attempt}: {call:#}");
+        assert!(
+            seen.contains("error"),
+            "request {attempt}: the model sees an error output: {seen}"
+        );
+    }
 }
 
 #[tokio::test]
