@@ -478,6 +478,9 @@ mod tests {
         let problem = with_variable("tools.mcp_allowed_private_urls", r#"["calc:9000/"]"#)
             .expect_err("refused")
             .to_string();
-        assert!(problem.contains("tools.mcp_allowed_private_urls"), "{problem}");
+        assert!(
+            problem.contains("tools.mcp_allowed_private_urls"),
+            "{problem}"
+        );
     }
 }

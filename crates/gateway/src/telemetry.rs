@@ -32,9 +32,7 @@ pub fn init(config: &LogConfig) {
 /// The filter of `directives`, with rmcp's transport worker silenced: it logs its fatal errors with the whole URL
 /// of the MCP server, whose path and query may hold a token (SPEC 12). The gateway logs each such failure itself,
 /// with the URL cut to `scheme://host[:port]`.
-pub fn log_filter(
-    directives: &str,
-) -> Result<EnvFilter, tracing_subscriber::filter::ParseError> {
+pub fn log_filter(directives: &str) -> Result<EnvFilter, tracing_subscriber::filter::ParseError> {
     Ok(EnvFilter::try_new(directives)?.add_directive("rmcp::transport::worker=off".parse()?))
 }
 

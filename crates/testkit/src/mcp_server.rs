@@ -302,7 +302,9 @@ async fn recorded_calls(State(shared): State<Arc<Shared>>) -> Json<Value> {
     let calls: Vec<Value> = lock(&shared.calls)
         .iter()
         .zip(metas)
-        .map(|((tool, arguments), meta)| json!({"tool": tool, "arguments": arguments, "meta": meta}))
+        .map(
+            |((tool, arguments), meta)| json!({"tool": tool, "arguments": arguments, "meta": meta}),
+        )
         .collect();
     Json(json!({"calls": calls, "lists": shared.lists.load(Ordering::SeqCst)}))
 }

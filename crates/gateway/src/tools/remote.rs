@@ -521,7 +521,10 @@ mod tests {
             .err()
             .map(|r| r.to_string())
             .unwrap_or_default();
-        assert!(message.contains("tools.mcp_allowed_private_urls"), "{message}");
+        assert!(
+            message.contains("tools.mcp_allowed_private_urls"),
+            "{message}"
+        );
         let private = private_servers(&["http://127.0.0.1:1/"])
             .check("http://127.0.0.1:1/")
             .await;

@@ -178,7 +178,8 @@ async fn a_server_that_goes_down_gives_error_outputs_and_never_a_5xx() {
 }
 
 #[tokio::test]
-async fn a_stopped_source_s_tool_stays_a_server_tool_whose_calls_fail_and_is_never_handed_to_the_client() {
+async fn a_stopped_source_s_tool_stays_a_server_tool_whose_calls_fail_and_is_never_handed_to_the_client(
+) {
     let (gw, tenant) = gateway().await;
     let mcp = McpServer::start().await.expect("mcp server");
     attach_mcp(&gw, &tenant.group_id, &mcp, json!({"name_prefix": "calc_"})).await;
@@ -355,7 +356,13 @@ async fn an_mcp_call_carries_its_step_s_idempotency_key_as_an_http_tool_gets_it(
 async fn an_is_error_result_is_cut_to_the_source_s_cap_with_the_same_marker() {
     let (gw, tenant) = gateway().await;
     let mcp = McpServer::start().await.expect("mcp server");
-    attach_mcp(&gw, &tenant.group_id, &mcp, json!({"max_output_bytes": 1000})).await;
+    attach_mcp(
+        &gw,
+        &tenant.group_id,
+        &mcp,
+        json!({"max_output_bytes": 1000}),
+    )
+    .await;
 
     let (body, seen) = round(&gw, &tenant.key, "fail", json!({"bytes": 5000})).await;
 
@@ -370,7 +377,10 @@ async fn an_is_error_result_is_cut_to_the_source_s_cap_with_the_same_marker() {
         message.contains("truncated") && message.contains("5000 bytes"),
         "{message}"
     );
-    assert!(seen.contains("truncated"), "the model reads the marker: {seen}");
+    assert!(
+        seen.contains("truncated"),
+        "the model reads the marker: {seen}"
+    );
 }
 
 #[tokio::test]

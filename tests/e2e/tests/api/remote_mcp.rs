@@ -12,9 +12,8 @@ use serde_json::{json, Value};
 /// admits it), with one tenant.
 async fn gateway_allowing(mcp: &McpServer) -> (TestGateway, Tenant) {
     let prefix = format!("http://{}/", mcp.addr());
-    let gw =
-        TestGateway::start_with(|config| config.tools.mcp_allowed_private_urls = vec![prefix])
-            .await;
+    let gw = TestGateway::start_with(|config| config.tools.mcp_allowed_private_urls = vec![prefix])
+        .await;
     let tenant = gw.tenant("acme").await;
     (gw, tenant)
 }
@@ -320,7 +319,10 @@ async fn servers_outside_the_allow_list_or_on_private_addresses_are_refused() {
     };
 
     let cases = [
-        (format!("http://{}/mcp", mcp.addr()), "loopback address, its exact URL allowed"),
+        (
+            format!("http://{}/mcp", mcp.addr()),
+            "loopback address, its exact URL allowed",
+        ),
         (
             format!("http://localhost:{}/mcp", mcp.addr().port()),
             "a name that resolves to loopback",

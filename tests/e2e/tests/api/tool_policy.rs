@@ -139,12 +139,18 @@ async fn an_http_error_body_is_cut_to_the_source_s_cap_with_the_same_marker() {
     assert_eq!(call["status"], "failed", "{call:#}");
     let message = call["error"]["message"].as_str().expect("error message");
     assert!(message.len() <= 1000, "{}", message.len());
-    assert!(message.starts_with("Tool 'huge' answered HTTP 500: {\"blob\":\"xxx"), "{message}");
+    assert!(
+        message.starts_with("Tool 'huge' answered HTTP 500: {\"blob\":\"xxx"),
+        "{message}"
+    );
     assert!(
         message.contains("truncated") && message.contains("5011 bytes"),
         "{message}"
     );
-    assert!(seen.contains("truncated"), "the model reads the marker: {seen}");
+    assert!(
+        seen.contains("truncated"),
+        "the model reads the marker: {seen}"
+    );
     assert!(seen.len() < 1200, "{}", seen.len());
 }
 
