@@ -1,8 +1,8 @@
 """Harness of the client conformance suite.
 
 One session starts the real processes: a fresh Postgres database, the testkit's `mock-model`,
-`example-tools` and `example-mcp` binaries, and `gateway serve` (whose `tools.mcp_allowed_urls` names the
-MCP server's exact address), each on port 0. It configures the gateway through the admin API (plain HTTP):
+`example-tools` and `example-mcp` binaries, and `gateway serve` (whose `tools.mcp_allowed_private_urls` names
+the MCP server's exact address), each on port 0. It configures the gateway through the admin API (plain HTTP):
 a project with a key, a deployment `mock` without server tools, a deployment `mock-tools` in another group
 whose server tools are `get_weather`, `add` and `fail`, and a deployment `mock-mcp` in a third group whose
 tools come from the MCP server as the operator's MCP source `calc` (names prefixed `calc_`).
@@ -399,8 +399,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Any:
             GATEWAY__LOG__FORMAT="json",
             GATEWAY__UPSTREAM__MAX_RETRIES=str(UPSTREAM_MAX_RETRIES),
             GATEWAY__UPSTREAM__BACKOFF_MS="1",
-            # Loopback is admitted only by a prefix naming the exact host and port.
-            GATEWAY__TOOLS__MCP_ALLOWED_URLS=json.dumps([f"{mcp_base_url}/"]),
+            # Loopback is admitted only by the private list, here naming the exact host and port.
+            GATEWAY__TOOLS__MCP_ALLOWED_PRIVATE_URLS=json.dumps([f"{mcp_base_url}/"]),
         )
         gateway = Process(
             "gateway", [binary("gateway"), "--config", "config/default.toml", "serve"], gateway_env, log_dir

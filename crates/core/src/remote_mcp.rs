@@ -135,6 +135,14 @@ pub fn parse_remote_mcp(
                         format!("'{}' is not a valid HTTP header name.", name.escape_debug()),
                     ));
                 }
+                if is_reserved_header(name) {
+                    return Err(invalid(
+                        &format!("headers.{name}"),
+                        format!(
+                            "'{name}' is set by the gateway's HTTP client or MCP session, not by a request."
+                        ),
+                    ));
+                }
                 // The value is a credential: the message never quotes it.
                 if value.bytes().any(|b| (b < 0x20 && b != b'\t') || b == 0x7f) {
                     return Err(invalid(
@@ -222,6 +230,27 @@ fn is_header_name(name: &str) -> bool {
         && name
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b))
+}
+
+/// Headers a request may not give its server (case-insensitive): framing and connection headers that would let it
+/// smuggle or reshape the gateway's HTTP requests, proxy headers, and the MCP session headers that the gateway's
+/// MCP client owns.
+const RESERVED_HEADERS: [&str; 9] = [
+    "host",
+    "content-length",
+    "transfer-encoding",
+    "connection",
+    "upgrade",
+    "te",
+    "trailer",
+    "mcp-session-id",
+    "mcp-protocol-version",
+];
+
+/// Whether `name` is one a request may not set (see [`RESERVED_HEADERS`]), or any `Proxy-*` header.
+fn is_reserved_header(name: &str) -> bool {
+    let lower = name.to_ascii_lowercase();
+    RESERVED_HEADERS.contains(&lower.as_str()) || lower.starts_with("proxy-")
 }
 
 /// Tool names given as an array of strings or as a filter object (`{"tool_names": [...]}`).
@@ -390,10 +419,60 @@ mod tests {
                 json!({"server_label": "s", "server_url": 5}),
                 "tools[1].server_url",
             ),
+            (
+                json!({"server_label": "s", "server_url": "http://h/", "headers": {"hOsT": "x"}}),
+                "tools[1].headers.hOsT",
+            ),
+            (
+                json!({"server_label": "s", "server_url": "http://h/", "headers": {"Proxy-Foo": "x"}}),
+                "tools[1].headers.Proxy-Foo",
+            ),
+            (
+                json!({"server_label": "s", "server_url": "http://h/", "headers": {"MCP-SESSION-ID": "x"}}),
+                "tools[1].headers.MCP-SESSION-ID",
+            ),
         ];
         for (declared, param) in cases {
             let err = parse_remote_mcp(&settings(declared.clone()), "tools[1]").unwrap_err();
             assert_eq!(err.param.as_deref(), Some(param), "{declared}");
+        }
+    }
+
+    #[test]
+    fn headers_the_gateway_sets_itself_are_refused_whatever_their_case() {
+        for name in [
+            "Host",
+            "content-length",
+            "Transfer-Encoding",
+            "CONNECTION",
+            "Upgrade",
+            "te",
+            "Trailer",
+            "Proxy-Authorization",
+            "proxy-connection",
+            "Mcp-Session-Id",
+            "mcp-protocol-version",
+        ] {
+            let err = parse_remote_mcp(
+                &settings(
+                    json!({"server_label": "s", "server_url": "http://h/", "headers": {name: "v"}}),
+                ),
+                "tools[0]",
+            )
+            .unwrap_err();
+            assert_eq!(
+                err.param.as_deref(),
+                Some(format!("tools[0].headers.{name}").as_str())
+            );
+        }
+        for name in ["X-Key", "Authorization", "Tea", "Proxy", "Mcp-Other"] {
+            let read = parse_remote_mcp(
+                &settings(
+                    json!({"server_label": "s", "server_url": "http://h/", "headers": {name: "v"}}),
+                ),
+                "tools[0]",
+            );
+            assert!(read.is_ok(), "{name}: {read:?}");
         }
     }
 

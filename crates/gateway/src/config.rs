@@ -154,11 +154,14 @@ pub struct ToolsConfig {
     /// How long opening an MCP session or listing its tools may take.
     pub mcp_connect_timeout_ms: u64,
     /// URL prefixes of the MCP servers a request may declare itself (`{"type": "mcp", "server_url": ...}`); none
-    /// (the default) allows none. A plain prefix of the normalised URL: `https://` or `https://mcp.` admits
-    /// public addresses only; a prefix that goes on past the host (`http://calc:9000/`) names that host, and
-    /// admits whatever it resolves to, private, loopback and link-local addresses included
-    /// ([`crate::tools::remote`]).
+    /// (the default) allows none. A plain prefix of the normalised URL (`https://`, `https://mcp.`,
+    /// `https://mcp.example.com/v1/`), admitting servers whose every address is public: however long, it never
+    /// admits a private, loopback, link-local or CGNAT address ([`crate::tools::remote`]).
     pub mcp_allowed_urls: Vec<String>,
+    /// URL prefixes of declared MCP servers allowed whatever their addresses, private ones included: the
+    /// operator's internal servers (`http://calc:9000/`). A prefix here allows the URL on its own. Name whole
+    /// hosts: a prefix such as `http://` would open every internal address to requests.
+    pub mcp_allowed_private_urls: Vec<String>,
 }
 
 impl Default for ToolsConfig {
@@ -170,6 +173,7 @@ impl Default for ToolsConfig {
             mcp_list_ttl_ms: 60_000,
             mcp_connect_timeout_ms: 5_000,
             mcp_allowed_urls: Vec::new(),
+            mcp_allowed_private_urls: Vec::new(),
         }
     }
 }
@@ -335,8 +339,10 @@ impl Config {
             crate::compaction::parse_key(key.expose_secret())
                 .map_err(|problem| format!("{name} must be 32 bytes in base64: {problem}"))?;
         }
-        crate::tools::remote::RemoteServers::new(&self.tools.mcp_allowed_urls)
+        crate::tools::remote::RemoteServers::new(&self.tools.mcp_allowed_urls, &[])
             .map_err(|problem| format!("tools.mcp_allowed_urls: {problem}"))?;
+        crate::tools::remote::RemoteServers::new(&[], &self.tools.mcp_allowed_private_urls)
+            .map_err(|problem| format!("tools.mcp_allowed_private_urls: {problem}"))?;
         if self.server.max_active_responses > tokio::sync::Semaphore::MAX_PERMITS {
             return Err(format!(
                 "server.max_active_responses must be at most {}",
@@ -471,6 +477,16 @@ mod tests {
         assert_eq!(config.tools.mcp_allowed_urls, ["http://127.0.0.1:8080/"]);
         let config = with_variable("tools.mcp_list_ttl_ms", "1").expect("loads");
         assert!(config.tools.mcp_allowed_urls.is_empty());
+        assert!(config.tools.mcp_allowed_private_urls.is_empty());
+        let config = with_variable(
+            "tools.mcp_allowed_private_urls",
+            r#"["http://example-mcp:8083/"]"#,
+        )
+        .expect("loads");
+        assert_eq!(
+            config.tools.mcp_allowed_private_urls,
+            ["http://example-mcp:8083/"]
+        );
     }
 
     #[test]
@@ -479,5 +495,12 @@ mod tests {
             .expect_err("refused")
             .to_string();
         assert!(problem.contains("tools.mcp_allowed_urls"), "{problem}");
+        let problem = with_variable("tools.mcp_allowed_private_urls", r#"["calc:9000/"]"#)
+            .expect_err("refused")
+            .to_string();
+        assert!(
+            problem.contains("tools.mcp_allowed_private_urls"),
+            "{problem}"
+        );
     }
 }

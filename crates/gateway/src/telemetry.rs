@@ -17,9 +17,9 @@ pub fn init(config: &LogConfig) {
         .ok()
         .filter(|v| !v.trim().is_empty())
         .unwrap_or_else(|| config.filter.clone());
-    let filter = EnvFilter::try_new(&directives).unwrap_or_else(|e| {
+    let filter = log_filter(&directives).unwrap_or_else(|e| {
         eprintln!("invalid log filter '{directives}' ({e}); logging at info");
-        EnvFilter::new("info")
+        log_filter("info").unwrap_or_else(|_| EnvFilter::new("info"))
     });
     let builder = tracing_subscriber::fmt().with_env_filter(filter);
     let _ = if config.format == "json" {
@@ -27,6 +27,13 @@ pub fn init(config: &LogConfig) {
     } else {
         builder.try_init()
     };
+}
+
+/// The filter of `directives`, with rmcp's transport worker silenced: it logs its fatal errors with the whole URL
+/// of the MCP server, whose path and query may hold a token (SPEC 12). The gateway logs each such failure itself,
+/// with the URL cut to `scheme://host[:port]`.
+pub fn log_filter(directives: &str) -> Result<EnvFilter, tracing_subscriber::filter::ParseError> {
+    Ok(EnvFilter::try_new(directives)?.add_directive("rmcp::transport::worker=off".parse()?))
 }
 
 /// Gives every request an `x-request-id` (the client's, or a new UUID), returns it in the answer, and opens a

@@ -36,7 +36,8 @@ pub struct ToolExecutor {
 #[derive(Debug, Clone, Copy)]
 pub struct CallRef<'a> {
     pub response_id: &'a str,
-    /// Stable key of the tool step, sent as `Idempotency-Key`.
+    /// Stable key of the tool step, the same on every re-send of the step: sent as `Idempotency-Key` to an HTTP
+    /// source and as `params._meta.idempotencyKey` of an MCP `tools/call`.
     pub idempotency_key: &'a str,
 }
 
@@ -60,8 +61,11 @@ impl ToolExecutor {
                 Duration::from_millis(config.mcp_connect_timeout_ms),
             )),
             // Checked when the configuration was loaded.
-            remote_servers: remote::RemoteServers::new(&config.mcp_allowed_urls)
-                .unwrap_or_default(),
+            remote_servers: remote::RemoteServers::new(
+                &config.mcp_allowed_urls,
+                &config.mcp_allowed_private_urls,
+            )
+            .unwrap_or_default(),
             config,
         })
     }
@@ -71,8 +75,8 @@ impl ToolExecutor {
         &self.mcp
     }
 
-    /// Whether a server a request names may be reached (`tools.mcp_allowed_urls`, then every address its host
-    /// resolves to), within `tools.mcp_connect_timeout_ms`; the refusal as the client reads it.
+    /// Whether a server a request names may be reached (`tools.mcp_allowed_urls` and
+    /// `tools.mcp_allowed_private_urls`, then every address its host resolves to), within `tools.mcp_connect_timeout_ms`; the refusal as the client reads it.
     pub async fn check_remote(&self, url: &str) -> Result<remote::CheckedServer, String> {
         let timeout = Duration::from_millis(self.config.mcp_connect_timeout_ms);
         match tokio::time::timeout(timeout, self.remote_servers.check(url)).await {
@@ -179,7 +183,7 @@ impl ToolExecutor {
             (Some(tool), Some(access)) => {
                 let outcome = self
                     .mcp
-                    .call_remote(access, tool, &arguments, remaining)
+                    .call_remote(access, tool, &arguments, remaining, at.idempotency_key)
                     .await;
                 cap_output(outcome, source.policy.max_output_bytes())
             }
@@ -193,7 +197,10 @@ impl ToolExecutor {
                 source.name
             )),
             (Some(tool), None) => {
-                let outcome = self.mcp.call(source, tool, &arguments, remaining).await;
+                let outcome = self
+                    .mcp
+                    .call(source, tool, &arguments, remaining, at.idempotency_key)
+                    .await;
                 cap_output(outcome, source.policy.max_output_bytes())
             }
             (None, None) => {
@@ -364,9 +371,17 @@ async fn read_answer(tool: &str, mut response: reqwest::Response, cap: usize) ->
     }
     let text = gateway_core::chat::scrub_nul(String::from_utf8_lossy(&kept).into_owned());
     if !status.is_success() {
-        let detail: String = text.chars().take(1000).collect();
+        // An error body obeys the cap as an output does (the message, status line included, fits in it), with
+        // the same marker giving the body's size: the model reads it, marker and all.
+        let head = format!("Tool '{tool}' answered HTTP {}: ", status.as_u16());
+        let room = cap.saturating_sub(head.len());
+        let detail = if total > room {
+            truncated(&text, total, room)
+        } else {
+            text
+        };
         return ToolOutcome::Error {
-            message: format!("Tool '{tool}' answered HTTP {}: {detail}", status.as_u16()),
+            message: head + &detail,
             http_status: Some(status.as_u16()),
         };
     }
@@ -388,12 +403,19 @@ async fn read_answer(tool: &str, mut response: reqwest::Response, cap: usize) ->
     }
 }
 
-/// An MCP output cut to the source's cap, as an HTTP answer is.
+/// An MCP outcome cut to the source's cap, as an HTTP answer is: its output, or its error (`isError`) text.
 fn cap_output(outcome: ToolOutcome, cap: u64) -> ToolOutcome {
     let cap = usize::try_from(cap).unwrap_or(usize::MAX);
     match outcome {
         ToolOutcome::Output { text } if text.len() > cap => ToolOutcome::Output {
             text: truncated(&text, text.len(), cap),
+        },
+        ToolOutcome::Error {
+            message,
+            http_status,
+        } if message.len() > cap => ToolOutcome::Error {
+            message: truncated(&message, message.len(), cap),
+            http_status,
         },
         other => other,
     }

@@ -127,4 +127,10 @@ fn mcp_allowed_urls_are_read_and_checked() {
     )
     .unwrap_err();
     assert!(problem.contains("tools.mcp_allowed_urls"), "{problem}");
+    let config = load(
+        "mcp-allowed-private",
+        "[tools]\nmcp_allowed_private_urls = [\"http://calc:9000/\"]\n",
+    )
+    .unwrap();
+    assert_eq!(config.tools.mcp_allowed_private_urls, ["http://calc:9000/"]);
 }

@@ -1,14 +1,17 @@
 //! Example MCP server (rmcp's server side, streamable HTTP at `/mcp`): tools that succeed, fail, hang and
 //! change their list, standing in for the MCP servers teams run.
 //!
-//! Tools: `add` (`{a, b}` → `{"sum": a + b}` as text), `fail` (a result with `isError`), `hang` (answers only
-//! when [`McpServer::release`] is called) and, once [`McpServer::add_late_tool`] was called, `late` (answers
-//! `"late"`). Adding the late tool notifies every connected client with `notifications/tools/list_changed`.
-//! Every `tools/call` and `tools/list` is counted; the `Authorization` header of each HTTP request is kept.
+//! Tools: `add` (`{a, b}` → `{"sum": a + b}` as text), `fail` (a result with `isError`; with `{bytes}`, its text
+//! is that many `x`), `hang` (answers only when [`McpServer::release`] is called), once
+//! [`McpServer::add_late_tool`] was called `late` (answers `"late"`), and the extra tools that
+//! [`McpServer::list_extra_tools`] asks for. Adding the late tool notifies every connected client with
+//! `notifications/tools/list_changed`.
+//! Every `tools/call` (with its `_meta`) and `tools/list` is counted; the `Authorization` header of each HTTP
+//! request is kept.
 //!
 //! Control surface (for out-of-process tests): `GET /_mcp/calls` answers
-//! `{"calls": [{"tool", "arguments"}], "lists": N}`, and `POST /_mcp/reset` forgets the calls, the list count
-//! and the kept `Authorization` headers.
+//! `{"calls": [{"tool", "arguments", "meta"}], "lists": N}`, and `POST /_mcp/reset` forgets the calls, the list
+//! count and the kept `Authorization` headers.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -34,9 +37,13 @@ use crate::server::{self, lock, ServerGuard};
 #[derive(Debug, Default)]
 struct Shared {
     calls: Mutex<Vec<(String, Value)>>,
+    /// The `_meta` of each call in `calls` (an empty object when it had none).
+    metas: Mutex<Vec<Value>>,
     lists: AtomicUsize,
     initializes: AtomicUsize,
     late: AtomicBool,
+    /// Extra tools listed: how many, and how long each one's description is.
+    extra: Mutex<(usize, usize)>,
     authorization: Mutex<Vec<String>>,
     peers: Mutex<Vec<Peer<RoleServer>>>,
     release: tokio::sync::Notify,
@@ -53,7 +60,7 @@ fn schema(value: Value) -> Arc<Map<String, Value>> {
     })
 }
 
-fn tools(late: bool) -> Vec<Tool> {
+fn tools(late: bool, (extra, description_bytes): (usize, usize)) -> Vec<Tool> {
     let empty = json!({"type": "object", "properties": {}});
     let mut tools = vec![
         Tool::new(
@@ -72,8 +79,16 @@ fn tools(late: bool) -> Vec<Tool> {
         ),
     ];
     if late {
-        tools.push(Tool::new("late", "Appears later.", schema(empty)));
+        tools.push(Tool::new("late", "Appears later.", schema(empty.clone())));
     }
+    let description = "d".repeat(description_bytes);
+    tools.extend((0..extra).map(|i| {
+        Tool::new(
+            format!("extra_{i}"),
+            description.clone(),
+            schema(empty.clone()),
+        )
+    }));
     tools
 }
 
@@ -100,16 +115,29 @@ impl ServerHandler for Handler {
         self.0.lists.fetch_add(1, Ordering::SeqCst);
         Ok(ListToolsResult::with_all_items(tools(
             self.0.late.load(Ordering::SeqCst),
+            *lock(&self.0.extra),
         )))
     }
 
     async fn call_tool(
         &self,
         request: CallToolRequestParams,
-        _context: RequestContext<RoleServer>,
+        context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
         let arguments = Value::Object(request.arguments.clone().unwrap_or_default());
-        lock(&self.0.calls).push((request.name.to_string(), arguments.clone()));
+        // rmcp hands the request's `_meta` over in the context; the params keep it too on some paths.
+        let meta = request
+            .meta
+            .as_ref()
+            .filter(|meta| !meta.is_empty())
+            .unwrap_or(&context.meta);
+        let meta = serde_json::to_value(meta).unwrap_or_default();
+        {
+            let mut calls = lock(&self.0.calls);
+            let mut metas = lock(&self.0.metas);
+            calls.push((request.name.to_string(), arguments.clone()));
+            metas.push(meta);
+        }
         let result = match request.name.as_ref() {
             "add" => {
                 let a = arguments.get("a").and_then(Value::as_f64).unwrap_or(0.0);
@@ -122,7 +150,14 @@ impl ServerHandler for Handler {
                 };
                 CallToolResult::success(vec![ContentBlock::text(json!({"sum": sum}).to_string())])
             }
-            "fail" => CallToolResult::error(vec![ContentBlock::text("the tool failed on purpose")]),
+            "fail" => match arguments.get("bytes").and_then(Value::as_u64) {
+                Some(bytes) => CallToolResult::error(vec![ContentBlock::text(
+                    "x".repeat(usize::try_from(bytes).unwrap_or(0)),
+                )]),
+                None => {
+                    CallToolResult::error(vec![ContentBlock::text("the tool failed on purpose")])
+                }
+            },
             "hang" => {
                 self.0.release.notified().await;
                 CallToolResult::success(vec![ContentBlock::text("released")])
@@ -219,6 +254,11 @@ impl McpServer {
         lock(&self.shared.calls).clone()
     }
 
+    /// The `params._meta` of every `tools/call` received, in the order of [`McpServer::calls`].
+    pub fn call_metas(&self) -> Vec<Value> {
+        lock(&self.shared.metas).clone()
+    }
+
     /// How many `tools/list` requests were answered.
     pub fn lists(&self) -> usize {
         self.shared.lists.load(Ordering::SeqCst)
@@ -232,6 +272,11 @@ impl McpServer {
     /// The `Authorization` headers received, one per HTTP request that had one.
     pub fn authorizations(&self) -> Vec<String> {
         lock(&self.shared.authorization).clone()
+    }
+
+    /// Lists `count` more tools (`extra_0`, ...), each with a description of `description_bytes` bytes.
+    pub fn list_extra_tools(&self, count: usize, description_bytes: usize) {
+        *lock(&self.shared.extra) = (count, description_bytes);
     }
 
     /// Lets every `hang` call waiting now answer.
@@ -253,9 +298,13 @@ impl McpServer {
 
 /// `GET /_mcp/calls`: every `tools/call` received, in arrival order, and how many listings were answered.
 async fn recorded_calls(State(shared): State<Arc<Shared>>) -> Json<Value> {
+    let metas = lock(&shared.metas).clone();
     let calls: Vec<Value> = lock(&shared.calls)
         .iter()
-        .map(|(tool, arguments)| json!({"tool": tool, "arguments": arguments}))
+        .zip(metas)
+        .map(
+            |((tool, arguments), meta)| json!({"tool": tool, "arguments": arguments, "meta": meta}),
+        )
         .collect();
     Json(json!({"calls": calls, "lists": shared.lists.load(Ordering::SeqCst)}))
 }
@@ -263,6 +312,7 @@ async fn recorded_calls(State(shared): State<Arc<Shared>>) -> Json<Value> {
 /// `POST /_mcp/reset`: forgets the recorded calls, the listing count and the `Authorization` headers.
 async fn reset(State(shared): State<Arc<Shared>>) -> Json<Value> {
     lock(&shared.calls).clear();
+    lock(&shared.metas).clear();
     lock(&shared.authorization).clear();
     shared.lists.store(0, Ordering::SeqCst);
     Json(json!({"reset": true}))

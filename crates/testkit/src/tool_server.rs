@@ -163,10 +163,11 @@ pub fn misbehaving_tool_definitions() -> Vec<ToolDefinition> {
         },
         ToolDefinition {
             name: "huge",
-            description: "Answer a JSON object holding a string of the given number of bytes.",
+            description: "Answer a JSON object holding a string of the given number of bytes, with the given HTTP status (default 200).",
             parameters: json!({
                 "type": "object",
-                "properties": {"bytes": {"type": "integer", "minimum": 0}},
+                "properties": {"bytes": {"type": "integer", "minimum": 0},
+                               "status": {"type": "integer", "minimum": 200, "maximum": 599}},
                 "required": ["bytes"],
                 "additionalProperties": false,
             }),
@@ -421,7 +422,13 @@ async fn call_tool(
         "huge" => match args.get("bytes").and_then(Value::as_u64) {
             Some(bytes) => {
                 let blob = "x".repeat(usize::try_from(bytes).unwrap_or(0));
-                Json(json!({"blob": blob})).into_response()
+                let status = args
+                    .get("status")
+                    .and_then(Value::as_u64)
+                    .and_then(|s| u16::try_from(s).ok())
+                    .and_then(|s| StatusCode::from_u16(s).ok())
+                    .unwrap_or(StatusCode::OK);
+                (status, Json(json!({"blob": blob}))).into_response()
             }
             None => bad_request("missing non-negative integer argument \"bytes\""),
         },

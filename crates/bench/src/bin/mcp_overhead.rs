@@ -96,7 +96,7 @@ async fn main() -> anyhow::Result<()> {
 
     // As a server a request names: the same tool, reached through the checked address, a session per call.
     let prefix = format!("http://{}/", mcp.addr());
-    let checked = gateway::tools::remote::RemoteServers::new(&[prefix])?
+    let checked = gateway::tools::remote::RemoteServers::new(&[], &[prefix])?
         .check(&mcp.url())
         .await?;
     let remote = ToolSource {

@@ -23,8 +23,8 @@ pub enum EngineError {
     /// The deployment refuses tools of a type it cannot serve (`unsupported_tools: reject`).
     #[error("tools of type '{kind}' are not supported by this deployment")]
     UnsupportedTool { kind: String, index: usize },
-    /// A remote MCP server the request names may not be reached (`tools.mcp_allowed_urls`, a private address,
-    /// a malformed URL); `message` says why.
+    /// A remote MCP server the request names may not be reached (neither `tools.mcp_allowed_urls` nor
+    /// `tools.mcp_allowed_private_urls` admits it, a private address, a malformed URL); `message` says why.
     #[error("MCP server refused: {message}")]
     RemoteMcpRefused { index: usize, message: String },
     /// A remote MCP server the request names did not list its tools.

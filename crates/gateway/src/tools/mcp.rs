@@ -3,7 +3,8 @@
 //! One session per source and replica, opened on first use and reused (no `initialize` per call); it is opened
 //! again after a transport error, or when the source's URL or secret changed. A source's tool list is cached and
 //! listed again after a `notifications/tools/list_changed` from the server or after the TTL. A server that is
-//! down offers no tools while listing fails, and its calls end with error outputs: never a 5xx to the client.
+//! down keeps offering the tools it last listed (since the process started), and their calls end with error
+//! outputs: a server tool never becomes a client's function call, and the client never gets a 5xx.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -11,8 +12,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use gateway_core::steps::ToolOutcome;
-use rmcp::model::{CallToolRequestParams, CallToolResult, ContentBlock, Tool};
-use rmcp::service::{NotificationContext, RunningService};
+use rmcp::model::{
+    CallToolRequestParams, CallToolResult, ContentBlock, PaginatedRequestParams, RequestMetaObject,
+    Tool,
+};
+use rmcp::service::{NotificationContext, Peer, RunningService, ServiceError};
 use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
 use rmcp::transport::StreamableHttpClientTransport;
 use rmcp::{ClientHandler, RoleClient, ServiceExt};
@@ -20,6 +24,7 @@ use secrecy::ExposeSecret;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
+use super::remote::redact_url;
 use crate::store::tenancy::{SourceKind, ToolSource};
 
 /// Marks a session's tool list stale when the server says it changed.
@@ -34,6 +39,56 @@ impl ClientHandler for Watcher {
     }
 }
 
+/// The most tools a server's listing may hold (every page together); a larger listing is an error.
+pub const MAX_LISTED_TOOLS: usize = 1_000;
+
+/// The most bytes a server's listing may hold: the tools of every page together, measured as their JSON. A
+/// larger listing is an error.
+pub const MAX_LISTING_BYTES: usize = 4 * 1024 * 1024;
+
+/// Why a listing failed.
+#[derive(Debug, thiserror::Error)]
+enum ListingError {
+    #[error(transparent)]
+    Service(#[from] ServiceError),
+    #[error("it lists more than {MAX_LISTED_TOOLS} tools, the gateway's limit")]
+    TooMany,
+    #[error("its tools take more than {} MiB, the gateway's limit", MAX_LISTING_BYTES / (1024 * 1024))]
+    TooLarge,
+}
+
+/// Every page of a server's `tools/list`, within [`MAX_LISTED_TOOLS`] and [`MAX_LISTING_BYTES`]: paging stops as
+/// soon as a page takes the listing over either limit (or after as many pages as tools are allowed, so a server
+/// answering empty pages with a cursor cannot keep it going). rmcp's transport reads each page as one whole
+/// JSON-RPC message and offers no byte limit for it, so a single page is read before it is measured: the bound is
+/// on what is kept and on how many pages are asked for, and each page's read is bounded in time by the listing's
+/// timeout.
+async fn list_bounded(peer: &Peer<RoleClient>) -> Result<Vec<Tool>, ListingError> {
+    let mut tools: Vec<Tool> = Vec::new();
+    let mut bytes = 0usize;
+    let mut cursor = None;
+    for _ in 0..MAX_LISTED_TOOLS {
+        let page = peer
+            .list_tools(Some(PaginatedRequestParams::default().with_cursor(cursor)))
+            .await?;
+        for tool in &page.tools {
+            bytes = bytes.saturating_add(serde_json::to_vec(tool).map_or(0, |json| json.len()));
+        }
+        if tools.len().saturating_add(page.tools.len()) > MAX_LISTED_TOOLS {
+            return Err(ListingError::TooMany);
+        }
+        if bytes > MAX_LISTING_BYTES {
+            return Err(ListingError::TooLarge);
+        }
+        tools.extend(page.tools);
+        match page.next_cursor {
+            Some(next) => cursor = Some(next),
+            None => return Ok(tools),
+        }
+    }
+    Err(ListingError::TooMany)
+}
+
 /// One open MCP session of a source, with its cached tool list.
 struct Session {
     /// The URL and a digest of the secret it was opened with.
@@ -46,6 +101,10 @@ struct Session {
 /// The MCP sessions of this replica, by source id.
 pub struct McpClients {
     sessions: tokio::sync::Mutex<HashMap<String, Arc<Session>>>,
+    /// The last tools each source listed successfully since the process started, by source id: kept while its
+    /// server is down, so that its tools stay server tools (their calls end with error outputs) and are never
+    /// handed to the client as its own functions.
+    last_known: std::sync::Mutex<HashMap<String, Arc<Vec<Tool>>>>,
     /// How long a tool list is used before it is listed again.
     ttl: Duration,
     /// How long opening a session or listing may take.
@@ -73,6 +132,7 @@ impl McpClients {
     pub fn new(ttl: Duration, timeout: Duration) -> McpClients {
         McpClients {
             sessions: tokio::sync::Mutex::default(),
+            last_known: std::sync::Mutex::default(),
             ttl,
             timeout,
         }
@@ -97,7 +157,8 @@ impl McpClients {
         let service = match tokio::time::timeout(self.timeout, watcher.serve(transport)).await {
             Ok(Ok(service)) => service,
             Ok(Err(e)) => {
-                tracing::warn!(tool_source.name = %source.name, error = %e, "MCP session could not be opened");
+                tracing::warn!(tool_source.name = %source.name, error = %redact_url(&e.to_string(), &source.url),
+                    "MCP session could not be opened");
                 return Err(format!(
                     "The MCP server of '{}' could not be reached.",
                     source.name
@@ -125,8 +186,38 @@ impl McpClients {
         self.sessions.lock().await.remove(&source.id);
     }
 
-    /// The tools of an MCP source as the server lists them (cached).
+    /// The tools of an MCP source as the server lists them (cached); when it cannot list them now, the last
+    /// tools it listed since the process started, if any.
     async fn list(&self, source: &ToolSource) -> Result<Arc<Vec<Tool>>, String> {
+        match self.list_now(source).await {
+            Ok(tools) => {
+                self.last_known
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .insert(source.id.clone(), Arc::clone(&tools));
+                Ok(tools)
+            }
+            Err(message) => {
+                let kept = self
+                    .last_known
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .get(&source.id)
+                    .cloned();
+                match kept {
+                    Some(tools) => {
+                        tracing::warn!(tool_source.name = %source.name, reason = %message,
+                            "MCP source cannot list its tools; its last known tools are kept");
+                        Ok(tools)
+                    }
+                    None => Err(message),
+                }
+            }
+        }
+    }
+
+    /// The tools of an MCP source as the server lists them (cached in its session).
+    async fn list_now(&self, source: &ToolSource) -> Result<Arc<Vec<Tool>>, String> {
         let session = self.session(source).await?;
         let mut listed = session.listed.lock().await;
         let changed = session.stale.swap(false, Ordering::SeqCst);
@@ -135,15 +226,24 @@ impl McpClients {
                 return Ok(Arc::clone(tools));
             }
         }
-        match tokio::time::timeout(self.timeout, session.service.list_all_tools()).await {
+        match tokio::time::timeout(self.timeout, list_bounded(&session.service)).await {
             Ok(Ok(tools)) => {
                 let tools = Arc::new(tools);
                 *listed = Some((Instant::now(), Arc::clone(&tools)));
                 Ok(tools)
             }
+            Ok(Err(e @ (ListingError::TooMany | ListingError::TooLarge))) => {
+                // The server answered: the session is sound, the listing is refused.
+                tracing::warn!(tool_source.name = %source.name, reason = %e, "MCP tools/list refused");
+                Err(format!(
+                    "The MCP server of '{}' did not list its tools: {e}.",
+                    source.name
+                ))
+            }
             failed => {
                 if let Ok(Err(e)) = &failed {
-                    tracing::warn!(tool_source.name = %source.name, error = %e, "MCP tools/list failed");
+                    tracing::warn!(tool_source.name = %source.name, error = %redact_url(&e.to_string(), &source.url),
+                        "MCP tools/list failed");
                 }
                 drop(listed);
                 self.forget(source).await;
@@ -157,7 +257,8 @@ impl McpClients {
 
     /// The server tools of `sources`: HTTP sources as they are, each MCP source replaced by one tool per tool its
     /// server lists (those in `allowed_tools`, named with `name_prefix`). A name already taken (by an HTTP tool,
-    /// or an earlier source) is skipped with a warning; a server that cannot list offers nothing this time.
+    /// or an earlier source) is skipped with a warning. A server that cannot list offers the tools it last listed
+    /// (their calls fail while it is down), or nothing if it never listed since the process started.
     pub async fn expand(&self, sources: Vec<ToolSource>) -> Vec<ToolSource> {
         let (http, mcp): (Vec<ToolSource>, Vec<ToolSource>) = sources
             .into_iter()
@@ -212,21 +313,19 @@ impl McpClients {
         tool: &str,
         arguments: &Value,
         timeout: Duration,
+        idempotency_key: &str,
     ) -> ToolOutcome {
         let label = source.server_label.as_deref().unwrap_or(&source.name);
         let session = match self.session(source).await {
             Ok(session) => session,
             Err(message) => return ToolOutcome::error(message),
         };
-        let arguments = match arguments {
-            Value::Object(map) => map.clone(),
-            _ => serde_json::Map::new(),
-        };
-        let request = CallToolRequestParams::new(tool.to_owned()).with_arguments(arguments);
+        let request = call_request(tool, arguments, idempotency_key);
         match tokio::time::timeout(timeout, session.service.call_tool(request)).await {
             Ok(Ok(result)) => outcome_of(&result),
             Ok(Err(e)) => {
-                tracing::warn!(tool_source.name = %label, tool.name = %tool, error = %e, "MCP tools/call failed");
+                tracing::warn!(tool_source.name = %label, tool.name = %tool,
+                    error = %redact_url(&e.to_string(), &source.url), "MCP tools/call failed");
                 self.forget(source).await;
                 ToolOutcome::error(format!(
                     "Tool '{}' (MCP server '{label}') could not be called.",
@@ -295,7 +394,8 @@ impl McpClients {
         match tokio::time::timeout(self.timeout, ().serve(transport)).await {
             Ok(Ok(service)) => Ok(service),
             Ok(Err(e)) => {
-                tracing::info!(mcp.server_label = %label, error = %e, "remote MCP session could not be opened");
+                tracing::info!(mcp.server_label = %label, error = %access.server.redact(&e.to_string()),
+                    "remote MCP session could not be opened");
                 Err(format!("The MCP server '{label}' could not be reached."))
             }
             Err(_) => Err(format!("The MCP server '{label}' did not answer in time.")),
@@ -305,12 +405,17 @@ impl McpClients {
     /// The tools a remote server lists now.
     pub async fn list_remote(&self, access: &RemoteAccess) -> Result<Vec<Tool>, String> {
         let service = self.open_remote(access).await?;
-        let listed = tokio::time::timeout(self.timeout, service.list_all_tools()).await;
+        let listed = tokio::time::timeout(self.timeout, list_bounded(&service)).await;
         let _ = service.cancel().await;
         match listed {
             Ok(Ok(tools)) => Ok(tools),
+            Ok(Err(e @ (ListingError::TooMany | ListingError::TooLarge))) => Err(format!(
+                "The MCP server '{}' did not list its tools: {e}.",
+                access.server_label
+            )),
             Ok(Err(e)) => {
-                tracing::info!(mcp.server_label = %access.server_label, error = %e, "remote MCP tools/list failed");
+                tracing::info!(mcp.server_label = %access.server_label,
+                    error = %access.server.redact(&e.to_string()), "remote MCP tools/list failed");
                 Err(format!(
                     "The MCP server '{}' did not list its tools.",
                     access.server_label
@@ -330,23 +435,21 @@ impl McpClients {
         tool: &str,
         arguments: &Value,
         timeout: Duration,
+        idempotency_key: &str,
     ) -> ToolOutcome {
         let label = &access.server_label;
         let service = match self.open_remote(access).await {
             Ok(service) => service,
             Err(message) => return ToolOutcome::error(message),
         };
-        let arguments = match arguments {
-            Value::Object(map) => map.clone(),
-            _ => serde_json::Map::new(),
-        };
-        let request = CallToolRequestParams::new(tool.to_owned()).with_arguments(arguments);
+        let request = call_request(tool, arguments, idempotency_key);
         let called = tokio::time::timeout(timeout, service.call_tool(request)).await;
         let _ = service.cancel().await;
         match called {
             Ok(Ok(result)) => outcome_of(&result),
             Ok(Err(e)) => {
-                tracing::info!(mcp.server_label = %label, tool.name = %tool, error = %e, "remote MCP tools/call failed");
+                tracing::info!(mcp.server_label = %label, tool.name = %tool,
+                    error = %access.server.redact(&e.to_string()), "remote MCP tools/call failed");
                 ToolOutcome::error(format!(
                     "Tool '{tool}' (MCP server '{label}') could not be called."
                 ))
@@ -357,6 +460,23 @@ impl McpClients {
             )),
         }
     }
+}
+
+/// The `tools/call` of `tool`, carrying the tool step's idempotency key as `_meta.idempotencyKey` (SPEC 7): the
+/// same string an HTTP source gets as `Idempotency-Key`, so a server can tell a re-sent step from a new one.
+fn call_request(tool: &str, arguments: &Value, idempotency_key: &str) -> CallToolRequestParams {
+    let arguments = match arguments {
+        Value::Object(map) => map.clone(),
+        _ => serde_json::Map::new(),
+    };
+    let mut meta = RequestMetaObject::new();
+    meta.insert(
+        "idempotencyKey".to_owned(),
+        Value::String(idempotency_key.to_owned()),
+    );
+    let mut request = CallToolRequestParams::new(tool.to_owned()).with_arguments(arguments);
+    request.meta = Some(meta);
+    request
 }
 
 /// A remote server's tool as its `mcp_list_tools` item shows it.

@@ -1,5 +1,6 @@
 //! MCP servers a request declares itself (`{"type": "mcp", "server_url": ...}`): whether the gateway may connect
-//! to one (the operator's `tools.mcp_allowed_urls`, then every address the host resolves to), and an HTTP client
+//! to one (the operator's `tools.mcp_allowed_urls` for public addresses, `tools.mcp_allowed_private_urls` for
+//! any; every address the host resolves to is checked), and an HTTP client
 //! that connects to the checked addresses only, so that a DNS answer changed after the check (rebinding) cannot
 //! send the gateway anywhere else.
 
@@ -10,22 +11,22 @@ use std::time::Duration;
 use reqwest::Url;
 use reqwest_mcp::dns::{Addrs, Name, Resolve, Resolving};
 
-/// The operator's allow-list of client-declared MCP servers, checked once per declared server.
+/// The operator's allow-lists of client-declared MCP servers, checked once per declared server.
 #[derive(Debug, Clone, Default)]
 pub struct RemoteServers {
-    prefixes: Vec<AllowedPrefix>,
+    /// `tools.mcp_allowed_urls`: servers whose every address is public.
+    public: Vec<AllowedPrefix>,
+    /// `tools.mcp_allowed_private_urls`: servers allowed whatever their addresses (the operator's internal ones).
+    private: Vec<AllowedPrefix>,
 }
 
-/// One entry of `tools.mcp_allowed_urls`, normalised so that it compares with a normalised URL.
+/// One entry of an allow-list, normalised so that it compares with a normalised URL.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct AllowedPrefix {
     text: String,
-    /// The prefix goes on past `scheme://host[:port]`: the operator wrote that exact host, and what it resolves
-    /// to is allowed even when private.
-    names_host: bool,
 }
 
-/// An entry of `tools.mcp_allowed_urls` that can never work as meant; reported at start-up.
+/// An entry of an allow-list that can never work as meant; reported at start-up.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum BadPrefix {
     #[error("`{prefix}` does not start with `http://` or `https://`")]
@@ -49,14 +50,15 @@ pub enum RemoteRefusal {
     #[error("server_url (host `{host}`) carries a user name or password; send credentials in a header instead")]
     Credentials { host: String },
     #[error(
-        "server_url (host `{host}`) is not allowed: it matches no prefix of the gateway's tools.mcp_allowed_urls"
+        "server_url (host `{host}`) is not allowed: it matches no prefix of the gateway's tools.mcp_allowed_urls \
+         or tools.mcp_allowed_private_urls"
     )]
     NotAllowed { host: String },
     #[error("server_url host `{host}` could not be resolved to any address")]
     Unresolvable { host: String },
     #[error(
         "server_url host `{host}` resolves to {address}, a private, loopback, link-local or otherwise non-public \
-         address; only a tools.mcp_allowed_urls prefix that names this host (continues past it with `/`) allows that"
+         address; only a prefix of the gateway's tools.mcp_allowed_private_urls allows that"
     )]
     PrivateAddress { host: String, address: IpAddr },
 }
@@ -71,13 +73,19 @@ pub struct CheckedServer {
 }
 
 impl RemoteServers {
-    /// The allow-list from `tools.mcp_allowed_urls`; an empty list allows no declared server.
-    pub fn new(prefixes: &[String]) -> Result<RemoteServers, BadPrefix> {
-        let prefixes = prefixes
-            .iter()
-            .map(|prefix| AllowedPrefix::parse(prefix))
-            .collect::<Result<_, _>>()?;
-        Ok(RemoteServers { prefixes })
+    /// The allow-lists from `tools.mcp_allowed_urls` (`public`) and `tools.mcp_allowed_private_urls` (`private`);
+    /// two empty lists allow no declared server.
+    pub fn new(public: &[String], private: &[String]) -> Result<RemoteServers, BadPrefix> {
+        let parse = |prefixes: &[String]| {
+            prefixes
+                .iter()
+                .map(|prefix| AllowedPrefix::parse(prefix))
+                .collect::<Result<Vec<_>, _>>()
+        };
+        Ok(RemoteServers {
+            public: parse(public)?,
+            private: parse(private)?,
+        })
     }
 
     /// Whether the gateway may connect to `url`: its normalised form must start with an allowed prefix, then its
@@ -100,15 +108,17 @@ impl RemoteServers {
         if !url.username().is_empty() || url.password().is_some() {
             return Err(RemoteRefusal::Credentials { host: host_name });
         }
-        let matching: Vec<&AllowedPrefix> = self
-            .prefixes
-            .iter()
-            .filter(|prefix| url.as_str().starts_with(&prefix.text))
-            .collect();
-        if matching.is_empty() {
+        let under = |prefixes: &[AllowedPrefix]| {
+            prefixes
+                .iter()
+                .any(|prefix| url.as_str().starts_with(&prefix.text))
+        };
+        // A public prefix never admits a private address, however much of the URL it names: a public name that
+        // is hijacked (or re-pointed) must not lead inside. Only the private list is the operator saying so.
+        let private_allowed = under(&self.private);
+        if !private_allowed && !under(&self.public) {
             return Err(RemoteRefusal::NotAllowed { host: host_name });
         }
-        let host_is_named = matching.iter().any(|prefix| prefix.names_host);
 
         let mut addresses: Vec<SocketAddr> = match host {
             url::Host::Ipv4(ip) => vec![SocketAddr::new(IpAddr::V4(ip), port)],
@@ -126,7 +136,7 @@ impl RemoteServers {
         if addresses.is_empty() {
             return Err(RemoteRefusal::Unresolvable { host: host_name });
         }
-        if !host_is_named {
+        if !private_allowed {
             if let Some(address) = addresses.iter().find(|a| !address_is_public(a.ip())) {
                 return Err(RemoteRefusal::PrivateAddress {
                     host: host_name,
@@ -153,18 +163,15 @@ impl AllowedPrefix {
                 prefix: prefix.to_owned(),
             });
         };
-        let names_host = after_scheme.contains(['/', '?', '#']);
-        if !names_host {
+        let past_host = after_scheme.contains(['/', '?', '#']);
+        if !past_host {
             // A partial host (`https://mcp.`): compared as written, lower-cased as a URL's host is.
             if after_scheme.contains('@') {
                 return Err(BadPrefix::Credentials {
                     prefix: prefix.to_owned(),
                 });
             }
-            return Ok(AllowedPrefix {
-                text: lower,
-                names_host,
-            });
+            return Ok(AllowedPrefix { text: lower });
         }
         // A whole host: normalised as the URLs it is compared with are (case, default port, IP forms, dots).
         let url = Url::parse(prefix).map_err(|problem| BadPrefix::Url {
@@ -178,7 +185,6 @@ impl AllowedPrefix {
         }
         Ok(AllowedPrefix {
             text: url.as_str().to_owned(),
-            names_host,
         })
     }
 }
@@ -187,6 +193,11 @@ impl CheckedServer {
     /// The normalised URL, to hand to the MCP transport.
     pub fn url(&self) -> &Url {
         &self.url
+    }
+
+    /// `text` with this server's URL cut to its origin (see [`redact_url`]), for logs and messages.
+    pub fn redact(&self, text: &str) -> String {
+        redact_url(text, self.url.as_str())
     }
 
     /// The URL's host as written in it (lower-case; an IPv6 address in brackets), for logs and messages.
@@ -222,6 +233,29 @@ impl CheckedServer {
             .build()
             .map_err(RemoteClientError::Build)
     }
+}
+
+/// `text` (an error's message, say) with every mention of `url` cut to its origin, `scheme://host[:port]`, and any
+/// other mention of its path and query replaced: a server's URL often holds a token in its path or query, and
+/// neither may reach a log or an error message (SPEC 12). HTTP client errors name the whole URL they tried.
+pub fn redact_url(text: &str, url: &str) -> String {
+    let Ok(parsed) = Url::parse(url) else {
+        return if url.is_empty() {
+            text.to_owned()
+        } else {
+            text.replace(url, "<redacted URL>")
+        };
+    };
+    let origin = parsed.origin().ascii_serialization();
+    let mut redacted = text.replace(parsed.as_str(), &origin);
+    if url != parsed.as_str() && !url.is_empty() {
+        redacted = redacted.replace(url, &origin);
+    }
+    let tail = &parsed[url::Position::BeforePath..];
+    if tail.len() > 1 {
+        redacted = redacted.replace(tail, "/<redacted>");
+    }
+    redacted
 }
 
 /// Building the client of a checked server failed: a fault of the gateway, not of the request.
@@ -357,14 +391,23 @@ mod tests {
     use super::*;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+    fn strings(prefixes: &[&str]) -> Vec<String> {
+        prefixes.iter().map(|p| p.to_string()).collect()
+    }
+
+    /// Prefixes of `tools.mcp_allowed_urls`.
     fn servers(prefixes: &[&str]) -> RemoteServers {
-        let prefixes: Vec<String> = prefixes.iter().map(|p| p.to_string()).collect();
-        RemoteServers::new(&prefixes).expect("valid prefixes")
+        RemoteServers::new(&strings(prefixes), &[]).expect("valid prefixes")
+    }
+
+    /// Prefixes of `tools.mcp_allowed_private_urls`.
+    fn private_servers(prefixes: &[&str]) -> RemoteServers {
+        RemoteServers::new(&[], &strings(prefixes)).expect("valid prefixes")
     }
 
     #[tokio::test]
     async fn a_url_under_a_prefix_is_allowed_and_any_other_is_not() {
-        let servers = servers(&["http://127.0.0.1:1/mcp/"]);
+        let servers = private_servers(&["http://127.0.0.1:1/mcp/"]);
         let checked = servers
             .check("http://127.0.0.1:1/mcp/tools")
             .await
@@ -407,7 +450,7 @@ mod tests {
 
     #[tokio::test]
     async fn urls_are_compared_normalised() {
-        let servers = servers(&["HTTP://127.0.0.1:80/MCP"]);
+        let servers = private_servers(&["HTTP://127.0.0.1:80/MCP"]);
         let checked = servers
             .check("http://0x7f.1/MCP/x")
             .await
@@ -452,21 +495,48 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn loopback_is_refused_unless_the_prefix_names_the_host() {
-        let refusal = servers(&["http://"]).check("http://127.0.0.1:1/").await;
-        assert_eq!(
-            refusal,
-            Err(RemoteRefusal::PrivateAddress {
-                host: "127.0.0.1".into(),
-                address: IpAddr::from([127, 0, 0, 1]),
-            })
+    async fn loopback_is_refused_by_any_public_prefix_and_allowed_by_a_private_one() {
+        for public in [
+            "http://",
+            "http://127.",
+            "http://127.0.0.1:1",
+            "http://127.0.0.1:1/",
+            "http://127.0.0.1:1/mcp/exactly",
+        ] {
+            let refusal = servers(&[public])
+                .check("http://127.0.0.1:1/mcp/exactly")
+                .await;
+            assert_eq!(
+                refusal,
+                Err(RemoteRefusal::PrivateAddress {
+                    host: "127.0.0.1".into(),
+                    address: IpAddr::from([127, 0, 0, 1]),
+                }),
+                "{public}"
+            );
+        }
+        let message = servers(&["http://"])
+            .check("http://127.0.0.1:1/")
+            .await
+            .err()
+            .map(|r| r.to_string())
+            .unwrap_or_default();
+        assert!(
+            message.contains("tools.mcp_allowed_private_urls"),
+            "{message}"
         );
-        let partial = servers(&["http://127."]).check("http://127.0.0.1:1/").await;
-        assert!(matches!(partial, Err(RemoteRefusal::PrivateAddress { .. })));
-        let named = servers(&["http://127.0.0.1:1/"])
+        let private = private_servers(&["http://127.0.0.1:1/"])
             .check("http://127.0.0.1:1/")
             .await;
-        assert!(named.is_ok(), "{named:?}");
+        assert!(private.is_ok(), "{private:?}");
+        // The private list on its own allows the URL: it needs no public prefix too.
+        let both = RemoteServers::new(&strings(&["https://"]), &strings(&["http://127.0.0.1:1/"]))
+            .expect("valid");
+        assert!(both.check("http://127.0.0.1:1/mcp").await.is_ok());
+        assert!(matches!(
+            both.check("http://127.0.0.1:2/mcp").await,
+            Err(RemoteRefusal::NotAllowed { .. })
+        ));
     }
 
     #[tokio::test]
@@ -479,7 +549,7 @@ mod tests {
             }
             other => panic!("localhost must resolve to loopback and be refused: {other:?}"),
         }
-        let named = servers(&["http://localhost:1/"])
+        let named = private_servers(&["http://localhost:1/"])
             .check("http://localhost:1/mcp")
             .await
             .expect("a prefix naming localhost allows it");
@@ -495,6 +565,34 @@ mod tests {
                 host: "mcp.invalid".into()
             })
         );
+    }
+
+    #[test]
+    fn a_url_s_path_and_query_are_cut_from_a_message_that_names_it() {
+        let url = "https://Mcp.Example.com:8443/t/sk-PATH/mcp?token=QUERY";
+        for message in [
+            "error sending request for url (https://mcp.example.com:8443/t/sk-PATH/mcp?token=QUERY)",
+            "failed: https://Mcp.Example.com:8443/t/sk-PATH/mcp?token=QUERY",
+            "POST /t/sk-PATH/mcp?token=QUERY answered 404",
+        ] {
+            let redacted = redact_url(message, url);
+            assert!(
+                !redacted.contains("PATH") && !redacted.contains("QUERY"),
+                "{redacted}"
+            );
+        }
+        assert_eq!(
+            redact_url(
+                "error sending request for url (https://mcp.example.com:8443/t/sk-PATH/mcp?token=QUERY)",
+                url
+            ),
+            "error sending request for url (https://mcp.example.com:8443)"
+        );
+        assert_eq!(
+            redact_url("at http://calc/ and http://calc/", "http://calc/"),
+            "at http://calc and http://calc"
+        );
+        assert_eq!(redact_url("plain", "not a url"), "plain");
     }
 
     #[test]
@@ -542,23 +640,6 @@ mod tests {
         for address in public {
             let ip: IpAddr = address.parse().expect("address");
             assert!(address_is_public(ip), "{address} must be public");
-        }
-    }
-
-    #[test]
-    fn a_prefix_names_a_host_only_when_it_goes_on_past_it() {
-        for (prefix, names_host) in [
-            ("https://", false),
-            ("https://mcp.", false),
-            ("https://mcp.example.com", false),
-            ("http://127.0.0.1:9000", false),
-            ("https://mcp.example.com/", true),
-            ("http://calc:9000/", true),
-            ("http://[::1]:9000/mcp", true),
-            ("http://calc:9000?x", true),
-        ] {
-            let parsed = AllowedPrefix::parse(prefix).expect("valid prefix");
-            assert_eq!(parsed.names_host, names_host, "{prefix}");
         }
     }
 
@@ -656,7 +737,7 @@ mod tests {
     #[tokio::test]
     async fn a_checked_ip_literal_is_reached_through_its_client() {
         let (address, served) = one_shot_server().await;
-        let servers = servers(&[&format!("http://127.0.0.1:{}/", address.port())]);
+        let servers = private_servers(&[&format!("http://127.0.0.1:{}/", address.port())]);
         let server = servers
             .check(&format!("http://127.0.0.1:{}/mcp", address.port()))
             .await

@@ -326,6 +326,72 @@ fn create_cases() -> Vec<Case> {
         )
         .param("tools[0].headers"),
         create(
+            "mcp header Host that the gateway sets itself",
+            with(json!({"tools": [{"type": "mcp", "server_label": "s", "server_url": "https://h/",
+                                   "headers": {"Host": "v"}}]})),
+        )
+        .param("tools[0].headers.Host"),
+        create(
+            "mcp header content-length that the gateway sets itself",
+            with(json!({"tools": [{"type": "mcp", "server_label": "s", "server_url": "https://h/",
+                                   "headers": {"content-length": "v"}}]})),
+        )
+        .param("tools[0].headers.content-length"),
+        create(
+            "mcp header Transfer-Encoding that the gateway sets itself",
+            with(json!({"tools": [{"type": "mcp", "server_label": "s", "server_url": "https://h/",
+                                   "headers": {"Transfer-Encoding": "v"}}]})),
+        )
+        .param("tools[0].headers.Transfer-Encoding"),
+        create(
+            "mcp header CONNECTION that the gateway sets itself",
+            with(json!({"tools": [{"type": "mcp", "server_label": "s", "server_url": "https://h/",
+                                   "headers": {"CONNECTION": "v"}}]})),
+        )
+        .param("tools[0].headers.CONNECTION"),
+        create(
+            "mcp header Upgrade that the gateway sets itself",
+            with(json!({"tools": [{"type": "mcp", "server_label": "s", "server_url": "https://h/",
+                                   "headers": {"Upgrade": "v"}}]})),
+        )
+        .param("tools[0].headers.Upgrade"),
+        create(
+            "mcp header TE that the gateway sets itself",
+            with(json!({"tools": [{"type": "mcp", "server_label": "s", "server_url": "https://h/",
+                                   "headers": {"TE": "v"}}]})),
+        )
+        .param("tools[0].headers.TE"),
+        create(
+            "mcp header Trailer that the gateway sets itself",
+            with(json!({"tools": [{"type": "mcp", "server_label": "s", "server_url": "https://h/",
+                                   "headers": {"Trailer": "v"}}]})),
+        )
+        .param("tools[0].headers.Trailer"),
+        create(
+            "mcp header Proxy-Authorization that the gateway sets itself",
+            with(json!({"tools": [{"type": "mcp", "server_label": "s", "server_url": "https://h/",
+                                   "headers": {"Proxy-Authorization": "v"}}]})),
+        )
+        .param("tools[0].headers.Proxy-Authorization"),
+        create(
+            "mcp header proxy-connection that the gateway sets itself",
+            with(json!({"tools": [{"type": "mcp", "server_label": "s", "server_url": "https://h/",
+                                   "headers": {"proxy-connection": "v"}}]})),
+        )
+        .param("tools[0].headers.proxy-connection"),
+        create(
+            "mcp header Mcp-Session-Id that the gateway sets itself",
+            with(json!({"tools": [{"type": "mcp", "server_label": "s", "server_url": "https://h/",
+                                   "headers": {"Mcp-Session-Id": "v"}}]})),
+        )
+        .param("tools[0].headers.Mcp-Session-Id"),
+        create(
+            "mcp header mcp-protocol-version that the gateway sets itself",
+            with(json!({"tools": [{"type": "mcp", "server_label": "s", "server_url": "https://h/",
+                                   "headers": {"mcp-protocol-version": "v"}}]})),
+        )
+        .param("tools[0].headers.mcp-protocol-version"),
+        create(
             "two mcp servers, one label",
             with(json!({"tools": [{"type": "mcp", "server_label": "s", "server_url": "https://h/"},
                                   {"type": "mcp", "server_label": "s", "server_url": "https://i/"}]})),

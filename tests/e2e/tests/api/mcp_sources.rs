@@ -164,15 +164,46 @@ async fn a_server_that_goes_down_gives_error_outputs_and_never_a_5xx() {
         "{body:#}"
     );
     assert!(seen.contains("error"), "{seen}");
-    // With the session gone, the list cannot be read: the model is offered nothing from it, and the request
-    // still succeeds.
+    // With the session gone, the list cannot be read: the model is offered the tools last listed, and the
+    // request still succeeds.
     gw.model.reset();
     gw.model.push(Reply::text("no tools"));
     let answer = gw
         .create(&tenant.key, json!({"model": "mock", "input": "hi"}))
         .await;
     assert_eq!(answer.status.as_u16(), 200, "{:#}", answer.body);
-    assert!(offered_tools(&gw.model.requests()[0]).is_empty());
+    let mut offered = offered_tools(&gw.model.requests()[0]);
+    offered.sort();
+    assert_eq!(offered, ["add", "fail", "hang"]);
+}
+
+#[tokio::test]
+async fn a_stopped_source_s_tool_stays_a_server_tool_whose_calls_fail_and_is_never_handed_to_the_client(
+) {
+    let (gw, tenant) = gateway().await;
+    let mcp = McpServer::start().await.expect("mcp server");
+    attach_mcp(&gw, &tenant.group_id, &mcp, json!({"name_prefix": "calc_"})).await;
+    let (body, _) = round(&gw, &tenant.key, "calc_add", json!({"a": 1, "b": 2})).await;
+    assert_eq!(items_of(&body, "mcp_call")[0]["status"], "completed");
+
+    mcp.stop();
+
+    // The first request after the stop fails its call on the dead session; the later ones cannot even list.
+    for attempt in 2..=3 {
+        let (body, seen) = round(&gw, &tenant.key, "calc_add", json!({"a": 1, "b": 2})).await;
+        assert_eq!(body["status"], "completed", "request {attempt}: {body:#}");
+        assert!(
+            items_of(&body, "function_call").is_empty(),
+            "request {attempt}: a server tool is never handed to the client: {body:#}"
+        );
+        let call = &items_of(&body, "mcp_call")[0];
+        assert_eq!(call["name"], "calc_add");
+        assert_eq!(call["status"], "failed", "request {attempt}: {call:#}");
+        assert!(
+            seen.contains("error"),
+            "request {attempt}: the model sees an error output: {seen}"
+        );
+    }
 }
 
 #[tokio::test]
@@ -257,4 +288,116 @@ async fn a_source_whose_tool_names_clash_with_another_visible_source_is_refused_
     .await;
     let attached = gw.call(attach(id_of(&source))).await;
     assert_eq!(attached.status.as_u16(), 200, "{:#}", attached.body);
+}
+
+/// The idempotency key of each tool step of `response_id`, by call id, as the audit shows it (the key an HTTP
+/// source receives as `Idempotency-Key`).
+pub(crate) async fn step_keys(gw: &TestGateway, response_id: &str) -> Vec<(String, String)> {
+    let audit = gw
+        .admin_ok(
+            Method::GET,
+            &format!("/responses/{response_id}/tool_calls"),
+            None,
+        )
+        .await;
+    audit["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|row| {
+            Some((
+                row["call_id"].as_str()?.to_owned(),
+                row["idempotency_key"].as_str()?.to_owned(),
+            ))
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn an_mcp_call_carries_its_step_s_idempotency_key_as_an_http_tool_gets_it() {
+    let (gw, tenant) = gateway().await;
+    let mcp = McpServer::start().await.expect("mcp server");
+    attach_mcp(&gw, &tenant.group_id, &mcp, json!({"name_prefix": "calc_"})).await;
+    gw.attach_tool(&tenant.group_id, "add").await;
+    gw.model.push(Reply::tool_calls(vec![
+        Call::new("calc_add", json!({"a": 1, "b": 2})).with_id("call_mcp"),
+        Call::new("add", json!({"a": 1, "b": 2})).with_id("call_http"),
+    ]));
+    gw.model.push(Reply::text("done"));
+
+    let body = create_ok(&gw, &tenant.key, json!({"model": "mock", "input": "go"})).await;
+
+    assert_eq!(body["status"], "completed", "{body:#}");
+    let keys = step_keys(&gw, &id_of(&body)).await;
+    let key_of = |call_id: &str| {
+        keys.iter()
+            .find(|(id, _)| id == call_id)
+            .map(|(_, key)| key.clone())
+            .unwrap_or_default()
+    };
+    let http_received: Vec<String> = gw
+        .tools
+        .calls()
+        .into_iter()
+        .filter_map(|c| c.header("idempotency-key").map(str::to_owned))
+        .collect();
+    assert_eq!(http_received, [key_of("call_http")], "{keys:?}");
+    let metas = mcp.call_metas();
+    assert_eq!(metas.len(), 1, "{metas:?}");
+    assert_eq!(
+        metas[0]["idempotencyKey"],
+        key_of("call_mcp"),
+        "the MCP call carries its step's key: {metas:?}"
+    );
+    assert_ne!(key_of("call_mcp"), key_of("call_http"), "one key per step");
+}
+
+#[tokio::test]
+async fn an_is_error_result_is_cut_to_the_source_s_cap_with_the_same_marker() {
+    let (gw, tenant) = gateway().await;
+    let mcp = McpServer::start().await.expect("mcp server");
+    attach_mcp(
+        &gw,
+        &tenant.group_id,
+        &mcp,
+        json!({"max_output_bytes": 1000}),
+    )
+    .await;
+
+    let (body, seen) = round(&gw, &tenant.key, "fail", json!({"bytes": 5000})).await;
+
+    let call = &items_of(&body, "mcp_call")[0];
+    assert_eq!(call["status"], "failed", "{call:#}");
+    let message = call["error"]["content"][0]["text"]
+        .as_str()
+        .expect("error text");
+    assert!(message.len() <= 1000, "{}", message.len());
+    assert!(message.starts_with("xxx"), "{message}");
+    assert!(
+        message.contains("truncated") && message.contains("5000 bytes"),
+        "{message}"
+    );
+    assert!(
+        seen.contains("truncated"),
+        "the model reads the marker: {seen}"
+    );
+}
+
+#[tokio::test]
+async fn a_listing_past_the_tool_limit_offers_nothing_and_the_request_still_succeeds() {
+    let (gw, tenant) = gateway().await;
+    let mcp = McpServer::start().await.expect("mcp server");
+    mcp.list_extra_tools(1_000, 10);
+    attach_mcp(&gw, &tenant.group_id, &mcp, json!({})).await;
+    gw.model.push(Reply::text("no tools"));
+
+    let answer = gw
+        .create(&tenant.key, json!({"model": "mock", "input": "hi"}))
+        .await;
+
+    assert_eq!(answer.status.as_u16(), 200, "{:#}", answer.body);
+    assert!(
+        offered_tools(&gw.model.requests()[0]).is_empty(),
+        "1003 tools are over the limit of 1000"
+    );
 }

@@ -8,11 +8,12 @@ use gateway_e2e::{items_of, Tenant, TestGateway};
 use gateway_testkit::{Call, McpServer, Reply};
 use serde_json::{json, Value};
 
-/// A gateway whose allow-list names the MCP server's own host and port (loopback, so only an exact prefix
+/// A gateway whose private allow-list names the MCP server's own host and port (loopback, so only that list
 /// admits it), with one tenant.
 async fn gateway_allowing(mcp: &McpServer) -> (TestGateway, Tenant) {
     let prefix = format!("http://{}/", mcp.addr());
-    let gw = TestGateway::start_with(|config| config.tools.mcp_allowed_urls = vec![prefix]).await;
+    let gw = TestGateway::start_with(|config| config.tools.mcp_allowed_private_urls = vec![prefix])
+        .await;
     let tenant = gw.tenant("acme").await;
     (gw, tenant)
 }
@@ -91,6 +92,12 @@ async fn a_declared_server_is_listed_once_per_chain_and_its_calls_run_without_ap
         json!({"sum": 5})
     );
     assert_eq!(mcp.calls(), [("add".to_owned(), json!({"a": 2, "b": 3}))]);
+    let keys = crate::mcp_sources::step_keys(&gw, &id_of(&first)).await;
+    assert_eq!(
+        mcp.call_metas()[0]["idempotencyKey"],
+        keys[0].1,
+        "the call carries its step's idempotency key: {keys:?}"
+    );
     assert!(
         mcp.authorizations()
             .iter()
@@ -292,9 +299,15 @@ async fn a_streamed_response_shows_the_listing_and_the_call_as_openai_streams_th
 #[tokio::test]
 async fn servers_outside_the_allow_list_or_on_private_addresses_are_refused() {
     let mcp = McpServer::start().await.expect("mcp server");
-    // Any http URL by prefix, but one that names no host: public addresses only.
+    // Any http URL, and even the server's exact URL: a prefix of `mcp_allowed_urls` admits public addresses only,
+    // however much of the URL it names.
+    let exact = format!("http://{}/mcp", mcp.addr());
     let gw = TestGateway::start_with(|config| {
-        config.tools.mcp_allowed_urls = vec!["http://".into(), "https://mcp.example.com/".into()]
+        config.tools.mcp_allowed_urls = vec![
+            "http://".into(),
+            "https://mcp.example.com/".into(),
+            exact.clone(),
+        ]
     })
     .await;
     let tenant = gw.tenant("acme").await;
@@ -306,7 +319,10 @@ async fn servers_outside_the_allow_list_or_on_private_addresses_are_refused() {
     };
 
     let cases = [
-        (format!("http://{}/mcp", mcp.addr()), "loopback address"),
+        (
+            format!("http://{}/mcp", mcp.addr()),
+            "loopback address, its exact URL allowed",
+        ),
         (
             format!("http://localhost:{}/mcp", mcp.addr().port()),
             "a name that resolves to loopback",
@@ -385,4 +401,63 @@ async fn without_an_allow_list_no_declared_server_is_used_and_a_server_that_cann
     );
     assert_eq!(stored_rows(&gw).await, before, "nothing stored");
     assert!(gw.model.requests().is_empty());
+}
+
+#[tokio::test]
+async fn a_declared_server_listing_too_many_or_too_large_tools_is_a_424() {
+    let mcp = McpServer::start().await.expect("mcp server");
+    let (gw, tenant) = gateway_allowing(&mcp).await;
+    let request = json!({"model": "mock", "input": "x", "tools": [mcp_tool(&mcp, json!({}))]});
+    for (count, description_bytes, says) in [
+        (1_000, 10, "more than 1000 tools"),
+        (5, 1024 * 1024, "more than 4 MiB"),
+    ] {
+        mcp.list_extra_tools(count, description_bytes);
+
+        let answer = gw.create(&tenant.key, request.clone()).await;
+
+        assert_eq!(answer.status.as_u16(), 424, "{says}: {:#}", answer.body);
+        assert_eq!(answer.body["error"]["code"], "mcp_list_tools_failed");
+        let message = answer.body["error"]["message"].as_str().unwrap();
+        assert!(message.contains(says), "{message}");
+    }
+    assert!(gw.model.requests().is_empty());
+}
+
+#[tokio::test]
+async fn a_server_url_s_path_and_query_reach_neither_the_client_nor_the_logs() {
+    let logs = capture_logs();
+    let mcp = McpServer::start().await.expect("mcp server");
+    let (gw, tenant) = gateway_allowing(&mcp).await;
+    let url = format!(
+        "http://{}/mcp/sk-SECRETPATH/x?token=SECRETQUERY",
+        mcp.addr()
+    );
+    let tool = json!({"type": "mcp", "server_label": "calc", "server_url": url,
+                      "require_approval": "never"});
+    // Down, so the listing fails with the transport's own error (which names the URL it tried).
+    mcp.stop();
+
+    let answer = gw
+        .create(
+            &tenant.key,
+            json!({"model": "mock", "input": "x", "tools": [tool]}),
+        )
+        .await;
+
+    assert_eq!(answer.status.as_u16(), 424, "{:#}", answer.body);
+    let sent = answer.body.to_string();
+    assert!(
+        !sent.contains("SECRET"),
+        "the client's error keeps no path or query: {sent}"
+    );
+    let logged = logs.text();
+    assert!(
+        logged.contains("remote MCP"),
+        "the failure is logged: {logged}"
+    );
+    assert!(
+        !logged.contains("SECRET"),
+        "the logs keep no path or query: {logged}"
+    );
 }

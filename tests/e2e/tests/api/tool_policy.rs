@@ -122,6 +122,39 @@ async fn a_source_s_own_output_cap_applies() {
 }
 
 #[tokio::test]
+async fn an_http_error_body_is_cut_to_the_source_s_cap_with_the_same_marker() {
+    let (gw, tenant) = gateway().await;
+    gw.attach_tool_with(&tenant.group_id, "huge", json!({"max_output_bytes": 1000}))
+        .await;
+
+    let (body, seen) = one_round(
+        &gw,
+        &tenant.key,
+        "huge",
+        json!({"bytes": 5000, "status": 500}),
+    )
+    .await;
+
+    let call = &items_of(&body, "mcp_call")[0];
+    assert_eq!(call["status"], "failed", "{call:#}");
+    let message = call["error"]["message"].as_str().expect("error message");
+    assert!(message.len() <= 1000, "{}", message.len());
+    assert!(
+        message.starts_with("Tool 'huge' answered HTTP 500: {\"blob\":\"xxx"),
+        "{message}"
+    );
+    assert!(
+        message.contains("truncated") && message.contains("5011 bytes"),
+        "{message}"
+    );
+    assert!(
+        seen.contains("truncated"),
+        "the model reads the marker: {seen}"
+    );
+    assert!(seen.len() < 1200, "{}", seen.len());
+}
+
+#[tokio::test]
 async fn the_admin_api_keeps_the_policy_fields_and_answers_defaults() {
     let (gw, tenant) = gateway().await;
     let id = gw

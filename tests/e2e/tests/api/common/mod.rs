@@ -292,3 +292,43 @@ pub fn last_text_of(request: &Value, role: &str) -> String {
 pub fn parse(text: &str) -> Value {
     serde_json::from_str(text).unwrap_or_else(|e| panic!("not JSON ({e}): {text}"))
 }
+
+/// Everything the process logs from now on (every level, through the gateway's own filter), for tests that check what never reaches the logs.
+/// nextest runs each test in its own process, so the capture holds that test's logs; under `cargo test` the
+/// first test to ask installs it, and later ones read a shared capture (still enough to check an absence).
+pub fn capture_logs() -> LogCapture {
+    static CAPTURE: std::sync::OnceLock<LogCapture> = std::sync::OnceLock::new();
+    CAPTURE
+        .get_or_init(|| {
+            let capture = LogCapture::default();
+            let writer = capture.clone();
+            let _ = tracing_subscriber::fmt()
+                .with_env_filter(gateway::telemetry::log_filter("trace").expect("filter"))
+                .with_ansi(false)
+                .with_writer(move || writer.clone())
+                .try_init();
+            capture
+        })
+        .clone()
+}
+
+/// The text logged since [`capture_logs`] was first called.
+#[derive(Debug, Clone, Default)]
+pub struct LogCapture(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl LogCapture {
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
+    }
+}
+
+impl std::io::Write for LogCapture {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
