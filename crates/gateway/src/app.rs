@@ -39,6 +39,7 @@ impl Application {
         let worker = Worker::start(engine.clone()).await?;
         let state = AppState {
             store: store.clone(),
+            reads: crate::api::shared_reads::SharedReads::new(store.clone()),
             engine,
             admin_token: config.admin.token.clone().map(Arc::new),
             metrics_token: config.admin.metrics_token.clone().map(Arc::new),

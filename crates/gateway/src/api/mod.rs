@@ -5,6 +5,7 @@ pub mod compact;
 pub mod error;
 pub mod extract;
 pub mod responses;
+pub mod shared_reads;
 pub mod stream;
 pub mod ws;
 
@@ -23,6 +24,8 @@ use crate::store::Store;
 pub struct AppState {
     pub store: Store,
     pub engine: Engine,
+    /// Store reads shared by the followers of one response (re-attached streams).
+    pub reads: shared_reads::SharedReads,
     pub admin_token: Option<Arc<SecretString>>,
     /// The token `GET /metrics` asks for, when the operator set one.
     pub metrics_token: Option<Arc<SecretString>>,

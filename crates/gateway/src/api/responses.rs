@@ -70,7 +70,7 @@ pub async fn create_response(
                 live,
                 place: None,
             };
-            return Ok(follow(engine, state.store, following, state.keep_alive));
+            return Ok(follow(engine, state.reads, following, state.keep_alive));
         }
         return Ok(Json(response_object(&record, &[])).into_response());
     }
@@ -282,7 +282,7 @@ pub async fn get_response(
             live,
             place: Some(place),
         };
-        return Ok(follow(engine, state.store, following, state.keep_alive));
+        return Ok(follow(engine, state.reads, following, state.keep_alive));
     }
     Ok(Json(response_json(&state, &project, &id).await?.1).into_response())
 }

@@ -10,8 +10,8 @@ use axum::response::{IntoResponse, Response};
 use gateway_core::events::{replay, Event};
 use tokio::sync::{broadcast, mpsc};
 
+use super::shared_reads::SharedReads;
 use crate::engine::{Engine, EventSink, Run};
-use crate::store::Store;
 
 /// Events waiting for a slow client: the loop waits when this many are queued (backpressure).
 pub const STREAM_BUFFER: usize = 64;
@@ -50,7 +50,7 @@ pub struct Following {
 /// ends.
 pub fn follow(
     engine: Engine,
-    store: Store,
+    reads: SharedReads,
     following: Following,
     keep_alive: Duration,
 ) -> Response {
@@ -67,7 +67,7 @@ pub fn follow(
         let _place = place;
         let follower = Follower {
             engine,
-            store,
+            reads,
             project,
             id,
             next: after.map_or(0, |n| n.saturating_add(1)),
@@ -100,7 +100,8 @@ fn sse(events: mpsc::Receiver<Event>, keep_alive: Duration) -> Response {
 /// Follows one response for one client.
 struct Follower {
     engine: Engine,
-    store: Store,
+    /// The store, read once for every follower of the response woken by the same progress.
+    reads: SharedReads,
     project: String,
     id: String,
     /// The sequence number of the next event to send.
@@ -124,8 +125,9 @@ impl Follower {
     async fn run(
         mut self,
         mut live: Option<broadcast::Receiver<Event>>,
-    ) -> Result<(), crate::store::StoreError> {
+    ) -> Result<(), std::sync::Arc<crate::store::StoreError>> {
         let mut progress = self.engine.replica().watch_progress();
+        let mut woken = tokio::time::Instant::now();
         let mut said_at: Option<tokio::time::Instant> = None;
         loop {
             if live.is_none() {
@@ -137,11 +139,11 @@ impl Follower {
                 said_at = Some(tokio::time::Instant::now());
             }
             // Everything the store accounts for, from where the client is.
-            let Some((stored, steps)) = self.store.load_with_steps(&self.project, &self.id).await?
-            else {
+            let Some(snapshot) = self.reads.load(&self.project, &self.id, woken).await? else {
                 return Ok(()); // deleted
             };
-            for event in replay(&stored.record, &steps) {
+            let (stored, steps) = &*snapshot;
+            for event in replay(&stored.record, steps) {
                 if event.sequence_number() >= self.next && !self.send(event).await {
                     return Ok(());
                 }
@@ -153,7 +155,7 @@ impl Follower {
             let poll = tokio::time::sleep(FOLLOW_POLL);
             tokio::pin!(poll);
             loop {
-                let woken = tokio::select! {
+                let wake = tokio::select! {
                     () = &mut poll => Woken::Progress,
                     () = self.tx.closed() => Woken::ClientGone,
                     signal = progress.recv() => match signal {
@@ -167,11 +169,15 @@ impl Follower {
                         None => Woken::LiveGone,
                     },
                 };
-                match woken {
-                    Woken::Progress => break,
+                match wake {
+                    Woken::Progress => {
+                        woken = tokio::time::Instant::now();
+                        break;
+                    }
                     Woken::ClientGone => return Ok(()),
                     Woken::LiveGone => {
                         live = None;
+                        woken = tokio::time::Instant::now();
                         break;
                     }
                     Woken::Live(event) if event.sequence_number() == self.next => {

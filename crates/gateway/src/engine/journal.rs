@@ -265,9 +265,11 @@ impl Engine {
             // A write that must land is tried again while the store fails for a moment: a write whose commit
             // succeeded but whose reply was lost is recognised as the same write (the first write of a response's
             // row included), never a conflict.
+            // A response not yet in the store, whose write surely did not commit, left nothing behind: its client
+            // is better told at once (and may send it again) than kept waiting.
             let retry = durability == Durability::Flush
                 && failure.is_transient()
-                && run.journal.persist
+                && !run.journal.nothing_stored()
                 && run.stop() != Some(Stop::Abandon);
             let wait = waits
                 .next()
@@ -303,7 +305,7 @@ impl Engine {
                 )
                 .await;
             if let Err(e) = written {
-                run.journal.in_doubt |= e.is_transient();
+                run.journal.in_doubt |= e.may_have_committed();
                 return Err(e);
             }
             run.journal.unwritten = None;
@@ -335,8 +337,8 @@ impl Engine {
         Ok(())
     }
 
-    /// Writes a new response's row, tried again while the store fails for a moment (for at most a lease): the
-    /// write is recognised when its commit succeeded but its reply was lost.
+    /// Writes a new response's row; a write whose reply was lost is tried again (for at most a lease), and
+    /// recognised when its commit had succeeded.
     pub(super) async fn create_row(
         &self,
         new: &NewResponse<'_>,
@@ -349,8 +351,9 @@ impl Engine {
                 Ok(()) => return Ok(()),
                 Err(failure) => failure,
             };
+            // A write that surely did not commit is answered at once: nothing was stored.
             let wait = waits.next().filter(|wait| {
-                failure.is_transient() && tokio::time::Instant::now() + *wait < give_up_at
+                failure.may_have_committed() && tokio::time::Instant::now() + *wait < give_up_at
             });
             let Some(wait) = wait else {
                 return Err(failure);

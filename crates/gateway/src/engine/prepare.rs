@@ -278,7 +278,7 @@ impl Engine {
                 // Two creates with one Idempotency-Key raced: the other one is running it.
                 StoreError::Conflict(_) => EngineError::IdempotencyInProgress,
                 other => {
-                    if owner.is_some() && other.is_transient() {
+                    if owner.is_some() && other.may_have_committed() {
                         // It may have committed with its reply lost: once the store answers, the response
                         // is handed to whichever replica claims it, rather than left owned by nobody running.
                         self.replica.release_later(&record.id, 0);

@@ -140,6 +140,20 @@ impl StoreError {
     }
 }
 
+impl StoreError {
+    /// Whether a write that failed this way may have committed all the same: the statement reached the database
+    /// and the connection failed before its answer came back (a lost reply). A write that found no free
+    /// connection, or that the database refused, did not.
+    pub fn may_have_committed(&self) -> bool {
+        matches!(
+            self,
+            StoreError::Database(
+                sqlx::Error::Io(_) | sqlx::Error::Protocol(_) | sqlx::Error::WorkerCrashed
+            )
+        )
+    }
+}
+
 impl From<sqlx::Error> for StoreError {
     fn from(error: sqlx::Error) -> StoreError {
         match error {
