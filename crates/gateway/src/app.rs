@@ -10,7 +10,7 @@ use tokio::net::TcpListener;
 use crate::api::{router, AppState};
 use crate::config::Config;
 use crate::engine::{Engine, Worker};
-use crate::store::Store;
+use crate::store::{EmbeddedLock, Store};
 
 /// How long open connections (streams following a response that runs on) may take to close once the runs of
 /// a stopping gateway are handed over.
@@ -23,12 +23,17 @@ pub struct Application {
     store: Store,
     worker: Worker,
     shutdown_grace: Duration,
+    /// The lock of the embedded store, held until the gateway has stopped (none on Postgres or in memory).
+    _embedded_lock: Option<EmbeddedLock>,
 }
 
 impl Application {
     /// Connects to the store (the embedded one at `store::DEFAULT_URL` when no URL is configured), applies
     /// migrations and binds the listener (port 0 picks a free port).
     pub async fn build(config: Config) -> anyhow::Result<Application> {
+        // Before anything touches the file: a second process must neither migrate it nor take over the runs of
+        // the first (SPEC 9, one process per embedded store).
+        let embedded_lock = Store::lock_configured(&config.database)?;
         let store = Store::connect_configured(&config.database).await?;
         crate::metrics::install();
         store.migrate().await?;
@@ -54,6 +59,7 @@ impl Application {
             store,
             worker,
             shutdown_grace: Duration::from_millis(config.server.shutdown_grace_ms),
+            _embedded_lock: embedded_lock,
         })
     }
 
