@@ -49,6 +49,8 @@ impl Application {
             metrics_token: config.admin.metrics_token.clone().map(Arc::new),
             keep_alive: Duration::from_millis(config.server.keep_alive_ms.max(1)),
             websocket_max_age: Duration::from_millis(config.websocket.max_connection_ms),
+            websocket_message_limit: config.server.body_limit_bytes,
+            websockets: crate::api::ws::OpenSockets::new(config.websocket.max_connections_per_key),
         };
         let router =
             crate::telemetry::with_request_ids(router(state, config.server.body_limit_bytes));

@@ -30,6 +30,10 @@ pub struct AppState {
     pub keep_alive: std::time::Duration,
     /// How long a WebSocket connection may live (`websocket.max_connection_ms`).
     pub websocket_max_age: std::time::Duration,
+    /// The largest WebSocket message, and the most context a connection remembers: the HTTP body limit.
+    pub websocket_message_limit: usize,
+    /// The WebSocket connections open per API key, and how many each may hold.
+    pub websockets: ws::OpenSockets,
 }
 
 impl AppState {
