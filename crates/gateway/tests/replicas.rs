@@ -117,10 +117,7 @@ impl Cluster {
 
     /// Starts a replica, with `settings` as extra `GATEWAY__…` variables.
     fn replica(&self, settings: &[(&str, &str)]) -> Replica {
-        let mut child = self
-            .serve_command(settings)
-            .spawn()
-            .expect("start gateway");
+        let mut child = self.serve_command(settings).spawn().expect("start gateway");
         let stdout = child.stdout.take().expect("stdout");
         let mut lines = BufReader::new(stdout).lines();
         let base_url = loop {
@@ -674,7 +671,8 @@ async fn the_embedded_store_resumes_at_start_up_what_a_killed_process_left() {
 }
 
 #[tokio::test]
-async fn a_second_gateway_on_the_same_embedded_store_refuses_to_start_and_the_first_keeps_its_run() {
+async fn a_second_gateway_on_the_same_embedded_store_refuses_to_start_and_the_first_keeps_its_run()
+{
     let mut cluster = Cluster::sqlite().await;
     let first = cluster.replica(&[]);
     cluster.configure(&first).await;

@@ -597,9 +597,15 @@ mod tests {
         let second = sockets.admit("a".into());
         assert!(first.is_some() && second.is_some());
         assert!(sockets.admit("a".into()).is_none(), "a third one");
-        assert!(sockets.admit("b".into()).is_some(), "another key has its own");
+        assert!(
+            sockets.admit("b".into()).is_some(),
+            "another key has its own"
+        );
         drop(first);
-        assert!(sockets.admit("a".into()).is_some(), "the place of a closed one");
+        assert!(
+            sockets.admit("a".into()).is_some(),
+            "the place of a closed one"
+        );
     }
 
     #[test]

@@ -176,7 +176,10 @@ mod tests {
 
     #[test]
     fn memory_and_postgres_stores_take_no_lock() {
-        for url in ["sqlite::memory:", "postgres://postgres@127.0.0.1:5432/postgres"] {
+        for url in [
+            "sqlite::memory:",
+            "postgres://postgres@127.0.0.1:5432/postgres",
+        ] {
             assert!(lock_embedded(url).expect("no lock").is_none(), "{url}");
         }
     }

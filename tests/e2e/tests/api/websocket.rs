@@ -677,7 +677,8 @@ async fn send_until_closed(socket: Socket, text: String) -> (Vec<Value>, Option<
 }
 
 #[tokio::test]
-async fn a_message_over_the_body_limit_is_refused_with_close_code_1009_and_one_just_under_is_answered() {
+async fn a_message_over_the_body_limit_is_refused_with_close_code_1009_and_one_just_under_is_answered(
+) {
     let gw = TestGateway::start_with(|config| config.server.body_limit_bytes = SMALL_LIMIT).await;
     let tenant = gw.tenant("acme").await;
     gw.model.push(Reply::text("read it"));
@@ -723,8 +724,10 @@ async fn a_store_false_context_larger_than_a_connection_keeps_cannot_be_continue
         .response();
 
     let refused = socket
-        .create(json!({"model": "mock", "store": false, "previous_response_id": id_of(&first),
-            "input": "go on"}))
+        .create(
+            json!({"model": "mock", "store": false, "previous_response_id": id_of(&first),
+            "input": "go on"}),
+        )
         .await
         .refused();
 
@@ -755,7 +758,10 @@ async fn a_key_holding_its_most_connections_gets_429_until_one_closes() {
     let _first = connect(&gw, &tenant.key).await;
     let mut second = connect(&gw, &tenant.key).await;
 
-    let refused = try_connect(&gw, Some(&tenant.key)).await.err().expect("refused");
+    let refused = try_connect(&gw, Some(&tenant.key))
+        .await
+        .err()
+        .expect("refused");
     let WsError::Http(response) = refused else {
         panic!("not an HTTP refusal: {refused:?}");
     };
@@ -763,9 +769,14 @@ async fn a_key_holding_its_most_connections_gets_429_until_one_closes() {
     let body: Value =
         serde_json::from_slice(response.body().as_deref().expect("a body")).expect("JSON");
     assert_eq!(body["error"]["type"], "invalid_request_error", "{body:#}");
-    assert_eq!(body["error"]["code"], "too_many_websocket_connections", "{body:#}");
+    assert_eq!(
+        body["error"]["code"], "too_many_websocket_connections",
+        "{body:#}"
+    );
     assert!(
-        body["error"]["message"].as_str().is_some_and(|m| m.contains('2')),
+        body["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains('2')),
         "{body:#}"
     );
     let _another_key = connect(&gw, &other.key).await;
@@ -777,6 +788,9 @@ async fn a_key_holding_its_most_connections_gets_429_until_one_closes() {
     // again until it is (each attempt is a round trip, not a sleep).
     let deadline = tokio::time::Instant::now() + PATIENCE;
     while try_connect(&gw, Some(&tenant.key)).await.is_err() {
-        assert!(tokio::time::Instant::now() < deadline, "the place never came back");
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the place never came back"
+        );
     }
 }
