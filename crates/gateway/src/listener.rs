@@ -1,11 +1,14 @@
 //! The gateway's listener: TCP connections with `TCP_NODELAY`, on which hyper's own refusals of a request it
-//! cannot parse (a URL or a head too large for it) are given OpenAI's error shape instead of an empty body.
+//! cannot parse (a URL or a head too large for it, a malformed request line or header) are given OpenAI's error
+//! shape instead of an empty body.
 //!
 //! hyper answers those requests itself, before any service sees them: `414` for a URL longer than 65,534 bytes
 //! (the `http` crate's `Uri` cannot hold more), `431` for a head over its buffer (about 400 KiB) or with more
-//! than [`crate::api::MAX_HEADERS`] headers. It writes only a head (`content-length: 0`, `connection: close`),
-//! then closes. The connection's writer recognises exactly that head and sends, in its place, the same head with
-//! a JSON body. Every smaller URL or head reaches the router, whose limits answer in the same shape.
+//! than [`crate::api::MAX_HEADERS`] headers, `400` for what is not HTTP/1.1. It writes only a head
+//! (`connection: close`, `content-length: 0`), then closes, and has no hook for a body. The connection's writer
+//! recognises exactly that head (no answer of the router is bodiless and closing) and sends, in its place, the
+//! same head with a JSON body. Every smaller URL or head reaches the router, whose limits answer in the same
+//! shape.
 
 use std::io;
 use std::net::SocketAddr;
@@ -17,8 +20,11 @@ use tokio::net::{TcpListener, TcpStream};
 
 use crate::api::error::ApiError;
 
-/// The head hyper writes for an answer without a body; the shaped answer replaces it.
+/// The header hyper writes for an answer without a body; the shaped answer replaces it.
 const EMPTY_BODY: &[u8] = b"content-length: 0\r\n";
+
+/// The header of an answer after which hyper closes the connection, as it does after a refusal.
+const CLOSING: &[u8] = b"connection: close\r\n";
 
 /// Accepts the gateway's connections.
 pub struct GatewayListener {
@@ -95,21 +101,32 @@ impl<T: AsyncWrite + Unpin> ShapedRefusals<T> {
     }
 }
 
-/// The shaped answer in place of `head`, when `head` is a whole bodiless `414` or `431` as hyper writes them.
+/// Where `header` is in `head`.
+fn find(head: &[u8], header: &[u8]) -> Option<usize> {
+    head.windows(header.len())
+        .position(|window| window == header)
+}
+
+/// The shaped answer in place of `head`, when `head` is a whole bodiless, closing `400`, `414` or `431`, as
+/// hyper writes its refusals.
 fn shaped(head: &[u8]) -> Option<Vec<u8>> {
     let error = if head.starts_with(b"HTTP/1.1 414 ") {
         ApiError::url_too_long(None)
     } else if head.starts_with(b"HTTP/1.1 431 ") {
         ApiError::headers_too_large(None)
+    } else if head.starts_with(b"HTTP/1.1 400 ") {
+        ApiError::invalid(
+            "The request is not valid HTTP/1.1: its request line or a header could not be parsed.",
+            None,
+            Some("invalid_http_request"),
+        )
     } else {
         return None;
     };
-    if !head.ends_with(b"\r\n\r\n") {
+    if !head.ends_with(b"\r\n\r\n") || find(head, CLOSING).is_none() {
         return None;
     }
-    let at = head
-        .windows(EMPTY_BODY.len())
-        .position(|window| window == EMPTY_BODY)?;
+    let at = find(head, EMPTY_BODY)?;
     tracing::info!(
         status = error.status.as_u16(),
         code = error.code.as_deref().unwrap_or(""),
@@ -201,6 +218,7 @@ mod tests {
                 "HTTP/1.1 431 Request Header Fields Too Large",
                 "headers_too_large",
             ),
+            ("HTTP/1.1 400 Bad Request", "invalid_http_request"),
         ];
         for (status, code) in cases {
             let head = format!("{status}\r\nconnection: close\r\ncontent-length: 0\r\ndate: Wed, 25 Nov 2026 00:16:37 GMT\r\n\r\n");
@@ -222,12 +240,15 @@ mod tests {
 
     #[test]
     fn other_writes_pass_unchanged() {
-        let cases: [&[u8]; 4] = [
-            b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n",
+        let cases: [&[u8]; 6] = [
+            b"HTTP/1.1 200 OK\r\nconnection: close\r\ncontent-length: 0\r\n\r\n",
             // A 414 with a body of its own: the router's, already shaped.
             b"HTTP/1.1 414 URI Too Long\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n",
+            // Bodiless but keeping the connection: not a refusal of hyper's.
+            b"HTTP/1.1 400 Bad Request\r\ncontent-length: 0\r\n\r\n",
             // Part of a head only.
-            b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-length: 0\r\n",
+            b"HTTP/1.1 431 Request Header Fields Too Large\r\nconnection: close\r\ncontent-length: 0\r\n",
+            b"HTTP/1.1 400 Bad Request\r\nconnection: close\r\ncontent-length: 0\r\n",
             b"data: {\"type\":\"response.created\"}\n\n",
         ];
         for case in cases {

@@ -1204,6 +1204,14 @@ async fn a_url_or_head_too_large_to_parse_gets_an_openai_error_and_the_gateway_s
             "{name}: the message says the limit: {body}"
         );
     }
+    let (status, body) = raw_request(
+        &gw,
+        b"GET /v1/responses HTTP/1.1 extra\r\nhost: gateway\r\n\r\n".to_vec(),
+    )
+    .await;
+    assert_eq!(status, 400, "a malformed request line: {body}");
+    assert_eq!(body["error"]["code"], "invalid_http_request", "{body}");
+    assert_eq!(body["error"]["type"], "invalid_request_error", "{body}");
     let (status, _) = raw_request(&gw, get("/healthz".to_owned(), String::new())).await;
     assert_eq!(status, 200, "the gateway serves on");
 }
