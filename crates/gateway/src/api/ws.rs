@@ -246,6 +246,8 @@ impl Connection {
                         Some("previous_response_id"),
                         Some("previous_response_not_found"),
                     );
+                    // Refused like any continuation that fails: evicted.
+                    self.remembered = None;
                     return send_error(out, &error).await;
                 }
             },
