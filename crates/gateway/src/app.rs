@@ -10,7 +10,7 @@ use tokio::net::TcpListener;
 use crate::api::{router, AppState};
 use crate::config::Config;
 use crate::engine::{Engine, Worker};
-use crate::store::Store;
+use crate::store::{EmbeddedLock, Store};
 
 /// How long open connections (streams following a response that runs on) may take to close once the runs of
 /// a stopping gateway are handed over.
@@ -23,12 +23,17 @@ pub struct Application {
     store: Store,
     worker: Worker,
     shutdown_grace: Duration,
+    /// The lock of the embedded store, held until the gateway has stopped (none on Postgres or in memory).
+    _embedded_lock: Option<EmbeddedLock>,
 }
 
 impl Application {
     /// Connects to the store (the embedded one at `store::DEFAULT_URL` when no URL is configured), applies
     /// migrations and binds the listener (port 0 picks a free port).
     pub async fn build(config: Config) -> anyhow::Result<Application> {
+        // Before anything touches the file: a second process must neither migrate it nor take over the runs of
+        // the first (SPEC 9, one process per embedded store).
+        let embedded_lock = Store::lock_configured(&config.database)?;
         let store = Store::connect_configured(&config.database).await?;
         crate::metrics::install();
         store.migrate().await?;
@@ -45,6 +50,8 @@ impl Application {
             metrics_token: config.admin.metrics_token.clone().map(Arc::new),
             keep_alive: Duration::from_millis(config.server.keep_alive_ms.max(1)),
             websocket_max_age: Duration::from_millis(config.websocket.max_connection_ms),
+            websocket_message_limit: config.server.body_limit_bytes,
+            websockets: crate::api::ws::OpenSockets::new(config.websocket.max_connections_per_key),
         };
         let router =
             crate::telemetry::with_request_ids(router(state, config.server.body_limit_bytes));
@@ -55,6 +62,7 @@ impl Application {
             store,
             worker,
             shutdown_grace: Duration::from_millis(config.server.shutdown_grace_ms),
+            _embedded_lock: embedded_lock,
         })
     }
 
@@ -94,13 +102,7 @@ impl Application {
                 std::future::pending::<()>().await;
             }
         };
-        // Streams write small frames: without TCP_NODELAY the first event after the head waits for a
-        // delayed ACK (~40 ms).
-        let listener = axum::serve::ListenerExt::tap_io(self.listener, |tcp| {
-            if let Err(e) = tcp.set_nodelay(true) {
-                tracing::debug!(error = %e, "could not set TCP_NODELAY");
-            }
-        });
+        let listener = crate::listener::GatewayListener::new(self.listener);
         // `into_make_service` turns the routes into services once; serving the `Router` itself would do that
         // again for every connection (about 40 KiB each, measured with heaptrack at 1,000 open streams).
         let serving = axum::serve(listener, self.router.into_make_service())

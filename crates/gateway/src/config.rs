@@ -217,12 +217,16 @@ pub struct WebSocketConfig {
     /// How long one connection may live; then it gets `websocket_connection_limit_reached` and is closed (a turn
     /// in flight finishes first).
     pub max_connection_ms: u64,
+    /// Connections one API key may hold open at once; one more is refused with `429`
+    /// (`websocket_connection_limit_reached`) before the upgrade.
+    pub max_connections_per_key: usize,
 }
 
 impl Default for WebSocketConfig {
     fn default() -> Self {
         WebSocketConfig {
             max_connection_ms: 60 * 60 * 1000,
+            max_connections_per_key: 16,
         }
     }
 }
@@ -326,6 +330,10 @@ impl Config {
             (
                 "websocket.max_connection_ms",
                 self.websocket.max_connection_ms,
+            ),
+            (
+                "websocket.max_connections_per_key",
+                self.websocket.max_connections_per_key as u64,
             ),
         ];
         let compaction_keys = self.compaction.key.iter().map(|k| ("compaction.key", k));

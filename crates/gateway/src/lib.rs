@@ -9,6 +9,7 @@ pub mod config;
 pub mod demo;
 pub mod engine;
 pub mod ids;
+pub mod listener;
 pub mod metrics;
 pub mod resolver;
 pub mod retry;

@@ -10,6 +10,8 @@
 
 mod common;
 
+use std::io::{BufRead, BufReader};
+use std::process::Stdio;
 use std::time::Duration;
 
 use common::*;
@@ -332,4 +334,44 @@ async fn the_embedded_store_resumes_at_start_up_what_a_killed_process_left() {
     assert_gate_round(&response);
     let keys = keys(&calls);
     assert_eq!(keys[0], keys[1], "{keys:?}");
+}
+
+#[tokio::test]
+async fn a_second_gateway_on_the_same_embedded_store_refuses_to_start_and_the_first_keeps_its_run()
+{
+    let mut cluster = Cluster::sqlite().await;
+    let first = cluster.replica(&[]);
+    cluster.configure(&first).await;
+    let id = cluster.background_gate_call(&first).await;
+    cluster.gate_calls(1).await;
+
+    // Run to its end: it either exits (refused) or says it listens (it took the store), never both.
+    let mut second = cluster.serve_command(&[]);
+    second.stderr(Stdio::piped());
+    let mut second = second.spawn().expect("start the second gateway");
+    let stdout = second.stdout.take().expect("stdout");
+    let listening = BufReader::new(stdout)
+        .lines()
+        .map_while(Result::ok)
+        .any(|line| line.contains("gateway listening"));
+    if listening {
+        let _ = second.kill();
+    }
+    let output = second.wait_with_output().expect("the second gateway ends");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!listening, "the second gateway served the same store");
+    assert!(!output.status.success(), "{:?}", output.status);
+    assert!(
+        stderr.contains("used by another gateway process") && stderr.contains("gateway.db"),
+        "the refusal names the file and why: {stderr}"
+    );
+
+    cluster.tools.open_gate();
+    let response = cluster.ended(&first, &id).await;
+    assert_gate_round(&response);
+    assert_eq!(
+        cluster.gate_calls(1).await.len(),
+        1,
+        "the first gateway's run was never taken over and sent again"
+    );
 }

@@ -86,6 +86,47 @@ impl ApiError {
         }
     }
 
+    /// A URL longer than the gateway reads (`414`); `length` when it was read, to say how long it was.
+    pub fn url_too_long(length: Option<usize>) -> ApiError {
+        let limit = super::MAX_URL_BYTES;
+        let message = match length {
+            Some(length) => format!(
+                "The request URL is {length} bytes long; the gateway reads URLs of at most {limit} bytes."
+            ),
+            None => format!(
+                "The request URL is too long; the gateway reads URLs of at most {limit} bytes."
+            ),
+        };
+        ApiError {
+            status: StatusCode::URI_TOO_LONG,
+            ..ApiError::invalid(message, None, Some("url_too_long"))
+        }
+    }
+
+    /// Request headers larger than the gateway reads (`431`); `size` when they were read, to say how large.
+    pub fn headers_too_large(size: Option<usize>) -> ApiError {
+        let limit = super::MAX_HEADER_BYTES;
+        let count = super::MAX_HEADERS;
+        let message = match size {
+            Some(size) => format!(
+                "The request headers are {size} bytes; the gateway reads at most {limit} bytes of headers."
+            ),
+            None => format!(
+                "The request's URL and headers are too large to read; the gateway reads URLs of at most {} bytes, at most {limit} bytes of headers, and at most {count} headers.",
+                super::MAX_URL_BYTES
+            ),
+        };
+        ApiError {
+            status: StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+            ..ApiError::invalid(message, None, Some("headers_too_large"))
+        }
+    }
+
+    /// The body of this error: `{"error": {"message", "type", "param", "code"}}`.
+    pub fn body(&self) -> serde_json::Value {
+        json!({"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}})
+    }
+
     /// A fault of ours or of the upstream; the detail is logged where it happened, never returned.
     pub fn server(message: impl Into<String>) -> ApiError {
         ApiError {
@@ -287,7 +328,7 @@ impl IntoResponse for ApiError {
                 "request failed"
             );
         }
-        let body = json!({"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}});
+        let body = self.body();
         let mut response = (self.status, axum::Json(body)).into_response();
         // SDKs retry 408/409/429/5xx; a repeated create could run server tools twice, so errors say
         // explicitly whether a retry is safe.

@@ -19,6 +19,19 @@ use secrecy::SecretString;
 use crate::engine::Engine;
 use crate::store::Store;
 
+/// The longest URL (path and query, and authority when sent) the gateway reads; a longer one is `414`. Ids and
+/// query values are at most [`extract::MAX_ID_LEN`] characters, so no valid request comes near it. Beyond
+/// 65,534 bytes a URL cannot be parsed at all (the `http` crate's `Uri` bound) and hyper refuses it before the
+/// router; [`crate::listener`] gives that refusal the same shape.
+pub const MAX_URL_BYTES: usize = 16 * 1024;
+
+/// The most header bytes (names, values and separators, as sent) the gateway reads; more is `431`. Past about
+/// 400 KiB for the whole request head, or past [`MAX_HEADERS`] headers, hyper refuses it before the router.
+pub const MAX_HEADER_BYTES: usize = 64 * 1024;
+
+/// The most headers hyper parses in one request (its default); more is `431`, from hyper.
+pub const MAX_HEADERS: usize = 100;
+
 /// What every handler can reach.
 #[derive(Clone)]
 pub struct AppState {
@@ -33,6 +46,10 @@ pub struct AppState {
     pub keep_alive: std::time::Duration,
     /// How long a WebSocket connection may live (`websocket.max_connection_ms`).
     pub websocket_max_age: std::time::Duration,
+    /// The largest WebSocket message, and the most context a connection remembers: the HTTP body limit.
+    pub websocket_message_limit: usize,
+    /// The WebSocket connections open per API key, and how many each may hold.
+    pub websockets: ws::OpenSockets,
 }
 
 impl AppState {
@@ -85,7 +102,33 @@ pub fn router(state: AppState, body_limit_bytes: usize) -> Router {
         .fallback(not_found)
         .method_not_allowed_fallback(admin::method_not_allowed)
         .layer(DefaultBodyLimit::max(body_limit_bytes))
+        .layer(axum::middleware::from_fn(bounded_head))
         .with_state(state)
+}
+
+/// Refuses a request whose URL or headers are larger than the gateway reads, in OpenAI's error shape, before
+/// any route sees it.
+async fn bounded_head(
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    let uri = request.uri();
+    let url = uri.path_and_query().map_or(0, |p| p.as_str().len())
+        + uri.authority().map_or(0, |a| a.as_str().len());
+    if url > MAX_URL_BYTES {
+        return error::ApiError::url_too_long(Some(url)).into_response();
+    }
+    // As sent: `name: value\r\n`.
+    let headers: usize = request
+        .headers()
+        .iter()
+        .map(|(name, value)| name.as_str().len() + value.len() + 4)
+        .sum();
+    if headers > MAX_HEADER_BYTES {
+        return error::ApiError::headers_too_large(Some(headers)).into_response();
+    }
+    next.run(request).await
 }
 
 /// After an admin write, cached key and model resolutions are dropped, so the change holds from the next

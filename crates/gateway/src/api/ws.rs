@@ -1,13 +1,19 @@
 //! The WebSocket transport of `/v1/responses` (SPEC 11, Open Responses 2026-04-24): `response.create` messages
 //! run one at a time per connection, answered with the same event objects as SSE; the connection remembers its
 //! most recent `store: false` response so that chains continue on the same socket.
+//!
+//! Bounded: a message is at most the HTTP body limit (a larger one is refused with close code 1009 before it is
+//! read), the context a connection remembers is at most that limit too, and an API key holds at most
+//! `websocket.max_connections_per_key` connections.
 
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use axum::extract::ws::rejection::WebSocketUpgradeRejection;
 use axum::extract::ws::{CloseFrame, Message, WebSocket, WebSocketUpgrade};
 use axum::extract::State;
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
 use futures::stream::{SplitSink, SplitStream};
 use futures::{SinkExt, StreamExt};
@@ -19,7 +25,7 @@ use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
 use super::error::ApiError;
-use super::extract::{from_value, parse_json, ProjectKey};
+use super::extract::{bearer, from_value, parse_json, ProjectKey};
 use super::stream::STREAM_BUFFER;
 use super::AppState;
 use crate::engine::{EventSink, Finished};
@@ -33,11 +39,15 @@ const HTTP_ONLY_FIELDS: [&str; 3] = ["stream", "stream_options", "background"];
 /// The code of the error sent when a connection reaches `websocket.max_connection_ms`.
 pub const LIMIT_REACHED: &str = "websocket_connection_limit_reached";
 
+/// The code of the `429` refusing a connection beyond `websocket.max_connections_per_key`.
+pub const TOO_MANY_CONNECTIONS: &str = "too_many_websocket_connections";
+
 /// `GET /v1/responses` with a WebSocket upgrade. The key is checked first: a request without a valid one is
-/// refused with the usual 401 before any upgrade.
+/// refused with the usual 401 before any upgrade, and a key that holds as many connections as it may gets 429.
 pub async fn open_socket(
     State(state): State<AppState>,
     ProjectKey(project): ProjectKey,
+    headers: HeaderMap,
     upgrade: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
 ) -> Result<Response, ApiError> {
     let upgrade = upgrade.map_err(|rejection| ApiError {
@@ -51,24 +61,105 @@ pub async fn open_socket(
             Some("method_not_allowed"),
         )
     })?;
+    let key = bearer(&headers).unwrap_or_default();
+    let Some(slot) = state.websockets.admit(crate::store::tenancy::hash_key(key)) else {
+        return Err(ApiError {
+            status: StatusCode::TOO_MANY_REQUESTS,
+            ..ApiError::invalid(
+                format!(
+                    "This API key already holds {} open WebSocket connections, the most it may; close one first.",
+                    state.websockets.max
+                ),
+                None,
+                Some(TOO_MANY_CONNECTIONS),
+            )
+        });
+    };
     let max_age = state.websocket_max_age;
+    let limit = state.websocket_message_limit;
+    // Tungstenite refuses a frame whose header announces more than this before reading its payload, and a
+    // message once its frames add up to more: neither is ever held in memory.
+    let upgrade = upgrade.max_message_size(limit).max_frame_size(limit);
     Ok(upgrade.on_upgrade(move |socket| async move {
-        // Counted as an open stream for as long as it lives.
+        // Counted as an open stream for as long as it lives, and against its key.
         let _open = crate::metrics::ActiveStream::open();
+        let _slot = slot;
         Connection {
             state,
             project,
             remembered: None,
+            limit,
         }
         .serve(socket, max_age)
         .await;
     }))
 }
 
-/// The most recent `store: false` response of a connection: its whole context, output included.
+/// The open WebSocket connections of each API key (by the key's hash), at most `max` each.
+#[derive(Debug, Clone)]
+pub struct OpenSockets {
+    open: Arc<Mutex<HashMap<String, usize>>>,
+    max: usize,
+}
+
+impl OpenSockets {
+    /// Counts for a gateway whose keys may each hold `max` connections.
+    pub fn new(max: usize) -> OpenSockets {
+        OpenSockets {
+            open: Arc::default(),
+            max,
+        }
+    }
+
+    /// A place for one more connection of `key`, given back when dropped; none when the key holds `max`.
+    fn admit(&self, key: String) -> Option<SocketSlot> {
+        let mut open = self.open.lock().unwrap_or_else(PoisonError::into_inner);
+        let count = open.entry(key.clone()).or_default();
+        if *count >= self.max {
+            return None;
+        }
+        *count += 1;
+        Some(SocketSlot {
+            sockets: self.clone(),
+            key,
+        })
+    }
+}
+
+/// One connection counted against its key.
+struct SocketSlot {
+    sockets: OpenSockets,
+    key: String,
+}
+
+impl Drop for SocketSlot {
+    fn drop(&mut self) {
+        let mut open = self
+            .sockets
+            .open
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if let Some(count) = open.get_mut(&self.key) {
+            *count = count.saturating_sub(1);
+            if *count == 0 {
+                open.remove(&self.key);
+            }
+        }
+    }
+}
+
+/// The most recent `store: false` response of a connection.
 struct Remembered {
     id: String,
-    context: Vec<Item>,
+    context: Kept,
+}
+
+/// What a connection keeps of its most recent `store: false` response.
+enum Kept {
+    /// Its whole context, output included.
+    Context(Vec<Item>),
+    /// Only its size: the context was larger than the connection may keep, so it cannot be continued here.
+    TooLarge { bytes: usize },
 }
 
 /// One client's socket.
@@ -76,6 +167,8 @@ struct Connection {
     state: AppState,
     project: String,
     remembered: Option<Remembered>,
+    /// The largest message read, and the most context remembered, in bytes (the HTTP body limit).
+    limit: usize,
 }
 
 /// The client went away.
@@ -106,6 +199,10 @@ impl Connection {
             let outcome = match message {
                 None => break,
                 Some(Incoming::Text(text)) => self.turn(&text, &mut out, &mut gone).await,
+                Some(Incoming::TooLarge) => {
+                    let _ = self.too_large(&mut out).await;
+                    break;
+                }
                 Some(Incoming::Binary) => {
                     let error = ApiError::invalid(
                         "WebSocket messages must be JSON text, not binary.",
@@ -138,9 +235,22 @@ impl Connection {
         let store = request.store;
         let engine = self.state.engine.clone();
         let known = match (&previous, &self.remembered) {
-            (Some(id), Some(remembered)) if remembered.id == *id => {
-                Some(remembered.context.clone())
-            }
+            (Some(id), Some(remembered)) if remembered.id == *id => match &remembered.context {
+                Kept::Context(context) => Some(context.clone()),
+                Kept::TooLarge { bytes } => {
+                    let error = ApiError::invalid(
+                        format!(
+                            "Previous response with id '{id}' cannot be continued on this WebSocket: its context ({bytes} bytes) is larger than the {} bytes a connection keeps. Continue a long chain with store: true, or send its input in full.",
+                            self.limit
+                        ),
+                        Some("previous_response_id"),
+                        Some("previous_response_not_found"),
+                    );
+                    // Refused like any continuation that fails: evicted.
+                    self.remembered = None;
+                    return send_error(out, &error).await;
+                }
+            },
             _ => None,
         };
         let prepared = match known {
@@ -201,6 +311,12 @@ impl Connection {
         }
         self.remembered = context.map(|mut context| {
             context.extend(finished.output);
+            let bytes = json_size(&context);
+            let context = if bytes > self.limit {
+                Kept::TooLarge { bytes }
+            } else {
+                Kept::Context(context)
+            };
             Remembered {
                 id: finished.record.id,
                 context,
@@ -213,6 +329,30 @@ impl Connection {
         if id.is_some_and(|id| self.remembered.as_ref().is_some_and(|r| r.id == id)) {
             self.remembered = None;
         }
+    }
+
+    /// Refuses a message larger than the limit: an error envelope, then close code 1009 (message too big). The
+    /// rest of the message is never read, so the connection cannot go on.
+    async fn too_large(&self, out: &mut Outgoing) -> Result<(), Gone> {
+        let error = ApiError {
+            status: StatusCode::PAYLOAD_TOO_LARGE,
+            ..ApiError::invalid(
+                format!(
+                    "The WebSocket message is larger than the limit of {} bytes; the connection is closed.",
+                    self.limit
+                ),
+                None,
+                Some("request_too_large"),
+            )
+        };
+        send_error(out, &error).await?;
+        let close = CloseFrame {
+            code: axum::extract::ws::close_code::SIZE,
+            reason: "message too big".into(),
+        };
+        out.send(Message::Close(Some(close)))
+            .await
+            .map_err(|_| Gone)
     }
 
     async fn limit_reached(&self, out: &mut Outgoing) -> Result<(), Gone> {
@@ -238,10 +378,41 @@ async fn left(gone: &mut watch::Receiver<bool>) {
     let _ = gone.wait_for(|left| *left).await.map(|_| ());
 }
 
+/// The size of `value` as JSON, counted without writing it anywhere.
+fn json_size(value: &impl serde::Serialize) -> usize {
+    struct Counter(usize);
+    impl std::io::Write for Counter {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0 += bytes.len();
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut counter = Counter(0);
+    match serde_json::to_writer(&mut counter, value) {
+        Ok(()) => counter.0,
+        // Items always serialise; were one not to, it could not be continued from anyway.
+        Err(_) => usize::MAX,
+    }
+}
+
 /// What the client sent.
 enum Incoming {
     Text(String),
     Binary,
+    /// A message over the size limit, of which no more than its start was read.
+    TooLarge,
+}
+
+/// Whether a read failed because the message (or one of its frames) is over the size limit.
+fn is_too_large(error: axum::Error) -> bool {
+    use tokio_tungstenite::tungstenite::Error;
+    error
+        .into_inner()
+        .downcast_ref::<Error>()
+        .is_some_and(|e| matches!(e, Error::Capacity(_)))
 }
 
 /// Reads the client's messages into `queue` until the socket closes, then says so on `left`.
@@ -250,7 +421,21 @@ async fn read_messages(
     queue: mpsc::Sender<Incoming>,
     left: watch::Sender<bool>,
 ) {
-    while let Some(Ok(message)) = incoming.next().await {
+    while let Some(message) = incoming.next().await {
+        let message = match message {
+            Ok(message) => message,
+            Err(error) => {
+                if !is_too_large(error) {
+                    break;
+                }
+                // The client is still there to be told; the turn under way (if any) finishes first, then the
+                // refusal closes the connection, and reading ends here.
+                if queue.send(Incoming::TooLarge).await.is_ok() {
+                    queue.closed().await;
+                }
+                return;
+            }
+        };
         let incoming = match message {
             Message::Text(text) => Incoming::Text(text.as_str().to_owned()),
             Message::Binary(_) => Incoming::Binary,
@@ -405,6 +590,31 @@ mod tests {
             assert_eq!(error.param.as_deref(), param, "{text}");
             assert_eq!(error.code.as_deref(), Some(code), "{text}");
         }
+    }
+
+    #[test]
+    fn a_key_holds_at_most_its_connections_and_a_closed_one_frees_its_place() {
+        let sockets = OpenSockets::new(2);
+        let first = sockets.admit("a".into());
+        let second = sockets.admit("a".into());
+        assert!(first.is_some() && second.is_some());
+        assert!(sockets.admit("a".into()).is_none(), "a third one");
+        assert!(
+            sockets.admit("b".into()).is_some(),
+            "another key has its own"
+        );
+        drop(first);
+        assert!(
+            sockets.admit("a".into()).is_some(),
+            "the place of a closed one"
+        );
+    }
+
+    #[test]
+    fn the_size_of_a_context_is_its_json_length() {
+        let context = vec![Item::user_text("hello")];
+        let json = serde_json::to_vec(&context).unwrap_or_default();
+        assert_eq!(json_size(&context), json.len());
     }
 
     #[test]

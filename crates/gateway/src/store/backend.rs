@@ -1,5 +1,7 @@
 //! Which database the store runs on: choosing it from the URL and opening its pool.
 
+use std::fs::{File, OpenOptions, TryLockError};
+use std::path::PathBuf;
 use std::str::FromStr;
 use std::time::Duration;
 
@@ -50,12 +52,7 @@ async fn connect_sqlite(
     max_connections: u32,
     acquire_timeout: Duration,
 ) -> Result<SqlitePool, StoreError> {
-    // `sqlite:` alone asks for the embedded store without saying where: the default file.
-    let url = if matches!(url, "sqlite:" | "sqlite://") {
-        DEFAULT_URL
-    } else {
-        url
-    };
+    let url = resolve_sqlite(url);
     let mut options = SqliteConnectOptions::from_str(url)?
         .create_if_missing(true)
         .foreign_keys(true)
@@ -86,6 +83,56 @@ async fn connect_sqlite(
     Ok(pool)
 }
 
+/// `sqlite:` alone asks for the embedded store without saying where: the default file.
+fn resolve_sqlite(url: &str) -> &str {
+    if matches!(url, "sqlite:" | "sqlite://") {
+        DEFAULT_URL
+    } else {
+        url
+    }
+}
+
+/// The exclusive lock of an embedded store file, held by the process that serves it for as long as this lives
+/// (SPEC 9: one process per embedded store). The operating system releases it when the process ends, however it
+/// ends, so a killed gateway never leaves a stale lock behind.
+#[derive(Debug)]
+pub struct EmbeddedLock {
+    _file: File,
+}
+
+/// Takes the lock of the embedded store that `url` names: an exclusive lock on `<file>.lock` beside the
+/// database (a file of its own, so that it never interferes with SQLite's own locks on the database). Postgres
+/// and in-memory databases need none. A lock another process holds is `StoreError::InUse`, at once: a second
+/// gateway must not wait, and must never take over the runs of the first.
+pub(super) fn lock_embedded(url: &str) -> Result<Option<EmbeddedLock>, StoreError> {
+    let is_sqlite = url
+        .split_once(':')
+        .is_some_and(|(scheme, _)| scheme.eq_ignore_ascii_case("sqlite"));
+    let url = resolve_sqlite(url);
+    if !is_sqlite || is_in_memory(url) {
+        return Ok(None);
+    }
+    let options = SqliteConnectOptions::from_str(url)?;
+    let database = options.get_filename();
+    if let Some(directory) = database.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(directory).map_err(StoreError::Directory)?;
+    }
+    let mut path = database.as_os_str().to_owned();
+    path.push(".lock");
+    let path = PathBuf::from(path);
+    let file = OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .map_err(|e| StoreError::Lock(path.display().to_string(), e))?;
+    match file.try_lock() {
+        Ok(()) => Ok(Some(EmbeddedLock { _file: file })),
+        Err(TryLockError::WouldBlock) => Err(StoreError::InUse(database.display().to_string())),
+        Err(TryLockError::Error(e)) => Err(StoreError::Lock(path.display().to_string(), e)),
+    }
+}
+
 /// Whether a SQLite URL names an in-memory database (`sqlite::memory:`, `sqlite://:memory:`, `?mode=memory`).
 fn is_in_memory(url: &str) -> bool {
     let (path, query) = url.split_once('?').unwrap_or((url, ""));
@@ -94,7 +141,8 @@ fn is_in_memory(url: &str) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use super::is_in_memory;
+    use super::{is_in_memory, lock_embedded};
+    use crate::store::StoreError;
 
     #[test]
     fn in_memory_urls_are_told_apart_from_files() {
@@ -108,6 +156,31 @@ mod tests {
         ];
         for (url, expected) in cases {
             assert_eq!(is_in_memory(url), expected, "{url}");
+        }
+    }
+
+    #[test]
+    fn an_embedded_store_is_locked_once_until_its_lock_is_dropped() {
+        let db = gateway_testkit::scratch::ScratchDatabase::sqlite();
+        let url = db.url();
+
+        let first = lock_embedded(url).expect("first lock");
+        assert!(first.is_some());
+        match lock_embedded(url) {
+            Err(StoreError::InUse(path)) => assert!(path.ends_with("gateway.db"), "{path}"),
+            other => panic!("a second lock was not refused: {other:?}"),
+        }
+        drop(first);
+        assert!(lock_embedded(url).expect("lock again").is_some());
+    }
+
+    #[test]
+    fn memory_and_postgres_stores_take_no_lock() {
+        for url in [
+            "sqlite::memory:",
+            "postgres://postgres@127.0.0.1:5432/postgres",
+        ] {
+            assert!(lock_embedded(url).expect("no lock").is_none(), "{url}");
         }
     }
 }

@@ -53,7 +53,7 @@ use sqlx::migrate::Migrator;
 use sqlx::postgres::PgPool;
 use sqlx::sqlite::SqlitePool;
 
-pub use backend::DEFAULT_URL;
+pub use backend::{EmbeddedLock, DEFAULT_URL};
 
 use crate::config::DatabaseConfig;
 use secrecy::ExposeSecret;
@@ -88,6 +88,12 @@ pub enum StoreError {
     UnsupportedUrl,
     #[error("cannot create the directory of the embedded store: {0}")]
     Directory(#[source] std::io::Error),
+    /// Another process holds the lock of this embedded store file (SPEC 9: one process per embedded store).
+    #[error("the embedded store {0} is used by another gateway process; stop that one, or give this one another database.url")]
+    InUse(String),
+    /// The lock file of the embedded store could not be opened or locked.
+    #[error("cannot lock the embedded store with {0}: {1}")]
+    Lock(String, #[source] std::io::Error),
 }
 
 impl StoreError {
@@ -135,7 +141,9 @@ impl StoreError {
             | StoreError::NotOwner
             | StoreError::Migrate(_)
             | StoreError::UnsupportedUrl
-            | StoreError::Directory(_) => false,
+            | StoreError::Directory(_)
+            | StoreError::InUse(_)
+            | StoreError::Lock(..) => false,
         }
     }
 }
@@ -230,6 +238,13 @@ impl Store {
             },
             Backend::Sqlite(_) => self.clone(),
         }
+    }
+
+    /// Locks the embedded store `database` names for this process, when it names one (a file, not memory): a
+    /// gateway holds this for as long as it serves. `StoreError::InUse` when another process serves it.
+    pub fn lock_configured(database: &DatabaseConfig) -> Result<Option<EmbeddedLock>, StoreError> {
+        let url = database.url.as_ref().map(|u| u.expose_secret());
+        backend::lock_embedded(url.unwrap_or(DEFAULT_URL))
     }
 
     /// The database behind this store, e.g. for a test to inspect what was written.

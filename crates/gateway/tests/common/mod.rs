@@ -147,8 +147,8 @@ impl Cluster {
         }
     }
 
-    /// Starts a replica, with `settings` as extra `GATEWAY__…` variables.
-    pub fn replica(&self, settings: &[(&str, &str)]) -> Replica {
+    /// `gateway serve` on the cluster's database, with `settings` as extra `GATEWAY__…` variables.
+    pub fn serve_command(&self, settings: &[(&str, &str)]) -> Command {
         let mut command = Command::new(env!("CARGO_BIN_EXE_gateway"));
         command
             .arg("serve")
@@ -171,7 +171,12 @@ impl Cluster {
         for (key, value) in settings {
             command.env(key, value);
         }
-        let mut child = command.spawn().expect("start gateway");
+        command
+    }
+
+    /// Starts a replica, with `settings` as extra `GATEWAY__…` variables.
+    pub fn replica(&self, settings: &[(&str, &str)]) -> Replica {
+        let mut child = self.serve_command(settings).spawn().expect("start gateway");
         let stdout = child.stdout.take().expect("stdout");
         let mut lines = BufReader::new(stdout).lines();
         let base_url = loop {

@@ -682,6 +682,16 @@ fn public_path_cases() -> Vec<Case> {
         .param("stream")
         .code("duplicate_parameter"),
         get("NUL in a query value", "/v1/responses/{R}?stream=%00").param("stream"),
+        get(
+            "a URL of 20 KB",
+            &format!("/v1/responses/{{R}}?stream={}", "t".repeat(20_000)),
+        )
+        .status(414)
+        .code("url_too_long"),
+        get("headers of 100 KB", "/v1/responses/{R}")
+            .header("x-padding", "p".repeat(100_000))
+            .status(431)
+            .code("headers_too_large"),
         case(
             "DELETE unknown",
             Method::DELETE,
@@ -1178,4 +1188,96 @@ async fn every_bad_input_is_a_precise_openai_error_and_stores_nothing() {
         "no refused request reached the model"
     );
     assert!(gw.tools.calls().is_empty(), "no refused request ran a tool");
+}
+
+/// Sends `head` (a whole request head, as raw bytes) on a connection of its own and reads the answer to its end:
+/// the status and the body as JSON. For requests an HTTP client will not build (a URL past what `http::Uri`
+/// holds).
+async fn raw_request(gw: &TestGateway, head: Vec<u8>) -> (u16, Value) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let address = gw.base_url.trim_start_matches("http://");
+    let mut tcp = tokio::net::TcpStream::connect(address)
+        .await
+        .expect("connect");
+    tcp.write_all(&head).await.expect("send the head");
+    let mut answer = Vec::new();
+    tokio::time::timeout(
+        std::time::Duration::from_secs(30),
+        tcp.read_to_end(&mut answer),
+    )
+    .await
+    .expect("the gateway answers and closes in time")
+    .expect("read the answer");
+    let answer = String::from_utf8_lossy(&answer);
+    let (head, body) = answer.split_once("\r\n\r\n").expect("a head and a body");
+    let status = head
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .expect("a status");
+    let body = serde_json::from_str(body).unwrap_or(Value::String(body.to_owned()));
+    (status, body)
+}
+
+#[tokio::test]
+async fn a_url_or_head_too_large_to_parse_gets_an_openai_error_and_the_gateway_serves_on() {
+    let (gw, tenant) = gateway().await;
+    let get = |target: String, headers: String| {
+        format!("GET {target} HTTP/1.1\r\nhost: gateway\r\nauthorization: Bearer {}\r\n{headers}connection: close\r\n\r\n", tenant.key)
+            .into_bytes()
+    };
+    let many_headers: String = (0..120).map(|n| format!("x-h{n}: v\r\n")).collect();
+    let cases = [
+        (
+            "a URL of 100 KB",
+            get(
+                format!("/v1/responses/resp_x?q={}", "q".repeat(100_000)),
+                String::new(),
+            ),
+            414,
+            "url_too_long",
+        ),
+        (
+            "a URL of 1 MB",
+            get(
+                format!("/v1/responses/resp_x?q={}", "q".repeat(1_000_000)),
+                String::new(),
+            ),
+            431,
+            "headers_too_large",
+        ),
+        (
+            "120 headers",
+            get("/v1/responses/resp_x".to_owned(), many_headers),
+            431,
+            "headers_too_large",
+        ),
+    ];
+    for (name, head, status, code) in cases {
+        let (got, body) = raw_request(&gw, head).await;
+
+        assert_eq!(got, status, "{name}: {body}");
+        assert_eq!(
+            body["error"]["type"], "invalid_request_error",
+            "{name}: {body}"
+        );
+        assert_eq!(body["error"]["code"], code, "{name}: {body}");
+        assert_eq!(body["error"]["param"], Value::Null, "{name}: {body}");
+        assert!(
+            body["error"]["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("16384")),
+            "{name}: the message says the limit: {body}"
+        );
+    }
+    let (status, body) = raw_request(
+        &gw,
+        b"GET /v1/responses HTTP/1.1 extra\r\nhost: gateway\r\n\r\n".to_vec(),
+    )
+    .await;
+    assert_eq!(status, 400, "a malformed request line: {body}");
+    assert_eq!(body["error"]["code"], "invalid_http_request", "{body}");
+    assert_eq!(body["error"]["type"], "invalid_request_error", "{body}");
+    let (status, _) = raw_request(&gw, get("/healthz".to_owned(), String::new())).await;
+    assert_eq!(status, 200, "the gateway serves on");
 }

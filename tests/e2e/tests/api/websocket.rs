@@ -635,3 +635,162 @@ async fn a_compacted_window_starts_a_new_chain_on_the_socket() {
         "the model read the summary"
     );
 }
+
+/// A message of exactly `size` bytes: a `response.create` whose input is padded to reach it.
+fn create_of_size(size: usize) -> String {
+    let empty = json!({"type": "response.create", "model": "mock", "input": ""}).to_string();
+    let padding = "x".repeat(size - empty.len());
+    json!({"type": "response.create", "model": "mock", "input": padding}).to_string()
+}
+
+/// The body limit of the gateways that test the bounds: small, so that tests send little.
+const SMALL_LIMIT: usize = 64 * 1024;
+
+/// Sends `text` while reading what comes back, up to the close: the envelopes received and the close frame's code.
+/// The send may fail once the gateway stops reading the message; what the gateway said still arrives.
+async fn send_until_closed(socket: Socket, text: String) -> (Vec<Value>, Option<u16>) {
+    let (mut sink, mut stream) = socket.ws.split();
+    let sending = async move {
+        let _ = sink.send(Message::text(text)).await;
+        sink
+    };
+    let reading = async move {
+        let mut received = Vec::new();
+        loop {
+            let message = tokio::time::timeout(PATIENCE, stream.next())
+                .await
+                .expect("a message or the close in time");
+            match message {
+                Some(Ok(Message::Text(text))) => {
+                    received.push(serde_json::from_str(text.as_str()).expect("JSON"))
+                }
+                Some(Ok(Message::Close(frame))) => {
+                    return (received, frame.map(|f| u16::from(f.code)))
+                }
+                Some(Ok(_)) => {}
+                Some(Err(_)) | None => return (received, None),
+            }
+        }
+    };
+    let (_sink, read) = tokio::join!(sending, reading);
+    read
+}
+
+#[tokio::test]
+async fn a_message_over_the_body_limit_is_refused_with_close_code_1009_and_one_just_under_is_answered(
+) {
+    let gw = TestGateway::start_with(|config| config.server.body_limit_bytes = SMALL_LIMIT).await;
+    let tenant = gw.tenant("acme").await;
+    gw.model.push(Reply::text("read it"));
+    let mut socket = connect(&gw, &tenant.key).await;
+
+    socket.send_text(create_of_size(SMALL_LIMIT)).await;
+    let answered = socket.turn().await.response();
+    assert_eq!(answered["status"], "completed", "{answered:#}");
+
+    let (received, close) = send_until_closed(socket, create_of_size(SMALL_LIMIT + 1)).await;
+    assert_eq!(received.len(), 1, "{received:#?}");
+    assert_envelope(&received[0], 413, "request_too_large", None);
+    assert_eq!(close, Some(1009), "closed as 'message too big'");
+    assert_eq!(gw.model.requests().len(), 1, "the large one never ran");
+}
+
+#[tokio::test]
+async fn a_message_far_over_the_limit_is_refused_before_it_is_read() {
+    let gw = TestGateway::start_with(|config| config.server.body_limit_bytes = SMALL_LIMIT).await;
+    let tenant = gw.tenant("acme").await;
+    let socket = connect(&gw, &tenant.key).await;
+
+    // Far more than the socket buffers hold: the gateway refuses it from the frame's header.
+    let (received, close) = send_until_closed(socket, create_of_size(16 * 1024 * 1024)).await;
+
+    assert_eq!(received.len(), 1, "{received:#?}");
+    assert_envelope(&received[0], 413, "request_too_large", None);
+    assert_eq!(close, Some(1009));
+    assert_eq!(gw.model.requests().len(), 0);
+}
+
+#[tokio::test]
+async fn a_store_false_context_larger_than_a_connection_keeps_cannot_be_continued_and_says_why() {
+    let gw = TestGateway::start_with(|config| config.server.body_limit_bytes = SMALL_LIMIT).await;
+    let tenant = gw.tenant("acme").await;
+    // Input and output each fit the limit; together they do not.
+    gw.model.push(Reply::text("y".repeat(SMALL_LIMIT / 2)));
+    gw.model.push(Reply::text("still open"));
+    let mut socket = connect(&gw, &tenant.key).await;
+    let first = socket
+        .create(json!({"model": "mock", "store": false, "input": "x".repeat(SMALL_LIMIT / 2)}))
+        .await
+        .response();
+
+    let refused = socket
+        .create(
+            json!({"model": "mock", "store": false, "previous_response_id": id_of(&first),
+            "input": "go on"}),
+        )
+        .await
+        .refused();
+
+    assert_envelope(
+        &refused,
+        400,
+        "previous_response_not_found",
+        Some("previous_response_id"),
+    );
+    let message = refused["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("larger than") && message.contains(&SMALL_LIMIT.to_string()),
+        "{message}"
+    );
+    let next = socket
+        .create(json!({"model": "mock", "store": false, "input": "a new chain"}))
+        .await
+        .response();
+    assert_eq!(next["status"], "completed", "the socket stays open");
+    assert_eq!(gw.model.requests().len(), 2, "the refused turn never ran");
+}
+
+#[tokio::test]
+async fn a_key_holding_its_most_connections_gets_429_until_one_closes() {
+    let gw = TestGateway::start_with(|config| config.websocket.max_connections_per_key = 2).await;
+    let tenant = gw.tenant("acme").await;
+    let other = gw.tenant("globex").await;
+    let _first = connect(&gw, &tenant.key).await;
+    let mut second = connect(&gw, &tenant.key).await;
+
+    let refused = try_connect(&gw, Some(&tenant.key))
+        .await
+        .err()
+        .expect("refused");
+    let WsError::Http(response) = refused else {
+        panic!("not an HTTP refusal: {refused:?}");
+    };
+    assert_eq!(response.status().as_u16(), 429);
+    let body: Value =
+        serde_json::from_slice(response.body().as_deref().expect("a body")).expect("JSON");
+    assert_eq!(body["error"]["type"], "invalid_request_error", "{body:#}");
+    assert_eq!(
+        body["error"]["code"], "too_many_websocket_connections",
+        "{body:#}"
+    );
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains('2')),
+        "{body:#}"
+    );
+    let _another_key = connect(&gw, &other.key).await;
+
+    second.ws.close(None).await.expect("close");
+    // Read up to the gateway's close reply (then the stream ends).
+    while let Some(Ok(_)) = second.ws.next().await {}
+    // The place is given back once the gateway has ended the connection, just after its close reply: connect
+    // again until it is (each attempt is a round trip, not a sleep).
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    while try_connect(&gw, Some(&tenant.key)).await.is_err() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the place never came back"
+        );
+    }
+}
