@@ -247,8 +247,14 @@ class Stack:
         return f"{self.mcp_base_url}/mcp"
 
     def mcp_calls(self) -> list[dict[str, Any]]:
-        """Every `tools/call` the MCP server received since the last reset: `{"tool", "arguments"}`."""
-        return self.http.get(f"{self.mcp_base_url}/_mcp/calls").json()["calls"]
+        """Every `tools/call` the MCP server received since the last reset: `{"tool", "arguments"}`. Each call must
+        carry its tool step's idempotency key in `_meta` (`<response id>:<step>`), which is checked here and left
+        out of what is returned."""
+        calls = self.http.get(f"{self.mcp_base_url}/_mcp/calls").json()["calls"]
+        for call in calls:
+            key = (call.get("meta") or {}).get("idempotencyKey", "")
+            assert key.startswith("resp_") and ":" in key, f"an MCP call without its idempotency key: {call}"
+        return [{"tool": call["tool"], "arguments": call["arguments"]} for call in calls]
 
     def mcp_lists(self) -> int:
         """How many `tools/list` requests the MCP server answered since the last reset."""
