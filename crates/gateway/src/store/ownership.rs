@@ -117,15 +117,16 @@ impl Store {
     }
 
     /// Who drives each of the stored responses among `ids` now, under which claim epoch, and whether it still
-    /// runs (a deleted one, or one not stored yet, is left out). On Postgres the rows are locked while read, so a claim by another replica
-    /// that is under way is seen once it committed.
+    /// runs (a deleted one, or one not stored yet, is left out). On Postgres the rows are locked while read (in the
+    /// order claims lock them, so the two never deadlock), so a claim by another replica that is under way is seen
+    /// once it committed.
     pub async fn claims_of(&self, ids: &[String]) -> Result<Vec<Claim>, StoreError> {
         let _timer = crate::metrics::StoreTimer::start("claims_of");
         let claims: Vec<Claim> = match &self.backend {
             Backend::Postgres(pool) => {
                 sqlx::query_as(
                     "SELECT id, owner, claim_epoch AS epoch, status IN ('queued', 'in_progress') AS running
-                     FROM responses WHERE id = ANY($1) FOR UPDATE",
+                     FROM responses WHERE id = ANY($1) ORDER BY created_at, id FOR UPDATE",
                 )
                 .bind(ids)
                 .fetch_all(pool)
