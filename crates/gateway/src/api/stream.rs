@@ -139,7 +139,21 @@ impl Follower {
                 said_at = Some(tokio::time::Instant::now());
             }
             // Everything the store accounts for, from where the client is.
-            let Some(snapshot) = self.reads.load(&self.project, &self.id, woken).await? else {
+            let snapshot = match self.reads.load(&self.project, &self.id, woken).await {
+                Ok(snapshot) => snapshot,
+                // A busy or briefly unreachable store does not end the client's stream: it is read again.
+                Err(e) if e.is_transient() => {
+                    tracing::debug!(response.id = %self.id, error = %e, "a follower's read failed; reading again");
+                    tokio::select! {
+                        () = tokio::time::sleep(FOLLOW_POLL) => {}
+                        () = self.tx.closed() => return Ok(()),
+                    }
+                    woken = tokio::time::Instant::now();
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
+            let Some(snapshot) = snapshot else {
                 return Ok(()); // deleted
             };
             let (stored, steps) = &*snapshot;
