@@ -207,6 +207,7 @@ async fn a_replica_with_a_full_pool_and_hundreds_of_followers_keeps_its_leases()
     cluster.gate_calls(ids.len()).await;
 
     // Hundreds of re-attached followers, each reading the store as its response progresses.
+    let (attached, mut attaching) = tokio::sync::mpsc::channel(300);
     let mut followers = Vec::new();
     for n in 0..300 {
         let url = format!(
@@ -214,30 +215,76 @@ async fn a_replica_with_a_full_pool_and_hundreds_of_followers_keeps_its_leases()
             busy.base_url,
             ids[n % ids.len()]
         );
-        let (http, key) = (cluster.http.clone(), cluster.key.clone());
+        let (http, key, attached) = (cluster.http.clone(), cluster.key.clone(), attached.clone());
         followers.push(tokio::spawn(async move {
             let response = http.get(url).bearer_auth(key).send().await.expect("follow");
             assert_eq!(response.status(), 200);
+            attached.send(()).await.expect("told");
             response.text().await.expect("to the end")
         }));
     }
+    for _ in 0..300 {
+        attaching.recv().await.expect("a follower attached");
+    }
 
-    // Several leases pass with the pool full: the busy replica keeps beating all along.
+    // The pool's one connection is taken by writes that wait on a lock: creates whose first write touches the
+    // steps table, held behind the test's lock on it. Followers meanwhile find no connection.
     let pool = sqlx::PgPool::connect(cluster.db.url())
         .await
         .expect("connect");
-    let beat = || async {
-        sqlx::query_scalar::<_, i64>("SELECT MAX(heartbeat_at) - MIN(started_at) FROM replicas")
+    let mut lock = pool.begin().await.expect("begin");
+    sqlx::query("LOCK TABLE steps IN EXCLUSIVE MODE")
+        .execute(&mut *lock)
+        .await
+        .expect("lock");
+    let mut held = Vec::new();
+    for _ in 0..2 {
+        let (http, key, url) = (
+            cluster.http.clone(),
+            cluster.key.clone(),
+            format!("{}/v1/responses", busy.base_url),
+        );
+        held.push(tokio::spawn(async move {
+            http.post(url)
+                .bearer_auth(key)
+                .json(&json!({"model": "mock", "input": "Hi", "stream": true}))
+                .send()
+                .await
+                .expect("create")
+                .text()
+                .await
+                .expect("to the end")
+        }));
+    }
+
+    // Several leases pass with the pool full: both replicas keep beating all along.
+    let beats = || async {
+        sqlx::query_scalar::<_, i64>("SELECT MIN(heartbeat_at) - MAX(started_at) FROM replicas")
             .fetch_one(&pool)
             .await
             .expect("beats")
     };
     let lease: i64 = LEASE_MS.parse().expect("lease");
     let give_up = tokio::time::Instant::now() + PATIENCE;
-    while beat().await < 4 * lease {
-        assert!(tokio::time::Instant::now() < give_up, "no beats");
+    while beats().await < 4 * lease {
+        assert!(
+            tokio::time::Instant::now() < give_up,
+            "a replica stopped beating"
+        );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+    lock.commit().await.expect("unlock");
+    // The create that held the connection completes; one that found none waiting answered a retryable 503.
+    let mut completed = 0;
+    for create in held {
+        let answer = create.await.expect("create");
+        if answer.contains("response.completed") {
+            completed += 1;
+        } else {
+            assert!(answer.contains("server_overloaded"), "{answer}");
+        }
+    }
+    assert!(completed >= 1, "no create held the pool's connection");
     cluster.tools.open_gate();
     for follower in followers {
         let stream = follower.await.expect("follower");
