@@ -611,14 +611,6 @@ pub fn offered_client_tools(tools: &[DeclaredTool]) -> Vec<OfferedTool> {
     offered
 }
 
-/// Every flat name the client's tools show a model.
-pub fn client_tool_names(tools: &[DeclaredTool]) -> BTreeSet<String> {
-    offered_client_tools(tools)
-        .into_iter()
-        .map(|t| t.name)
-        .collect()
-}
-
 /// Gives each call of a model answer the name, namespace and kind of the client tool its flat name stands for.
 /// Calls of server tools (and of names no client tool has) are left as plain functions.
 pub fn name_calls(tools: &[DeclaredTool], calls: &mut [ToolCall]) {
