@@ -213,6 +213,15 @@ fn messages(instructions: Option<&str>, conversation: &[Item]) -> (String, Vec<V
     (system.join("\n\n"), messages)
 }
 
+/// A string field of a block, empty when absent.
+fn string_field(block: &Value, key: &str) -> String {
+    block
+        .get(key)
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_owned()
+}
+
 /// Tool-call arguments as the `input` object Anthropic wants; arguments that are not an object are wrapped.
 fn input_object(arguments: &str) -> Value {
     match serde_json::from_str::<Value>(arguments) {
@@ -292,13 +301,7 @@ struct Answer {
 
 impl Answer {
     fn block(&mut self, block: &Value) {
-        let text = |key: &str| {
-            block
-                .get(key)
-                .and_then(Value::as_str)
-                .unwrap_or_default()
-                .to_owned()
-        };
+        let text = |key: &str| string_field(block, key);
         match block.get("type").and_then(Value::as_str) {
             Some("text") => self.text.push_str(&text("text")),
             Some("tool_use") => {
@@ -431,13 +434,7 @@ impl AnthropicStream {
             }
             Some("content_block_start") => {
                 let block = event.get("content_block").unwrap_or(&Value::Null);
-                let text = |key: &str| {
-                    block
-                        .get(key)
-                        .and_then(Value::as_str)
-                        .unwrap_or_default()
-                        .to_owned()
-                };
+                let text = |key: &str| string_field(block, key);
                 let open = match block.get("type").and_then(Value::as_str) {
                     Some("text") => {
                         let initial = text("text");

@@ -331,21 +331,26 @@ pub fn normalise_arguments(arguments: Option<&Value>) -> String {
 
 /// Reads Chat Completions usage; `None` when absent or not an object.
 pub fn parse_usage(usage: &Value) -> Option<Usage> {
+    openai_usage(usage, "prompt_tokens", "completion_tokens")
+}
+
+/// Usage as OpenAI's APIs report it, whatever they call the counts: input and output under `input` and `output`,
+/// cached and reasoning tokens under `{input}_details` and `{output}_details`; `None` when absent or not an object.
+pub(crate) fn openai_usage(usage: &Value, input: &str, output: &str) -> Option<Usage> {
     let usage = usage.as_object()?;
     let number = |v: Option<&Value>| v.and_then(Value::as_u64).unwrap_or(0);
+    let detail = |count: &str, key: &str| {
+        number(
+            usage
+                .get(&format!("{count}_details"))
+                .and_then(|d| d.get(key)),
+        )
+    };
     Some(Usage {
-        input_tokens: number(usage.get("prompt_tokens")),
-        output_tokens: number(usage.get("completion_tokens")),
-        cached_tokens: number(
-            usage
-                .get("prompt_tokens_details")
-                .and_then(|d| d.get("cached_tokens")),
-        ),
-        reasoning_tokens: number(
-            usage
-                .get("completion_tokens_details")
-                .and_then(|d| d.get("reasoning_tokens")),
-        ),
+        input_tokens: number(usage.get(input)),
+        output_tokens: number(usage.get(output)),
+        cached_tokens: detail(input, "cached_tokens"),
+        reasoning_tokens: detail(output, "reasoning_tokens"),
     })
 }
 

@@ -22,6 +22,9 @@ pub mod steps;
 pub mod toolset;
 pub mod walk;
 
+#[cfg(test)]
+mod test_support;
+
 pub use decide::{decide_next_action, IncompleteReason, Limits, NextAction};
 pub use items::Item;
 pub use steps::{ModelOutput, Step, StepBody, StepState, ToolCall, ToolOutcome};

@@ -295,22 +295,7 @@ fn parse_with_deltas(
 
 /// Reads Responses usage.
 pub fn parse_usage(usage: &Value) -> Option<Usage> {
-    let usage = usage.as_object()?;
-    let number = |v: Option<&Value>| v.and_then(Value::as_u64).unwrap_or(0);
-    Some(Usage {
-        input_tokens: number(usage.get("input_tokens")),
-        output_tokens: number(usage.get("output_tokens")),
-        cached_tokens: number(
-            usage
-                .get("input_tokens_details")
-                .and_then(|d| d.get("cached_tokens")),
-        ),
-        reasoning_tokens: number(
-            usage
-                .get("output_tokens_details")
-                .and_then(|d| d.get("reasoning_tokens")),
-        ),
-    })
+    crate::chat::openai_usage(usage, "input_tokens", "output_tokens")
 }
 
 /// The state of one streamed Responses answer: text is passed on as it comes, the answer is read from the

@@ -1,11 +1,8 @@
 //! The conversation a model sees, and unique call ids.
 
 use super::*;
+use crate::test_support::items;
 use serde_json::json;
-
-fn items(values: serde_json::Value) -> Vec<Item> {
-    serde_json::from_value(values).unwrap()
-}
 
 #[test]
 fn a_compaction_reaches_the_model_as_its_summary_and_never_as_its_seal() {

@@ -1,11 +1,8 @@
 //! The pairing: by call id whatever the order, first result wins, repeats are one call, failures recognised.
 
 use super::*;
+use crate::test_support::items;
 use serde_json::json;
-
-fn items(values: serde_json::Value) -> Vec<Item> {
-    serde_json::from_value(values).unwrap()
-}
 
 /// `(call_id, name, arguments, result)` of each record.
 fn flat(records: &[CallRecord]) -> Vec<(&str, &str, &str, Option<&str>)> {

@@ -2,12 +2,9 @@
 
 use super::*;
 use crate::context::model_conversation;
+use crate::test_support::items;
 use crate::walk::results_by_call_id;
 use serde_json::json;
-
-fn items(values: serde_json::Value) -> Vec<Item> {
-    serde_json::from_value(values).unwrap()
-}
 
 fn registered(names: &[&str]) -> BTreeSet<String> {
     names.iter().map(|n| n.to_string()).collect()
