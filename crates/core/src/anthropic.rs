@@ -11,12 +11,12 @@ use std::collections::{HashMap, HashSet};
 use serde_json::{json, Map, Value};
 
 use crate::chat::{normalise_arguments, scrub_nul, IdSource, ParseError};
-use crate::context::outputs_by_call_id;
 use crate::items::{ContentPart, Item, MessageContent, Role};
 use crate::reasoning::{self, Replay};
 use crate::request::ResponseParams;
 use crate::steps::{AssistantMessage, Finish, ModelDelta, ModelOutput, ToolCall, Usage};
 use crate::toolset::{model_tool_choice, OfferedTool, ToolInput};
+use crate::walk::{call_of, results_by_call_id};
 
 /// The `anthropic-version` header the adapter speaks.
 pub const API_VERSION: &str = "2023-06-01";
@@ -135,7 +135,7 @@ impl Turns {
 
 /// The `system` text and the messages of a conversation.
 fn messages(instructions: Option<&str>, conversation: &[Item]) -> (String, Vec<Value>) {
-    let outputs = outputs_by_call_id(conversation);
+    let results = results_by_call_id(conversation);
     let mut system: Vec<String> = instructions.map(str::to_owned).into_iter().collect();
     let mut turns = Turns {
         messages: Vec::new(),
@@ -143,38 +143,25 @@ fn messages(instructions: Option<&str>, conversation: &[Item]) -> (String, Vec<V
     let mut emitted: HashSet<&str> = HashSet::new();
     // Results wait for the end of the run of calls they answer: they open the next user turn.
     let mut pending_results: Vec<&str> = Vec::new();
-    let flush = |turns: &mut Turns, pending: &mut Vec<&str>, outputs: &HashMap<&str, String>| {
+    let flush = |turns: &mut Turns, pending: &mut Vec<&str>| {
         for id in pending.drain(..) {
-            let content = outputs.get(id).cloned().unwrap_or_default();
+            let result = results.get(id);
+            let content = result.map(|r| r.text.as_str()).unwrap_or_default();
             let mut block = json!({"type": "tool_result", "tool_use_id": id, "content": content});
-            if is_error_output(&content) {
+            if result.is_some_and(|r| r.failed) {
                 block["is_error"] = json!(true);
             }
             turns.push(Role::User, block);
         }
     };
     for item in conversation {
-        let call = match item {
-            Item::FunctionCall(c) => {
-                Some((c.call_id.as_str(), c.name.as_str(), c.arguments.clone()))
-            }
-            Item::CustomToolCall(c) => Some((
-                c.call_id.as_str(),
-                c.name.as_str(),
-                json!({"input": c.input}).to_string(),
-            )),
-            Item::McpCall(c) => c
-                .pairing_id()
-                .map(|id| (id, c.name.as_str(), c.arguments.clone())),
-            _ => None,
-        };
-        if let Some((id, name, arguments)) = call {
-            if emitted.insert(id) {
+        if let Some(call) = call_of(item) {
+            if emitted.insert(call.call_id) {
                 turns.push(
                     Role::Assistant,
-                    json!({"type": "tool_use", "id": id, "name": name, "input": input_object(&arguments)}),
+                    json!({"type": "tool_use", "id": call.call_id, "name": call.name, "input": input_object(&call.function_arguments())}),
                 );
-                pending_results.push(id);
+                pending_results.push(call.call_id);
             }
             continue;
         }
@@ -197,7 +184,7 @@ fn messages(instructions: Option<&str>, conversation: &[Item]) -> (String, Vec<V
             }
             continue;
         }
-        flush(&mut turns, &mut pending_results, &outputs);
+        flush(&mut turns, &mut pending_results);
         // Outputs were placed after their calls; messages go as they are.
         if let Item::Message(message) = item {
             match message.role {
@@ -210,7 +197,7 @@ fn messages(instructions: Option<&str>, conversation: &[Item]) -> (String, Vec<V
             }
         }
     }
-    flush(&mut turns, &mut pending_results, &outputs);
+    flush(&mut turns, &mut pending_results);
     let messages = turns
         .messages
         .into_iter()
@@ -226,16 +213,13 @@ fn messages(instructions: Option<&str>, conversation: &[Item]) -> (String, Vec<V
     (system.join("\n\n"), messages)
 }
 
-/// Whether a tool result is a failure: the gateway's `{"error": ...}` shape.
-fn is_error_output(content: &str) -> bool {
-    content.starts_with("{\"error\"")
-        && serde_json::from_str::<Value>(content)
-            .ok()
-            .and_then(|v| {
-                v.as_object()
-                    .map(|o| o.len() == 1 && o.contains_key("error"))
-            })
-            .unwrap_or(false)
+/// A string field of a block, empty when absent.
+fn string_field(block: &Value, key: &str) -> String {
+    block
+        .get(key)
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_owned()
 }
 
 /// Tool-call arguments as the `input` object Anthropic wants; arguments that are not an object are wrapped.
@@ -317,13 +301,7 @@ struct Answer {
 
 impl Answer {
     fn block(&mut self, block: &Value) {
-        let text = |key: &str| {
-            block
-                .get(key)
-                .and_then(Value::as_str)
-                .unwrap_or_default()
-                .to_owned()
-        };
+        let text = |key: &str| string_field(block, key);
         match block.get("type").and_then(Value::as_str) {
             Some("text") => self.text.push_str(&text("text")),
             Some("tool_use") => {
@@ -456,13 +434,7 @@ impl AnthropicStream {
             }
             Some("content_block_start") => {
                 let block = event.get("content_block").unwrap_or(&Value::Null);
-                let text = |key: &str| {
-                    block
-                        .get(key)
-                        .and_then(Value::as_str)
-                        .unwrap_or_default()
-                        .to_owned()
-                };
+                let text = |key: &str| string_field(block, key);
                 let open = match block.get("type").and_then(Value::as_str) {
                     Some("text") => {
                         let initial = text("text");

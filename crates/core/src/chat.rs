@@ -1,15 +1,14 @@
 //! Translation to and from OpenAI-compatible Chat Completions, normalising what real servers send.
 
-use std::borrow::Cow;
 use std::collections::HashSet;
 
 use serde_json::{json, Map, Value};
 
-use crate::context::outputs_by_call_id;
 use crate::items::{parts_text, ContentPart, Item, MessageContent, Role};
 use crate::request::ResponseParams;
 use crate::steps::{AssistantMessage, Finish, ModelOutput, ToolCall, Usage};
 use crate::toolset::{model_tool_choice, OfferedTool, ToolInput};
+use crate::walk::{call_of, results_by_call_id, Call};
 
 /// Builds the Chat Completions request body for one model call.
 pub fn build_request(
@@ -130,7 +129,7 @@ fn chat_tool_choice(choice: &Value) -> Value {
 /// The chat messages for a conversation. Consecutive tool calls (with any assistant text just before them)
 /// become one assistant message, immediately followed by one `tool` message per call, paired by `call_id`.
 fn messages(instructions: Option<&str>, conversation: &[Item]) -> Vec<Value> {
-    let outputs = outputs_by_call_id(conversation);
+    let results = results_by_call_id(conversation);
     let mut messages = Vec::new();
     if let Some(instructions) = instructions {
         messages.push(json!({"role": "system", "content": instructions}));
@@ -151,47 +150,34 @@ fn messages(instructions: Option<&str>, conversation: &[Item]) -> Vec<Value> {
                 index += 1;
             }
             Item::FunctionCall(_) | Item::CustomToolCall(_) | Item::McpCall(_) => {
-                let mut calls: Vec<(&str, &str, Cow<'_, str>)> = Vec::new();
+                let mut calls: Vec<Call<'_>> = Vec::new();
                 while let Some(item) = conversation.get(index) {
-                    let call = match item {
-                        Item::FunctionCall(c) => (
-                            c.call_id.as_str(),
-                            c.name.as_str(),
-                            Cow::Borrowed(c.arguments.as_str()),
-                        ),
-                        // A free-form input, as the function of one string it was offered as.
-                        Item::CustomToolCall(c) => (
-                            c.call_id.as_str(),
-                            c.name.as_str(),
-                            Cow::Owned(json!({"input": c.input}).to_string()),
-                        ),
-                        Item::McpCall(c) => match c.pairing_id() {
-                            Some(id) => (id, c.name.as_str(), Cow::Borrowed(c.arguments.as_str())),
-                            None => {
-                                index += 1;
-                                continue;
-                            }
-                        },
-                        _ => break,
-                    };
+                    if !matches!(
+                        item,
+                        Item::FunctionCall(_) | Item::CustomToolCall(_) | Item::McpCall(_)
+                    ) {
+                        break;
+                    }
                     index += 1;
-                    if emitted_calls.insert(call.0) {
+                    let Some(call) = call_of(item) else { continue };
+                    if emitted_calls.insert(call.call_id) {
                         calls.push(call);
                     }
                 }
                 if calls.is_empty() {
                     continue;
                 }
+                // A free-form input goes as the function of one string it was offered as.
                 let tool_calls: Vec<Value> = calls
                     .iter()
-                    .map(|(id, name, arguments)| {
-                        json!({"id": id, "type": "function", "function": {"name": name, "arguments": arguments}})
+                    .map(|call| {
+                        json!({"id": call.call_id, "type": "function", "function": {"name": call.name, "arguments": call.function_arguments()}})
                     })
                     .collect();
                 attach_tool_calls(&mut messages, tool_calls);
-                for (id, _, _) in &calls {
-                    let content = outputs.get(id).cloned().unwrap_or_default();
-                    messages.push(json!({"role": "tool", "tool_call_id": id, "content": content}));
+                for call in &calls {
+                    let content = results.get(call.call_id).map(|r| r.text.as_str()).unwrap_or_default();
+                    messages.push(json!({"role": "tool", "tool_call_id": call.call_id, "content": content}));
                 }
             }
             // Outputs were placed right after their calls; reasoning is not sent to chat upstreams; a compaction
@@ -345,21 +331,26 @@ pub fn normalise_arguments(arguments: Option<&Value>) -> String {
 
 /// Reads Chat Completions usage; `None` when absent or not an object.
 pub fn parse_usage(usage: &Value) -> Option<Usage> {
+    openai_usage(usage, "prompt_tokens", "completion_tokens")
+}
+
+/// Usage as OpenAI's APIs report it, whatever they call the counts: input and output under `input` and `output`,
+/// cached and reasoning tokens under `{input}_details` and `{output}_details`; `None` when absent or not an object.
+pub(crate) fn openai_usage(usage: &Value, input: &str, output: &str) -> Option<Usage> {
     let usage = usage.as_object()?;
     let number = |v: Option<&Value>| v.and_then(Value::as_u64).unwrap_or(0);
+    let detail = |count: &str, key: &str| {
+        number(
+            usage
+                .get(&format!("{count}_details"))
+                .and_then(|d| d.get(key)),
+        )
+    };
     Some(Usage {
-        input_tokens: number(usage.get("prompt_tokens")),
-        output_tokens: number(usage.get("completion_tokens")),
-        cached_tokens: number(
-            usage
-                .get("prompt_tokens_details")
-                .and_then(|d| d.get("cached_tokens")),
-        ),
-        reasoning_tokens: number(
-            usage
-                .get("completion_tokens_details")
-                .and_then(|d| d.get("reasoning_tokens")),
-        ),
+        input_tokens: number(usage.get(input)),
+        output_tokens: number(usage.get(output)),
+        cached_tokens: detail(input, "cached_tokens"),
+        reasoning_tokens: detail(output, "reasoning_tokens"),
     })
 }
 

@@ -199,20 +199,8 @@ fn finish_of(reason: &str) -> Finish {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::test_support::CountingIds as Counter;
     use serde_json::json;
-
-    struct Counter(usize);
-
-    impl IdSource for Counter {
-        fn item_id(&mut self, prefix: &str) -> String {
-            self.0 += 1;
-            format!("{prefix}_{}", self.0)
-        }
-
-        fn call_id(&mut self, index: usize) -> String {
-            format!("call_synth_{index}")
-        }
-    }
 
     fn run(chunks: Vec<Value>) -> ModelOutput {
         let mut stream = ChatStream::new();

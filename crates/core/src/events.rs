@@ -22,9 +22,6 @@ use crate::response::{Ending, ResponseRecord, ResponseStatus};
 use crate::steps::{AssistantMessage, CallKind, ModelOutput, Step, StepBody, StepState, ToolCall};
 use crate::toolset::call_item;
 
-/// The slug that prefixes the gateway's own stream events (Open Responses "Extending streaming events").
-pub const SLUG: &str = "gateway";
-
 /// A progress note of a server tool call: `gateway:tool_note`.
 pub const TOOL_NOTE: &str = "gateway:tool_note";
 
@@ -101,11 +98,6 @@ pub struct EventProjection {
 impl EventProjection {
     pub fn new() -> EventProjection {
         EventProjection::default()
-    }
-
-    /// The sequence number the next event will carry (how many events came before it).
-    pub fn next_sequence_number(&self) -> u64 {
-        self.next_sequence_number
     }
 
     /// The next event to send, if any.

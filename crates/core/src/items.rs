@@ -1,5 +1,5 @@
-//! Responses API items (messages, function and custom tool calls and their outputs, server tool calls) as the
-//! gateway stores them.
+//! Responses API items as the gateway stores them: messages, function and custom tool calls and their outputs,
+//! server tool calls (`mcp_call`), MCP listings and approvals, reasoning and compactions; and reading input items.
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;

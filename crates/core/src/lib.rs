@@ -1,4 +1,5 @@
-//! Pure domain of the gateway: items, steps, the loop's decision, provider translation and output assembly.
+//! Pure domain of the gateway: items, steps, the loop's decision, the conversation a model sees, provider
+//! translation, output assembly and stream events.
 //!
 //! Nothing here performs IO, reads a clock or draws random numbers: ids and timestamps are passed in,
 //! so every function is deterministic and tested by tables.
@@ -20,6 +21,9 @@ pub mod response;
 pub mod steps;
 pub mod toolset;
 pub mod walk;
+
+#[cfg(test)]
+mod test_support;
 
 pub use decide::{decide_next_action, IncompleteReason, Limits, NextAction};
 pub use items::Item;

@@ -12,12 +12,12 @@ use std::collections::HashSet;
 use serde_json::{json, Map, Value};
 
 use crate::chat::{normalise_arguments, scrub_nul, IdSource, ParseError};
-use crate::context::outputs_by_call_id;
 use crate::items::{Item, MessageItem, Role};
 use crate::reasoning::{self, Replay};
 use crate::request::ResponseParams;
 use crate::steps::{AssistantMessage, Finish, ModelDelta, ModelOutput, ToolCall, Usage};
 use crate::toolset::{model_tool_choice, OfferedTool, ToolInput};
+use crate::walk::{call_of, results_by_call_id, CallInput};
 
 /// Builds the request body for one model call.
 pub fn build_request(
@@ -113,21 +113,15 @@ fn tool_json(tool: &OfferedTool) -> Value {
 /// The `input` items of a conversation. Each run of calls is followed by their outputs, in call order, paired by
 /// `call_id` (not in the order a client sent them), as every provider gets them.
 fn input(conversation: &[Item]) -> Vec<Value> {
-    let outputs = outputs_by_call_id(conversation);
-    let custom_outputs: HashSet<&str> = conversation
-        .iter()
-        .filter_map(|i| match i {
-            Item::CustomToolCallOutput(o) => Some(o.call_id.as_str()),
-            _ => None,
-        })
-        .collect();
+    let results = results_by_call_id(conversation);
     let mut items: Vec<Value> = Vec::new();
     let mut sent_calls: HashSet<&str> = HashSet::new();
     let mut pending: Vec<&str> = Vec::new();
     let flush = |items: &mut Vec<Value>, pending: &mut Vec<&str>| {
         for id in pending.drain(..) {
-            let output = outputs.get(id).cloned().unwrap_or_default();
-            let kind = if custom_outputs.contains(id) {
+            let result = results.get(id);
+            let output = result.map(|r| r.text.as_str()).unwrap_or_default();
+            let kind = if result.is_some_and(|r| r.custom) {
                 "custom_tool_call_output"
             } else {
                 "function_call_output"
@@ -136,28 +130,18 @@ fn input(conversation: &[Item]) -> Vec<Value> {
         }
     };
     for item in conversation {
-        let call = match item {
-            Item::FunctionCall(c) => Some((
-                c.call_id.as_str(),
-                json!({"type": "function_call", "call_id": c.call_id, "name": c.name, "arguments": c.arguments}),
-            )),
-            Item::CustomToolCall(c) => Some((
-                c.call_id.as_str(),
-                json!({"type": "custom_tool_call", "call_id": c.call_id, "name": c.name, "input": c.input}),
-            )),
-            // The gateway's own tool: the upstream sees a function call and its result.
-            Item::McpCall(c) => c.pairing_id().map(|id| {
-                (
-                    id,
-                    json!({"type": "function_call", "call_id": id, "name": c.name, "arguments": c.arguments}),
-                )
-            }),
-            _ => None,
-        };
-        if let Some((id, call)) = call {
-            if sent_calls.insert(id) {
-                items.push(call);
-                pending.push(id);
+        if let Some(call) = call_of(item) {
+            if sent_calls.insert(call.call_id) {
+                // The gateway's own tool (`mcp_call`) too: the upstream sees a function call and its result.
+                items.push(match call.input {
+                    CallInput::Arguments(arguments) => {
+                        json!({"type": "function_call", "call_id": call.call_id, "name": call.name, "arguments": arguments})
+                    }
+                    CallInput::Custom(input) => {
+                        json!({"type": "custom_tool_call", "call_id": call.call_id, "name": call.name, "input": input})
+                    }
+                });
+                pending.push(call.call_id);
             }
             continue;
         }
@@ -311,22 +295,7 @@ fn parse_with_deltas(
 
 /// Reads Responses usage.
 pub fn parse_usage(usage: &Value) -> Option<Usage> {
-    let usage = usage.as_object()?;
-    let number = |v: Option<&Value>| v.and_then(Value::as_u64).unwrap_or(0);
-    Some(Usage {
-        input_tokens: number(usage.get("input_tokens")),
-        output_tokens: number(usage.get("output_tokens")),
-        cached_tokens: number(
-            usage
-                .get("input_tokens_details")
-                .and_then(|d| d.get("cached_tokens")),
-        ),
-        reasoning_tokens: number(
-            usage
-                .get("output_tokens_details")
-                .and_then(|d| d.get("reasoning_tokens")),
-        ),
-    })
+    crate::chat::openai_usage(usage, "input_tokens", "output_tokens")
 }
 
 /// The state of one streamed Responses answer: text is passed on as it comes, the answer is read from the

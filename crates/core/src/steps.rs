@@ -1,4 +1,5 @@
-//! Stored steps of a response: model calls and server tool calls, with explicit states.
+//! Stored steps of a response: model calls, server tool calls and listings of the MCP servers a request names, with
+//! explicit states, usage, tool outcomes and approvals.
 
 use serde::{Deserialize, Serialize};
 

@@ -1,10 +1,13 @@
-//! The one canonical walk of tool calls (SPEC 8): from the gateway's items or any provider's history shape (Chat
-//! `tool_calls` + `tool` messages, Anthropic `tool_use` / `tool_result` blocks, Responses items) to one record per
-//! call, paired with its result, whatever the shape.
+//! The one pairing of tool calls with their results in a conversation of the gateway's items (SPEC 8): every
+//! translator (`chat`, `anthropic`, `openai_responses`) and the tool-call audit read calls and results through it.
 //!
-//! A call that came without an id gets one from the caller (the core draws nothing), and the id is written back
-//! into the history the walk read, on the call and on the result that answers it (found by position when it names
-//! no call), so that every later copy of that history pairs.
+//! Calls pair with results by `call_id`, never by position. A call id names one call: a repeat (a handed-back
+//! server call shows again as the `mcp_call` that ran it) is the same call, and the first result of a call is its
+//! result. The client's input is checked, with errors, before it ever gets here (`context::pair_calls`); this walk
+//! only reads what the checks let through and what the gateway stored.
+
+use std::borrow::Cow;
+use std::collections::HashMap;
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -12,27 +15,155 @@ use serde_json::Value;
 use crate::items::Item;
 use crate::steps::Step;
 
-/// Which shape a history was in.
+/// One tool call of a conversation, borrowed from its item.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Call<'a> {
+    pub call_id: &'a str,
+    pub name: &'a str,
+    pub input: CallInput<'a>,
+}
+
+/// What a call carries: a function's JSON arguments, or a custom tool's free-form input.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CallInput<'a> {
+    Arguments(&'a str),
+    Custom(&'a str),
+}
+
+impl<'a> Call<'a> {
+    /// The arguments as a function call: a custom tool's free-form input is the function of one string it is
+    /// offered as to providers without custom tools (`{"input": …}`).
+    pub fn function_arguments(&self) -> Cow<'a, str> {
+        match self.input {
+            CallInput::Arguments(arguments) => Cow::Borrowed(arguments),
+            CallInput::Custom(input) => {
+                Cow::Owned(serde_json::json!({ "input": input }).to_string())
+            }
+        }
+    }
+}
+
+/// The call an item makes: function and custom tool calls, and the gateway's own calls (`mcp_call`) that have an
+/// id to pair by.
+pub fn call_of(item: &Item) -> Option<Call<'_>> {
+    match item {
+        Item::FunctionCall(c) => Some(Call {
+            call_id: &c.call_id,
+            name: &c.name,
+            input: CallInput::Arguments(&c.arguments),
+        }),
+        Item::CustomToolCall(c) => Some(Call {
+            call_id: &c.call_id,
+            name: &c.name,
+            input: CallInput::Custom(&c.input),
+        }),
+        Item::McpCall(c) => c.pairing_id().map(|call_id| Call {
+            call_id,
+            name: &c.name,
+            input: CallInput::Arguments(&c.arguments),
+        }),
+        Item::Message(_)
+        | Item::FunctionCallOutput(_)
+        | Item::CustomToolCallOutput(_)
+        | Item::Reasoning(_)
+        | Item::Compaction(_)
+        | Item::McpListTools(_)
+        | Item::McpApprovalRequest(_)
+        | Item::McpApprovalResponse(_) => None,
+    }
+}
+
+/// A call's result as the model reads it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CallResult {
+    /// The text; an `mcp_call`'s error is the gateway's `{"error": {"message": …}}`.
+    pub text: String,
+    /// Whether the result says the call failed: the gateway's `{"error": …}` shape.
+    pub failed: bool,
+    /// Whether it came as a `custom_tool_call_output` (Responses upstreams take it back in that form).
+    pub custom: bool,
+    /// Where it stands in the conversation.
+    pub index: usize,
+}
+
+/// Every tool result in a conversation, by `call_id`: client outputs and the results inside `mcp_call` items; the
+/// first result of a call wins.
+pub fn results_by_call_id(conversation: &[Item]) -> HashMap<&str, CallResult> {
+    let mut results: HashMap<&str, CallResult> = HashMap::new();
+    for (index, item) in conversation.iter().enumerate() {
+        let (call_id, text, custom) = match item {
+            Item::FunctionCallOutput(o) => (o.call_id.as_str(), o.output.to_text(), false),
+            Item::CustomToolCallOutput(o) => (o.call_id.as_str(), o.output.to_text(), true),
+            Item::McpCall(call) => {
+                let Some(call_id) = call.pairing_id() else {
+                    continue;
+                };
+                let text = match (call.error_text(), &call.output) {
+                    (Some(error), _) => {
+                        serde_json::json!({"error": {"message": error}}).to_string()
+                    }
+                    (None, Some(output)) => output.clone(),
+                    (None, None) => String::new(),
+                };
+                (call_id, text, false)
+            }
+            Item::Message(_)
+            | Item::FunctionCall(_)
+            | Item::CustomToolCall(_)
+            | Item::Reasoning(_)
+            | Item::Compaction(_)
+            | Item::McpListTools(_)
+            | Item::McpApprovalRequest(_)
+            | Item::McpApprovalResponse(_) => continue,
+        };
+        results.entry(call_id).or_insert_with(|| CallResult {
+            failed: reads_as_failure(&text),
+            text,
+            custom,
+            index,
+        });
+    }
+    results
+}
+
+/// Whether a tool result is the gateway's failure shape: an object whose one key is `error`, as the gateway
+/// writes it (compact, `error` first).
+fn reads_as_failure(text: &str) -> bool {
+    text.starts_with("{\"error\"")
+        && serde_json::from_str::<Value>(text)
+            .ok()
+            .and_then(|v| {
+                v.as_object()
+                    .map(|o| o.len() == 1 && o.contains_key("error"))
+            })
+            .unwrap_or(false)
+}
+
+/// Which shape the audited history was in: the gateway walks only its own items. Kept as a field of the audit's
+/// records, which show it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Shape {
     /// The gateway's own items (stored context and output).
     Items,
-    Chat,
-    Anthropic,
-    Responses,
 }
 
-/// Where something sits: the index of its message or item, and of its block within an Anthropic message or
-/// its position among a Chat message's `tool_calls`.
+/// Where something sits: the index of its item (for a tool step, its sequence number).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Position {
     pub index: usize,
+    /// The part within the item; the gateway's items have none (kept for the audit's record shape).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub part: Option<usize>,
 }
 
-/// One tool call and its result, however the history shaped them.
+impl Position {
+    fn item(index: usize) -> Position {
+        Position { index, part: None }
+    }
+}
+
+/// One tool call and its result, as the audit shows it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CallRecord {
     pub call_id: String,
@@ -43,313 +174,52 @@ pub struct CallRecord {
     pub result: Option<String>,
     /// Whether a result answers the call.
     pub completed: bool,
-    /// Whether the result says the call failed (`is_error`, an `mcp_call` error, or the gateway's `{"error": …}`).
-    pub failed: bool,
     pub call_at: Position,
     pub result_at: Option<Position>,
     pub shape: Shape,
 }
 
-/// Records under construction, in call order.
-struct Walk<'f> {
-    records: Vec<CallRecord>,
-    shape: Shape,
-    fresh: &'f mut dyn FnMut() -> String,
-}
-
-impl Walk<'_> {
-    /// Records a call; returns the id it goes by (`id` or a fresh one when it has none).
-    fn call(&mut self, id: Option<&str>, name: &str, arguments: String, at: Position) -> String {
-        let call_id = match id.filter(|id| !id.is_empty()) {
-            Some(id) => id.to_owned(),
-            None => (self.fresh)(),
-        };
-        self.records.push(CallRecord {
-            call_id: call_id.clone(),
-            name: name.to_owned(),
-            arguments,
-            result: None,
-            completed: false,
-            failed: false,
-            call_at: at,
-            result_at: None,
-            shape: self.shape,
-        });
-        call_id
-    }
-
-    /// Pairs a result with the call it names, or, naming none, with the first unanswered call; returns the id of
-    /// the call it answers (to be written back), `None` when it answers nothing.
-    fn result(
-        &mut self,
-        id: Option<&str>,
-        text: String,
-        failed: bool,
-        at: Position,
-    ) -> Option<String> {
-        let record = match id.filter(|id| !id.is_empty()) {
-            Some(id) => self
-                .records
-                .iter_mut()
-                .find(|r| r.call_id == id && !r.completed),
-            None => self.records.iter_mut().find(|r| !r.completed),
-        }?;
-        record.result = Some(text);
-        record.completed = true;
-        record.failed = failed;
-        record.result_at = Some(at);
-        Some(record.call_id.clone())
-    }
-}
-
-fn looks_failed(text: &str) -> bool {
-    serde_json::from_str::<Value>(text)
-        .ok()
-        .and_then(|v| {
-            v.as_object()
-                .map(|o| o.len() == 1 && o.contains_key("error"))
-        })
-        .unwrap_or(false)
-}
-
-fn text_of(value: &Value) -> String {
-    match value {
-        Value::String(s) => s.clone(),
-        Value::Array(parts) => parts
+/// The calls of a conversation in order, each once, paired with its result.
+pub fn call_records(conversation: &[Item]) -> Vec<CallRecord> {
+    let mut results = results_by_call_id(conversation);
+    let mut records = Vec::new();
+    for (index, item) in conversation.iter().enumerate() {
+        let Some(call) = call_of(item) else { continue };
+        // The first call of an id is the call; its result is taken with it, so a repeat finds none.
+        if records
             .iter()
-            .filter_map(|p| p.get("text").and_then(Value::as_str))
-            .collect(),
-        Value::Null => String::new(),
-        other => other.to_string(),
-    }
-}
-
-/// Walks the gateway's items (function, custom and mcp calls with their outputs).
-pub fn walk_items(items: &mut [Item], fresh: &mut dyn FnMut() -> String) -> Vec<CallRecord> {
-    let mut walk = Walk {
-        records: Vec::new(),
-        shape: Shape::Items,
-        fresh,
-    };
-    // Approval requests by id: the call id each stands for, and the tool it names.
-    let mut requests: std::collections::HashMap<String, (String, String)> =
-        std::collections::HashMap::new();
-    for (index, item) in items.iter_mut().enumerate() {
-        let at = Position { index, part: None };
-        match item {
-            Item::McpApprovalRequest(r) => {
-                let id = walk.call(r.pairing_id(), &r.name, r.arguments.clone(), at);
-                if let Some(request_id) = r.id.clone() {
-                    requests.insert(request_id, (id.clone(), r.name.clone()));
-                }
-                if r.call_id.is_none() {
-                    r.call_id = Some(id);
-                }
-            }
-            // A denial answers the call; an approval leaves it to the `mcp_call` that ran it.
-            Item::McpApprovalResponse(r) => {
-                if let Some((call_id, name)) = requests.get(&r.approval_request_id) {
-                    if !r.approve {
-                        walk.result(Some(call_id), r.denial_text(name), true, at);
-                    }
-                }
-            }
-            Item::McpListTools(_) => {}
-            Item::FunctionCall(c) => {
-                c.call_id = walk.call(Some(&c.call_id), &c.name, c.arguments.clone(), at);
-            }
-            Item::CustomToolCall(c) => {
-                c.call_id = walk.call(Some(&c.call_id), &c.name, c.input.clone(), at);
-            }
-            Item::McpCall(c) => {
-                let id = walk.call(c.pairing_id(), &c.name, c.arguments.clone(), at);
-                let error = c.error_text();
-                let failed = error.is_some();
-                let text = error.or_else(|| c.output.clone());
-                if c.call_id.is_none() {
-                    c.call_id = Some(id.clone());
-                }
-                if let Some(text) = text {
-                    walk.result(Some(&id), text, failed, at);
-                }
-            }
-            Item::FunctionCallOutput(o) => {
-                let text = o.output.to_text();
-                let failed = looks_failed(&text);
-                if let Some(id) = walk.result(Some(&o.call_id), text, failed, at) {
-                    o.call_id = id;
-                }
-            }
-            Item::CustomToolCallOutput(o) => {
-                let text = o.output.to_text();
-                if let Some(id) = walk.result(Some(&o.call_id), text, false, at) {
-                    o.call_id = id;
-                }
-            }
-            Item::Message(_) | Item::Reasoning(_) | Item::Compaction(_) => {}
-        }
-    }
-    walk.records
-}
-
-/// Walks Chat Completions `messages`: assistant `tool_calls`, then `tool` messages (which, without a
-/// `tool_call_id`, answer the calls in order).
-pub fn walk_chat(messages: &mut Value, fresh: &mut dyn FnMut() -> String) -> Vec<CallRecord> {
-    let mut walk = Walk {
-        records: Vec::new(),
-        shape: Shape::Chat,
-        fresh,
-    };
-    let Some(messages) = messages.as_array_mut() else {
-        return Vec::new();
-    };
-    for (index, message) in messages.iter_mut().enumerate() {
-        if let Some(calls) = message.get_mut("tool_calls").and_then(Value::as_array_mut) {
-            for (part, call) in calls.iter_mut().enumerate() {
-                let function = call.get("function").cloned().unwrap_or(Value::Null);
-                let name = function
-                    .get("name")
-                    .and_then(Value::as_str)
-                    .unwrap_or_default();
-                let arguments = crate::chat::normalise_arguments(function.get("arguments"));
-                let given = call.get("id").and_then(Value::as_str).map(str::to_owned);
-                let at = Position {
-                    index,
-                    part: Some(part),
-                };
-                let id = walk.call(given.as_deref(), name, arguments, at);
-                call["id"] = Value::String(id);
-            }
-        }
-        if message.get("role").and_then(Value::as_str) == Some("tool") {
-            let given = message
-                .get("tool_call_id")
-                .and_then(Value::as_str)
-                .map(str::to_owned);
-            let text = text_of(message.get("content").unwrap_or(&Value::Null));
-            let failed = looks_failed(&text);
-            let at = Position { index, part: None };
-            if let Some(id) = walk.result(given.as_deref(), text, failed, at) {
-                message["tool_call_id"] = Value::String(id);
-            }
-        }
-    }
-    walk.records
-}
-
-/// Walks Anthropic `messages`: `tool_use` blocks, then `tool_result` blocks (`is_error` for failures).
-pub fn walk_anthropic(messages: &mut Value, fresh: &mut dyn FnMut() -> String) -> Vec<CallRecord> {
-    let mut walk = Walk {
-        records: Vec::new(),
-        shape: Shape::Anthropic,
-        fresh,
-    };
-    let Some(messages) = messages.as_array_mut() else {
-        return Vec::new();
-    };
-    for (index, message) in messages.iter_mut().enumerate() {
-        let Some(blocks) = message.get_mut("content").and_then(Value::as_array_mut) else {
+            .any(|r: &CallRecord| r.call_id == call.call_id)
+        {
             continue;
+        }
+        let result = results.remove(call.call_id);
+        let arguments = match call.input {
+            CallInput::Arguments(text) | CallInput::Custom(text) => text.to_owned(),
         };
-        for (part, block) in blocks.iter_mut().enumerate() {
-            let at = Position {
-                index,
-                part: Some(part),
-            };
-            match block.get("type").and_then(Value::as_str) {
-                Some("tool_use") => {
-                    let name = block
-                        .get("name")
-                        .and_then(Value::as_str)
-                        .unwrap_or_default()
-                        .to_owned();
-                    let arguments = crate::chat::normalise_arguments(block.get("input"));
-                    let given = block.get("id").and_then(Value::as_str).map(str::to_owned);
-                    let id = walk.call(given.as_deref(), &name, arguments, at);
-                    block["id"] = Value::String(id);
-                }
-                Some("tool_result") => {
-                    let given = block
-                        .get("tool_use_id")
-                        .and_then(Value::as_str)
-                        .map(str::to_owned);
-                    let text = text_of(block.get("content").unwrap_or(&Value::Null));
-                    let failed = block
-                        .get("is_error")
-                        .and_then(Value::as_bool)
-                        .unwrap_or(false);
-                    if let Some(id) = walk.result(given.as_deref(), text, failed, at) {
-                        block["tool_use_id"] = Value::String(id);
-                    }
-                }
-                _ => {}
-            }
-        }
+        records.push(CallRecord {
+            call_id: call.call_id.to_owned(),
+            name: call.name.to_owned(),
+            arguments,
+            completed: result.is_some(),
+            result_at: result.as_ref().map(|r| Position::item(r.index)),
+            result: result.map(|r| r.text),
+            call_at: Position::item(index),
+            shape: Shape::Items,
+        });
     }
-    walk.records
-}
-
-/// Walks a Responses `input` (or `output`) array: `function_call` / `custom_tool_call` items and their outputs.
-pub fn walk_responses(input: &mut Value, fresh: &mut dyn FnMut() -> String) -> Vec<CallRecord> {
-    let mut walk = Walk {
-        records: Vec::new(),
-        shape: Shape::Responses,
-        fresh,
-    };
-    let Some(items) = input.as_array_mut() else {
-        return Vec::new();
-    };
-    for (index, item) in items.iter_mut().enumerate() {
-        let at = Position { index, part: None };
-        let given = item
-            .get("call_id")
-            .and_then(Value::as_str)
-            .map(str::to_owned);
-        match item.get("type").and_then(Value::as_str) {
-            Some(kind @ ("function_call" | "custom_tool_call")) => {
-                let name = item
-                    .get("name")
-                    .and_then(Value::as_str)
-                    .unwrap_or_default()
-                    .to_owned();
-                let arguments = if kind == "custom_tool_call" {
-                    text_of(item.get("input").unwrap_or(&Value::Null))
-                } else {
-                    crate::chat::normalise_arguments(item.get("arguments"))
-                };
-                let id = walk.call(given.as_deref(), &name, arguments, at);
-                item["call_id"] = Value::String(id);
-            }
-            Some("function_call_output" | "custom_tool_call_output") => {
-                let text = text_of(item.get("output").unwrap_or(&Value::Null));
-                let failed = looks_failed(&text);
-                if let Some(id) = walk.result(given.as_deref(), text, failed, at) {
-                    item["call_id"] = Value::String(id);
-                }
-            }
-            _ => {}
-        }
-    }
-    walk.records
+    records
 }
 
 /// The tool calls a response's model made, and the calls it carried over from the batch its previous response
-/// handed back, as canonical records, each with the tool step that ran it when the gateway did.
+/// handed back, as records, each with the tool step that ran it when the gateway did.
 pub fn calls_of_response(steps: &[Step]) -> Vec<(CallRecord, Option<&Step>)> {
-    let mut items = crate::context::model_conversation(&[], steps);
-    // Stored calls always have ids; a fresh one would only ever name a call the store lost.
-    let mut missing = 0;
-    let mut fresh = || {
-        missing += 1;
-        format!("call_unknown_{missing}")
-    };
-    let records = walk_items(&mut items, &mut fresh);
+    let conversation = crate::context::model_conversation(&[], steps);
     let tool_step = |call_id: &str| {
         steps
             .iter()
             .find(|s| s.tool().is_some_and(|t| t.call.call_id == call_id))
     };
-    let mut calls: Vec<(CallRecord, Option<&Step>)> = records
+    let mut calls: Vec<(CallRecord, Option<&Step>)> = call_records(&conversation)
         .into_iter()
         .map(|r| {
             let step = tool_step(&r.call_id);
@@ -362,10 +232,7 @@ pub fn calls_of_response(steps: &[Step]) -> Vec<(CallRecord, Option<&Step>)> {
         if calls.iter().any(|(r, _)| r.call_id == tool.call.call_id) {
             continue;
         }
-        let at = Position {
-            index: step.seq as usize,
-            part: None,
-        };
+        let at = Position::item(step.seq as usize);
         let result = tool.outcome.as_ref().map(|o| o.model_text());
         calls.push((
             CallRecord {
@@ -373,7 +240,6 @@ pub fn calls_of_response(steps: &[Step]) -> Vec<(CallRecord, Option<&Step>)> {
                 name: tool.call.name.clone(),
                 arguments: tool.call.arguments.clone(),
                 completed: result.is_some(),
-                failed: tool.outcome.as_ref().is_some_and(|o| o.is_error()),
                 result,
                 call_at: at,
                 result_at: tool.outcome.is_some().then_some(at),

@@ -1,24 +1,8 @@
 //! Golden JSON tests for the Anthropic Messages translation, both ways.
 
 use super::*;
+use crate::test_support::{items, CountingIds as Ids};
 use crate::toolset::FunctionTool;
-
-fn items(values: Value) -> Vec<Item> {
-    serde_json::from_value(values).unwrap()
-}
-
-struct Ids(usize);
-
-impl IdSource for Ids {
-    fn item_id(&mut self, prefix: &str) -> String {
-        self.0 += 1;
-        format!("{prefix}_{}", self.0)
-    }
-
-    fn call_id(&mut self, index: usize) -> String {
-        format!("call_synth_{index}")
-    }
-}
 
 fn weather() -> OfferedTool {
     OfferedTool::function(&FunctionTool {

@@ -4,17 +4,14 @@ use super::*;
 use crate::context::model_conversation;
 use crate::items::InputItem;
 use crate::request::{validate, CreateResponseBody};
-use crate::steps::{ModelStep, Step, StepBody, StepState, ToolOutcome, ToolStep};
+use crate::steps::{ModelStep, Step, StepBody, StepState, ToolOutcome};
+use crate::test_support::items;
 use crate::toolset::FunctionTool;
 
 // ---- helpers -------------------------------------------------------------------------------------
 
 fn params() -> ResponseParams {
     ResponseParams::default()
-}
-
-fn items(values: Value) -> Vec<Item> {
-    serde_json::from_value(values).unwrap()
 }
 
 fn tool(
@@ -353,25 +350,20 @@ fn steps_of_a_running_response_pair_with_their_calls_in_the_next_request() {
         usage: None,
         finish: Finish::ToolCalls,
     };
-    let tool_step = |seq: u32, call: ToolCall, outcome: ToolOutcome| Step {
-        seq,
-        state: if outcome.is_error() {
+    let tool_step = |seq: u32, call: ToolCall, outcome: ToolOutcome| {
+        let state = if outcome.is_error() {
             StepState::Failed
         } else {
             StepState::Succeeded
-        },
-        body: StepBody::Tool(ToolStep {
-            item_id: format!("mcp_{seq}"),
+        };
+        crate::test_support::tool_step(
+            seq,
+            state,
+            format!("mcp_{seq}"),
             call,
-            batch: Some(0),
-            outcome: Some(outcome),
-            ended_rank: None,
-            started_at_ms: None,
-            ended_at_ms: None,
-            notes: Default::default(),
-            server_label: None,
-            hosted_type: None,
-        }),
+            Some(0),
+            Some(outcome),
+        )
     };
     let steps = vec![
         Step {

@@ -4,6 +4,7 @@ use super::*;
 use crate::steps::{
     AssistantMessage, ModelOutput, ModelStep, StepState, ToolOutcome, UpstreamFailure,
 };
+use crate::test_support::tool_step;
 
 // ---- step builders -------------------------------------------------------------------------------
 
@@ -102,22 +103,14 @@ fn tool(
     state: StepState,
     outcome: Option<ToolOutcome>,
 ) -> Step {
-    Step {
+    tool_step(
         seq,
         state,
-        body: StepBody::Tool(ToolStep {
-            item_id: format!("mcp_{call_id}"),
-            call: call(call_id, "search"),
-            batch,
-            outcome,
-            ended_rank: None,
-            started_at_ms: None,
-            ended_at_ms: None,
-            notes: Default::default(),
-            server_label: None,
-            hosted_type: None,
-        }),
-    }
+        format!("mcp_{call_id}"),
+        call(call_id, "search"),
+        batch,
+        outcome,
+    )
 }
 
 /// A tool step of `batch` that ended with an output.

@@ -8,9 +8,9 @@ use crate::decide::IncompleteReason;
 use crate::request::{FunctionTool, ResponseParams};
 use crate::response::{ResponseRecord, ResponseState, ResponseStatus};
 use crate::steps::{
-    AssistantMessage, Finish, ModelOutput, ModelStep, StepState, ToolCall, ToolStep,
-    UpstreamFailure,
+    AssistantMessage, Finish, ModelOutput, ModelStep, StepState, ToolCall, UpstreamFailure,
 };
+use crate::test_support::tool_step;
 use crate::toolset::DeclaredTool;
 
 // ---- step builders -------------------------------------------------------------------------------
@@ -58,22 +58,14 @@ fn tool(seq: u32, batch: Option<u32>, call_id: &str, outcome: Option<ToolOutcome
         Some(ToolOutcome::Error { .. }) => StepState::Failed,
         None => StepState::Running,
     };
-    Step {
+    tool_step(
         seq,
         state,
-        body: StepBody::Tool(ToolStep {
-            item_id: format!("mcp_{call_id}"),
-            call: call(call_id, "search"),
-            batch,
-            outcome,
-            ended_rank: None,
-            started_at_ms: None,
-            ended_at_ms: None,
-            notes: Default::default(),
-            server_label: None,
-            hosted_type: None,
-        }),
-    }
+        format!("mcp_{call_id}"),
+        call(call_id, "search"),
+        batch,
+        outcome,
+    )
 }
 
 fn ok(seq: u32, batch: Option<u32>, call_id: &str) -> Step {

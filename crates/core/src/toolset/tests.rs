@@ -1,5 +1,6 @@
 use super::*;
-use crate::items::{CustomToolCallOutputItem, FunctionOutput};
+use crate::items::{CustomToolCallItem, CustomToolCallOutputItem, FunctionOutput, Item};
+use crate::steps::{CallKind, ToolCall};
 use serde_json::json;
 
 fn tools(value: Value) -> Vec<DeclaredTool> {

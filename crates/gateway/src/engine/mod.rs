@@ -104,10 +104,6 @@ pub struct Run {
 }
 
 impl Run {
-    pub fn response_id(&self) -> &str {
-        &self.record.id
-    }
-
     /// The context the response starts from: the previous response's context and output, then its input.
     pub fn context(&self) -> &[Item] {
         &self.context

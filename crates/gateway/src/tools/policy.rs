@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use gateway_core::entity::ToolPolicy;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::Semaphore;
 
 /// What the breaker says about a call about to start.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -118,9 +118,6 @@ impl Policies {
         })
     }
 }
-
-/// A permit to call a bounded source, held for the call.
-pub type Slot = OwnedSemaphorePermit;
 
 #[cfg(test)]
 mod tests {

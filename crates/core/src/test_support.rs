@@ -1,0 +1,53 @@
+//! What the core's unit tests share: items from JSON, ids drawn in order, and tool steps.
+
+use serde_json::Value;
+
+use crate::chat::IdSource;
+use crate::items::Item;
+use crate::steps::{Step, StepBody, StepState, ToolCall, ToolOutcome, ToolStep};
+
+/// Items read from a JSON array of them.
+pub fn items(values: Value) -> Vec<Item> {
+    serde_json::from_value(values).unwrap()
+}
+
+/// Ids drawn in order (`msg_1`, `rs_2`, ...); synthesised call ids name their index (`call_synth_0`).
+pub struct CountingIds(pub usize);
+
+impl IdSource for CountingIds {
+    fn item_id(&mut self, prefix: &str) -> String {
+        self.0 += 1;
+        format!("{prefix}_{}", self.0)
+    }
+
+    fn call_id(&mut self, index: usize) -> String {
+        format!("call_synth_{index}")
+    }
+}
+
+/// A tool step of `batch` for `call`, with no timings, notes or server label.
+pub fn tool_step(
+    seq: u32,
+    state: StepState,
+    item_id: String,
+    call: ToolCall,
+    batch: Option<u32>,
+    outcome: Option<ToolOutcome>,
+) -> Step {
+    Step {
+        seq,
+        state,
+        body: StepBody::Tool(ToolStep {
+            item_id,
+            call,
+            batch,
+            outcome,
+            ended_rank: None,
+            started_at_ms: None,
+            ended_at_ms: None,
+            notes: Default::default(),
+            server_label: None,
+            hosted_type: None,
+        }),
+    }
+}
