@@ -3,7 +3,8 @@
 //! * [`prepare`](Engine::prepare) (in `prepare.rs`) checks a request against the project's deployments, tools and
 //!   stored responses and builds the [`Run`], storing nothing when it fails;
 //! * [`run`](Engine::run) (in `driver.rs`) drives it to its end: ask `decide_next_action`, carry the action out,
-//!   report progress to a [`ProgressSink`], repeat; it stops early when told to (`runs.rs`);
+//!   report progress to a [`ProgressSink`], repeat (a model call in `model_call.rs`, a batch of tool calls in
+//!   `tool_batch.rs`); it stops early when told to (`runs.rs`);
 //! * `journal.rs` decides what is written when (the step boundaries, their durability and linger), and only
 //!   while this replica owns the response;
 //! * `worker.rs` keeps this replica's lease, takes over the responses of replicas that stopped beating and
