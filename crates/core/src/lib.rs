@@ -14,6 +14,7 @@ pub mod events;
 pub mod items;
 pub mod openai_responses;
 pub mod output;
+pub mod preparation;
 pub mod reasoning;
 pub mod remote_mcp;
 pub mod request;

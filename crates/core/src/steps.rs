@@ -313,6 +313,30 @@ pub struct ToolStep {
     pub hosted_type: Option<String>,
 }
 
+impl ToolStep {
+    /// A call not yet sent, shown as item `item_id`: it has no outcome, rank, times or notes yet.
+    pub fn unsent(
+        item_id: String,
+        call: ToolCall,
+        batch: Option<u32>,
+        server_label: Option<String>,
+        hosted_type: Option<String>,
+    ) -> ToolStep {
+        ToolStep {
+            item_id,
+            call,
+            batch,
+            outcome: None,
+            ended_rank: None,
+            started_at_ms: None,
+            ended_at_ms: None,
+            notes: ToolNotes::default(),
+            server_label,
+            hosted_type,
+        }
+    }
+}
+
 /// The rendered progress notes of one tool call.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ToolNotes {

@@ -1,10 +1,13 @@
-//! The HTTP tool executor: runs one server tool call on its source's endpoint (SPEC section 7), within the
-//! source's policy (calls in flight, circuit breaker, output cap; see [`policy`]).
+//! The tool executor: runs one server tool call where its [`Target`] says (an HTTP source, an operator's MCP
+//! source, a request's own MCP server; SPEC sections 7 and 12), within the source's policy (calls in flight,
+//! circuit breaker, output cap; see [`policy`]).
 
 pub mod mcp;
 pub mod policy;
 pub mod remote;
+pub mod server_tool;
 
+use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -14,7 +17,10 @@ use serde_json::Value;
 
 use crate::config::ToolsConfig;
 use crate::retry::RetryPolicy;
-use crate::store::tenancy::{SourceKind, ToolSource};
+pub use server_tool::{
+    Endpoint, McpSource, McpTool, NoteTemplates, RemoteTool, ServerTool, ServerTools, Source,
+    Target,
+};
 
 /// Runs server tool calls; every failure becomes an error outcome that the model sees.
 #[derive(Debug, Clone)]
@@ -93,26 +99,43 @@ impl ToolExecutor {
         self.config.default_timeout_ms
     }
 
-    /// The server tools of `sources`, each MCP source replaced by the tools its server lists (see
-    /// [`mcp::McpClients::expand`]).
-    pub async fn expand(&self, sources: Vec<ToolSource>) -> Vec<ToolSource> {
-        if sources.iter().all(|s| s.kind == SourceKind::Http) {
-            return sources;
+    /// The server tools of `sources`: HTTP sources first, as they are, then each MCP source's tools as its server
+    /// lists them (see [`mcp::McpClients::tools_of`]). An MCP tool whose name is already taken (by an HTTP tool,
+    /// or an earlier source) is skipped with a warning.
+    pub async fn expand(&self, sources: Vec<Source>) -> Vec<ServerTool> {
+        let mut tools = Vec::with_capacity(sources.len());
+        let mut servers = Vec::new();
+        for source in sources {
+            match source {
+                Source::Http(tool) => tools.push(tool),
+                Source::Mcp(server) => servers.push(server),
+            }
         }
-        self.mcp.expand(sources).await
+        let mut taken: BTreeSet<String> = tools.iter().map(|t| t.name.clone()).collect();
+        for server in servers {
+            for tool in self.mcp.tools_of(&server).await {
+                if !taken.insert(tool.name.clone()) {
+                    tracing::warn!(tool_source.name = %server.server.source_name, tool.name = %tool.name,
+                        "MCP tool name clashes with another server tool; skipped");
+                    continue;
+                }
+                tools.push(tool);
+            }
+        }
+        tools
     }
 
-    /// Runs `call` on `source`. Never fails: errors are outcomes.
+    /// Runs `call` on `tool`. Never fails: errors are outcomes.
     pub async fn execute(
         &self,
-        source: &ToolSource,
+        tool: &ServerTool,
         call: &ToolCall,
         at: CallRef<'_>,
     ) -> ToolOutcome {
         let started = Instant::now();
-        let (outcome, result) = self.run(source, call, at).await;
-        metrics::counter!("gateway_tool_calls_total", "tool" => source.metric_label(), "outcome" => result).increment(1);
-        metrics::histogram!("gateway_tool_call_duration_seconds", "tool" => source.metric_label())
+        let (outcome, result) = self.run(tool, call, at).await;
+        metrics::counter!("gateway_tool_calls_total", "tool" => tool.metric_label(), "outcome" => result).increment(1);
+        metrics::histogram!("gateway_tool_call_duration_seconds", "tool" => tool.metric_label())
             .record(started.elapsed().as_secs_f64());
         outcome
     }
@@ -121,25 +144,28 @@ impl ToolExecutor {
     /// refused before any call), `rejected` (the breaker was open) or `waited` (no slot freed in time).
     async fn run(
         &self,
-        source: &ToolSource,
+        tool: &ServerTool,
         call: &ToolCall,
         at: CallRef<'_>,
     ) -> (ToolOutcome, &'static str) {
-        let arguments = match self.parse_arguments(source, &call.arguments) {
+        let arguments = match self.parse_arguments(tool, &call.arguments) {
             Ok(arguments) => arguments,
             Err(message) => return (ToolOutcome::error(message), "invalid"),
         };
-        let timeout_ms = if source.timeout_ms == 0 {
-            self.config.default_timeout_ms
-        } else {
-            source.timeout_ms
+        let timeout_ms = match tool.timeout_ms() {
+            0 => self.config.default_timeout_ms,
+            set => set,
         };
+        let policy = tool.policy();
         let deadline = Instant::now() + Duration::from_millis(timeout_ms);
-        let _slot = match self.policies.slots(&source.id, &source.policy) {
+        let _slot = match tool
+            .endpoint()
+            .and_then(|e| self.policies.slots(&e.source_id, &policy))
+        {
             None => None,
             Some(slots) => {
                 let waiting =
-                    metrics::gauge!("gateway_tool_calls_waiting", "tool" => source.metric_label());
+                    metrics::gauge!("gateway_tool_calls_waiting", "tool" => tool.metric_label());
                 waiting.increment(1.0);
                 let acquired =
                     tokio::time::timeout_at(deadline.into(), slots.acquire_owned()).await;
@@ -151,8 +177,8 @@ impl ToolExecutor {
                             ToolOutcome::error(format!(
                                 "Tool '{}' had all of its {} slots busy for the whole timeout of {timeout_ms} ms; \
                                  the call was not made.",
-                                source.name,
-                                source.policy.max_in_flight.unwrap_or(0)
+                                tool.name,
+                                policy.max_in_flight.unwrap_or(0)
                             )),
                             "waited",
                         )
@@ -161,16 +187,16 @@ impl ToolExecutor {
             }
         };
         // A request's own server is not the operator's: no breaker state is shared between requests over it.
-        let guarded = source.kind != SourceKind::Remote;
-        if let (true, policy::Admission::Refuse { retry_in }) =
-            (guarded, self.policies.admit(&source.id, Instant::now()))
+        let guarded = tool.endpoint().map(|e| e.source_id.as_str());
+        if let Some(policy::Admission::Refuse { retry_in }) =
+            guarded.map(|id| self.policies.admit(id, Instant::now()))
         {
             return (
                 ToolOutcome::error(format!(
                     "Tool '{}' is failing: after {} consecutive failed calls the gateway stopped calling it \
                      for a while (circuit breaker open); try again in about {} s.",
-                    source.name,
-                    source.policy.breaker_failures(),
+                    tool.name,
+                    policy.breaker_failures(),
                     retry_in.as_secs().max(1)
                 )),
                 "rejected",
@@ -179,34 +205,39 @@ impl ToolExecutor {
         let remaining = deadline
             .saturating_duration_since(Instant::now())
             .max(Duration::from_millis(1));
-        let outcome = match (&source.mcp_tool, &source.remote) {
-            (Some(tool), Some(access)) => {
+        let outcome = match &tool.target {
+            Target::Http(endpoint) => {
+                let sent = Sent {
+                    endpoint,
+                    arguments: &arguments,
+                    timeout: remaining,
+                    timeout_ms,
+                };
+                self.send(tool, call, at, sent).await
+            }
+            Target::Mcp(mcp) => {
                 let outcome = self
                     .mcp
-                    .call_remote(access, tool, &arguments, remaining, at.idempotency_key)
+                    .call(&tool.name, mcp, &arguments, remaining, at.idempotency_key)
                     .await;
-                cap_output(outcome, source.policy.max_output_bytes())
+                cap_output(outcome, policy.max_output_bytes())
+            }
+            Target::Remote(RemoteTool {
+                tool: name,
+                access: Some(access),
+                ..
+            }) => {
+                let outcome = self
+                    .mcp
+                    .call_remote(access, name, &arguments, remaining, at.idempotency_key)
+                    .await;
+                cap_output(outcome, policy.max_output_bytes())
             }
             // A request's server is reached only through its checked address.
-            (_, None) if source.kind == SourceKind::Remote => ToolOutcome::error(format!(
+            Target::Remote(RemoteTool { access: None, .. }) => ToolOutcome::error(format!(
                 "Tool '{}': its MCP server is not declared in this request.",
-                source.name
+                tool.name
             )),
-            (None, Some(_)) => ToolOutcome::error(format!(
-                "Tool '{}' names no tool of its MCP server.",
-                source.name
-            )),
-            (Some(tool), None) => {
-                let outcome = self
-                    .mcp
-                    .call(source, tool, &arguments, remaining, at.idempotency_key)
-                    .await;
-                cap_output(outcome, source.policy.max_output_bytes())
-            }
-            (None, None) => {
-                self.send(source, call, at, &arguments, remaining, timeout_ms)
-                    .await
-            }
         };
         // A 4xx is the tool refusing this call (arguments, say), not the tool being down.
         let failed = match &outcome {
@@ -215,24 +246,28 @@ impl ToolExecutor {
                 !http_status.is_some_and(|s| (400..500).contains(&s))
             }
         };
-        let open = guarded
-            && self
-                .policies
-                .record(&source.id, &source.policy, Instant::now(), failed);
-        metrics::gauge!("gateway_tool_breaker_open", "tool" => source.metric_label())
-            .set(if open { 1.0 } else { 0.0 });
+        let open =
+            guarded.is_some_and(|id| self.policies.record(id, &policy, Instant::now(), failed));
+        metrics::gauge!("gateway_tool_breaker_open", "tool" => tool.metric_label()).set(if open {
+            1.0
+        } else {
+            0.0
+        });
         let result = if outcome.is_error() { "error" } else { "ok" };
         (outcome, result)
     }
 
     async fn send(
         &self,
-        source: &ToolSource,
+        tool: &ServerTool,
         call: &ToolCall,
         at: CallRef<'_>,
-        arguments: &Value,
-        timeout: Duration,
-        timeout_ms: u64,
+        Sent {
+            endpoint,
+            arguments,
+            timeout,
+            timeout_ms,
+        }: Sent<'_>,
     ) -> ToolOutcome {
         let sent = self
             .retry
@@ -240,14 +275,14 @@ impl ToolExecutor {
                 |_| {
                     let mut request = self
                         .http
-                        .post(&source.url)
+                        .post(&endpoint.url)
                         .timeout(timeout)
                         .header("Idempotency-Key", at.idempotency_key)
-                        .header("X-Gateway-Tool-Name", &source.name)
+                        .header("X-Gateway-Tool-Name", &tool.name)
                         .header("X-Gateway-Call-Id", &call.call_id)
                         .header("X-Gateway-Response-Id", at.response_id)
                         .json(arguments);
-                    if let Some(secret) = &source.secret {
+                    if let Some(secret) = &endpoint.secret {
                         request = request.bearer_auth(secret.expose_secret());
                     }
                     request.send()
@@ -259,37 +294,47 @@ impl ToolExecutor {
             .await;
         match sent {
             Ok(response) => {
-                let cap = usize::try_from(source.policy.max_output_bytes()).unwrap_or(usize::MAX);
-                read_answer(&source.name, response, cap).await
+                let cap = usize::try_from(endpoint.policy.max_output_bytes()).unwrap_or(usize::MAX);
+                read_answer(&tool.name, response, cap).await
             }
             Err(e) if e.is_timeout() => ToolOutcome::error(format!(
                 "Tool '{}' timed out after {timeout_ms} ms.",
-                source.name
+                tool.name
             )),
             Err(e) => {
-                tracing::warn!(tool.name = %source.name, error = %e, "tool request failed");
-                ToolOutcome::error(format!("Tool '{}' could not be reached.", source.name))
+                tracing::warn!(tool.name = %tool.name, error = %e, "tool request failed");
+                ToolOutcome::error(format!("Tool '{}' could not be reached.", tool.name))
             }
         }
     }
 }
 
+/// What an HTTP call sends, and where.
+struct Sent<'a> {
+    endpoint: &'a Endpoint,
+    arguments: &'a Value,
+    /// What is left of the call's timeout.
+    timeout: Duration,
+    /// The whole timeout, as its error names it.
+    timeout_ms: u64,
+}
+
 impl ToolExecutor {
     /// The call's arguments as a JSON object, checked against the tool's schema.
-    fn parse_arguments(&self, source: &ToolSource, arguments: &str) -> Result<Value, String> {
+    fn parse_arguments(&self, tool: &ServerTool, arguments: &str) -> Result<Value, String> {
         let value: Value = serde_json::from_str(arguments).map_err(|e| {
             format!(
                 "The arguments for tool '{}' are not valid JSON: {e}.",
-                source.name
+                tool.name
             )
         })?;
         if !value.is_object() {
             return Err(format!(
                 "The arguments for tool '{}' must be a JSON object.",
-                source.name
+                tool.name
             ));
         }
-        let Some(validator) = self.validator(source) else {
+        let Some(validator) = self.validator(tool) else {
             return Ok(value);
         };
         let problems: Vec<String> = validator
@@ -300,30 +345,30 @@ impl ToolExecutor {
         if !problems.is_empty() {
             return Err(format!(
                 "The arguments for tool '{}' do not match its schema: {}.",
-                source.name,
+                tool.name,
                 problems.join("; ")
             ));
         }
         Ok(value)
     }
 
-    /// The compiled schema of a source, compiled once; `None` when it has none or it does not compile.
-    fn validator(&self, source: &ToolSource) -> Option<Arc<jsonschema::Validator>> {
-        if !source.parameters.is_object() {
+    /// The compiled schema of a tool, compiled once; `None` when it has none or it does not compile.
+    fn validator(&self, tool: &ServerTool) -> Option<Arc<jsonschema::Validator>> {
+        if !tool.parameters.is_object() {
             return None;
         }
-        let key = source.parameters.to_string();
+        let key = tool.parameters.to_string();
         if let Some(validator) = self.validators.get(&key) {
             return Some(validator);
         }
-        match jsonschema::validator_for(&source.parameters) {
+        match jsonschema::validator_for(&tool.parameters) {
             Ok(validator) => {
                 let validator = Arc::new(validator);
                 self.validators.insert(key, Arc::clone(&validator));
                 Some(validator)
             }
             Err(e) => {
-                tracing::warn!(tool.name = %source.name, error = %e, "tool schema does not compile; arguments not checked");
+                tracing::warn!(tool.name = %tool.name, error = %e, "tool schema does not compile; arguments not checked");
                 None
             }
         }

@@ -9,7 +9,8 @@ use gateway::store::admin::{
     ToolSourceChanges,
 };
 use gateway::store::responses::{Durability, NewResponse, Order, StepWrite};
-use gateway::store::tenancy::{hash_key, ToolSource};
+use gateway::store::stored_tools::StoredTool;
+use gateway::store::tenancy::hash_key;
 use gateway::store::{Backend, Store, StoreError};
 use gateway_core::entity::{
     EntityName, HttpUrl, ProviderKind, TimeoutMs, ToolName, ToolParameters,
@@ -279,15 +280,14 @@ fn finished(step: &Step, text: &str) -> Step {
     step
 }
 
-fn server_tool() -> ToolSource {
-    ToolSource {
+fn server_tool() -> StoredTool {
+    StoredTool {
         id: "tool_1".into(),
         name: "add".into(),
         description: "Adds.".into(),
         parameters: json!({"type": "object"}),
         url: "http://127.0.0.1:9/add".into(),
         timeout_ms: 1000,
-        secret: None,
         strict: false,
         policy: Default::default(),
         note_on_request: None,
@@ -299,7 +299,6 @@ fn server_tool() -> ToolSource {
         mcp_tool: None,
         server_label: None,
         approval_required: false,
-        remote: None,
     }
 }
 

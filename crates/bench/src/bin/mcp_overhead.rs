@@ -9,8 +9,9 @@ use std::time::Instant;
 use anyhow::Context;
 use clap::Parser;
 use gateway::config::ToolsConfig;
-use gateway::store::tenancy::{SourceKind, ToolSource};
-use gateway::tools::{CallRef, ToolExecutor};
+use gateway::tools::{
+    CallRef, Endpoint, McpSource, RemoteTool, ServerTool, Source, Target, ToolExecutor,
+};
 use gateway_core::steps::ToolCall;
 use gateway_testkit::McpServer;
 use hdrhistogram::Histogram;
@@ -66,27 +67,20 @@ async fn main() -> anyhow::Result<()> {
 
     // Through the gateway's executor.
     let executor = ToolExecutor::new(ToolsConfig::default())?;
-    let source = ToolSource {
-        id: "tool_bench".into(),
-        name: "calc".into(),
-        description: String::new(),
-        parameters: json!({"type": "object"}),
-        url: mcp.url(),
-        timeout_ms: 30_000,
-        secret: None,
+    let source = Source::Mcp(McpSource {
+        server: Endpoint {
+            source_id: "tool_bench".into(),
+            source_name: "calc".into(),
+            url: mcp.url(),
+            timeout_ms: 30_000,
+            secret: None,
+            policy: Default::default(),
+        },
         strict: false,
-        policy: Default::default(),
-        note_on_request: None,
-        note_on_result: None,
-        hosted_type: None,
-        kind: SourceKind::Mcp,
+        notes: Default::default(),
         allowed_tools: None,
         name_prefix: None,
-        mcp_tool: None,
-        server_label: None,
-        approval_required: false,
-        remote: None,
-    };
+    });
     let tools = executor.expand(vec![source]).await;
     let add = tools
         .iter()
@@ -99,18 +93,19 @@ async fn main() -> anyhow::Result<()> {
     let checked = gateway::tools::remote::RemoteServers::new(&[], &[prefix])?
         .check(&mcp.url())
         .await?;
-    let remote = ToolSource {
-        id: "remote:calc".into(),
-        name: "add".into(),
-        kind: SourceKind::Remote,
-        mcp_tool: Some("add".into()),
-        server_label: Some("calc".into()),
-        remote: Some(std::sync::Arc::new(gateway::tools::mcp::RemoteAccess {
+    let remote = ServerTool {
+        target: Target::Remote(RemoteTool {
             server_label: "calc".into(),
-            server: checked,
-            headers: Default::default(),
-            authorization: None,
-        })),
+            tool: "add".into(),
+            approval_required: false,
+            timeout_ms: 30_000,
+            access: Some(std::sync::Arc::new(gateway::tools::mcp::RemoteAccess {
+                server_label: "calc".into(),
+                server: checked,
+                headers: Default::default(),
+                authorization: None,
+            })),
+        }),
         ..add.clone()
     };
     let declared = measure(&executor, &remote, warmup, args.calls).await?;
@@ -125,10 +120,10 @@ async fn main() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// `calls` timed calls of `add` on `source` through the executor, after `warmup` untimed ones.
+/// `calls` timed calls of `add` on `tool` through the executor, after `warmup` untimed ones.
 async fn measure(
     executor: &ToolExecutor,
-    source: &ToolSource,
+    tool: &ServerTool,
     warmup: u64,
     calls: u64,
 ) -> anyhow::Result<Histogram<u64>> {
@@ -146,7 +141,7 @@ async fn measure(
             idempotency_key: &key,
         };
         let started = Instant::now();
-        let outcome = executor.execute(source, &call, at).await;
+        let outcome = executor.execute(tool, &call, at).await;
         if outcome.is_error() {
             anyhow::bail!(
                 "the call through the gateway failed: {}",

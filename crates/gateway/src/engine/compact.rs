@@ -8,7 +8,6 @@ use gateway_core::request::{ResponseParams, ValidRequest};
 use gateway_core::steps::Usage;
 use gateway_core::Item;
 
-use super::prepare::add_input;
 use super::{Engine, EngineError};
 use crate::clock::now;
 use crate::compaction::OpenError;
@@ -37,22 +36,16 @@ impl Engine {
         project_id: &str,
         request: ValidRequest,
     ) -> Result<Compacted, EngineError> {
-        let resolution = self
-            .resolver
-            .resolve(project_id, &request.model)
-            .await?
-            .ok_or_else(|| EngineError::ModelNotFound {
-                model: request.model.clone(),
-            })?;
+        let resolution = self.resolution(project_id, &request.model).await?;
         let id = new_id("resp");
-        let input = self.resolve_references(project_id, request.input).await?;
-        let mut window = match &request.previous_response_id {
-            Some(previous_id) => self.previous_context(project_id, previous_id).await?,
-            None => Vec::new(),
-        };
-        let first_new = window.len();
-        add_input(&mut window, input, &id);
-        self.open_compactions(project_id, &mut window, first_new)
+        let (window, _) = self
+            .starting_context(
+                project_id,
+                request.input,
+                request.previous_response_id.as_deref(),
+                None,
+                &id,
+            )
             .await?;
 
         let mut conversation = model_conversation(&window, &[]);

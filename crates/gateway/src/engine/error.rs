@@ -90,3 +90,28 @@ pub enum EngineError {
     #[error("the response's task failed")]
     TaskFailed,
 }
+
+impl From<gateway_core::preparation::PreparationError> for EngineError {
+    fn from(error: gateway_core::preparation::PreparationError) -> EngineError {
+        use gateway_core::preparation::PreparationError as Refused;
+        match error {
+            Refused::ToolNameConflict { name, index } => {
+                EngineError::ToolNameConflict { name, index }
+            }
+            Refused::UnknownToolChoice { name } => EngineError::UnknownToolChoice { name },
+            Refused::UnsupportedTool { kind, index } => {
+                EngineError::UnsupportedTool { kind, index }
+            }
+            Refused::RemoteToolClash {
+                name,
+                server_label,
+                index,
+            } => EngineError::RemoteToolClash {
+                name,
+                server_label,
+                index,
+            },
+            Refused::ItemNotFound { id, index } => EngineError::ItemNotFound { id, index },
+        }
+    }
+}

@@ -294,7 +294,7 @@ impl Engine {
                         record: &run.record,
                         project_id,
                         deployment_id: &run.deployment.id,
-                        server_tools: &run.server_tools,
+                        server_tools: &super::server_tools::stored(&run.server_tools),
                         context: &run.context,
                         steps: &run.steps,
                         idempotency_key: None,

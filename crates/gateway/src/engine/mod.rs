@@ -3,7 +3,8 @@
 //! * [`prepare`](Engine::prepare) (in `prepare.rs`) checks a request against the project's deployments, tools and
 //!   stored responses and builds the [`Run`], storing nothing when it fails;
 //! * [`run`](Engine::run) (in `driver.rs`) drives it to its end: ask `decide_next_action`, carry the action out,
-//!   report progress to a [`ProgressSink`], repeat; it stops early when told to (`runs.rs`);
+//!   report progress to a [`ProgressSink`], repeat (a model call in `model_call.rs`, a batch of tool calls in
+//!   `tool_batch.rs`); it stops early when told to (`runs.rs`);
 //! * `journal.rs` decides what is written when (the step boundaries, their durability and linger), and only
 //!   while this replica owns the response;
 //! * `worker.rs` keeps this replica's lease, takes over the responses of replicas that stopped beating and
@@ -14,15 +15,17 @@ mod compact;
 mod driver;
 mod error;
 mod journal;
+mod model_call;
 mod prepare;
 mod progress;
 mod remote;
 mod replica;
 mod resume;
 mod runs;
+mod server_tools;
+mod tool_batch;
 mod worker;
 
-use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -44,6 +47,7 @@ use crate::resolver::Resolver;
 use crate::store::ownership::channel;
 use crate::store::tenancy::{Deployment, ToolSource};
 use crate::store::{Store, StoreError};
+use crate::tools::ServerTools;
 use crate::tools::ToolExecutor;
 use crate::upstream::Upstream;
 use journal::Journal;
@@ -85,8 +89,8 @@ pub struct Run {
     /// Created with an `Idempotency-Key`: a repeated create may wait for its end.
     keyed: bool,
     deployment: Deployment,
-    server_tools: Vec<ToolSource>,
-    registered: BTreeSet<String>,
+    /// The server tools it may call, by name; the other tools are the client's.
+    server_tools: ServerTools,
     context: Vec<Item>,
     steps: Vec<Step>,
     limits: Limits,
@@ -147,7 +151,11 @@ impl Engine {
         let mut names = Vec::new();
         for source in sources {
             let source_name = source.name.clone();
-            for tool in self.tools.expand(vec![source]).await {
+            for tool in self
+                .tools
+                .expand(vec![server_tools::source_of(source)])
+                .await
+            {
                 names.push((tool.name, source_name.clone()));
             }
         }

@@ -11,15 +11,16 @@ use gateway_core::toolset::{is_valid_tool_name, DeclaredTool};
 use gateway_core::Item;
 use serde_json::Value;
 
+use super::server_tools::remote_tool;
 use super::{Engine, EngineError};
 use crate::ids::item_id;
-use crate::store::tenancy::{SourceKind, ToolSource};
 use crate::tools::mcp::{listed_tool_json, RemoteAccess};
+use crate::tools::{ServerTool, Target};
 
 /// The server tools a request's own MCP servers add, and the listings made for them now.
 #[derive(Debug, Default)]
 pub(super) struct RemoteTools {
-    pub tools: Vec<ToolSource>,
+    pub tools: Vec<ServerTool>,
     pub listings: Vec<ListingStep>,
 }
 
@@ -84,8 +85,8 @@ impl Engine {
     pub(super) async fn reattach_remote(
         &self,
         declared: &[DeclaredTool],
-        stored: Vec<ToolSource>,
-    ) -> Vec<ToolSource> {
+        stored: Vec<ServerTool>,
+    ) -> Vec<ServerTool> {
         let mut tools = stored;
         for (_, server) in remote_servers(declared) {
             let access = match self.remote_access(&server).await {
@@ -96,11 +97,12 @@ impl Engine {
                     continue;
                 }
             };
-            for tool in tools.iter_mut().filter(|t| {
-                t.kind == SourceKind::Remote
-                    && t.server_label.as_deref() == Some(server.server_label.as_str())
-            }) {
-                tool.remote = Some(Arc::clone(&access));
+            for tool in &mut tools {
+                if let Target::Remote(remote) = &mut tool.target {
+                    if remote.server_label == server.server_label {
+                        remote.access = Some(Arc::clone(&access));
+                    }
+                }
             }
         }
         tools
@@ -114,7 +116,7 @@ fn tools_of(
     listed: &[Value],
     access: &Arc<RemoteAccess>,
     timeout_ms: u64,
-) -> Vec<ToolSource> {
+) -> Vec<ServerTool> {
     let mut seen = BTreeSet::new();
     listed
         .iter()
@@ -128,35 +130,14 @@ fn tools_of(
                     "a remote MCP tool's name is not usable; left out");
                 return None;
             }
-            let parameters = match tool.get("input_schema") {
-                Some(schema @ Value::Object(_)) => schema.clone(),
-                _ => serde_json::json!({"type": "object"}),
-            };
-            Some(ToolSource {
-                id: format!("remote:{}", server.server_label),
-                name: name.to_owned(),
-                description: tool
-                    .get("description")
-                    .and_then(Value::as_str)
-                    .unwrap_or_default()
-                    .to_owned(),
-                parameters,
-                url: String::new(),
+            Some(remote_tool(
+                &server.server_label,
+                tool,
+                name,
+                server.approval.requires(name),
                 timeout_ms,
-                secret: None,
-                strict: false,
-                policy: Default::default(),
-                note_on_request: None,
-                note_on_result: None,
-                hosted_type: None,
-                kind: SourceKind::Remote,
-                allowed_tools: None,
-                name_prefix: None,
-                mcp_tool: Some(name.to_owned()),
-                server_label: Some(server.server_label.clone()),
-                approval_required: server.approval.requires(name),
-                remote: Some(Arc::clone(access)),
-            })
+                access,
+            ))
         })
         .collect()
 }

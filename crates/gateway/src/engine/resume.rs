@@ -2,7 +2,6 @@
 //! again, a tool call that was in flight is sent again under the same `Idempotency-Key`, pending steps run, all
 //! through `decide_next_action`. A queued background response starts the same way.
 
-use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
 use gateway_core::response::{Ending, FailureCode, ResponseStatus};
@@ -10,12 +9,15 @@ use gateway_core::steps::total_usage;
 use tokio::sync::OwnedSemaphorePermit;
 
 use super::journal::Journal;
+use super::server_tools::{
+    bind_hosted_tools, restored, source_of, stored_remote_tools, stored_source_ids,
+};
 use super::{Engine, EventSink, Origin, Run};
 use crate::clock::now;
 use crate::store::ownership::Claimed;
 use crate::store::responses::{Durability, StepWrite, StoredRun};
-use crate::store::tenancy::{SourceKind, ToolSource};
 use crate::store::StoreError;
+use crate::tools::ServerTools;
 
 impl Engine {
     /// Resumes (or starts) a response this replica claimed, on its own task, in the place `admitted` holds.
@@ -77,36 +79,7 @@ impl Engine {
                 )
                 .await;
         };
-        let (remote, _): (Vec<ToolSource>, Vec<ToolSource>) = stored
-            .server_tools
-            .iter()
-            .cloned()
-            .partition(|t| t.kind == SourceKind::Remote);
-        let mut ids: Vec<String> = stored
-            .server_tools
-            .iter()
-            .filter(|t| t.kind != SourceKind::Remote)
-            .map(|t| t.id.clone())
-            .collect();
-        // The tools of one MCP source share its id.
-        ids.sort();
-        ids.dedup();
-        // The tools it started with, as they are now (with their secrets); one deleted since is "no longer
-        // available" to the loop.
-        let expanded = self
-            .tools
-            .expand(self.store.tool_sources_by_id(&ids).await?)
-            .await;
-        // Bound as when it started: a hosted tool it declared is served under the hosted type's name.
-        let (mut server_tools, _) =
-            super::prepare::bind_hosted_tools(expanded, &stored.record.params.tools);
-        // The request's own MCP servers, reached again the way its request declares them.
-        server_tools.extend(
-            self.reattach_remote(&stored.record.params.tools, remote)
-                .await,
-        );
-        let registered: BTreeSet<String> =
-            stored.server_tools.iter().map(|t| t.name.clone()).collect();
+        let server_tools = self.restore_tools(&stored).await?;
         // The time left was read off the database's clock, as the deadline was set (SPEC 9).
         let remaining_ms = stored.deadline_in_ms.map_or(0, |left| left.max(0));
         let sink = EventSink::for_followers(&stored.record, &stored.steps);
@@ -116,7 +89,6 @@ impl Engine {
             keyed: stored.keyed,
             deployment,
             server_tools,
-            registered,
             context: stored.context,
             journal: Journal::resumed(stored.steps.len()),
             steps: stored.steps,
@@ -129,6 +101,30 @@ impl Engine {
         };
         self.spawn(run, sink);
         Ok(())
+    }
+
+    /// The server tools a response started with, as they are now (with their secrets): its sources read again
+    /// (one deleted since is "no longer available" to the loop), bound as when it started (a hosted tool it
+    /// declared is served under the hosted type's name), and its own MCP servers reached again the way its
+    /// request declares them.
+    async fn restore_tools(&self, stored: &StoredRun) -> Result<ServerTools, StoreError> {
+        let rows = self
+            .store
+            .tool_sources_by_id(&stored_source_ids(&stored.server_tools))
+            .await?;
+        let expanded = self
+            .tools
+            .expand(rows.into_iter().map(source_of).collect())
+            .await;
+        let declared = &stored.record.params.tools;
+        let (bound, _) = bind_hosted_tools(expanded, declared);
+        let remote = self
+            .reattach_remote(declared, stored_remote_tools(&stored.server_tools))
+            .await;
+        Ok(restored(
+            &stored.server_tools,
+            bound.into_iter().chain(remote).collect(),
+        ))
     }
 
     /// Ends a taken response whose deployment is gone, with `message` as its failure.

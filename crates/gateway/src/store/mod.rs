@@ -47,6 +47,7 @@ mod backend;
 mod compaction;
 pub mod ownership;
 pub mod responses;
+pub mod stored_tools;
 pub mod tenancy;
 
 use sqlx::migrate::Migrator;

@@ -5,7 +5,7 @@ use gateway_core::steps::{Step, StepBody, StepState, Usage};
 use gateway_core::{IncompleteReason, Item};
 use serde_json::Value;
 
-use super::tenancy::ToolSource;
+use super::stored_tools::StoredTool;
 use super::{Backend, Store, StoreError};
 
 /// A response to create, with the context it starts from.
@@ -14,7 +14,7 @@ pub struct NewResponse<'a> {
     pub record: &'a ResponseRecord,
     pub project_id: &'a str,
     pub deployment_id: &'a str,
-    pub server_tools: &'a [ToolSource],
+    pub server_tools: &'a [StoredTool],
     /// The whole context, every item with its id.
     pub context: &'a [Item],
     /// The first steps: tool calls carried over from a passed-through batch (pending), or the first model
@@ -54,7 +54,7 @@ pub struct StoredRun {
     pub project_id: String,
     pub deployment_id: Option<String>,
     /// The server tools it started with, as resolved then (without their secrets).
-    pub server_tools: Vec<ToolSource>,
+    pub server_tools: Vec<StoredTool>,
     /// How long it has left until its deadline (milliseconds, by the database's clock; negative once passed);
     /// `None` for a queued response that has not started.
     pub deadline_in_ms: Option<i64>,

@@ -26,74 +26,42 @@ pub struct Deployment {
 /// `max_tokens` of an Anthropic call whose request and deployment set none.
 pub const DEFAULT_MAX_TOKENS: u32 = 4096;
 
-/// One server tool, as its source defines it.
-#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+/// A tool source as the operator registered it: one HTTP tool, or an MCP server whose tools each become a
+/// server tool (what it serves is the engine's business, see `tools::ServerTool`).
+#[derive(Debug, Clone)]
 pub struct ToolSource {
     pub id: String,
     pub name: String,
     pub description: String,
     pub parameters: serde_json::Value,
     pub url: String,
+    /// `0` when the column is out of range: the executor's default.
     pub timeout_ms: u64,
-    /// Sent as `Authorization: Bearer`; never serialised, logged or shown.
-    #[serde(skip)]
+    /// Sent as `Authorization: Bearer`; never logged or shown.
     pub secret: Option<SecretString>,
     pub strict: bool,
     /// In-flight bound, output cap and breaker (SPEC 7).
-    #[serde(default)]
     pub policy: ToolPolicy,
     /// Progress-note templates (SPEC 7).
-    #[serde(default)]
     pub note_on_request: Option<NoteTemplate>,
-    #[serde(default)]
     pub note_on_result: Option<NoteTemplate>,
     /// The hosted tool type this source serves (SPEC 12), if any.
-    #[serde(default)]
     pub hosted_type: Option<String>,
-    /// `http` (one tool, this record) or `mcp` (a server whose tools each become a server tool).
-    #[serde(default)]
     pub kind: SourceKind,
     /// `mcp`: the server's tools offered (`None`: all).
-    #[serde(default)]
     pub allowed_tools: Option<Vec<String>>,
     /// `mcp`: put before each of the server's tool names.
-    #[serde(default)]
     pub name_prefix: Option<String>,
-    /// For one tool of an `mcp` source: its name on the server (`name` may carry the prefix).
-    #[serde(default)]
-    pub mcp_tool: Option<String>,
-    /// For one tool of an `mcp` source: the source's name, shown as `server_label` of its calls.
-    #[serde(default)]
-    pub server_label: Option<String>,
-    /// For a tool of a `remote` server: whether the client approves each call first (SPEC 12).
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub approval_required: bool,
-    /// For a tool of a `remote` server: where and how to reach it (checked address, credentials). Never stored:
-    /// a resumed response declares the server again in its stored request.
-    #[serde(skip)]
-    pub remote: Option<std::sync::Arc<crate::tools::mcp::RemoteAccess>>,
-}
-
-impl ToolSource {
-    /// The `tool` label of its metrics: its name, or `remote_mcp` for any tool of a server a request names
-    /// (whose names are the client's, and would grow the metrics without bound).
-    pub fn metric_label(&self) -> String {
-        match self.kind {
-            SourceKind::Remote => "remote_mcp".into(),
-            SourceKind::Http | SourceKind::Mcp => self.name.clone(),
-        }
-    }
 }
 
 /// The kind of a tool source.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "lowercase")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum SourceKind {
+    /// One tool, this record.
     #[default]
     Http,
+    /// A server whose tools each become a server tool.
     Mcp,
-    /// A remote MCP server that the request itself names (SPEC 12); never registered by an operator.
-    Remote,
 }
 
 impl SourceKind {
@@ -109,7 +77,6 @@ impl SourceKind {
         match self {
             SourceKind::Http => "http",
             SourceKind::Mcp => "mcp",
-            SourceKind::Remote => "remote",
         }
     }
 }
@@ -119,6 +86,23 @@ impl SourceKind {
 pub struct Resolution {
     pub deployment: Deployment,
     pub tools: Vec<ToolSource>,
+}
+
+/// The columns of a `DeploymentRecord`, of `deployments d`.
+macro_rules! deployment_columns {
+    () => {
+        "d.id, d.name, d.provider_kind, d.base_url, d.upstream_model, d.api_key, d.fallbacks, d.unsupported_tools, \
+         d.max_tokens"
+    };
+}
+
+/// The columns of a `ToolSourceRecord`, of `tool_sources t`.
+macro_rules! tool_source_columns {
+    () => {
+        "t.id, t.name, t.description, t.parameters, t.url, t.timeout_ms, t.secret, t.strict, t.max_in_flight, \
+         t.max_output_bytes, t.breaker_failures, t.breaker_cooldown_ms, t.note_on_request, t.note_on_result, \
+         t.hosted_type, t.kind, t.allowed_tools, t.name_prefix"
+    };
 }
 
 /// SHA-256 hex of an API key: what the store keeps instead of the key.
@@ -148,15 +132,15 @@ impl Store {
     ) -> Result<Option<Resolution>, StoreError> {
         let _timer = crate::metrics::StoreTimer::start("resolve");
         with_pool!(self, |pool| {
-            let deployment = sqlx::query_as::<_, DeploymentRecord>(
-                "SELECT d.id, d.name, d.provider_kind, d.base_url, d.upstream_model, d.api_key, d.fallbacks,
-                        d.unsupported_tools, d.max_tokens
-                 FROM deployments d
+            let deployment = sqlx::query_as::<_, DeploymentRecord>(concat!(
+                "SELECT ",
+                deployment_columns!(),
+                " FROM deployments d
                  WHERE d.name = $2 AND EXISTS (
                     SELECT 1 FROM group_deployments gd
                     JOIN group_projects gp ON gp.group_id = gd.group_id
-                    WHERE gd.deployment_id = d.id AND gp.project_id = $1)",
-            )
+                    WHERE gd.deployment_id = d.id AND gp.project_id = $1)"
+            ))
             .bind(project_id)
             .bind(model)
             .fetch_optional(pool)
@@ -164,17 +148,16 @@ impl Store {
             let Some(deployment) = deployment.map(Deployment::from) else {
                 return Ok(None);
             };
-            let tools = sqlx::query_as::<_, ToolSourceRecord>(
-                "SELECT DISTINCT t.id, t.name, t.description, t.parameters, t.url, t.timeout_ms, t.secret, t.strict,
-                    t.max_in_flight, t.max_output_bytes, t.breaker_failures, t.breaker_cooldown_ms,
-                    t.note_on_request, t.note_on_result, t.hosted_type, t.kind, t.allowed_tools, t.name_prefix
-                 FROM tool_sources t
+            let tools = sqlx::query_as::<_, ToolSourceRecord>(concat!(
+                "SELECT DISTINCT ",
+                tool_source_columns!(),
+                " FROM tool_sources t
                  JOIN group_tool_sources gt ON gt.tool_source_id = t.id
                  JOIN group_deployments gd ON gd.group_id = gt.group_id
                  JOIN group_projects gp ON gp.group_id = gt.group_id
                  WHERE gd.deployment_id = $2 AND gp.project_id = $1
-                 ORDER BY t.name",
-            )
+                 ORDER BY t.name"
+            ))
             .bind(project_id)
             .bind(&deployment.id)
             .fetch_all(pool)
@@ -191,11 +174,10 @@ impl Store {
     /// servers).
     pub async fn tool_sources_beside(&self, group_id: &str) -> Result<Vec<ToolSource>, StoreError> {
         let rows = with_pool!(self, |pool| {
-            sqlx::query_as::<_, ToolSourceRecord>(
-            "SELECT DISTINCT t.id, t.name, t.description, t.parameters, t.url, t.timeout_ms, t.secret, t.strict,
-                t.max_in_flight, t.max_output_bytes, t.breaker_failures, t.breaker_cooldown_ms,
-                t.note_on_request, t.note_on_result, t.hosted_type, t.kind, t.allowed_tools, t.name_prefix
-             FROM tool_sources t
+            sqlx::query_as::<_, ToolSourceRecord>(concat!(
+            "SELECT DISTINCT ",
+            tool_source_columns!(),
+            " FROM tool_sources t
              JOIN group_tool_sources gt ON gt.tool_source_id = t.id
              WHERE gt.group_id = $1
                 OR (EXISTS (SELECT 1 FROM group_projects a JOIN group_projects b ON b.project_id = a.project_id
@@ -203,8 +185,8 @@ impl Store {
                     AND EXISTS (SELECT 1 FROM group_deployments a JOIN group_deployments b
                                 ON b.deployment_id = a.deployment_id
                                 WHERE a.group_id = $1 AND b.group_id = gt.group_id))
-             ORDER BY t.name",
-        )
+             ORDER BY t.name"
+        ))
         .bind(group_id)
         .fetch_all(pool)
         .await
@@ -215,13 +197,14 @@ impl Store {
     /// A deployment by id, whatever groups it is in: what a resumed response runs on.
     pub async fn deployment_by_id(&self, id: &str) -> Result<Option<Deployment>, StoreError> {
         let found = with_pool!(self, |pool| {
-            sqlx::query_as::<_, DeploymentRecord>(
-            "SELECT id, name, provider_kind, base_url, upstream_model, api_key, fallbacks, unsupported_tools, max_tokens
-             FROM deployments WHERE id = $1",
-        )
-        .bind(id)
-        .fetch_optional(pool)
-        .await
+            sqlx::query_as::<_, DeploymentRecord>(concat!(
+                "SELECT ",
+                deployment_columns!(),
+                " FROM deployments d WHERE d.id = $1"
+            ))
+            .bind(id)
+            .fetch_optional(pool)
+            .await
         })?;
         Ok(found.map(Deployment::from))
     }
@@ -229,10 +212,11 @@ impl Store {
     /// A deployment by name, whatever groups it is in: a fallback (the operator chose it, SPEC 8).
     pub async fn deployment_by_name(&self, name: &str) -> Result<Option<Deployment>, StoreError> {
         let found = with_pool!(self, |pool| {
-            sqlx::query_as::<_, DeploymentRecord>(
-                "SELECT id, name, provider_kind, base_url, upstream_model, api_key, fallbacks, unsupported_tools, max_tokens
-                 FROM deployments WHERE name = $1",
-            )
+            sqlx::query_as::<_, DeploymentRecord>(concat!(
+                "SELECT ",
+                deployment_columns!(),
+                " FROM deployments d WHERE d.name = $1"
+            ))
             .bind(name)
             .fetch_optional(pool)
             .await
@@ -245,12 +229,11 @@ impl Store {
     pub async fn tool_sources_by_id(&self, ids: &[String]) -> Result<Vec<ToolSource>, StoreError> {
         let mut sources = Vec::with_capacity(ids.len());
         for id in ids {
-            let found = with_pool!(self, |pool| sqlx::query_as::<_, ToolSourceRecord>(
-                "SELECT id, name, description, parameters, url, timeout_ms, secret, strict,
-                    max_in_flight, max_output_bytes, breaker_failures, breaker_cooldown_ms,
-                    note_on_request, note_on_result, hosted_type, kind, allowed_tools, name_prefix
-                 FROM tool_sources WHERE id = $1",
-            )
+            let found = with_pool!(self, |pool| sqlx::query_as::<_, ToolSourceRecord>(concat!(
+                "SELECT ",
+                tool_source_columns!(),
+                " FROM tool_sources t WHERE t.id = $1"
+            ))
             .bind(id)
             .fetch_optional(pool)
             .await)?;
@@ -357,10 +340,6 @@ impl From<ToolSourceRecord> for ToolSource {
                 .allowed_tools
                 .and_then(|v| serde_json::from_value(v).ok()),
             name_prefix: row.name_prefix,
-            mcp_tool: None,
-            server_label: None,
-            approval_required: false,
-            remote: None,
         }
     }
 }

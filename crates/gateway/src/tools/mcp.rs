@@ -25,7 +25,7 @@ use serde_json::Value;
 use sha2::{Digest, Sha256};
 
 use super::remote::redact_url;
-use crate::store::tenancy::{SourceKind, ToolSource};
+use super::server_tool::{Endpoint, McpSource, McpTool, ServerTool, Target};
 
 /// Marks a session's tool list stale when the server says it changed.
 #[derive(Debug, Clone, Default)]
@@ -119,7 +119,7 @@ impl std::fmt::Debug for McpClients {
     }
 }
 
-fn opened_for(source: &ToolSource) -> (String, String) {
+fn opened_for(source: &Endpoint) -> (String, String) {
     let secret = source
         .secret
         .as_ref()
@@ -138,11 +138,12 @@ impl McpClients {
         }
     }
 
-    /// The source's open session, opened if there is none (or it closed, or the source changed).
-    async fn session(&self, source: &ToolSource) -> Result<Arc<Session>, String> {
+    /// The source's open session, opened if there is none (or it closed, or the source changed); a failure
+    /// names the server by `named` (the source, or the tool being called).
+    async fn session(&self, source: &Endpoint, named: &str) -> Result<Arc<Session>, String> {
         let mut sessions = self.sessions.lock().await;
         let wanted = opened_for(source);
-        if let Some(session) = sessions.get(&source.id) {
+        if let Some(session) = sessions.get(&source.source_id) {
             if session.opened_for == wanted && !session.service.is_closed() {
                 return Ok(Arc::clone(session));
             }
@@ -157,17 +158,13 @@ impl McpClients {
         let service = match tokio::time::timeout(self.timeout, watcher.serve(transport)).await {
             Ok(Ok(service)) => service,
             Ok(Err(e)) => {
-                tracing::warn!(tool_source.name = %source.name, error = %redact_url(&e.to_string(), &source.url),
+                tracing::warn!(tool_source.name = %named, error = %redact_url(&e.to_string(), &source.url),
                     "MCP session could not be opened");
-                return Err(format!(
-                    "The MCP server of '{}' could not be reached.",
-                    source.name
-                ));
+                return Err(format!("The MCP server of '{named}' could not be reached."));
             }
             Err(_) => {
                 return Err(format!(
-                    "The MCP server of '{}' did not answer in time.",
-                    source.name
+                    "The MCP server of '{named}' did not answer in time."
                 ))
             }
         };
@@ -177,24 +174,24 @@ impl McpClients {
             stale,
             listed: tokio::sync::Mutex::default(),
         });
-        sessions.insert(source.id.clone(), Arc::clone(&session));
+        sessions.insert(source.source_id.clone(), Arc::clone(&session));
         Ok(session)
     }
 
     /// Forgets a source's session after a transport error, so that the next use opens a new one.
-    async fn forget(&self, source: &ToolSource) {
-        self.sessions.lock().await.remove(&source.id);
+    async fn forget(&self, source: &Endpoint) {
+        self.sessions.lock().await.remove(&source.source_id);
     }
 
     /// The tools of an MCP source as the server lists them (cached); when it cannot list them now, the last
     /// tools it listed since the process started, if any.
-    async fn list(&self, source: &ToolSource) -> Result<Arc<Vec<Tool>>, String> {
+    async fn list(&self, source: &Endpoint) -> Result<Arc<Vec<Tool>>, String> {
         match self.list_now(source).await {
             Ok(tools) => {
                 self.last_known
                     .lock()
                     .unwrap_or_else(std::sync::PoisonError::into_inner)
-                    .insert(source.id.clone(), Arc::clone(&tools));
+                    .insert(source.source_id.clone(), Arc::clone(&tools));
                 Ok(tools)
             }
             Err(message) => {
@@ -202,11 +199,11 @@ impl McpClients {
                     .last_known
                     .lock()
                     .unwrap_or_else(std::sync::PoisonError::into_inner)
-                    .get(&source.id)
+                    .get(&source.source_id)
                     .cloned();
                 match kept {
                     Some(tools) => {
-                        tracing::warn!(tool_source.name = %source.name, reason = %message,
+                        tracing::warn!(tool_source.name = %source.source_name, reason = %message,
                             "MCP source cannot list its tools; its last known tools are kept");
                         Ok(tools)
                     }
@@ -217,8 +214,9 @@ impl McpClients {
     }
 
     /// The tools of an MCP source as the server lists them (cached in its session).
-    async fn list_now(&self, source: &ToolSource) -> Result<Arc<Vec<Tool>>, String> {
-        let session = self.session(source).await?;
+    async fn list_now(&self, source: &Endpoint) -> Result<Arc<Vec<Tool>>, String> {
+        let named = source.source_name.as_str();
+        let session = self.session(source, named).await?;
         let mut listed = session.listed.lock().await;
         let changed = session.stale.swap(false, Ordering::SeqCst);
         if let Some((at, tools)) = listed.as_ref() {
@@ -234,89 +232,83 @@ impl McpClients {
             }
             Ok(Err(e @ (ListingError::TooMany | ListingError::TooLarge))) => {
                 // The server answered: the session is sound, the listing is refused.
-                tracing::warn!(tool_source.name = %source.name, reason = %e, "MCP tools/list refused");
+                tracing::warn!(tool_source.name = %named, reason = %e, "MCP tools/list refused");
                 Err(format!(
-                    "The MCP server of '{}' did not list its tools: {e}.",
-                    source.name
+                    "The MCP server of '{named}' did not list its tools: {e}."
                 ))
             }
             failed => {
                 if let Ok(Err(e)) = &failed {
-                    tracing::warn!(tool_source.name = %source.name, error = %redact_url(&e.to_string(), &source.url),
+                    tracing::warn!(tool_source.name = %named, error = %redact_url(&e.to_string(), &source.url),
                         "MCP tools/list failed");
                 }
                 drop(listed);
                 self.forget(source).await;
                 Err(format!(
-                    "The MCP server of '{}' did not list its tools.",
-                    source.name
+                    "The MCP server of '{named}' did not list its tools."
                 ))
             }
         }
     }
 
-    /// The server tools of `sources`: HTTP sources as they are, each MCP source replaced by one tool per tool its
-    /// server lists (those in `allowed_tools`, named with `name_prefix`). A name already taken (by an HTTP tool,
-    /// or an earlier source) is skipped with a warning. A server that cannot list offers the tools it last listed
-    /// (their calls fail while it is down), or nothing if it never listed since the process started.
-    pub async fn expand(&self, sources: Vec<ToolSource>) -> Vec<ToolSource> {
-        let (http, mcp): (Vec<ToolSource>, Vec<ToolSource>) = sources
-            .into_iter()
-            .partition(|s| s.kind == SourceKind::Http);
-        let mut tools = http;
-        for source in mcp {
-            let listed = match self.list(&source).await {
-                Ok(listed) => listed,
-                Err(message) => {
-                    tracing::warn!(tool_source.name = %source.name, reason = %message, "MCP source offers no tools now");
-                    continue;
-                }
-            };
-            for tool in listed.iter() {
-                let original = tool.name.to_string();
-                if let Some(allowed) = &source.allowed_tools {
-                    if !allowed.contains(&original) {
-                        continue;
-                    }
-                }
-                let name = format!(
-                    "{}{original}",
-                    source.name_prefix.as_deref().unwrap_or_default()
-                );
-                if !gateway_core::request::is_valid_tool_name(&name) {
-                    tracing::warn!(tool_source.name = %source.name, tool.name = %name, "MCP tool name is not usable; skipped");
-                    continue;
-                }
-                if tools.iter().any(|t| t.name == name) {
-                    tracing::warn!(tool_source.name = %source.name, tool.name = %name, "MCP tool name clashes with another server tool; skipped");
-                    continue;
-                }
-                tools.push(ToolSource {
-                    name,
-                    description: tool.description.as_deref().unwrap_or_default().to_owned(),
-                    parameters: Value::Object((*tool.input_schema).clone()),
-                    mcp_tool: Some(original),
-                    server_label: Some(source.name.clone()),
-                    approval_required: false,
-                    remote: None,
-                    ..source.clone()
-                });
+    /// The server tools of an MCP source: one per tool its server lists (those in `allowed_tools`, named with
+    /// `name_prefix`; a name no provider accepts is skipped with a warning). A server that cannot list offers the
+    /// tools it last listed (their calls fail while it is down), or nothing if it never listed since the process
+    /// started.
+    pub async fn tools_of(&self, source: &McpSource) -> Vec<ServerTool> {
+        let server = &source.server;
+        let listed = match self.list(server).await {
+            Ok(listed) => listed,
+            Err(message) => {
+                tracing::warn!(tool_source.name = %server.source_name, reason = %message, "MCP source offers no tools now");
+                return Vec::new();
             }
+        };
+        let mut tools = Vec::new();
+        for tool in listed.iter() {
+            let original = tool.name.to_string();
+            if let Some(allowed) = &source.allowed_tools {
+                if !allowed.contains(&original) {
+                    continue;
+                }
+            }
+            let name = format!(
+                "{}{original}",
+                source.name_prefix.as_deref().unwrap_or_default()
+            );
+            if !gateway_core::request::is_valid_tool_name(&name) {
+                tracing::warn!(tool_source.name = %server.source_name, tool.name = %name, "MCP tool name is not usable; skipped");
+                continue;
+            }
+            tools.push(ServerTool {
+                name,
+                description: tool.description.as_deref().unwrap_or_default().to_owned(),
+                parameters: Value::Object((*tool.input_schema).clone()),
+                strict: source.strict,
+                notes: source.notes.clone(),
+                // An MCP server's tools are many: a hosted binding names one HTTP tool.
+                hosted: None,
+                target: Target::Mcp(McpTool {
+                    server: server.clone(),
+                    tool: original,
+                }),
+            });
         }
         tools
     }
 
-    /// Calls the MCP tool `tool` of `source` with `arguments`; every failure is an error outcome.
+    /// Calls `target`, offered as `offered`, with `arguments`; every failure is an error outcome.
     pub async fn call(
         &self,
-        source: &ToolSource,
-        tool: &str,
+        offered: &str,
+        target: &McpTool,
         arguments: &Value,
         timeout: Duration,
         idempotency_key: &str,
     ) -> ToolOutcome {
-        let label = source.server_label.as_deref().unwrap_or(&source.name);
-        let session = match self.session(source).await {
+        let (source, tool) = (&target.server, target.tool.as_str());
+        let label = &source.source_name;
+        let session = match self.session(source, offered).await {
             Ok(session) => session,
             Err(message) => return ToolOutcome::error(message),
         };
@@ -328,13 +320,11 @@ impl McpClients {
                     error = %redact_url(&e.to_string(), &source.url), "MCP tools/call failed");
                 self.forget(source).await;
                 ToolOutcome::error(format!(
-                    "Tool '{}' (MCP server '{label}') could not be called.",
-                    source.name
+                    "Tool '{offered}' (MCP server '{label}') could not be called."
                 ))
             }
             Err(_) => ToolOutcome::error(format!(
-                "Tool '{}' timed out after {} ms.",
-                source.name,
+                "Tool '{offered}' timed out after {} ms.",
                 timeout.as_millis()
             )),
         }

@@ -1,0 +1,248 @@
+//! The pure checks a request passes before its response runs: which hosted types the server tools serve, whether
+//! the request's tools, `tool_choice` and remote MCP tool names fit with them, what the deployment does with
+//! tools nothing serves, and how `item_reference`s become items. The engine fetches and stores; these decide.
+
+use std::collections::{BTreeSet, HashMap};
+
+use crate::context::PairingError;
+use crate::items::{InputItem, McpCallItem};
+use crate::request::ResponseParams;
+use crate::toolset::{
+    forced_tool_name, unserved_tools, DeclaredTool, UnsupportedTools, IGNORED_TOOLS_KEY,
+};
+use crate::Item;
+
+/// Why a request is refused before anything runs. Each names the offending tool or input by its index.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PreparationError {
+    /// A client tool has the name of a server tool the key may use.
+    #[error("client tool '{name}' clashes with a server tool")]
+    ToolNameConflict { name: String, index: usize },
+    /// `tool_choice` names a tool that is not among the tools.
+    #[error("tool_choice names '{name}', which is not among the tools")]
+    UnknownToolChoice { name: String },
+    /// The deployment refuses tools of a type nothing serves (`unsupported_tools: reject`).
+    #[error("tools of type '{kind}' are not supported by this deployment")]
+    UnsupportedTool { kind: String, index: usize },
+    /// A tool of a remote MCP server has the name of another tool of the request or of the key.
+    #[error("MCP tool '{name}' of '{server_label}' clashes with another tool")]
+    RemoteToolClash {
+        name: String,
+        server_label: String,
+        index: usize,
+    },
+    /// An `item_reference` names no stored item of this project.
+    #[error("item '{id}' not found")]
+    ItemNotFound { id: String, index: usize },
+}
+
+/// A server tool as the hosted binding sees it: its name, and the hosted type its source serves, if any.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Bindable<'a> {
+    pub name: &'a str,
+    pub hosted: Option<&'a str>,
+}
+
+/// What the hosted binding decided, tool by tool.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct HostedBinding {
+    /// For each tool, in order: the name it is offered under, or `None` when it is left out.
+    pub offered_as: Vec<Option<String>>,
+    /// The hosted types served.
+    pub served: BTreeSet<String>,
+}
+
+/// Which server tools a request may use, given the hosted tools it declares (SPEC 12). A tool bound to a hosted
+/// type serves it only for a request that declares a tool of that type: it is then offered under the type's own
+/// name (`web_search`). A request that does not declare the type is not offered the tool at all. When several
+/// tools bind one type, the first serves it; a bound tool whose type is already the name of an unbound tool
+/// serves nothing, and the declared tool is left to the deployment's policy.
+pub fn bind_hosted(tools: &[Bindable<'_>], declared: &[DeclaredTool]) -> HostedBinding {
+    let declared: BTreeSet<&str> = declared
+        .iter()
+        .filter_map(|tool| match tool {
+            DeclaredTool::Other(other) if !other.is_mcp() => Some(other.kind.as_str()),
+            _ => None,
+        })
+        .collect();
+    let plain: BTreeSet<&str> = tools
+        .iter()
+        .filter(|t| t.hosted.is_none())
+        .map(|t| t.name)
+        .collect();
+    let mut binding = HostedBinding::default();
+    for tool in tools {
+        let offered = match tool.hosted {
+            None => Some(tool.name.to_owned()),
+            Some(hosted)
+                if declared.contains(hosted)
+                    && !binding.served.contains(hosted)
+                    && !plain.contains(hosted) =>
+            {
+                binding.served.insert(hosted.to_owned());
+                Some(hosted.to_owned())
+            }
+            Some(_) => None,
+        };
+        binding.offered_as.push(offered);
+    }
+    binding
+}
+
+/// Client tools may not take the name of a server tool the key may use, and `tool_choice` must name a tool
+/// that exists.
+pub fn check_tools(
+    params: &ResponseParams,
+    server_tools: &BTreeSet<String>,
+) -> Result<(), PreparationError> {
+    for (index, tool) in params.tools.iter().enumerate() {
+        if let Some(name) = tool
+            .model_names()
+            .into_iter()
+            .find(|name| server_tools.contains(name))
+        {
+            return Err(PreparationError::ToolNameConflict { name, index });
+        }
+    }
+    if let Some(name) = forced_tool_name(&params.tool_choice) {
+        let known = server_tools.contains(name)
+            || params.tools.iter().any(|tool| {
+                tool.model_names().iter().any(|n| n == name)
+                    || matches!(tool, DeclaredTool::Namespace(ns) if ns.tools.iter().any(|m| m.name() == name))
+            });
+        if !known {
+            return Err(PreparationError::UnknownToolChoice {
+                name: name.to_owned(),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// A tool of one of the request's own MCP servers: its name, and its server's `server_label`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RemoteName<'a> {
+    pub name: &'a str,
+    pub server_label: &'a str,
+}
+
+/// The tools of the request's own MCP servers may not take the name of a client tool, of a server tool the key
+/// may use, or of another server's tool: a model could not tell them apart.
+pub fn check_remote_names(
+    params: &ResponseParams,
+    server_tools: &BTreeSet<String>,
+    remote: &[RemoteName<'_>],
+) -> Result<(), PreparationError> {
+    let client: BTreeSet<String> = params
+        .tools
+        .iter()
+        .flat_map(DeclaredTool::model_names)
+        .collect();
+    let mut seen: BTreeSet<&str> = BTreeSet::new();
+    for tool in remote {
+        let clashes = client.contains(tool.name)
+            || server_tools.contains(tool.name)
+            || !seen.insert(tool.name);
+        if clashes {
+            let index = params
+                .tools
+                .iter()
+                .position(|t| {
+                    matches!(t, DeclaredTool::Other(o) if o.is_mcp()
+                        && o.settings.get("server_label").and_then(|l| l.as_str()) == Some(tool.server_label))
+                })
+                .unwrap_or_default();
+            return Err(PreparationError::RemoteToolClash {
+                name: tool.name.to_owned(),
+                server_label: tool.server_label.to_owned(),
+                index,
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Declared tools that no model is offered and no source serves (SPEC 12): the request refused (`reject`), or
+/// the tools left out and their types listed in the response's metadata (`ignore`). Answers the list written,
+/// if any.
+pub fn apply_unsupported_tools(
+    params: &mut ResponseParams,
+    served: &BTreeSet<String>,
+    policy: UnsupportedTools,
+) -> Result<Option<String>, PreparationError> {
+    let unserved = unserved_tools(&params.tools, served);
+    let Some(&(index, kind)) = unserved.first() else {
+        return Ok(None);
+    };
+    match policy {
+        UnsupportedTools::Reject => Err(PreparationError::UnsupportedTool {
+            kind: kind.to_owned(),
+            index,
+        }),
+        UnsupportedTools::Ignore => {
+            let mut kinds: Vec<&str> = unserved.iter().map(|(_, kind)| *kind).collect();
+            kinds.dedup();
+            let listed = kinds.join(",");
+            params
+                .metadata
+                .insert(IGNORED_TOOLS_KEY.to_owned(), listed.clone());
+            Ok(Some(listed))
+        }
+    }
+}
+
+/// The ids of stored items the input names (`item_reference`s and hosted calls sent back), to be looked up.
+pub fn referenced_ids(input: &[InputItem]) -> Vec<&str> {
+    input
+        .iter()
+        .filter_map(|item| match item {
+            InputItem::Item(_) | InputItem::Hosted { id: None } => None,
+            InputItem::Reference { id } | InputItem::Hosted { id: Some(id) } => Some(id.as_str()),
+        })
+        .collect()
+}
+
+/// The input with each `item_reference` replaced by the stored item it names (SPEC 5), given the items `found`
+/// by id. A hosted call sent back stands for the stored hosted call it shows, if it is one, and for nothing
+/// otherwise.
+pub fn resolve_input(
+    input: Vec<InputItem>,
+    found: &HashMap<String, Item>,
+) -> Result<Vec<Item>, PreparationError> {
+    let mut items = Vec::with_capacity(input.len());
+    for (index, item) in input.into_iter().enumerate() {
+        match item {
+            InputItem::Item(item) => items.push(item),
+            InputItem::Reference { id } => match found.get(&id) {
+                Some(item) => items.push(item.clone()),
+                None => return Err(PreparationError::ItemNotFound { id, index }),
+            },
+            InputItem::Hosted { id } => {
+                let stored = id.and_then(|id| found.get(&id));
+                if let Some(
+                    item @ Item::McpCall(McpCallItem {
+                        hosted_type: Some(_),
+                        ..
+                    }),
+                ) = stored
+                {
+                    items.push(item.clone());
+                }
+            }
+        }
+    }
+    Ok(items)
+}
+
+/// The `param` a pairing error names: the request's input item when it is one (`first_new` is where the input
+/// starts in the context), the whole input when it lies in the previous response's context.
+pub fn pairing_param(error: &PairingError, first_new: usize) -> String {
+    match error.index() {
+        Some(index) if index >= first_new => format!("input[{}]", index - first_new),
+        _ => "input".to_owned(),
+    }
+}
+
+#[cfg(test)]
+#[path = "preparation_tests.rs"]
+mod tests;

@@ -1,0 +1,283 @@
+//! One model call of a run: the conversation and tools offered, the deployment and its fallbacks tried (SPEC 8),
+//! text passed on as it streams, and what came back recorded in the call's step.
+
+use std::time::Instant;
+
+use gateway_core::chat::scrub_nul;
+use gateway_core::context::{make_call_ids_unique, model_conversation};
+use gateway_core::events::Progress;
+use gateway_core::response::FailureCode;
+use gateway_core::steps::{
+    Approval, AssistantMessage, ModelDelta, ModelOutput, ModelStep, StepBody, StepState, ToolCall,
+    UpstreamFailure,
+};
+use gateway_core::toolset::{
+    flatten_namespaces, name_calls, offered_client_tools, OfferedTool, ToolInput,
+};
+use tokio::sync::mpsc;
+
+use super::driver::{told_to_stop, CANCELLED};
+use super::{Engine, ProgressSink, Run, Stop};
+use crate::ids::{item_id, new_id};
+use crate::store::tenancy::Deployment;
+use crate::tools::ServerTools;
+use crate::upstream::{Live, ModelRequest, UpstreamError};
+
+/// Model text waiting for a slow reader: the upstream read waits when this many pieces are queued.
+const TEXT_BUFFER: usize = 64;
+
+/// What a model call came to: its answer or failure, and the fallback deployment that answered, if one did.
+type Answer = (Result<ModelOutput, UpstreamError>, Option<String>);
+
+impl Engine {
+    /// Calls the model for step `index` (already recorded as running) and records what came back.
+    pub(super) async fn call_model<S: ProgressSink>(
+        &self,
+        run: &mut Run,
+        index: usize,
+        sink: &mut S,
+    ) {
+        let mut conversation = model_conversation(&run.context, &run.steps[..index]);
+        flatten_namespaces(&mut conversation);
+        let tools = offered_tools(run);
+        let request = ModelRequest {
+            response_id: &run.record.id,
+            params: &run.record.params,
+            conversation: &conversation,
+            tools: &tools,
+        };
+        let started = Instant::now();
+        // The text a reader was shown while the call ran, as it was cut.
+        let mut shown = Shown {
+            item_id: item_id("msg", &run.record.id),
+            ..Shown::default()
+        };
+        let call = self.call_with_fallbacks(&run.deployment, &request, &mut *sink, &mut shown);
+        let answer = tokio::select! {
+            answer = call => Some(answer),
+            () = told_to_stop(run) => None,
+        };
+        match answer {
+            Some((result, answered_by)) => {
+                crate::metrics::upstream_call(&run.deployment.name, started, result.is_ok());
+                let result = result.map(|mut output| {
+                    // Upstreams that number calls per answer reuse ids; pairing by call_id needs them unique.
+                    make_call_ids_unique(&mut output.tool_calls, &conversation, || new_id("call"));
+                    output
+                });
+                record_answer(run, index, result, answered_by, shown, sink).await;
+            }
+            // Told to stop mid-call: the call is dropped, and its connection with it. A cancel records it as
+            // failed; a replica giving the response up leaves it running, to be made again by whoever resumes it.
+            None if run.stop() == Some(Stop::Cancel) => {
+                let failure = UpstreamFailure {
+                    message: CANCELLED.into(),
+                    code: Default::default(),
+                    partial: None,
+                };
+                record_failure(run, index, failure, shown, sink).await;
+            }
+            None => {}
+        }
+    }
+
+    /// The call made to `primary`, then (SPEC 8) to its fallbacks, in order, one level deep, only while nothing of
+    /// the call reached the client; never for a request the provider refused.
+    async fn call_with_fallbacks<S: ProgressSink>(
+        &self,
+        primary: &Deployment,
+        request: &ModelRequest<'_>,
+        sink: &mut S,
+        shown: &mut Shown,
+    ) -> Answer {
+        let mut result = self.call_deployment(primary, request, sink, shown).await;
+        let mut answered_by = None;
+        for name in &primary.fallbacks {
+            let may_fall_back = matches!(&result, Err(e) if e.failure_code() != FailureCode::UpstreamRejected)
+                && shown.text.is_empty();
+            if !may_fall_back {
+                break;
+            }
+            let fallback = match self.store.deployment_by_name(name).await {
+                Ok(Some(fallback)) => fallback,
+                Ok(None) => continue,
+                Err(e) => {
+                    tracing::warn!(deployment = %name, error = %e, "could not load a fallback deployment");
+                    continue;
+                }
+            };
+            if let Err(e) = &result {
+                tracing::warn!(response.id = %request.response_id, deployment = %primary.name, fallback = %fallback.name, error = %e, "model call failed; trying a fallback");
+            }
+            result = self.call_deployment(&fallback, request, sink, shown).await;
+            if result.is_ok() {
+                answered_by = Some(fallback.name.clone());
+            }
+        }
+        (result, answered_by)
+    }
+
+    /// One model call to `deployment`: streamed to `sink` (text recorded in `shown` as it is reported) when it takes
+    /// text deltas, whole otherwise.
+    async fn call_deployment<S: ProgressSink>(
+        &self,
+        deployment: &Deployment,
+        request: &ModelRequest<'_>,
+        sink: &mut S,
+        shown: &mut Shown,
+    ) -> Result<ModelOutput, UpstreamError> {
+        if !sink.wants_text_deltas() {
+            return self.upstream.call(deployment, request, None).await;
+        }
+        // Text is passed on as the model produces it; the upstream read and the reader move together, so a
+        // slow reader slows the upstream read (backpressure).
+        let (delta_tx, mut delta_rx) = mpsc::channel::<ModelDelta>(TEXT_BUFFER);
+        let message_id = shown.item_id.clone();
+        let message_id = message_id.as_str();
+        let call = async move {
+            let live = Live {
+                message_id,
+                deltas: &delta_tx,
+            };
+            // The sender is dropped with this block, which ends the forwarding below.
+            self.upstream.call(deployment, request, Some(live)).await
+        };
+        let forward = async {
+            while let Some(delta) = delta_rx.recv().await {
+                match delta {
+                    ModelDelta::Text(text) => {
+                        let text = scrub_nul(text);
+                        sink.report(Progress::TextDelta {
+                            item_id: message_id,
+                            delta: &text,
+                        })
+                        .await;
+                        shown.push(&text);
+                    }
+                }
+            }
+        };
+        let (result, ()) = tokio::join!(call, forward);
+        result
+    }
+}
+
+/// What the model is offered: the client's tools, then the server tools.
+fn offered_tools(run: &Run) -> Vec<OfferedTool> {
+    let mut tools = offered_client_tools(&run.record.params.tools);
+    tools.extend(run.server_tools.iter().map(|t| OfferedTool {
+        name: t.name.clone(),
+        description: Some(t.description.clone()),
+        input: ToolInput::Json {
+            parameters: t.parameters.clone(),
+            strict: Some(t.strict),
+        },
+    }));
+    tools
+}
+
+/// Records the model's answer, or its failure, in step `index`, and reports it.
+async fn record_answer<S: ProgressSink>(
+    run: &mut Run,
+    index: usize,
+    result: Result<ModelOutput, UpstreamError>,
+    answered_by: Option<String>,
+    shown: Shown,
+    sink: &mut S,
+) {
+    let mut output = match result {
+        Ok(output) => output,
+        Err(e) => {
+            tracing::warn!(response.id = %run.record.id, deployment = %run.deployment.name, error = %e, "model call failed");
+            let failure = UpstreamFailure {
+                message: e.public_message(),
+                code: e.failure_code(),
+                partial: None,
+            };
+            return record_failure(run, index, failure, shown, sink).await;
+        }
+    };
+    // The model called tools by the flat names it was offered; the client sees its own.
+    name_calls(&run.record.params.tools, &mut output.tool_calls);
+    mark_approvals(&run.server_tools, &run.record.id, &mut output.tool_calls);
+    if let Some(message) = &mut output.message {
+        message.deltas = shown.deltas;
+    }
+    sink.report(Progress::ModelEnded { output: &output }).await;
+    let step = &mut run.steps[index];
+    step.state = StepState::Succeeded;
+    step.body = StepBody::Model(ModelStep {
+        output: Some(output),
+        failure: None,
+        deployment: answered_by,
+    });
+    // Recorded with the next write, which comes before any other side effect.
+    run.journal.touch(index);
+}
+
+/// Records a failed model call in step `index`, with the text a reader was shown of it, and reports it.
+async fn record_failure<S: ProgressSink>(
+    run: &mut Run,
+    index: usize,
+    mut failure: UpstreamFailure,
+    shown: Shown,
+    sink: &mut S,
+) {
+    failure.partial = shown.into_message();
+    sink.report(Progress::ModelFailed {
+        partial: failure.partial.as_ref(),
+    })
+    .await;
+    let step = &mut run.steps[index];
+    step.state = StepState::Failed;
+    step.body = StepBody::Model(ModelStep {
+        deployment: None,
+        output: None,
+        failure: Some(failure),
+    });
+    run.journal.touch(index);
+}
+
+/// The text of a model call shown to a reader as it streamed, and how it was cut.
+#[derive(Default)]
+struct Shown {
+    item_id: String,
+    text: String,
+    deltas: Vec<u32>,
+}
+
+impl Shown {
+    fn push(&mut self, delta: &str) {
+        self.text.push_str(delta);
+        self.deltas.push(delta.chars().count() as u32);
+    }
+
+    /// The text shown, as the message that ends `incomplete` when the call failed; `None` when nothing was.
+    fn into_message(self) -> Option<AssistantMessage> {
+        (!self.text.is_empty()).then_some(AssistantMessage {
+            item_id: self.item_id,
+            text: self.text,
+            deltas: self.deltas,
+        })
+    }
+}
+
+/// Marks the calls of remote MCP tools that wait for the client's approval (SPEC 12): they are handed back as
+/// `mcp_approval_request` items, with ids of their own.
+fn mark_approvals(server_tools: &ServerTools, response_id: &str, calls: &mut [ToolCall]) {
+    for call in calls {
+        if call.namespace.is_some() || !call.kind.is_function() {
+            continue;
+        }
+        let Some(tool) = server_tools
+            .get(&call.name)
+            .filter(|t| t.approval_required())
+        else {
+            continue;
+        };
+        call.approval = Some(Approval::Required {
+            server_label: tool.server_label().unwrap_or_default().to_owned(),
+        });
+        call.item_id = item_id("mcpr", response_id);
+    }
+}
