@@ -45,6 +45,7 @@ macro_rules! with_clock {
 pub mod admin;
 mod backend;
 mod compaction;
+pub mod observe;
 pub mod ownership;
 pub mod responses;
 pub mod tenancy;
@@ -54,8 +55,12 @@ use sqlx::postgres::PgPool;
 use sqlx::sqlite::SqlitePool;
 
 pub use backend::{EmbeddedLock, DEFAULT_URL};
+pub use observe::StoreObserver;
+
+use std::sync::Arc;
 
 use crate::config::DatabaseConfig;
+use observe::{Timing, Unobserved};
 use secrecy::ExposeSecret;
 
 /// The Postgres migrations, embedded in the binary.
@@ -184,6 +189,8 @@ pub enum Backend {
 #[derive(Debug, Clone)]
 pub struct Store {
     backend: Backend,
+    /// Hears how long each operation took (`Unobserved` until `observed_by`).
+    observer: Arc<dyn StoreObserver>,
 }
 
 impl Store {
@@ -205,6 +212,7 @@ impl Store {
     ) -> Result<Store, StoreError> {
         Ok(Store {
             backend: backend::connect(url, max_connections, acquire_timeout).await?,
+            observer: Arc::new(Unobserved),
         })
     }
 
@@ -235,6 +243,7 @@ impl Store {
                         .acquire_timeout(acquire_timeout)
                         .connect_lazy_with((*pool.connect_options()).clone()),
                 ),
+                observer: Arc::clone(&self.observer),
             },
             Backend::Sqlite(_) => self.clone(),
         }
@@ -245,6 +254,16 @@ impl Store {
     pub fn lock_configured(database: &DatabaseConfig) -> Result<Option<EmbeddedLock>, StoreError> {
         let url = database.url.as_ref().map(|u| u.expose_secret());
         backend::lock_embedded(url.unwrap_or(DEFAULT_URL))
+    }
+
+    /// This store, reporting the time of its operations to `observer` (the metrics, in the gateway).
+    pub fn observed_by(self, observer: Arc<dyn StoreObserver>) -> Store {
+        Store { observer, ..self }
+    }
+
+    /// Starts timing operation `name`: the observer hears of it when the returned guard is dropped.
+    fn timed(&self, name: &'static str) -> Timing<'_> {
+        Timing::start(&*self.observer, name)
     }
 
     /// The database behind this store, e.g. for a test to inspect what was written.

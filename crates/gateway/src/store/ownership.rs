@@ -66,7 +66,7 @@ impl Store {
     /// Records that `replica` is alive now (registering it the first time), and says whether its lease held since
     /// its previous beat.
     pub async fn heartbeat(&self, replica: &str, lease_ms: i64) -> Result<Beat, StoreError> {
-        let _timer = crate::metrics::StoreTimer::start("heartbeat");
+        let _timer = self.timed("heartbeat");
         // The previous beat is read in the transaction that replaces it; only this replica beats its row.
         let previous: Option<i64> = match &self.backend {
             Backend::Postgres(pool) => {
@@ -120,7 +120,7 @@ impl Store {
     /// runs (a deleted one, or one not stored yet, is left out). On Postgres the rows are locked while read, so a claim by another replica
     /// that is under way is seen once it committed.
     pub async fn claims_of(&self, ids: &[String]) -> Result<Vec<Claim>, StoreError> {
-        let _timer = crate::metrics::StoreTimer::start("claims_of");
+        let _timer = self.timed("claims_of");
         let claims: Vec<Claim> = match &self.backend {
             Backend::Postgres(pool) => {
                 sqlx::query_as(
@@ -157,7 +157,7 @@ impl Store {
         lease_ms: i64,
         limit: i64,
     ) -> Result<Vec<Claimed>, StoreError> {
-        let _timer = crate::metrics::StoreTimer::start("claim");
+        let _timer = self.timed("claim");
         let claimed = match &self.backend {
             Backend::Postgres(pool) => {
                 sqlx::query_as(concat!(
@@ -232,7 +232,7 @@ impl Store {
     /// Gives up every running response `replica` drives and forgets the replica (a graceful shutdown): another
     /// replica takes them over without waiting for the lease to expire. Returns how many it gave up.
     pub async fn release(&self, replica: &str) -> Result<u64, StoreError> {
-        let _timer = crate::metrics::StoreTimer::start("release");
+        let _timer = self.timed("release");
         let released = with_pool!(self, |pool| {
             let mut tx = pool.begin().await?;
             let released = sqlx::query(

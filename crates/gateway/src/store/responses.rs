@@ -323,7 +323,7 @@ impl Store {
         new: &NewResponse<'_>,
         durability: Durability,
     ) -> Result<(), StoreError> {
-        let _timer = crate::metrics::StoreTimer::start("create_response");
+        let _timer = self.timed("create_response");
         let record = new.record;
         let params =
             serde_json::to_value(&record.params).map_err(|e| StoreError::Corrupt(e.to_string()))?;
@@ -411,7 +411,7 @@ impl Store {
         project_id: &str,
         id: &str,
     ) -> Result<Option<StoredResponse>, StoreError> {
-        let _timer = crate::metrics::StoreTimer::start("load_response");
+        let _timer = self.timed("load_response");
         let row: Option<ResponseRow> = with_pool!(self, |pool| {
             sqlx::query_as(
             "SELECT id, deployment_id, model, status, params, previous_response_id, store, background, handed_back,
@@ -434,7 +434,7 @@ impl Store {
         project_id: &str,
         id: &str,
     ) -> Result<Option<(StoredResponse, Vec<Step>)>, StoreError> {
-        let _timer = crate::metrics::StoreTimer::start("load_with_steps");
+        let _timer = self.timed("load_with_steps");
         let (row, steps): (Option<ResponseRow>, Vec<StepReadRow>) = with_pool!(self, |pool| {
             let mut tx = pool.begin().await?;
             // SQLite reads a snapshot in a transaction already; Postgres needs to be asked.
@@ -475,7 +475,7 @@ impl Store {
         project_id: &str,
         id: &str,
     ) -> Result<Option<StoredRun>, StoreError> {
-        let _timer = crate::metrics::StoreTimer::start("load_run");
+        let _timer = self.timed("load_run");
         let Some(stored) = self.load_response(project_id, id).await? else {
             return Ok(None);
         };
@@ -599,7 +599,7 @@ impl Store {
 
     /// Deletes a response with its items and steps; `false` when there was none for this project.
     pub async fn delete_response(&self, project_id: &str, id: &str) -> Result<bool, StoreError> {
-        let _timer = crate::metrics::StoreTimer::start("delete_response");
+        let _timer = self.timed("delete_response");
         let deleted = with_pool!(self, |pool| sqlx::query(
             "DELETE FROM responses WHERE id = $1 AND project_id = $2"
         )
@@ -627,7 +627,7 @@ impl Store {
                 }
             }
         }
-        let _timer = crate::metrics::StoreTimer::start("find_item");
+        let _timer = self.timed("find_item");
         let item: Option<Value> = with_pool!(self, |pool| sqlx::query_scalar(
             "SELECT i.item FROM response_input_items i JOIN responses r ON r.id = i.response_id
              WHERE i.item_id = $1 AND r.project_id = $2 LIMIT 1",
@@ -648,7 +648,7 @@ impl Store {
         project_id: &str,
         response_id: &str,
     ) -> Result<Vec<Item>, StoreError> {
-        let _timer = crate::metrics::StoreTimer::start("load_context");
+        let _timer = self.timed("load_context");
         let items: Vec<Value> = with_pool!(self, |pool| sqlx::query_scalar(
             "SELECT i.item FROM response_input_items i JOIN responses r ON r.id = i.response_id
              WHERE i.response_id = $1 AND r.project_id = $2 ORDER BY i.position",
@@ -675,7 +675,7 @@ impl Store {
         limit: i64,
         order: Order,
     ) -> Result<Option<(Vec<Value>, bool)>, StoreError> {
-        let _timer = crate::metrics::StoreTimer::start("input_items_page");
+        let _timer = self.timed("input_items_page");
         let start = match after {
             None => None,
             Some(item_id) => {
@@ -722,7 +722,7 @@ impl Store {
         project_id: &str,
         response_id: &str,
     ) -> Result<Vec<Step>, StoreError> {
-        let _timer = crate::metrics::StoreTimer::start("load_steps");
+        let _timer = self.timed("load_steps");
         let rows: Vec<StepReadRow> = with_pool!(self, |pool| {
             sqlx::query_as(
             "SELECT s.seq, s.state, s.body FROM steps s JOIN responses r ON r.id = s.response_id
@@ -738,7 +738,7 @@ impl Store {
 
     /// Writes one step boundary: new steps, changed steps and the response's ending, all or nothing.
     pub async fn write_steps(&self, write: &StepWrite<'_>) -> Result<WriteOutcome, StoreError> {
-        let _timer = crate::metrics::StoreTimer::start(if write.ended.is_some() {
+        let _timer = self.timed(if write.ended.is_some() {
             "finish_response"
         } else {
             "write_steps"
