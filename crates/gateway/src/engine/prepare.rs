@@ -21,7 +21,7 @@ use gateway_core::{decide_next_action, Item, Limits, NextAction};
 use gateway_core::events::Event;
 use tokio::sync::broadcast;
 
-use crate::store::ownership::channel;
+use crate::store::notify::Notification;
 use crate::store::tenancy::{SourceKind, ToolSource};
 
 use super::journal::Journal;
@@ -105,7 +105,7 @@ impl Engine {
             }
             Prepared::Queued(record) => {
                 // No room here: whichever replica has room takes it.
-                self.tell_all(channel::WORK, "").await;
+                self.tell_all(Notification::Work).await;
                 Ok((record, None))
             }
         }

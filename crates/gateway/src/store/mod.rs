@@ -45,6 +45,7 @@ macro_rules! with_clock {
 pub mod admin;
 mod backend;
 mod compaction;
+pub mod notify;
 pub mod observe;
 pub mod ownership;
 pub mod responses;
@@ -264,6 +265,11 @@ impl Store {
     /// Starts timing operation `name`: the observer hears of it when the returned guard is dropped.
     fn timed(&self, name: &'static str) -> Timing<'_> {
         Timing::start(&*self.observer, name)
+    }
+
+    /// Whether this is the embedded store, which one process serves.
+    pub fn is_embedded(&self) -> bool {
+        matches!(self.backend, Backend::Sqlite(_))
     }
 
     /// The database behind this store, e.g. for a test to inspect what was written.

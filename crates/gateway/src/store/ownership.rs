@@ -1,5 +1,5 @@
 //! Who drives each running response (SPEC 9): replicas with heartbeats, ownership, takeover, release on
-//! shutdown, cancel requests, and the notifications that carry progress and admin changes between replicas.
+//! shutdown and cancel requests (the notifications between replicas are `notify`'s).
 //!
 //! Postgres is the coordination engine: a replica owns the responses it drives for as long as it keeps beating
 //! (its lease); any replica takes over the running responses of one that stopped beating, claiming them with
@@ -45,21 +45,6 @@ pub struct QueueDepth {
     pub queued: i64,
     /// `created_at` (seconds) of the oldest queued response.
     pub oldest_created_at: Option<i64>,
-}
-
-/// The channels the replicas notify each other on.
-pub mod channel {
-    /// A response progressed (payload: its id): followers read its stored events again.
-    pub const PROGRESS: &str = "gateway_progress";
-    /// A cancel or the delete of a running response (payload: its id): its owner stops it.
-    pub const CANCEL: &str = "gateway_cancel";
-    /// A response waits for a replica (payload empty): replicas with room claim it at once.
-    pub const WORK: &str = "gateway_work";
-    /// An admin write (payload empty): every replica forgets its cached tenancy answers.
-    pub const TENANCY: &str = "gateway_tenancy";
-    /// Somebody waits for a response's progress (payload: its id): its owner notifies `PROGRESS` for a while.
-    pub const FOLLOW: &str = "gateway_follow";
-    pub const ALL: [&str; 5] = [PROGRESS, CANCEL, WORK, TENANCY, FOLLOW];
 }
 
 impl Store {
@@ -311,18 +296,5 @@ impl Store {
             queued,
             oldest_created_at,
         })
-    }
-
-    /// Tells every replica listening on `channel` (Postgres `NOTIFY`; nothing on the embedded store, whose one
-    /// process tells itself directly).
-    pub async fn notify(&self, channel: &str, payload: &str) -> Result<(), StoreError> {
-        if let Backend::Postgres(pool) = &self.backend {
-            sqlx::query("SELECT pg_notify($1, $2)")
-                .bind(channel)
-                .bind(payload)
-                .execute(pool)
-                .await?;
-        }
-        Ok(())
     }
 }
