@@ -32,12 +32,23 @@ macro_rules! sqlite_now_ms {
     };
 }
 
-/// One SQL text with the database clock (milliseconds) between `$before` and `$after`, for the store's backend.
+/// One SQL text with the database clock (milliseconds) between `$before` and `$after` (and again before
+/// `$last`, when given), for the store's backend.
 macro_rules! with_clock {
     ($store:expr, $before:literal, $after:literal) => {
         match &$store.backend {
             $crate::store::Backend::Postgres(_) => concat!($before, pg_now_ms!(), $after),
             $crate::store::Backend::Sqlite(_) => concat!($before, sqlite_now_ms!(), $after),
+        }
+    };
+    ($store:expr, $before:literal, $between:literal, $last:literal) => {
+        match &$store.backend {
+            $crate::store::Backend::Postgres(_) => {
+                concat!($before, pg_now_ms!(), $between, pg_now_ms!(), $last)
+            }
+            $crate::store::Backend::Sqlite(_) => {
+                concat!($before, sqlite_now_ms!(), $between, sqlite_now_ms!(), $last)
+            }
         }
     };
 }

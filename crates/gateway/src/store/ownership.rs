@@ -52,50 +52,31 @@ impl Store {
     /// its previous beat.
     pub async fn heartbeat(&self, replica: &str, lease_ms: i64) -> Result<Beat, StoreError> {
         let _timer = self.timed("heartbeat");
-        // The previous beat is read in the transaction that replaces it; only this replica beats its row.
-        let previous: Option<i64> = match &self.backend {
-            Backend::Postgres(pool) => {
-                let mut tx = pool.begin().await?;
-                let previous: Option<i64> = sqlx::query_scalar(
-                    "SELECT heartbeat_at FROM replicas WHERE id = $1 FOR UPDATE",
-                )
+        // The previous beat is read in the transaction that replaces it; only this replica beats its row (Postgres
+        // locks it all the same; the embedded store's one writer needs no lock).
+        let read_previous = match &self.backend {
+            Backend::Postgres(_) => "SELECT heartbeat_at FROM replicas WHERE id = $1 FOR UPDATE",
+            Backend::Sqlite(_) => "SELECT heartbeat_at FROM replicas WHERE id = $1",
+        };
+        let beat = with_clock!(
+            self,
+            "INSERT INTO replicas (id, started_at, heartbeat_at) VALUES ($1, ",
+            ", ",
+            ") ON CONFLICT (id) DO UPDATE SET heartbeat_at = excluded.heartbeat_at RETURNING heartbeat_at"
+        );
+        let previous: Option<i64> = with_pool!(self, |pool| {
+            let mut tx = pool.begin().await?;
+            let previous: Option<i64> = sqlx::query_scalar(read_previous)
                 .bind(replica)
                 .fetch_optional(&mut *tx)
                 .await?;
-                let now: i64 = sqlx::query_scalar(concat!(
-                    "INSERT INTO replicas (id, started_at, heartbeat_at) VALUES ($1, ",
-                    pg_now_ms!(),
-                    ", ",
-                    pg_now_ms!(),
-                    ") ON CONFLICT (id) DO UPDATE SET heartbeat_at = EXCLUDED.heartbeat_at RETURNING heartbeat_at"
-                ))
+            let now: i64 = sqlx::query_scalar(beat)
                 .bind(replica)
                 .fetch_one(&mut *tx)
                 .await?;
-                tx.commit().await?;
-                previous.map(|at| now - at)
-            }
-            Backend::Sqlite(pool) => {
-                let mut tx = pool.begin().await?;
-                let previous: Option<i64> =
-                    sqlx::query_scalar("SELECT heartbeat_at FROM replicas WHERE id = $1")
-                        .bind(replica)
-                        .fetch_optional(&mut *tx)
-                        .await?;
-                let now: i64 = sqlx::query_scalar(concat!(
-                    "INSERT INTO replicas (id, started_at, heartbeat_at) VALUES ($1, ",
-                    sqlite_now_ms!(),
-                    ", ",
-                    sqlite_now_ms!(),
-                    ") ON CONFLICT (id) DO UPDATE SET heartbeat_at = excluded.heartbeat_at RETURNING heartbeat_at"
-                ))
-                .bind(replica)
-                .fetch_one(&mut *tx)
-                .await?;
-                tx.commit().await?;
-                previous.map(|at| now - at)
-            }
-        };
+            tx.commit().await?;
+            Ok::<_, sqlx::Error>(previous.map(|at| now - at))
+        })?;
         Ok(Beat {
             lease_kept: previous.is_some_and(|since| since < lease_ms),
         })
