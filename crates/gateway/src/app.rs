@@ -34,7 +34,9 @@ impl Application {
         // Before anything touches the file: a second process must neither migrate it nor take over the runs of
         // the first (SPEC 9, one process per embedded store).
         let embedded_lock = Store::lock_configured(&config.database)?;
-        let store = Store::connect_configured(&config.database).await?;
+        let store = Store::connect_configured(&config.database)
+            .await?
+            .observed_by(Arc::new(crate::metrics::StoreMetrics));
         crate::metrics::install();
         store.migrate().await?;
         crate::seed::apply(&store, &config.seed).await?;

@@ -124,24 +124,14 @@ impl Drop for ActiveStream {
     }
 }
 
-/// Records how long a store operation took when dropped (errors included).
-pub struct StoreTimer {
-    op: &'static str,
-    started: Instant,
-}
+/// Times the store's operations (`store_duration_seconds{op}`): the store reports them through the
+/// `StoreObserver` it was given, and never imports this module.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct StoreMetrics;
 
-impl StoreTimer {
-    pub fn start(op: &'static str) -> StoreTimer {
-        StoreTimer {
-            op,
-            started: Instant::now(),
-        }
-    }
-}
-
-impl Drop for StoreTimer {
-    fn drop(&mut self) {
-        metrics::histogram!("gateway_store_duration_seconds", "op" => self.op)
-            .record(self.started.elapsed().as_secs_f64());
+impl crate::store::StoreObserver for StoreMetrics {
+    fn statement(&self, name: &'static str, elapsed: std::time::Duration) {
+        metrics::histogram!("gateway_store_duration_seconds", "op" => name)
+            .record(elapsed.as_secs_f64());
     }
 }

@@ -20,7 +20,7 @@ use super::extract::{ApiJson, ApiPath, ApiQuery, ProjectKey};
 use super::stream::{event_stream, follow, Following};
 use super::AppState;
 use crate::clock::now;
-use crate::store::ownership::channel;
+use crate::store::notify::Notification;
 use crate::store::responses::{Order, StoredResponse};
 
 /// A waiting request reads the store again after this long without a sign of progress.
@@ -173,9 +173,15 @@ async fn progressed(progress: &mut broadcast::Receiver<std::sync::Arc<str>>, id:
 /// replica took it.
 async fn stop_response(state: &AppState, project: &str, id: &str) -> Result<(), ApiError> {
     state.store.request_cancel(project, id).await?;
-    state.engine.tell_all(channel::CANCEL, id).await;
+    state
+        .engine
+        .tell_all(Notification::Cancel(id.to_owned()))
+        .await;
     if state.store.cancel_queued(project, id, now()).await? {
-        state.engine.tell_all(channel::PROGRESS, id).await;
+        state
+            .engine
+            .tell_all(Notification::Progress(id.to_owned()))
+            .await;
     }
     Ok(())
 }
@@ -331,7 +337,10 @@ pub async fn delete_response(
     if !state.store.delete_response(&project, &id).await? {
         return Err(ApiError::response_not_found(&id));
     }
-    state.engine.tell_all(channel::PROGRESS, &id).await;
+    state
+        .engine
+        .tell_all(Notification::Progress(id.clone()))
+        .await;
     Ok(Json(
         json!({"id": id, "object": "response", "deleted": true}),
     ))

@@ -6,8 +6,11 @@
 //! read), the context a connection remembers is at most that limit too, and an API key holds at most
 //! `websocket.max_connections_per_key` connections.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex, PoisonError};
+mod messages;
+mod sockets;
+
+pub use sockets::OpenSockets;
+
 use std::time::Duration;
 
 use axum::extract::ws::rejection::WebSocketUpgradeRejection;
@@ -15,26 +18,23 @@ use axum::extract::ws::{CloseFrame, Message, WebSocket, WebSocketUpgrade};
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
-use futures::stream::{SplitSink, SplitStream};
+use futures::stream::SplitSink;
 use futures::{SinkExt, StreamExt};
-use gateway_core::request::{validate, CreateResponseBody, ValidRequest};
 use gateway_core::response::Ending;
 use gateway_core::Item;
-use serde_json::{json, Value};
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
+use messages::{error_envelope, read_create, read_messages, Incoming};
+
 use super::error::ApiError;
-use super::extract::{bearer, from_value, parse_json, ProjectKey};
+use super::extract::{bearer, ProjectKey};
 use super::stream::STREAM_BUFFER;
 use super::AppState;
 use crate::engine::{EventSink, Finished};
 
 /// `response.create` messages a client may send ahead of the one running; reading the socket waits beyond it.
 const QUEUED_MESSAGES: usize = 16;
-
-/// Fields of the HTTP create body that have no meaning on a socket and must not be sent on one.
-const HTTP_ONLY_FIELDS: [&str; 3] = ["stream", "stream_options", "background"];
 
 /// The code of the error sent when a connection reaches `websocket.max_connection_ms`.
 pub const LIMIT_REACHED: &str = "websocket_connection_limit_reached";
@@ -93,59 +93,6 @@ pub async fn open_socket(
         .serve(socket, max_age)
         .await;
     }))
-}
-
-/// The open WebSocket connections of each API key (by the key's hash), at most `max` each.
-#[derive(Debug, Clone)]
-pub struct OpenSockets {
-    open: Arc<Mutex<HashMap<String, usize>>>,
-    max: usize,
-}
-
-impl OpenSockets {
-    /// Counts for a gateway whose keys may each hold `max` connections.
-    pub fn new(max: usize) -> OpenSockets {
-        OpenSockets {
-            open: Arc::default(),
-            max,
-        }
-    }
-
-    /// A place for one more connection of `key`, given back when dropped; none when the key holds `max`.
-    fn admit(&self, key: String) -> Option<SocketSlot> {
-        let mut open = self.open.lock().unwrap_or_else(PoisonError::into_inner);
-        let count = open.entry(key.clone()).or_default();
-        if *count >= self.max {
-            return None;
-        }
-        *count += 1;
-        Some(SocketSlot {
-            sockets: self.clone(),
-            key,
-        })
-    }
-}
-
-/// One connection counted against its key.
-struct SocketSlot {
-    sockets: OpenSockets,
-    key: String,
-}
-
-impl Drop for SocketSlot {
-    fn drop(&mut self) {
-        let mut open = self
-            .sockets
-            .open
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        if let Some(count) = open.get_mut(&self.key) {
-            *count = count.saturating_sub(1);
-            if *count == 0 {
-                open.remove(&self.key);
-            }
-        }
-    }
 }
 
 /// The most recent `store: false` response of a connection.
@@ -398,107 +345,6 @@ fn json_size(value: &impl serde::Serialize) -> usize {
     }
 }
 
-/// What the client sent.
-enum Incoming {
-    Text(String),
-    Binary,
-    /// A message over the size limit, of which no more than its start was read.
-    TooLarge,
-}
-
-/// Whether a read failed because the message (or one of its frames) is over the size limit.
-fn is_too_large(error: axum::Error) -> bool {
-    use tokio_tungstenite::tungstenite::Error;
-    error
-        .into_inner()
-        .downcast_ref::<Error>()
-        .is_some_and(|e| matches!(e, Error::Capacity(_)))
-}
-
-/// Reads the client's messages into `queue` until the socket closes, then says so on `left`.
-async fn read_messages(
-    mut incoming: SplitStream<WebSocket>,
-    queue: mpsc::Sender<Incoming>,
-    left: watch::Sender<bool>,
-) {
-    while let Some(message) = incoming.next().await {
-        let message = match message {
-            Ok(message) => message,
-            Err(error) => {
-                if !is_too_large(error) {
-                    break;
-                }
-                // The client is still there to be told; the turn under way (if any) finishes first, then the
-                // refusal closes the connection, and reading ends here.
-                if queue.send(Incoming::TooLarge).await.is_ok() {
-                    queue.closed().await;
-                }
-                return;
-            }
-        };
-        let incoming = match message {
-            Message::Text(text) => Incoming::Text(text.as_str().to_owned()),
-            Message::Binary(_) => Incoming::Binary,
-            Message::Close(_) => break,
-            // Pings are answered by the WebSocket layer.
-            Message::Ping(_) | Message::Pong(_) => continue,
-        };
-        if queue.send(incoming).await.is_err() {
-            break;
-        }
-    }
-    let _ = left.send(true);
-}
-
-/// A `response.create` message as a request: the create body without its `type`, streamed by nature; the
-/// HTTP-only fields are refused.
-fn read_create(text: &str) -> Result<ValidRequest, ApiError> {
-    let mut message: Value = parse_json(text.as_bytes())?;
-    let Some(fields) = message.as_object_mut() else {
-        return Err(ApiError::invalid(
-            "A WebSocket message must be a JSON object with a 'type'.",
-            None,
-            Some("invalid_type"),
-        ));
-    };
-    match fields.remove("type") {
-        Some(Value::String(kind)) if kind == "response.create" => {}
-        Some(Value::String(kind)) => {
-            return Err(ApiError::invalid(
-                format!("Unknown message type '{kind}'; the only one is 'response.create'."),
-                Some("type"),
-                Some("unknown_message_type"),
-            ))
-        }
-        Some(_) => {
-            return Err(ApiError::invalid(
-                "'type' must be the string 'response.create'.",
-                Some("type"),
-                Some("invalid_type"),
-            ))
-        }
-        None => {
-            return Err(ApiError::invalid(
-                "Missing required parameter: 'type' (expected 'response.create').",
-                Some("type"),
-                Some("missing_required_parameter"),
-            ))
-        }
-    }
-    if let Some(field) = HTTP_ONLY_FIELDS.iter().find(|f| fields.contains_key(**f)) {
-        return Err(ApiError::invalid(
-            format!("'{field}' belongs to HTTP requests and must not be sent over a WebSocket: every response there is streamed in the foreground."),
-            Some(field),
-            Some("unsupported_parameter"),
-        ));
-    }
-    let body: CreateResponseBody = from_value(message)?;
-    let mut request = validate(body)?;
-    // The client learns the id from the first event, as with SSE.
-    request.stream = true;
-    Ok(request)
-}
-
 /// Sends an error envelope: `{"type": "error", "status", "error": {"type", "code", "message", "param"}}`.
 async fn send_error(out: &mut Outgoing, error: &ApiError) -> Result<(), Gone> {
     let envelope = error_envelope(error);
@@ -507,123 +353,14 @@ async fn send_error(out: &mut Outgoing, error: &ApiError) -> Result<(), Gone> {
         .map_err(|_| Gone)
 }
 
-/// The error envelope of `error`; its `code` is never empty (clients branch on it), falling back to the type.
-fn error_envelope(error: &ApiError) -> Value {
-    json!({
-        "type": "error",
-        "status": error.status.as_u16(),
-        "error": {
-            "type": error.kind,
-            "code": error.code.as_deref().unwrap_or(error.kind),
-            "message": error.message,
-            "param": error.param,
-        },
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn refused(text: &str) -> ApiError {
-        match read_create(text) {
-            Ok(request) => unreachable!("accepted: {request:?}"),
-            Err(error) => error,
-        }
-    }
-
-    #[test]
-    fn a_create_message_is_the_create_body_streamed() {
-        let request =
-            read_create(r#"{"type":"response.create","model":"m","input":"hi","store":false}"#);
-        let request = request.unwrap_or_else(|e| unreachable!("{e:?}"));
-        assert!(request.stream);
-        assert!(!request.store);
-        assert_eq!(request.model, "m");
-    }
-
-    #[test]
-    fn malformed_messages_are_refused_naming_what_is_wrong() {
-        let cases = [
-            ("{not json", None, "invalid_json"),
-            ("[1]", None, "invalid_type"),
-            (
-                r#"{"model":"m","input":"x"}"#,
-                Some("type"),
-                "missing_required_parameter",
-            ),
-            (
-                r#"{"type":"response.cancel"}"#,
-                Some("type"),
-                "unknown_message_type",
-            ),
-            (r#"{"type":7}"#, Some("type"), "invalid_type"),
-            (
-                r#"{"type":"response.create","model":"m","input":"x","stream":true}"#,
-                Some("stream"),
-                "unsupported_parameter",
-            ),
-            (
-                r#"{"type":"response.create","model":"m","input":"x","background":false}"#,
-                Some("background"),
-                "unsupported_parameter",
-            ),
-            (
-                r#"{"type":"response.create","model":"m","input":"x","stream_options":{}}"#,
-                Some("stream_options"),
-                "unsupported_parameter",
-            ),
-            (
-                r#"{"type":"response.create","input":"x"}"#,
-                Some("model"),
-                "missing_required_parameter",
-            ),
-            (
-                r#"{"type":"response.create","model":"m","input":"x","temperature":"hot"}"#,
-                Some("temperature"),
-                "invalid_type",
-            ),
-        ];
-        for (text, param, code) in cases {
-            let error = refused(text);
-            assert_eq!(error.status, StatusCode::BAD_REQUEST, "{text}");
-            assert_eq!(error.param.as_deref(), param, "{text}");
-            assert_eq!(error.code.as_deref(), Some(code), "{text}");
-        }
-    }
-
-    #[test]
-    fn a_key_holds_at_most_its_connections_and_a_closed_one_frees_its_place() {
-        let sockets = OpenSockets::new(2);
-        let first = sockets.admit("a".into());
-        let second = sockets.admit("a".into());
-        assert!(first.is_some() && second.is_some());
-        assert!(sockets.admit("a".into()).is_none(), "a third one");
-        assert!(
-            sockets.admit("b".into()).is_some(),
-            "another key has its own"
-        );
-        drop(first);
-        assert!(
-            sockets.admit("a".into()).is_some(),
-            "the place of a closed one"
-        );
-    }
 
     #[test]
     fn the_size_of_a_context_is_its_json_length() {
         let context = vec![Item::user_text("hello")];
         let json = serde_json::to_vec(&context).unwrap_or_default();
         assert_eq!(json_size(&context), json.len());
-    }
-
-    #[test]
-    fn the_envelope_always_has_a_code_and_a_status() {
-        let envelope = error_envelope(&ApiError::invalid("bad", Some("input"), None));
-        assert_eq!(
-            envelope,
-            json!({"type": "error", "status": 400, "error": {"type": "invalid_request_error",
-                "code": "invalid_request_error", "message": "bad", "param": "input"}})
-        );
     }
 }

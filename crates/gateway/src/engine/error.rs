@@ -1,4 +1,5 @@
-//! `EngineError`: why the engine could not start or finish a response, for the API to render.
+//! `EngineError`: why the engine could not start or finish a response, for the API to render; `StartError`: why
+//! an engine could not be built.
 
 use gateway_core::context::PairingError;
 use gateway_core::response::ResponseStatus;
@@ -112,6 +113,28 @@ impl From<gateway_core::preparation::PreparationError> for EngineError {
                 index,
             },
             Refused::ItemNotFound { id, index } => EngineError::ItemNotFound { id, index },
+        }
+    }
+}
+
+/// Why an engine could not be built: the HTTP client of the upstream or of the tools could not be made (no TLS
+/// backend, say). The client's own error is kept as text, so that no reqwest type leaves its module.
+#[derive(Debug, thiserror::Error)]
+#[error("the {part} HTTP client could not be built: {detail}")]
+pub struct StartError {
+    /// Whose client: `upstream` or `tools`.
+    part: &'static str,
+    detail: String,
+}
+
+impl StartError {
+    /// Maps the failure to build `part`'s HTTP client.
+    pub(super) fn http_client<E: std::fmt::Display>(
+        part: &'static str,
+    ) -> impl FnOnce(E) -> StartError {
+        move |error| StartError {
+            part,
+            detail: error.to_string(),
         }
     }
 }

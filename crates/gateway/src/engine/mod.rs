@@ -36,7 +36,7 @@ use serde_json::Value;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 pub use compact::Compacted;
-pub use error::EngineError;
+pub use error::{EngineError, StartError};
 pub use progress::{EventSink, ProgressSink, Silent};
 pub use replica::Replica;
 pub use runs::Stop;
@@ -44,7 +44,7 @@ pub use worker::Worker;
 
 use crate::config::Config;
 use crate::resolver::Resolver;
-use crate::store::ownership::channel;
+use crate::store::notify::Notification;
 use crate::store::tenancy::{Deployment, ToolSource};
 use crate::store::{Store, StoreError};
 use crate::tools::ServerTools;
@@ -163,14 +163,16 @@ impl Engine {
     }
 
     /// An engine on `store`, with the upstream, tool, tenancy and durability settings of `config`.
-    pub fn new(store: Store, config: &Config) -> Result<Engine, reqwest::Error> {
+    pub fn new(store: Store, config: &Config) -> Result<Engine, StartError> {
         Ok(Engine {
             resolver: Resolver::new(
                 store.clone(),
                 Duration::from_millis(config.tenancy.cache_ttl_ms),
             ),
-            upstream: Upstream::new(config.upstream.clone())?,
-            tools: ToolExecutor::new(config.tools.clone())?,
+            upstream: Upstream::new(config.upstream.clone())
+                .map_err(StartError::http_client("upstream"))?,
+            tools: ToolExecutor::new(config.tools.clone())
+                .map_err(StartError::http_client("tools"))?,
             limits: config.limits.clone(),
             flush_every_step: config.database.flush_every_step,
             admission: Arc::new(Semaphore::new(config.server.max_active_responses)),
@@ -195,7 +197,7 @@ impl Engine {
 
     /// Forgets cached key and model resolutions (after an admin write), here and on every other replica.
     pub async fn forget_cached_tenancy(&self) {
-        self.tell_all(channel::TENANCY, "").await;
+        self.tell_all(Notification::Tenancy).await;
     }
 
     /// Prepares and runs a response to its end, reporting to nobody. The loop runs on its own task, so a client

@@ -21,12 +21,13 @@ use gateway_core::steps::{ListingStep, ModelStep, Step, StepBody, StepState};
 use gateway_core::{decide_next_action, Item, Limits, NextAction};
 use tokio::sync::{broadcast, OwnedSemaphorePermit};
 
+use crate::store::notify::Notification;
+
 use super::journal::Journal;
 use super::server_tools::{bind_hosted_tools, remote_names, source_of, stored, unsent_step};
 use super::{Engine, EngineError, Origin, Run};
 use crate::clock::now;
 use crate::ids::{item_id, new_id};
-use crate::store::ownership::channel;
 use crate::store::responses::{Durability, NewResponse};
 use crate::store::tenancy::{Deployment, Resolution};
 use crate::store::StoreError;
@@ -106,7 +107,7 @@ impl Engine {
             }
             Prepared::Queued(record) => {
                 // No room here: whichever replica has room takes it.
-                self.tell_all(channel::WORK, "").await;
+                self.tell_all(Notification::Work).await;
                 Ok((record, None))
             }
         }

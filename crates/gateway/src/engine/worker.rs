@@ -6,12 +6,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use sqlx::postgres::PgListener;
 use tokio::task::JoinHandle;
 
 use super::{Engine, Stop};
-use crate::store::ownership::channel;
-use crate::store::{Backend, Store, StoreError};
+use crate::store::notify::{Listener, Notification};
+use crate::store::{Store, StoreError};
 
 /// Responses a replica takes at once, at most (it takes no more than it has room for).
 const CLAIM_BATCH: usize = 32;
@@ -37,7 +36,7 @@ impl Worker {
         let sent = tokio::time::Instant::now();
         ownership.heartbeat(&replica.id, replica.lease_ms()).await?;
         replica.lease_renewed(sent);
-        if let Backend::Sqlite(_) = engine.store.backend() {
+        if engine.store.is_embedded() {
             // The embedded store serves one process: any other that used it is gone.
             engine.store.forget_other_replicas(&replica.id).await?;
             replica.set_exclusive();
@@ -46,8 +45,8 @@ impl Worker {
             tokio::spawn(beat(engine.clone(), ownership.clone())),
             tokio::spawn(claim(engine.clone(), ownership.clone())),
         ];
-        if let Backend::Postgres(pool) = engine.store.backend() {
-            tasks.push(tokio::spawn(listen(engine.clone(), pool.clone())));
+        if let Some(listener) = engine.store.listen() {
+            tasks.push(tokio::spawn(listen(engine.clone(), listener)));
         }
         replica.work.notify_one();
         tracing::info!(replica.id = %replica.id, "replica started");
@@ -88,7 +87,7 @@ impl Worker {
             Ok(released) => {
                 tracing::info!(released, "handed the unfinished responses over");
                 if released > 0 {
-                    let _ = store.notify(channel::WORK, "").await;
+                    let _ = store.notify(&Notification::Work).await;
                 }
             }
             Err(e) => {
@@ -133,7 +132,7 @@ async fn beat(engine: Engine, ownership: Store) {
         }
         if released {
             replica.work.notify_one();
-            let _ = ownership.notify(channel::WORK, "").await;
+            let _ = ownership.notify(&Notification::Work).await;
         }
         match ownership.cancels_requested(&replica.id).await {
             Ok(ids) => {
@@ -229,56 +228,25 @@ async fn claim(engine: Engine, ownership: Store) {
     }
 }
 
-/// Hears the other replicas: progress for followers, cancels, work waiting, admin changes. The listener holds
-/// a connection of its own, outside the store's pool, so that it takes none of the pool's places.
-async fn listen(engine: Engine, pool: sqlx::PgPool) {
-    let own = sqlx::postgres::PgPoolOptions::new()
-        .max_connections(1)
-        .max_lifetime(None)
-        .idle_timeout(None)
-        .connect_lazy_with((*pool.connect_options()).clone());
+/// Hears the other replicas: progress for followers, cancels, work waiting, admin changes.
+async fn listen(engine: Engine, mut listener: Listener) {
     loop {
-        let mut listener = match PgListener::connect_with(&own).await {
-            Ok(listener) => listener,
-            Err(e) => {
-                tracing::warn!(error = %e, "could not listen for notifications; trying again");
-                tokio::time::sleep(Duration::from_secs(1)).await;
-                continue;
-            }
-        };
-        if let Err(e) = listener.listen_all(channel::ALL).await {
-            tracing::warn!(error = %e, "could not listen for notifications; trying again");
-            tokio::time::sleep(Duration::from_secs(1)).await;
-            continue;
-        }
-        loop {
-            // The listener reconnects by itself; notifications sent meanwhile are lost, and the polls (the
-            // sweep, the beat's cancel check, followers' timeouts) make up for them.
-            match listener.recv().await {
-                Ok(notification) => {
-                    engine.hear(notification.channel(), notification.payload());
-                }
-                Err(e) => {
-                    tracing::warn!(error = %e, "notification listener failed");
-                    tokio::time::sleep(Duration::from_millis(200)).await;
-                }
-            }
-        }
+        let notification = listener.next().await;
+        engine.hear(&notification);
     }
 }
 
 impl Engine {
-    /// Acts on a notification on `channel` with `payload`.
-    pub(super) fn hear(&self, channel: &str, payload: &str) {
-        match channel {
-            channel::PROGRESS => self.replica.progressed(payload),
-            channel::CANCEL => {
-                self.replica.runs.stop(payload, Stop::Cancel);
+    /// Acts on a notification, from another replica or from this one.
+    pub(super) fn hear(&self, notification: &Notification) {
+        match notification {
+            Notification::Progress(id) => self.replica.progressed(id),
+            Notification::Cancel(id) => {
+                self.replica.runs.stop(id, Stop::Cancel);
             }
-            channel::WORK => self.replica.work.notify_one(),
-            channel::TENANCY => self.resolver.invalidate(),
-            channel::FOLLOW => self.replica.runs.mark_followed(payload),
-            _ => {}
+            Notification::Work => self.replica.work.notify_one(),
+            Notification::Tenancy => self.resolver.invalidate(),
+            Notification::Follow(id) => self.replica.runs.mark_followed(id),
         }
     }
 
@@ -292,16 +260,15 @@ impl Engine {
                 .replica
                 .should_tell_following(id, super::runs::FOLLOWED_FOR / 5)
         {
-            self.tell_all(channel::FOLLOW, id).await;
+            self.tell_all(Notification::Follow(id.to_owned())).await;
         }
     }
 
-    /// Tells this replica and every other one (`channel`, `payload`): acted on here at once, and sent to the
-    /// others through the store.
-    pub async fn tell_all(&self, channel: &str, payload: &str) {
-        self.hear(channel, payload);
-        if let Err(e) = self.store.notify(channel, payload).await {
-            tracing::warn!(error = %e, channel, "could not notify the other replicas");
+    /// Tells this replica and every other one: acted on here at once, and sent to the others through the store.
+    pub async fn tell_all(&self, notification: Notification) {
+        self.hear(&notification);
+        if let Err(e) = self.store.notify(&notification).await {
+            tracing::warn!(error = %e, channel = notification.channel(), "could not notify the other replicas");
         }
     }
 }

@@ -32,7 +32,8 @@ macro_rules! sqlite_now_ms {
     };
 }
 
-/// One SQL text with the database clock (milliseconds) between `$before` and `$after`, for the store's backend.
+/// One SQL text with the database clock (milliseconds) between `$before` and `$after` (and again before
+/// `$last`, when given), for the store's backend.
 macro_rules! with_clock {
     ($store:expr, $before:literal, $after:literal) => {
         match &$store.backend {
@@ -40,11 +41,23 @@ macro_rules! with_clock {
             $crate::store::Backend::Sqlite(_) => concat!($before, sqlite_now_ms!(), $after),
         }
     };
+    ($store:expr, $before:literal, $between:literal, $last:literal) => {
+        match &$store.backend {
+            $crate::store::Backend::Postgres(_) => {
+                concat!($before, pg_now_ms!(), $between, pg_now_ms!(), $last)
+            }
+            $crate::store::Backend::Sqlite(_) => {
+                concat!($before, sqlite_now_ms!(), $between, sqlite_now_ms!(), $last)
+            }
+        }
+    };
 }
 
 pub mod admin;
 mod backend;
 mod compaction;
+pub mod notify;
+pub mod observe;
 pub mod ownership;
 pub mod responses;
 pub mod stored_tools;
@@ -55,8 +68,12 @@ use sqlx::postgres::PgPool;
 use sqlx::sqlite::SqlitePool;
 
 pub use backend::{EmbeddedLock, DEFAULT_URL};
+pub use observe::StoreObserver;
+
+use std::sync::Arc;
 
 use crate::config::DatabaseConfig;
+use observe::{Timing, Unobserved};
 use secrecy::ExposeSecret;
 
 /// The Postgres migrations, embedded in the binary.
@@ -185,6 +202,8 @@ pub enum Backend {
 #[derive(Debug, Clone)]
 pub struct Store {
     backend: Backend,
+    /// Hears how long each operation took (`Unobserved` until `observed_by`).
+    observer: Arc<dyn StoreObserver>,
 }
 
 impl Store {
@@ -206,6 +225,7 @@ impl Store {
     ) -> Result<Store, StoreError> {
         Ok(Store {
             backend: backend::connect(url, max_connections, acquire_timeout).await?,
+            observer: Arc::new(Unobserved),
         })
     }
 
@@ -236,6 +256,7 @@ impl Store {
                         .acquire_timeout(acquire_timeout)
                         .connect_lazy_with((*pool.connect_options()).clone()),
                 ),
+                observer: Arc::clone(&self.observer),
             },
             Backend::Sqlite(_) => self.clone(),
         }
@@ -246,6 +267,21 @@ impl Store {
     pub fn lock_configured(database: &DatabaseConfig) -> Result<Option<EmbeddedLock>, StoreError> {
         let url = database.url.as_ref().map(|u| u.expose_secret());
         backend::lock_embedded(url.unwrap_or(DEFAULT_URL))
+    }
+
+    /// This store, reporting the time of its operations to `observer` (the metrics, in the gateway).
+    pub fn observed_by(self, observer: Arc<dyn StoreObserver>) -> Store {
+        Store { observer, ..self }
+    }
+
+    /// Starts timing operation `name`: the observer hears of it when the returned guard is dropped.
+    fn timed(&self, name: &'static str) -> Timing<'_> {
+        Timing::start(&*self.observer, name)
+    }
+
+    /// Whether this is the embedded store, which one process serves.
+    pub fn is_embedded(&self) -> bool {
+        matches!(self.backend, Backend::Sqlite(_))
     }
 
     /// The database behind this store, e.g. for a test to inspect what was written.

@@ -1,5 +1,5 @@
 //! Who drives each running response (SPEC 9): replicas with heartbeats, ownership, takeover, release on
-//! shutdown, cancel requests, and the notifications that carry progress and admin changes between replicas.
+//! shutdown and cancel requests (the notifications between replicas are `notify`'s).
 //!
 //! Postgres is the coordination engine: a replica owns the responses it drives for as long as it keeps beating
 //! (its lease); any replica takes over the running responses of one that stopped beating, claiming them with
@@ -47,70 +47,36 @@ pub struct QueueDepth {
     pub oldest_created_at: Option<i64>,
 }
 
-/// The channels the replicas notify each other on.
-pub mod channel {
-    /// A response progressed (payload: its id): followers read its stored events again.
-    pub const PROGRESS: &str = "gateway_progress";
-    /// A cancel or the delete of a running response (payload: its id): its owner stops it.
-    pub const CANCEL: &str = "gateway_cancel";
-    /// A response waits for a replica (payload empty): replicas with room claim it at once.
-    pub const WORK: &str = "gateway_work";
-    /// An admin write (payload empty): every replica forgets its cached tenancy answers.
-    pub const TENANCY: &str = "gateway_tenancy";
-    /// Somebody waits for a response's progress (payload: its id): its owner notifies `PROGRESS` for a while.
-    pub const FOLLOW: &str = "gateway_follow";
-    pub const ALL: [&str; 5] = [PROGRESS, CANCEL, WORK, TENANCY, FOLLOW];
-}
-
 impl Store {
     /// Records that `replica` is alive now (registering it the first time), and says whether its lease held since
     /// its previous beat.
     pub async fn heartbeat(&self, replica: &str, lease_ms: i64) -> Result<Beat, StoreError> {
-        let _timer = crate::metrics::StoreTimer::start("heartbeat");
-        // The previous beat is read in the transaction that replaces it; only this replica beats its row.
-        let previous: Option<i64> = match &self.backend {
-            Backend::Postgres(pool) => {
-                let mut tx = pool.begin().await?;
-                let previous: Option<i64> = sqlx::query_scalar(
-                    "SELECT heartbeat_at FROM replicas WHERE id = $1 FOR UPDATE",
-                )
+        let _timer = self.timed("heartbeat");
+        // The previous beat is read in the transaction that replaces it; only this replica beats its row (Postgres
+        // locks it all the same; the embedded store's one writer needs no lock).
+        let read_previous = match &self.backend {
+            Backend::Postgres(_) => "SELECT heartbeat_at FROM replicas WHERE id = $1 FOR UPDATE",
+            Backend::Sqlite(_) => "SELECT heartbeat_at FROM replicas WHERE id = $1",
+        };
+        let beat = with_clock!(
+            self,
+            "INSERT INTO replicas (id, started_at, heartbeat_at) VALUES ($1, ",
+            ", ",
+            ") ON CONFLICT (id) DO UPDATE SET heartbeat_at = excluded.heartbeat_at RETURNING heartbeat_at"
+        );
+        let previous: Option<i64> = with_pool!(self, |pool| {
+            let mut tx = pool.begin().await?;
+            let previous: Option<i64> = sqlx::query_scalar(read_previous)
                 .bind(replica)
                 .fetch_optional(&mut *tx)
                 .await?;
-                let now: i64 = sqlx::query_scalar(concat!(
-                    "INSERT INTO replicas (id, started_at, heartbeat_at) VALUES ($1, ",
-                    pg_now_ms!(),
-                    ", ",
-                    pg_now_ms!(),
-                    ") ON CONFLICT (id) DO UPDATE SET heartbeat_at = EXCLUDED.heartbeat_at RETURNING heartbeat_at"
-                ))
+            let now: i64 = sqlx::query_scalar(beat)
                 .bind(replica)
                 .fetch_one(&mut *tx)
                 .await?;
-                tx.commit().await?;
-                previous.map(|at| now - at)
-            }
-            Backend::Sqlite(pool) => {
-                let mut tx = pool.begin().await?;
-                let previous: Option<i64> =
-                    sqlx::query_scalar("SELECT heartbeat_at FROM replicas WHERE id = $1")
-                        .bind(replica)
-                        .fetch_optional(&mut *tx)
-                        .await?;
-                let now: i64 = sqlx::query_scalar(concat!(
-                    "INSERT INTO replicas (id, started_at, heartbeat_at) VALUES ($1, ",
-                    sqlite_now_ms!(),
-                    ", ",
-                    sqlite_now_ms!(),
-                    ") ON CONFLICT (id) DO UPDATE SET heartbeat_at = excluded.heartbeat_at RETURNING heartbeat_at"
-                ))
-                .bind(replica)
-                .fetch_one(&mut *tx)
-                .await?;
-                tx.commit().await?;
-                previous.map(|at| now - at)
-            }
-        };
+            tx.commit().await?;
+            Ok::<_, sqlx::Error>(previous.map(|at| now - at))
+        })?;
         Ok(Beat {
             lease_kept: previous.is_some_and(|since| since < lease_ms),
         })
@@ -121,7 +87,7 @@ impl Store {
     /// order claims lock them, so the two never deadlock), so a claim by another replica that is under way is seen
     /// once it committed.
     pub async fn claims_of(&self, ids: &[String]) -> Result<Vec<Claim>, StoreError> {
-        let _timer = crate::metrics::StoreTimer::start("claims_of");
+        let _timer = self.timed("claims_of");
         let claims: Vec<Claim> = match &self.backend {
             Backend::Postgres(pool) => {
                 sqlx::query_as(
@@ -158,7 +124,7 @@ impl Store {
         lease_ms: i64,
         limit: i64,
     ) -> Result<Vec<Claimed>, StoreError> {
-        let _timer = crate::metrics::StoreTimer::start("claim");
+        let _timer = self.timed("claim");
         let claimed = match &self.backend {
             Backend::Postgres(pool) => {
                 sqlx::query_as(concat!(
@@ -233,7 +199,7 @@ impl Store {
     /// Gives up every running response `replica` drives and forgets the replica (a graceful shutdown): another
     /// replica takes them over without waiting for the lease to expire. Returns how many it gave up.
     pub async fn release(&self, replica: &str) -> Result<u64, StoreError> {
-        let _timer = crate::metrics::StoreTimer::start("release");
+        let _timer = self.timed("release");
         let released = with_pool!(self, |pool| {
             let mut tx = pool.begin().await?;
             let released = sqlx::query(
@@ -312,18 +278,5 @@ impl Store {
             queued,
             oldest_created_at,
         })
-    }
-
-    /// Tells every replica listening on `channel` (Postgres `NOTIFY`; nothing on the embedded store, whose one
-    /// process tells itself directly).
-    pub async fn notify(&self, channel: &str, payload: &str) -> Result<(), StoreError> {
-        if let Backend::Postgres(pool) = &self.backend {
-            sqlx::query("SELECT pg_notify($1, $2)")
-                .bind(channel)
-                .bind(payload)
-                .execute(pool)
-                .await?;
-        }
-        Ok(())
     }
 }

@@ -113,7 +113,7 @@ pub fn hash_key(key: &str) -> String {
 impl Store {
     /// The project of a live (unrevoked) key, if any.
     pub async fn project_for_key(&self, key: &str) -> Result<Option<String>, StoreError> {
-        let _timer = crate::metrics::StoreTimer::start("project_for_key");
+        let _timer = self.timed("project_for_key");
         let project_id = with_pool!(self, |pool| sqlx::query_scalar(
             "SELECT project_id FROM api_keys WHERE key_hash = $1 AND revoked_at IS NULL",
         )
@@ -130,7 +130,7 @@ impl Store {
         project_id: &str,
         model: &str,
     ) -> Result<Option<Resolution>, StoreError> {
-        let _timer = crate::metrics::StoreTimer::start("resolve");
+        let _timer = self.timed("resolve");
         with_pool!(self, |pool| {
             let deployment = sqlx::query_as::<_, DeploymentRecord>(concat!(
                 "SELECT ",
