@@ -303,3 +303,53 @@ async fn a_replica_with_a_full_pool_and_hundreds_of_followers_keeps_its_leases()
         assert_gate_round(&cluster.ended(&busy, id).await);
     }
 }
+
+#[tokio::test]
+async fn running_responses_that_cannot_be_resumed_end_failed_with_a_code_instead_of_being_claimed_for_ever(
+) {
+    let mut cluster = Cluster::postgres().await;
+    let mut first = cluster.replica(&[]);
+    cluster.configure(&first).await;
+    let unreadable = cluster.background_gate_call(&first).await;
+    let orphaned = cluster.background_gate_call(&first).await;
+    cluster.gate_calls(2).await;
+    first.kill();
+
+    // While nobody runs them: one's stored request no longer reads back, the other's deployment is gone (as a
+    // delete leaves it: `ON DELETE SET NULL`).
+    let pool = sqlx::PgPool::connect(cluster.db.url())
+        .await
+        .expect("connect");
+    sqlx::query("UPDATE responses SET params = '\"not a request\"'::jsonb WHERE id = $1")
+        .bind(&unreadable)
+        .execute(&pool)
+        .await
+        .expect("spoil");
+    sqlx::query("UPDATE responses SET deployment_id = NULL WHERE id = $1")
+        .bind(&orphaned)
+        .execute(&pool)
+        .await
+        .expect("orphan");
+
+    // Another replica takes both over once, and ends each with a code that says why.
+    let second = cluster.replica(&[]);
+    all_ended(cluster.db.url(), PATIENCE).await;
+    let ended: Vec<(String, String, Option<String>, i64)> = sqlx::query_as(
+        "SELECT id, status, error_code, claim_epoch FROM responses ORDER BY created_at, id",
+    )
+    .fetch_all(&pool)
+    .await
+    .expect("read");
+    let of = |id: &str| {
+        ended
+            .iter()
+            .find(|row| row.0 == id)
+            .map(|row| (row.1.as_str(), row.2.as_deref(), row.3))
+            .expect("the response")
+    };
+    assert_eq!(of(&unreadable), ("failed", Some("unreadable_state"), 1));
+    assert_eq!(of(&orphaned), ("failed", Some("deployment_gone"), 1));
+    let (status, body) = cluster.get(&second, &orphaned).await;
+    assert_eq!(status, 200);
+    assert_eq!(body["error"]["code"], "deployment_gone", "{body:#}");
+}
