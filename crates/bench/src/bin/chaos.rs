@@ -61,13 +61,14 @@ struct Args {
 /// `tools/call` (which carries no response id of its own) can be placed without trusting its key.
 const MCP_ADD_B: u64 = 1000;
 
-/// The input of request `i`: a slow HTTP tool, an HTTP addition and an MCP addition in one batch, all
-/// deterministic.
+/// The input of request `i`: a slow HTTP tool, an HTTP addition and a slow MCP addition in one batch, all
+/// deterministic. The MCP call takes its time so that kills catch some in flight, as they catch `slow`.
 fn input(i: usize) -> String {
     let ms = 400 + (i * 137) % 1600;
+    let mcp_ms = 300 + (i * 251) % 1500;
     format!(
         "!call slow {{\"ms\": {ms}}} !call add {{\"a\": {i}, \"b\": 1}} \
-         !call {MCP_PREFIX}add {{\"a\": {i}, \"b\": {MCP_ADD_B}}}"
+         !call {MCP_PREFIX}add {{\"a\": {i}, \"b\": {MCP_ADD_B}, \"ms\": {mcp_ms}}}"
     )
 }
 
@@ -332,7 +333,7 @@ async fn run(
     };
     let text = format!(
         "## Chaos run\n\n\
-         * {} replicas on one Postgres database, lease {} ms; {} background responses, each a batch of three tool calls (HTTP `slow` 0.4–2 s and `add`, MCP `{MCP_PREFIX}add`) then a model answer, submitted over {} s; a replica killed with SIGKILL every ~{} ms and restarted: {} kills\n\
+         * {} replicas on one Postgres database, lease {} ms; {} background responses, each a batch of three tool calls (HTTP `slow` 0.4–2 s and `add`, MCP `{MCP_PREFIX}add` 0.3–1.8 s) then a model answer, submitted over {} s; a replica killed with SIGKILL every ~{} ms and restarted: {} kills\n\
          * submitted {}, **ended {}**, completed {}, statuses {:?}, **stuck {}**, **lost {}**\n\
          * outputs different from the same requests run without chaos: **{}**\n\
          * HTTP: {}\n\
