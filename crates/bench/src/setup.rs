@@ -102,6 +102,13 @@ pub const TOOLS_RESPONSES_MODEL: &str = "mock-tools-responses";
 /// The testkit tools attached to [`TOOLS_MODEL`].
 pub const SERVER_TOOLS: [&str; 4] = ["add", "echo", "get_weather", "slow"];
 
+/// The deployment group of [`TOOLS_MODEL`], to which the server tools are attached.
+pub const TOOLS_GROUP: &str = "bench-tools";
+
+/// The prefix of the example MCP server's tools as the gateway offers them (see [`attach_mcp`]): its `add`
+/// becomes `mcp_add`, apart from the HTTP `add`.
+pub const MCP_PREFIX: &str = "mcp_";
+
 async fn admin(
     http: &Client,
     gateway: &str,
@@ -173,7 +180,7 @@ pub async fn configure(
 
     for (model, group, with_tools) in [
         (PLAIN_MODEL, "bench-plain", false),
-        (TOOLS_MODEL, "bench-tools", true),
+        (TOOLS_MODEL, TOOLS_GROUP, true),
     ] {
         let deployment = id_of(
             &call(
@@ -262,4 +269,56 @@ pub async fn configure(
         }
     }
     Ok(key)
+}
+
+/// Registers the example MCP server at `mcp_url` (`http://HOST:PORT/mcp`) as an operator tool source, its `add`
+/// alone and named with [`MCP_PREFIX`], and attaches it to [`TOOLS_GROUP`] (made by [`configure`]); answers the
+/// source's id.
+pub async fn attach_mcp(
+    http: &Client,
+    gateway: &str,
+    token: &str,
+    mcp_url: &str,
+) -> anyhow::Result<String> {
+    let groups = admin(
+        http,
+        gateway,
+        token,
+        Method::GET,
+        "/deployment_groups",
+        None,
+    )
+    .await?;
+    let group = groups["data"]
+        .as_array()
+        .and_then(|groups| groups.iter().find(|g| g["name"] == TOOLS_GROUP))
+        .with_context(|| format!("no deployment group {TOOLS_GROUP}: configure first"))?;
+    let group = id_of(group)?;
+    let source = id_of(
+        &admin(
+            http,
+            gateway,
+            token,
+            Method::POST,
+            "/tool_sources",
+            Some(json!({
+                "kind": "mcp",
+                "name": "bench-mcp",
+                "url": mcp_url,
+                "allowed_tools": ["add"],
+                "name_prefix": MCP_PREFIX,
+            })),
+        )
+        .await?,
+    )?;
+    admin(
+        http,
+        gateway,
+        token,
+        Method::PUT,
+        &format!("/deployment_groups/{group}/tool_sources/{source}"),
+        None,
+    )
+    .await?;
+    Ok(source)
 }

@@ -1,7 +1,8 @@
 //! Example MCP server (rmcp's server side, streamable HTTP at `/mcp`): tools that succeed, fail, hang and
 //! change their list, standing in for the MCP servers teams run.
 //!
-//! Tools: `add` (`{a, b}` → `{"sum": a + b}` as text), `fail` (a result with `isError`; with `{bytes}`, its text
+//! Tools: `add` (`{a, b}` → `{"sum": a + b}` as text; with `{ms}` too, it answers after that many milliseconds,
+//! so that a chaos run can kill a replica while the call is in flight), `fail` (a result with `isError`; with `{bytes}`, its text
 //! is that many `x`), `hang` (answers only when [`McpServer::release`] is called), once
 //! [`McpServer::add_late_tool`] was called `late` (answers `"late"`), and the extra tools that
 //! [`McpServer::list_extra_tools`] asks for. Adding the late tool notifies every connected client with
@@ -140,6 +141,9 @@ impl ServerHandler for Handler {
         }
         let result = match request.name.as_ref() {
             "add" => {
+                if let Some(ms) = arguments.get("ms").and_then(Value::as_u64) {
+                    tokio::time::sleep(std::time::Duration::from_millis(ms.min(60_000))).await;
+                }
                 let a = arguments.get("a").and_then(Value::as_f64).unwrap_or(0.0);
                 let b = arguments.get("b").and_then(Value::as_f64).unwrap_or(0.0);
                 let sum = a + b;

@@ -1,12 +1,16 @@
 //! `gateway-chaos`: replicas of the gateway killed at random (SIGKILL) and restarted while they run background
-//! responses with tool calls, all on one Postgres database. At the end it prints how many responses ended,
-//! completed, are stuck or lost, how many tool requests were sent again under an `Idempotency-Key` already
-//! used, how long takeovers took, and whether every output equals that of the same request run without chaos;
-//! it fails (exit 1) unless none is stuck, none lost and every output equal.
+//! responses with tool calls, all on one Postgres database. Each response's batch holds two HTTP tools and one
+//! MCP tool (an operator `mcp` source). At the end it prints how many responses ended, completed, are stuck or
+//! lost, how many tool requests and MCP `tools/call`s were sent again under an idempotency key already used,
+//! how long takeovers took, and whether every output equals that of the same request run without chaos; it
+//! fails (exit 1) unless none is stuck, none lost, every output equal, every send carried its key (HTTP
+//! `Idempotency-Key`, MCP `params._meta.idempotencyKey`, SPEC 7) of the form `<response id>:<seq>`, and no tool
+//! step went out under two keys.
 //!
-//! It starts everything from its own directory (`--bin-dir`): `mock-model`, `example-tools` and the replicas.
+//! It starts everything from its own directory (`--bin-dir`): `mock-model`, `example-tools`, `example-mcp` and
+//! the replicas.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -14,7 +18,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 use clap::Parser;
 use gateway_bench::procs::{self, ChildProcess};
-use gateway_bench::setup::{self, Database, TOOLS_MODEL};
+use gateway_bench::setup::{self, Database, MCP_PREFIX, TOOLS_MODEL};
 use reqwest::Client;
 use serde_json::{json, Value};
 
@@ -40,7 +44,8 @@ struct Args {
     /// After the chaos, how long the responses may take to end before the ones left count as stuck.
     #[arg(long, default_value_t = 120)]
     settle_seconds: u64,
-    /// Where `gateway`, `mock-model` and `example-tools` are (default: the directory of this executable).
+    /// Where `gateway`, `mock-model`, `example-tools` and `example-mcp` are (default: the directory of this
+    /// executable).
     #[arg(long)]
     bin_dir: Option<PathBuf>,
     /// Postgres server on which a fresh database `gw_bench_*` is created, and dropped at the end.
@@ -52,10 +57,19 @@ struct Args {
     database_url: String,
 }
 
-/// The input of request `i`: a slow tool and an addition in one batch, both deterministic.
+/// `b` of the MCP `add` call: with `a` the request's index, the arguments name the request, so that a
+/// `tools/call` (which carries no response id of its own) can be placed without trusting its key.
+const MCP_ADD_B: u64 = 1000;
+
+/// The input of request `i`: a slow HTTP tool, an HTTP addition and a slow MCP addition in one batch, all
+/// deterministic. The MCP call takes its time so that kills catch some in flight, as they catch `slow`.
 fn input(i: usize) -> String {
     let ms = 400 + (i * 137) % 1600;
-    format!("!call slow {{\"ms\": {ms}}} !call add {{\"a\": {i}, \"b\": 1}}")
+    let mcp_ms = 300 + (i * 251) % 1500;
+    format!(
+        "!call slow {{\"ms\": {ms}}} !call add {{\"a\": {i}, \"b\": 1}} \
+         !call {MCP_PREFIX}add {{\"a\": {i}, \"b\": {MCP_ADD_B}, \"ms\": {mcp_ms}}}"
+    )
 }
 
 /// What must be equal between two runs of one request: the status, the text, and each output item's type,
@@ -68,7 +82,7 @@ fn essence(response: &Value) -> Value {
                 .iter()
                 .map(|item| {
                     json!({"type": item["type"], "name": item["name"], "arguments": item["arguments"],
-                           "output": item["output"], "status": item["status"]})
+                           "output": item["output"], "error": item["error"], "status": item["status"]})
                 })
                 .collect()
         })
@@ -145,6 +159,7 @@ async fn run(
 ) -> anyhow::Result<Report> {
     let mock = procs::start_testkit(bin_dir, "mock-model")?;
     let tools = procs::start_testkit(bin_dir, "example-tools")?;
+    let mcp = procs::start_testkit(bin_dir, "example-mcp")?;
     let mut replicas = Replicas {
         bin_dir: bin_dir.to_path_buf(),
         database_url: database.url.clone(),
@@ -171,6 +186,13 @@ async fn run(
         &replicas.admin_token,
         &mock.url,
         &tools.url,
+    )
+    .await?;
+    setup::attach_mcp(
+        http,
+        &replicas.slots[0].url,
+        &replicas.admin_token,
+        &format!("{}/mcp", mcp.url),
     )
     .await?;
     eprintln!(
@@ -222,6 +244,13 @@ async fn run(
     }
     let settle_end = Instant::now() + Duration::from_secs(args.settle_seconds);
     let chaotic = wait_all(http, &replicas.urls(), &key, &ids, settle_end).await?;
+    // The MCP server cannot tell which response a call is for but by its key, the very thing checked; so its
+    // record is taken apart between the two runs, and the arguments name the request.
+    let chaotic_mcp = mcp_calls(http, &mcp.url).await?;
+    http.post(format!("{}/_mcp/reset", mcp.url))
+        .send()
+        .await?
+        .error_for_status()?;
 
     // The same requests, without chaos.
     eprintln!("[chaos] the same requests without chaos …");
@@ -243,30 +272,31 @@ async fn run(
     )
     .await?;
 
+    let calm_mcp = mcp_calls(http, &mcp.url).await?;
     let calls = http
         .get(format!("{}/_tools/calls", tools.url))
         .send()
         .await?
         .json::<Vec<Value>>()
         .await?;
-    let chaotic_ids: std::collections::HashSet<&str> = ids.iter().map(String::as_str).collect();
-    let mut by_key: HashMap<String, usize> = HashMap::new();
-    for call in &calls {
-        let response_id = call["headers"]["x-gateway-response-id"]
-            .as_str()
-            .unwrap_or_default();
-        if !chaotic_ids.contains(response_id) {
-            continue;
-        }
-        let key = call["headers"]["idempotency-key"]
-            .as_str()
-            .unwrap_or_default()
-            .to_owned();
-        *by_key.entry(key).or_default() += 1;
-    }
-    let sent: usize = by_key.values().sum();
-    let duplicates = sent - by_key.len();
-    let most_sends = by_key.values().copied().max().unwrap_or(0);
+    let chaotic_ids: HashSet<&str> = ids.iter().map(String::as_str).collect();
+    let http_sends: Vec<Sent> = calls.iter().map(http_send).collect();
+    let mcp_sends: Vec<Sent> = chaotic_mcp
+        .iter()
+        .map(|call| mcp_send(call, &ids))
+        .chain(calm_mcp.iter().map(|call| mcp_send(call, &calm_ids)))
+        .collect();
+    let ended_chaotic: Vec<&Value> = ids.iter().filter_map(|id| chaotic.get(id)).collect();
+    let http_audit = audit(
+        &http_sends,
+        &chaotic_ids,
+        tool_steps(&ended_chaotic, |name| !name.starts_with(MCP_PREFIX)),
+    );
+    let mcp_audit = audit(
+        &mcp_sends,
+        &chaotic_ids,
+        tool_steps(&ended_chaotic, |name| name.starts_with(MCP_PREFIX)),
+    );
 
     let mut statuses: BTreeMap<String, usize> = BTreeMap::new();
     let (mut stuck, mut lost, mut different) = (0, 0, 0);
@@ -288,7 +318,11 @@ async fn run(
     }
     let ended = ids.len() - stuck - lost;
     let completed = statuses.get("completed").copied().unwrap_or(0);
-    let passed = stuck == 0 && lost == 0 && different == 0;
+    let passed = stuck == 0
+        && lost == 0
+        && different == 0
+        && http_audit.keys_hold()
+        && mcp_audit.keys_hold();
     takeover_ms.sort_unstable();
     let quantile = |q: f64| -> String {
         if takeover_ms.is_empty() {
@@ -299,10 +333,11 @@ async fn run(
     };
     let text = format!(
         "## Chaos run\n\n\
-         * {} replicas on one Postgres database, lease {} ms; {} background responses, each a batch of two tool calls (`slow` 0.4–2 s and `add`) then a model answer, submitted over {} s; a replica killed with SIGKILL every ~{} ms and restarted: {} kills\n\
+         * {} replicas on one Postgres database, lease {} ms; {} background responses, each a batch of three tool calls (HTTP `slow` 0.4–2 s and `add`, MCP `{MCP_PREFIX}add` 0.3–1.8 s) then a model answer, submitted over {} s; a replica killed with SIGKILL every ~{} ms and restarted: {} kills\n\
          * submitted {}, **ended {}**, completed {}, statuses {:?}, **stuck {}**, **lost {}**\n\
          * outputs different from the same requests run without chaos: **{}**\n\
-         * tool requests {} for {} tool steps: {} sent again under an Idempotency-Key already used (at least once delivery; at most {} sends of one key)\n\
+         * HTTP: {}\n\
+         * MCP: {}\n\
          * takeover after a kill (the killed replica's last running response owned by another): {} measured, p50 {} ms, max {} ms\n\
          * verdict: {}\n",
         args.replicas,
@@ -318,17 +353,154 @@ async fn run(
         stuck,
         lost,
         different,
-        sent,
-        by_key.len(),
-        duplicates,
-        most_sends,
+        http_audit.describe("tool requests", "Idempotency-Key"),
+        mcp_audit.describe("`tools/call`s", "`_meta.idempotencyKey`"),
         takeover_ms.len(),
         quantile(0.5),
         quantile(1.0),
         if passed { "passed" } else { "FAILED" },
     );
-    drop((mock, tools));
+    drop((mock, tools, mcp));
     Ok(Report { text, passed })
+}
+
+/// The `tools/call`s the example MCP server recorded, each `{"tool", "arguments", "meta"}`.
+async fn mcp_calls(http: &Client, mcp_url: &str) -> anyhow::Result<Vec<Value>> {
+    let recorded: Value = http
+        .get(format!("{mcp_url}/_mcp/calls"))
+        .send()
+        .await?
+        .error_for_status()?
+        .json()
+        .await?;
+    Ok(recorded["calls"].as_array().cloned().unwrap_or_default())
+}
+
+/// One request a tool server received: the tool step it was for, as known without its key, and its key.
+#[derive(Debug, Clone, PartialEq)]
+struct Sent {
+    /// The response it was for.
+    response_id: String,
+    /// The tool step within that response (its call id, or the tool's name when the send does not carry it).
+    step: String,
+    key: Option<String>,
+}
+
+/// An HTTP tool request: the gateway names the response and the call in headers of their own.
+fn http_send(call: &Value) -> Sent {
+    let header = |name: &str| call["headers"][name].as_str().map(str::to_owned);
+    Sent {
+        response_id: header("x-gateway-response-id").unwrap_or_default(),
+        step: header("x-gateway-call-id").unwrap_or_default(),
+        key: header("idempotency-key"),
+    }
+}
+
+/// An MCP `tools/call` of a run whose requests are `ids`: its argument `a` is the request's index (see
+/// [`input`]), and a batch holds one MCP call, so the tool's name is the step.
+fn mcp_send(call: &Value, ids: &[String]) -> Sent {
+    let response_id = call["arguments"]["a"]
+        .as_u64()
+        .filter(|_| call["arguments"]["b"].as_u64() == Some(MCP_ADD_B))
+        .and_then(|a| ids.get(usize::try_from(a).ok()?))
+        .cloned()
+        .unwrap_or_default();
+    Sent {
+        response_id,
+        step: call["tool"].as_str().unwrap_or_default().to_owned(),
+        key: call["meta"]["idempotencyKey"].as_str().map(str::to_owned),
+    }
+}
+
+/// How many server tool calls (`mcp_call` items) whose name passes `tool` the `responses` hold.
+fn tool_steps(responses: &[&Value], tool: impl Fn(&str) -> bool) -> usize {
+    responses
+        .iter()
+        .flat_map(|r| r["output"].as_array().into_iter().flatten())
+        .filter(|item| item["type"] == "mcp_call" && item["name"].as_str().is_some_and(&tool))
+        .count()
+}
+
+/// What the sends of one kind of tool say about their keys.
+#[derive(Debug, Default, PartialEq)]
+struct KeyAudit {
+    /// Sends for the chaotic responses.
+    sent: usize,
+    /// Distinct keys among them.
+    keys: usize,
+    /// Tool steps of this kind in the ended chaotic responses: one key each.
+    steps: usize,
+    /// The most sends of one key.
+    most_sends: usize,
+    /// Sends of either run without a key.
+    without_key: usize,
+    /// Sends of either run whose key is not `<response id>:<seq>` of the response the send was for.
+    foreign_keys: usize,
+    /// Steps of either run sent under more than one key.
+    split_steps: usize,
+}
+
+impl KeyAudit {
+    /// Every send keyed, by its own response, one key per step, and one step per key.
+    fn keys_hold(&self) -> bool {
+        self.without_key == 0
+            && self.foreign_keys == 0
+            && self.split_steps == 0
+            && self.keys == self.steps
+    }
+
+    fn describe(&self, sends: &str, key: &str) -> String {
+        format!(
+            "{} {sends} for {} tool steps under {} distinct keys: **{} sent again under a key already used** \
+             (at most {} sends of one key); without {key} {}, keys not `<response id>:<seq>` of their response {}, \
+             **steps under two keys {}**",
+            self.sent,
+            self.steps,
+            self.keys,
+            self.sent - self.keys,
+            self.most_sends,
+            self.without_key,
+            self.foreign_keys,
+            self.split_steps,
+        )
+    }
+}
+
+/// Checks the keys of `sends` (both runs') and counts those of the `chaotic` responses, which hold `steps` tool
+/// steps of this kind.
+fn audit(sends: &[Sent], chaotic: &HashSet<&str>, steps: usize) -> KeyAudit {
+    let mut result = KeyAudit {
+        steps,
+        ..KeyAudit::default()
+    };
+    let mut by_key: HashMap<&str, usize> = HashMap::new();
+    let mut keys_of_step: HashMap<(&str, &str), BTreeSet<&str>> = HashMap::new();
+    for send in sends {
+        let Some(key) = send.key.as_deref() else {
+            result.without_key += 1;
+            continue;
+        };
+        let own = key.rsplit_once(':').is_some_and(|(response, seq)| {
+            response == send.response_id
+                && !seq.is_empty()
+                && seq.bytes().all(|b| b.is_ascii_digit())
+        });
+        if !own {
+            result.foreign_keys += 1;
+        }
+        keys_of_step
+            .entry((&send.response_id, &send.step))
+            .or_default()
+            .insert(key);
+        if chaotic.contains(send.response_id.as_str()) {
+            result.sent += 1;
+            *by_key.entry(key).or_default() += 1;
+        }
+    }
+    result.keys = by_key.len();
+    result.most_sends = by_key.values().copied().max().unwrap_or(0);
+    result.split_steps = keys_of_step.values().filter(|keys| keys.len() > 1).count();
+    result
 }
 
 /// A xorshift step: the chaos needs variety, not quality.
@@ -448,4 +620,98 @@ async fn takeover_time(
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     bail!("the responses of replica {replica} were never taken over")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sent(response_id: &str, step: &str, key: Option<&str>) -> Sent {
+        Sent {
+            response_id: response_id.into(),
+            step: step.into(),
+            key: key.map(str::to_owned),
+        }
+    }
+
+    #[test]
+    fn audit_counts_resends_and_catches_missing_foreign_and_split_keys() {
+        let chaotic: HashSet<&str> = ["resp_a", "resp_b"].into();
+        let cases = [
+            (
+                "a step re-sent under its key is a duplicate, not a fault",
+                vec![
+                    sent("resp_a", "mcp_add", Some("resp_a:3")),
+                    sent("resp_a", "mcp_add", Some("resp_a:3")),
+                    sent("resp_b", "mcp_add", Some("resp_b:3")),
+                ],
+                2,
+                (3, 2, 2, 0, 0, 0, true),
+            ),
+            (
+                "the calm run's sends are checked but not counted",
+                vec![
+                    sent("resp_a", "mcp_add", Some("resp_a:3")),
+                    sent("resp_calm", "mcp_add", None),
+                ],
+                1,
+                (1, 1, 1, 1, 0, 0, false),
+            ),
+            (
+                "a key of another response, or without a sequence number, is foreign",
+                vec![
+                    sent("resp_a", "mcp_add", Some("resp_b:3")),
+                    sent("resp_b", "mcp_add", Some("resp_b")),
+                ],
+                2,
+                (2, 2, 1, 0, 2, 0, false),
+            ),
+            (
+                "one step under two keys is split",
+                vec![
+                    sent("resp_a", "mcp_add", Some("resp_a:3")),
+                    sent("resp_a", "mcp_add", Some("resp_a:4")),
+                ],
+                1,
+                (2, 2, 1, 0, 0, 1, false),
+            ),
+            (
+                "a step that never reached the server leaves fewer keys than steps",
+                vec![sent("resp_a", "mcp_add", Some("resp_a:3"))],
+                2,
+                (1, 1, 1, 0, 0, 0, false),
+            ),
+        ];
+        for (case, sends, steps, expected) in cases {
+            let found = audit(&sends, &chaotic, steps);
+            let (sent, keys, most_sends, without_key, foreign_keys, split_steps, holds) = expected;
+            assert_eq!(
+                found,
+                KeyAudit {
+                    sent,
+                    keys,
+                    steps,
+                    most_sends,
+                    without_key,
+                    foreign_keys,
+                    split_steps,
+                },
+                "{case}"
+            );
+            assert_eq!(found.keys_hold(), holds, "{case}");
+        }
+    }
+
+    #[test]
+    fn an_mcp_call_is_placed_by_its_arguments_not_its_key() {
+        let ids = vec!["resp_0".to_owned(), "resp_1".to_owned()];
+        let call = json!({"tool": "mcp_add", "arguments": {"a": 1, "b": MCP_ADD_B},
+                          "meta": {"idempotencyKey": "resp_0:3"}});
+        assert_eq!(
+            mcp_send(&call, &ids),
+            sent("resp_1", "mcp_add", Some("resp_0:3"))
+        );
+        let unkeyed = json!({"tool": "mcp_add", "arguments": {"a": 7, "b": 1}, "meta": {}});
+        assert_eq!(mcp_send(&unkeyed, &ids), sent("", "mcp_add", None));
+    }
 }
