@@ -549,17 +549,27 @@ fn an_incomplete_response_names_its_reason() {
     assert_eq!(object["error"], Value::Null);
 }
 
+/// Token counts: input, output, of the input cached, of the output reasoning.
+fn usage(input: u64, output: u64, cached: u64, reasoning: u64) -> Usage {
+    Usage {
+        input_tokens: input,
+        output_tokens: output,
+        cached_tokens: cached,
+        reasoning_tokens: reasoning,
+    }
+}
+
+/// The `usage` of a response object whose record holds `usage`.
+fn usage_json(usage: Usage) -> Value {
+    let mut r = record();
+    r.usage = Some(usage);
+    response_object(&r, &[])["usage"].clone()
+}
+
 #[test]
 fn usage_reports_details_and_the_total() {
-    let mut r = record();
-    r.usage = Some(Usage {
-        input_tokens: 120,
-        output_tokens: 45,
-        cached_tokens: 100,
-        reasoning_tokens: 30,
-    });
     assert_eq!(
-        response_object(&r, &[])["usage"],
+        usage_json(usage(120, 45, 100, 30)),
         json!({"input_tokens": 120, "input_tokens_details": {"cached_tokens": 100, "cache_write_tokens": 0}, "output_tokens": 45,
                "output_tokens_details": {"reasoning_tokens": 30}, "total_tokens": 165})
     );
@@ -573,12 +583,7 @@ fn usage_of_several_model_calls_is_summed() {
             output: Some(o), ..
         }) = &mut step.body
         {
-            o.usage = Some(Usage {
-                input_tokens: input,
-                output_tokens: output,
-                cached_tokens: cached,
-                reasoning_tokens: 1,
-            });
+            o.usage = Some(usage(input, output, cached, 1));
         }
         step
     };
@@ -587,10 +592,8 @@ fn usage_of_several_model_calls_is_summed() {
         ok(1, Some(0), "a"),
         with_usage(2, 20, 3, 0),
     ];
-    let mut r = record();
-    r.usage = Some(crate::steps::total_usage(&steps));
     assert_eq!(
-        response_object(&r, &[])["usage"],
+        usage_json(crate::steps::total_usage(&steps)),
         json!({"input_tokens": 30, "input_tokens_details": {"cached_tokens": 4, "cache_write_tokens": 0}, "output_tokens": 5,
                "output_tokens_details": {"reasoning_tokens": 2}, "total_tokens": 35})
     );
