@@ -105,6 +105,20 @@ fn output_of(step: &Step) -> &ModelOutput {
     step.model().and_then(|m| m.output.as_ref()).unwrap()
 }
 
+/// Reports that the model call of `step` ended with its output.
+fn model_ended(p: &mut EventProjection, step: &Step) {
+    p.handle(Progress::ModelEnded {
+        output: output_of(step),
+    });
+}
+
+/// Reports the pieces of text the model streamed for the message `item_id`.
+fn text_deltas(p: &mut EventProjection, item_id: &str, pieces: &[&str]) {
+    for delta in pieces {
+        p.handle(Progress::TextDelta { item_id, delta });
+    }
+}
+
 /// Feeds the live progress of a run to a fresh projection and collects the events.
 fn live(
     record: &ResponseRecord,
@@ -169,15 +183,8 @@ fn rows() -> Vec<Row> {
                 &[],
             )],
             feed: Box::new(|p, steps| {
-                for delta in ["Hel", "lo ", "wörld"] {
-                    p.handle(Progress::TextDelta {
-                        item_id: "msg_1",
-                        delta,
-                    });
-                }
-                p.handle(Progress::ModelEnded {
-                    output: output_of(&steps[0]),
-                });
+                text_deltas(p, "msg_1", &["Hel", "lo ", "wörld"]);
+                model_ended(p, &steps[0]);
             }),
             expected: [
                 START.to_vec(),
@@ -195,9 +202,7 @@ fn rows() -> Vec<Row> {
                 &[],
             )],
             feed: Box::new(|p, steps| {
-                p.handle(Progress::ModelEnded {
-                    output: output_of(&steps[0]),
-                });
+                model_ended(p, &steps[0]);
             }),
             expected: [
                 START.to_vec(),
@@ -216,29 +221,15 @@ fn rows() -> Vec<Row> {
                 model(3, Some(streamed("msg_3", &["Found", " it."])), &[]),
             ],
             feed: Box::new(|p, steps| {
-                p.handle(Progress::TextDelta {
-                    item_id: "msg_0",
-                    delta: "Let me look.",
-                });
-                p.handle(Progress::ModelEnded {
-                    output: output_of(&steps[0]),
-                });
+                text_deltas(p, "msg_0", &["Let me look."]);
+                model_ended(p, &steps[0]);
                 p.handle(Progress::ToolsStarted {
                     steps: &[&steps[1], &steps[2]],
                 });
                 p.handle(Progress::ToolEnded { step: &steps[2] });
                 p.handle(Progress::ToolEnded { step: &steps[1] });
-                p.handle(Progress::TextDelta {
-                    item_id: "msg_3",
-                    delta: "Found",
-                });
-                p.handle(Progress::TextDelta {
-                    item_id: "msg_3",
-                    delta: " it.",
-                });
-                p.handle(Progress::ModelEnded {
-                    output: output_of(&steps[3]),
-                });
+                text_deltas(p, "msg_3", &["Found", " it."]);
+                model_ended(p, &steps[3]);
             }),
             expected: [
                 START.to_vec(),
@@ -295,14 +286,7 @@ fn rows() -> Vec<Row> {
                 }),
             }],
             feed: Box::new(|p, steps| {
-                p.handle(Progress::TextDelta {
-                    item_id: "msg_1",
-                    delta: "Hel",
-                });
-                p.handle(Progress::TextDelta {
-                    item_id: "msg_1",
-                    delta: "lo",
-                });
+                text_deltas(p, "msg_1", &["Hel", "lo"]);
                 let partial = steps[0]
                     .model()
                     .and_then(|m| m.failure.as_ref())
@@ -323,9 +307,7 @@ fn rows() -> Vec<Row> {
             }),
             steps: vec![model(0, None, &["a"])],
             feed: Box::new(|p, steps| {
-                p.handle(Progress::ModelEnded {
-                    output: output_of(&steps[0]),
-                });
+                model_ended(p, &steps[0]);
             }),
             expected: [START.to_vec(), vec!["response.incomplete"]].concat(),
         },
@@ -645,16 +627,12 @@ fn a_bound_web_search_streams_as_openai_streams_a_web_search_call_and_replays_th
         ];
         let record = ended(Ending::Completed { handed_back: false });
         let events = live(&record, &steps, &|p| {
-            p.handle(Progress::ModelEnded {
-                output: output_of(&steps[0]),
-            });
+            model_ended(p, &steps[0]);
             p.handle(Progress::ToolsStarted {
                 steps: &[&steps[1]],
             });
             p.handle(Progress::ToolEnded { step: &steps[1] });
-            p.handle(Progress::ModelEnded {
-                output: output_of(&steps[2]),
-            });
+            model_ended(p, &steps[2]);
         });
         assert_eq!(
             events,
