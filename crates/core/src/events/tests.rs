@@ -138,6 +138,14 @@ fn live(
     std::iter::from_fn(|| projection.poll()).collect()
 }
 
+/// The first event of `kind`; the test fails without one.
+fn first_of<'a>(events: &'a [Event], kind: &str) -> &'a Event {
+    match events.iter().find(|e| e.kind == kind) {
+        Some(event) => event,
+        None => panic!("no {kind} event in {:?}", kinds(events)),
+    }
+}
+
 fn kinds(events: &[Event]) -> Vec<&'static str> {
     events.iter().map(|e| e.kind).collect()
 }
@@ -495,32 +503,20 @@ fn a_server_call_streams_as_openai_streams_an_mcp_call_with_its_arguments_after_
         reason: IncompleteReason::Deadline,
     });
     let events = replay(&record, &steps);
-    let added = events
-        .iter()
-        .find(|e| e.kind == "response.output_item.added")
-        .unwrap();
+    let added = first_of(&events, "response.output_item.added");
     assert_eq!(added.data["item"]["type"], "mcp_call");
     assert_eq!(added.data["item"]["arguments"], "", "{:#}", added.data);
     assert_eq!(added.data["item"]["status"], "in_progress");
     let item_id = added.data["item"]["id"].clone();
     let arguments = output_of(&steps[0]).tool_calls[0].arguments.clone();
-    let delta = events
-        .iter()
-        .find(|e| e.kind == "response.mcp_call_arguments.delta")
-        .unwrap();
+    let delta = first_of(&events, "response.mcp_call_arguments.delta");
     assert_eq!(delta.data["delta"], arguments.as_str());
     assert_eq!(delta.data["item_id"], item_id);
     assert_eq!(delta.data["output_index"], added.data["output_index"]);
-    let done = events
-        .iter()
-        .find(|e| e.kind == "response.mcp_call_arguments.done")
-        .unwrap();
+    let done = first_of(&events, "response.mcp_call_arguments.done");
     assert_eq!(done.data["arguments"], arguments.as_str());
     assert_eq!(done.data["item_id"], item_id);
-    let item_done = events
-        .iter()
-        .find(|e| e.kind == "response.output_item.done")
-        .unwrap();
+    let item_done = first_of(&events, "response.output_item.done");
     assert_eq!(item_done.data["item"]["arguments"], arguments.as_str());
     assert_eq!(item_done.data["item"]["status"], "completed");
 }
