@@ -250,28 +250,6 @@ async fn a_delayed_reply_is_not_answered_before_its_delay() -> TestResult {
 }
 
 #[tokio::test]
-async fn without_a_script_tool_results_are_summarised() -> TestResult {
-    let model = MockModel::start().await?;
-    let request = json!({
-        "model": "m",
-        "messages": [
-            {"role": "user", "content": "weather?"},
-            {"role": "assistant", "content": null, "tool_calls": [
-                {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": "{}"}}
-            ]},
-            {"role": "tool", "tool_call_id": "call_1", "content": "{\"forecast\":\"sunny\"}"},
-            {"role": "tool", "tool_call_id": "call_2", "content": [{"type": "text", "text": "42"}]},
-        ],
-    });
-    let (_, body) = complete(&model, &request).await?;
-    assert_eq!(
-        body["choices"][0]["message"]["content"],
-        "Tool results: {\"forecast\":\"sunny\"}; 42"
-    );
-    Ok(())
-}
-
-#[tokio::test]
 async fn without_a_script_call_directives_become_tool_calls_when_tools_are_offered() -> TestResult {
     let model = MockModel::start().await?;
     let mut request = chat("please !call get_weather {\"city\": \"Oslo\"} then !call fail");
@@ -292,17 +270,35 @@ async fn without_a_script_call_directives_become_tool_calls_when_tools_are_offer
 }
 
 #[tokio::test]
-async fn without_a_script_the_last_user_text_is_echoed_also_from_content_parts() -> TestResult {
+async fn without_a_script_the_answer_is_made_from_the_messages() -> TestResult {
     let model = MockModel::start().await?;
-    let request = json!({"model": "m", "messages": [
-        {"role": "system", "content": "be nice"},
-        {"role": "user", "content": [{"type": "text", "text": "hello parts"}]},
-    ]});
-    let (_, body) = complete(&model, &request).await?;
-    assert_eq!(
-        body["choices"][0]["message"]["content"],
-        "Echo: hello parts"
-    );
+    // (what the row shows, the messages, the answer's text)
+    let rows = [
+        (
+            "tool results are summarised",
+            json!([
+                {"role": "user", "content": "weather?"},
+                {"role": "assistant", "content": null, "tool_calls": [
+                    {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": "{}"}}
+                ]},
+                {"role": "tool", "tool_call_id": "call_1", "content": "{\"forecast\":\"sunny\"}"},
+                {"role": "tool", "tool_call_id": "call_2", "content": [{"type": "text", "text": "42"}]},
+            ]),
+            "Tool results: {\"forecast\":\"sunny\"}; 42",
+        ),
+        (
+            "the last user text is echoed, also from content parts",
+            json!([
+                {"role": "system", "content": "be nice"},
+                {"role": "user", "content": [{"type": "text", "text": "hello parts"}]},
+            ]),
+            "Echo: hello parts",
+        ),
+    ];
+    for (name, messages, answer) in rows {
+        let (_, body) = complete(&model, &json!({"model": "m", "messages": messages})).await?;
+        assert_eq!(body["choices"][0]["message"]["content"], answer, "{name}");
+    }
     Ok(())
 }
 
