@@ -67,11 +67,7 @@ pub fn build_request(
 
 fn anthropic_tool(tool: &OfferedTool) -> Value {
     let tool = tool.as_function();
-    let mut out = Map::new();
-    out.insert("name".into(), json!(tool.name));
-    if let Some(d) = tool.description.as_deref().filter(|d| !d.is_empty()) {
-        out.insert("description".into(), json!(d));
-    }
+    let mut out = tool.name_and_description();
     let schema = match &tool.input {
         ToolInput::Json { parameters, .. } => parameters.clone(),
         ToolInput::Text { .. } => json!({"type": "object"}),

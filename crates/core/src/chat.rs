@@ -97,11 +97,7 @@ pub fn build_request(
 
 fn chat_tool(tool: &OfferedTool) -> Value {
     let tool = tool.as_function();
-    let mut function = Map::new();
-    function.insert("name".into(), json!(tool.name));
-    if let Some(d) = tool.description.as_deref().filter(|d| !d.is_empty()) {
-        function.insert("description".into(), json!(d));
-    }
+    let mut function = tool.name_and_description();
     if let ToolInput::Json { parameters, strict } = &tool.input {
         function.insert("parameters".into(), parameters.clone());
         if let Some(strict) = strict {

@@ -98,6 +98,7 @@ pub struct FunctionCallItem {
     pub status: Option<String>,
 }
 
+/// A tool's result as the client sends it back: `function_call_output`, and `custom_tool_call_output` too.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct FunctionCallOutputItem {
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -122,16 +123,8 @@ pub struct CustomToolCallItem {
     pub status: Option<String>,
 }
 
-/// The client's answer to a `custom_tool_call`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct CustomToolCallOutputItem {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub id: Option<String>,
-    pub call_id: String,
-    pub output: FunctionOutput,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub status: Option<String>,
-}
+/// The client's answer to a `custom_tool_call`: the same fields as a `function_call_output`.
+pub type CustomToolCallOutputItem = FunctionCallOutputItem;
 
 /// A tool's output: a string, or (from clients) a list of content parts.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -303,59 +296,54 @@ pub fn summary_message(summary: &str) -> Item {
     ))
 }
 
+/// Writes, from one list of every item kind with its wire `type` and its id prefix, what each kind answers
+/// alike: its id, the setting of it, its id prefix and the list of wire types.
+macro_rules! item_kinds {
+    ($($variant:ident => $wire_type:literal, $prefix:literal;)*) => {
+        impl Item {
+            /// The wire `type` of every item kind.
+            pub const TYPES: &'static [&'static str] = &[$($wire_type),*];
+
+            /// The item's id, when it has one.
+            pub fn id(&self) -> Option<&str> {
+                match self {
+                    $(Item::$variant(item) => item.id.as_deref(),)*
+                }
+            }
+
+            /// Sets the item's id.
+            pub fn set_id(&mut self, id: String) {
+                let slot = match self {
+                    $(Item::$variant(item) => &mut item.id,)*
+                };
+                *slot = Some(id);
+            }
+
+            /// The prefix of ids the gateway issues for this kind of item.
+            pub fn id_prefix(&self) -> &'static str {
+                match self {
+                    $(Item::$variant(_) => $prefix,)*
+                }
+            }
+        }
+    };
+}
+
+item_kinds! {
+    Message => "message", "msg";
+    FunctionCall => "function_call", "fc";
+    FunctionCallOutput => "function_call_output", "fco";
+    CustomToolCall => "custom_tool_call", "ctc";
+    CustomToolCallOutput => "custom_tool_call_output", "ctco";
+    McpCall => "mcp_call", "mcp";
+    McpListTools => "mcp_list_tools", "mcpl";
+    McpApprovalRequest => "mcp_approval_request", "mcpr";
+    McpApprovalResponse => "mcp_approval_response", "mcpa";
+    Reasoning => "reasoning", "rs";
+    Compaction => "compaction", "cmp";
+}
+
 impl Item {
-    /// The item's id, when it has one.
-    pub fn id(&self) -> Option<&str> {
-        match self {
-            Item::Message(m) => m.id.as_deref(),
-            Item::FunctionCall(c) => c.id.as_deref(),
-            Item::FunctionCallOutput(o) => o.id.as_deref(),
-            Item::CustomToolCall(c) => c.id.as_deref(),
-            Item::CustomToolCallOutput(o) => o.id.as_deref(),
-            Item::McpCall(c) => c.id.as_deref(),
-            Item::McpListTools(l) => l.id.as_deref(),
-            Item::McpApprovalRequest(r) => r.id.as_deref(),
-            Item::McpApprovalResponse(r) => r.id.as_deref(),
-            Item::Reasoning(r) => r.id.as_deref(),
-            Item::Compaction(c) => c.id.as_deref(),
-        }
-    }
-
-    /// Sets the item's id.
-    pub fn set_id(&mut self, id: String) {
-        let slot = match self {
-            Item::Message(m) => &mut m.id,
-            Item::FunctionCall(c) => &mut c.id,
-            Item::FunctionCallOutput(o) => &mut o.id,
-            Item::CustomToolCall(c) => &mut c.id,
-            Item::CustomToolCallOutput(o) => &mut o.id,
-            Item::McpCall(c) => &mut c.id,
-            Item::McpListTools(l) => &mut l.id,
-            Item::McpApprovalRequest(r) => &mut r.id,
-            Item::McpApprovalResponse(r) => &mut r.id,
-            Item::Reasoning(r) => &mut r.id,
-            Item::Compaction(c) => &mut c.id,
-        };
-        *slot = Some(id);
-    }
-
-    /// The prefix of ids the gateway issues for this kind of item.
-    pub fn id_prefix(&self) -> &'static str {
-        match self {
-            Item::Message(_) => "msg",
-            Item::FunctionCall(_) => "fc",
-            Item::FunctionCallOutput(_) => "fco",
-            Item::CustomToolCall(_) => "ctc",
-            Item::CustomToolCallOutput(_) => "ctco",
-            Item::McpCall(_) => "mcp",
-            Item::McpListTools(_) => "mcpl",
-            Item::McpApprovalRequest(_) => "mcpr",
-            Item::McpApprovalResponse(_) => "mcpa",
-            Item::Reasoning(_) => "rs",
-            Item::Compaction(_) => "cmp",
-        }
-    }
-
     /// The `call_id` of a tool call or tool output: what pairs them.
     pub fn call_id(&self) -> Option<&str> {
         match self {
@@ -449,17 +437,7 @@ pub fn parse_input_item(value: Value) -> Result<InputItem, ItemError> {
         .unwrap_or_default()
         .to_owned();
     match kind.as_str() {
-        "message"
-        | "function_call"
-        | "function_call_output"
-        | "custom_tool_call"
-        | "custom_tool_call_output"
-        | "mcp_call"
-        | "mcp_list_tools"
-        | "mcp_approval_request"
-        | "mcp_approval_response"
-        | "reasoning"
-        | "compaction" => serde_json::from_value(value)
+        item_type if Item::TYPES.contains(&item_type) => serde_json::from_value(value)
             .map(InputItem::Item)
             .map_err(|e| ItemError {
                 message: format!("invalid '{kind}' item: {e}"),
@@ -565,6 +543,22 @@ mod tests {
             output,
             InputItem::Item(Item::CustomToolCallOutput(_))
         ));
+    }
+
+    #[test]
+    fn every_listed_item_type_is_a_type_serde_reads() {
+        let distinct: std::collections::BTreeSet<_> = Item::TYPES.iter().collect();
+        assert_eq!(distinct.len(), Item::TYPES.len());
+        for item_type in Item::TYPES {
+            // A bare `{"type"}` lacks most kinds' fields; only an unknown type is named as such.
+            if let Err(err) = serde_json::from_value::<Item>(json!({"type": item_type})) {
+                let message = err.to_string();
+                assert!(
+                    !message.contains("unknown variant"),
+                    "{item_type}: {message}"
+                );
+            }
+        }
     }
 
     #[test]

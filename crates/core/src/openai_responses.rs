@@ -86,11 +86,10 @@ pub fn build_request(
 }
 
 fn tool_json(tool: &OfferedTool) -> Value {
-    let mut out = Map::new();
+    let mut out = tool.name_and_description();
     match &tool.input {
         ToolInput::Json { parameters, strict } => {
             out.insert("type".into(), json!("function"));
-            out.insert("name".into(), json!(tool.name));
             out.insert("parameters".into(), parameters.clone());
             if let Some(strict) = strict {
                 out.insert("strict".into(), json!(strict));
@@ -98,14 +97,10 @@ fn tool_json(tool: &OfferedTool) -> Value {
         }
         ToolInput::Text { format } => {
             out.insert("type".into(), json!("custom"));
-            out.insert("name".into(), json!(tool.name));
             if let Some(format) = format {
                 out.insert("format".into(), format.clone());
             }
         }
-    }
-    if let Some(d) = tool.description.as_deref().filter(|d| !d.is_empty()) {
-        out.insert("description".into(), json!(d));
     }
     Value::Object(out)
 }

@@ -25,47 +25,59 @@ impl IdSource for Counter {
     }
 }
 
+/// Keys the gateway looks for, drawn often in [`any_json`].
+const KEYS: &[&str] = &[
+    "type",
+    "role",
+    "content",
+    "name",
+    "arguments",
+    "call_id",
+    "id",
+    "index",
+    "tool_calls",
+    "function",
+    "choices",
+    "delta",
+    "message",
+    "finish_reason",
+    "usage",
+    "parameters",
+    "tools",
+    "format",
+    "output",
+];
+
+/// Strings the gateway looks for, drawn often in [`any_json`].
+const TEXTS: &[&str] = &[
+    "function",
+    "function_call",
+    "function_call_output",
+    "custom",
+    "custom_tool_call",
+    "namespace",
+    "message",
+    "item_reference",
+    "mcp_call",
+    "user",
+    "assistant",
+    "input_text",
+    "tool_calls",
+    "stop",
+    "{\"a\":",
+];
+
 /// Any JSON value, a few levels deep, with the keys and strings that the gateway looks for showing up often.
 fn any_json() -> impl Strategy<Value = Value> {
+    // Each word as likely as the pattern, as when each was a branch of its own.
     let key = prop_oneof![
-        Just("type".to_owned()),
-        Just("role".to_owned()),
-        Just("content".to_owned()),
-        Just("name".to_owned()),
-        Just("arguments".to_owned()),
-        Just("call_id".to_owned()),
-        Just("id".to_owned()),
-        Just("index".to_owned()),
-        Just("tool_calls".to_owned()),
-        Just("function".to_owned()),
-        Just("choices".to_owned()),
-        Just("delta".to_owned()),
-        Just("message".to_owned()),
-        Just("finish_reason".to_owned()),
-        Just("usage".to_owned()),
-        Just("parameters".to_owned()),
-        Just("tools".to_owned()),
-        Just("format".to_owned()),
-        Just("output".to_owned()),
-        "[a-z_]{1,8}",
+        KEYS.len() as u32 => prop::sample::select(KEYS).prop_map(str::to_owned),
+        1 => "[a-z_]{1,8}",
     ];
+    // Each word as likely as the pattern, as when each was a branch of its own.
     let text = prop_oneof![
-        Just("function".to_owned()),
-        Just("function_call".to_owned()),
-        Just("function_call_output".to_owned()),
-        Just("custom".to_owned()),
-        Just("custom_tool_call".to_owned()),
-        Just("namespace".to_owned()),
-        Just("message".to_owned()),
-        Just("item_reference".to_owned()),
-        Just("mcp_call".to_owned()),
-        Just("user".to_owned()),
-        Just("assistant".to_owned()),
-        Just("input_text".to_owned()),
-        Just("tool_calls".to_owned()),
-        Just("stop".to_owned()),
-        Just("{\"a\":".to_owned()),
-        ".{0,12}",
+        TEXTS.len() as u32 => prop::sample::select(TEXTS).prop_map(str::to_owned),
+        1 => ".{0,12}",
     ];
     let leaf = prop_oneof![
         Just(Value::Null),

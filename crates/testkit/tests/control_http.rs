@@ -7,26 +7,8 @@ use std::process::{Child, Command, Stdio};
 use gateway_testkit::{MockModel, ToolServer};
 use serde_json::{json, Value};
 
-type TestResult = anyhow::Result<()>;
-
-async fn send(request: reqwest::RequestBuilder) -> anyhow::Result<(u16, Value)> {
-    let response = request.send().await?;
-    let status = response.status().as_u16();
-    Ok((status, response.json().await?))
-}
-
-fn chat(content: &str) -> Value {
-    json!({"model": "m", "messages": [{"role": "user", "content": content}]})
-}
-
-async fn complete(model: &MockModel, body: &Value) -> anyhow::Result<(u16, Value)> {
-    send(
-        reqwest::Client::new()
-            .post(format!("{}/chat/completions", model.base_url()))
-            .json(body),
-    )
-    .await
-}
+mod common;
+use common::{chat, complete, send, TestResult};
 
 async fn script(model: &MockModel, specs: Value) -> anyhow::Result<(u16, Value)> {
     send(

@@ -5,11 +5,8 @@ use std::time::{Duration, Instant};
 use gateway_testkit::{Call, MockModel, Reply, StreamMode};
 use serde_json::{json, Value};
 
-type TestResult = anyhow::Result<()>;
-
-fn chat(content: &str) -> Value {
-    json!({"model": "gpt-test", "messages": [{"role": "user", "content": content}]})
-}
+mod common;
+use common::{chat, complete, completions, content_type, TestResult};
 
 fn streaming(mut request: Value, include_usage: bool) -> Value {
     request["stream"] = json!(true);
@@ -19,30 +16,11 @@ fn streaming(mut request: Value, include_usage: bool) -> Value {
     request
 }
 
-async fn post(model: &MockModel, body: &Value) -> anyhow::Result<(u16, Value)> {
-    let response = reqwest::Client::new()
-        .post(format!("{}/chat/completions", model.base_url()))
-        .json(body)
-        .send()
-        .await?;
-    let status = response.status().as_u16();
-    Ok((status, response.json().await?))
-}
-
 /// Posts a streaming request and returns the parsed `data:` payloads (`[DONE]` as a string).
 async fn post_stream(model: &MockModel, body: &Value) -> anyhow::Result<Vec<Value>> {
-    let response = reqwest::Client::new()
-        .post(format!("{}/chat/completions", model.base_url()))
-        .json(body)
-        .send()
-        .await?;
+    let response = completions(model).json(body).send().await?;
     assert_eq!(response.status().as_u16(), 200);
-    let content_type = response
-        .headers()
-        .get("content-type")
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or_default()
-        .to_owned();
+    let content_type = content_type(&response);
     assert!(
         content_type.starts_with("text/event-stream"),
         "{content_type}"
@@ -109,7 +87,7 @@ fn content_of(chunks: &[Value]) -> String {
 async fn a_scripted_text_reply_is_a_well_formed_chat_completion() -> TestResult {
     let model = MockModel::start().await?;
     model.push(Reply::text("Hello there"));
-    let (status, body) = post(&model, &chat("hi")).await?;
+    let (status, body) = complete(&model, &chat("hi")).await?;
     assert_eq!(status, 200);
     assert!(body["id"]
         .as_str()
@@ -142,7 +120,7 @@ async fn scripted_replies_are_served_in_order_and_rules_answer_once_the_script_i
     assert_eq!(model.pending(), 2);
     let mut answers = Vec::new();
     for question in ["a", "b", "c"] {
-        let (_, body) = post(&model, &chat(question)).await?;
+        let (_, body) = complete(&model, &chat(question)).await?;
         answers.push(body["choices"][0]["message"]["content"].clone());
     }
     assert_eq!(
@@ -161,8 +139,8 @@ async fn tool_calls_get_unique_default_ids_and_json_string_arguments() -> TestRe
         Call::new("add", json!({"a": 1, "b": 2})),
     ]));
     model.push(Reply::tool_calls(vec![Call::new("echo", json!({}))]));
-    let (_, first) = post(&model, &chat("x")).await?;
-    let (_, second) = post(&model, &chat("y")).await?;
+    let (_, first) = complete(&model, &chat("x")).await?;
+    let (_, second) = complete(&model, &chat("y")).await?;
 
     let message = &first["choices"][0]["message"];
     assert_eq!(message["content"], Value::Null);
@@ -192,7 +170,7 @@ async fn call_quirks_shape_the_id_and_arguments_as_asked() -> TestResult {
         Call::new("e", json!({"x": 5})).raw_arguments(""),
         Call::new("f", json!({"x": 6})).raw_arguments("{not json"),
     ]));
-    let (_, body) = post(&model, &chat("x")).await?;
+    let (_, body) = complete(&model, &chat("x")).await?;
     let calls = body["choices"][0]["message"]["tool_calls"]
         .as_array()
         .cloned()
@@ -224,8 +202,8 @@ async fn text_with_tool_calls_finish_reason_and_usage_can_be_overridden() -> Tes
             .with_finish_reason("length")
             .without_usage(),
     );
-    let (_, first) = post(&model, &chat("x")).await?;
-    let (_, second) = post(&model, &chat("y")).await?;
+    let (_, first) = complete(&model, &chat("x")).await?;
+    let (_, second) = complete(&model, &chat("y")).await?;
     assert_eq!(first["choices"][0]["message"]["content"], "Let me check.");
     assert_eq!(
         first["choices"][0]["message"]["tool_calls"][0]["function"]["name"],
@@ -247,13 +225,13 @@ async fn an_error_reply_has_its_status_and_an_openai_error_body_even_when_stream
     let model = MockModel::start().await?;
     model.push(Reply::error(429, "slow down"));
     model.push(Reply::error(503, "overloaded"));
-    let (status, body) = post(&model, &chat("x")).await?;
+    let (status, body) = complete(&model, &chat("x")).await?;
     assert_eq!(status, 429);
     assert_eq!(
         body,
         json!({"error": {"message": "slow down", "type": "invalid_request_error", "param": null, "code": null}})
     );
-    let (status, body) = post(&model, &streaming(chat("x"), true)).await?;
+    let (status, body) = complete(&model, &streaming(chat("x"), true)).await?;
     assert_eq!(status, 503);
     assert_eq!(body["error"]["message"], "overloaded");
     assert_eq!(body["error"]["type"], "server_error");
@@ -265,31 +243,9 @@ async fn a_delayed_reply_is_not_answered_before_its_delay() -> TestResult {
     let model = MockModel::start().await?;
     model.push(Reply::text("late").with_delay(Duration::from_millis(200)));
     let started = Instant::now();
-    let (_, body) = post(&model, &chat("x")).await?;
+    let (_, body) = complete(&model, &chat("x")).await?;
     assert!(started.elapsed() >= Duration::from_millis(200));
     assert_eq!(body["choices"][0]["message"]["content"], "late");
-    Ok(())
-}
-
-#[tokio::test]
-async fn without_a_script_tool_results_are_summarised() -> TestResult {
-    let model = MockModel::start().await?;
-    let request = json!({
-        "model": "m",
-        "messages": [
-            {"role": "user", "content": "weather?"},
-            {"role": "assistant", "content": null, "tool_calls": [
-                {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": "{}"}}
-            ]},
-            {"role": "tool", "tool_call_id": "call_1", "content": "{\"forecast\":\"sunny\"}"},
-            {"role": "tool", "tool_call_id": "call_2", "content": [{"type": "text", "text": "42"}]},
-        ],
-    });
-    let (_, body) = post(&model, &request).await?;
-    assert_eq!(
-        body["choices"][0]["message"]["content"],
-        "Tool results: {\"forecast\":\"sunny\"}; 42"
-    );
     Ok(())
 }
 
@@ -299,7 +255,7 @@ async fn without_a_script_call_directives_become_tool_calls_when_tools_are_offer
     let mut request = chat("please !call get_weather {\"city\": \"Oslo\"} then !call fail");
     request["tools"] =
         json!([{"type": "function", "function": {"name": "get_weather", "parameters": {}}}]);
-    let (_, body) = post(&model, &request).await?;
+    let (_, body) = complete(&model, &request).await?;
     let calls = &body["choices"][0]["message"]["tool_calls"];
     assert_eq!(calls[0]["function"]["name"], "get_weather");
     assert_eq!(calls[0]["function"]["arguments"], "{\"city\":\"Oslo\"}");
@@ -308,31 +264,48 @@ async fn without_a_script_call_directives_become_tool_calls_when_tools_are_offer
     assert_eq!(body["choices"][0]["finish_reason"], "tool_calls");
 
     // Without tools in the request, the directive is just echoed.
-    let (_, body) = post(&model, &chat("!call fail")).await?;
+    let (_, body) = complete(&model, &chat("!call fail")).await?;
     assert_eq!(body["choices"][0]["message"]["content"], "Echo: !call fail");
     Ok(())
 }
 
 #[tokio::test]
-async fn without_a_script_the_last_user_text_is_echoed_also_from_content_parts() -> TestResult {
+async fn without_a_script_the_answer_is_made_from_the_messages() -> TestResult {
     let model = MockModel::start().await?;
-    let request = json!({"model": "m", "messages": [
-        {"role": "system", "content": "be nice"},
-        {"role": "user", "content": [{"type": "text", "text": "hello parts"}]},
-    ]});
-    let (_, body) = post(&model, &request).await?;
-    assert_eq!(
-        body["choices"][0]["message"]["content"],
-        "Echo: hello parts"
-    );
+    // (what the row shows, the messages, the answer's text)
+    let rows = [
+        (
+            "tool results are summarised",
+            json!([
+                {"role": "user", "content": "weather?"},
+                {"role": "assistant", "content": null, "tool_calls": [
+                    {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": "{}"}}
+                ]},
+                {"role": "tool", "tool_call_id": "call_1", "content": "{\"forecast\":\"sunny\"}"},
+                {"role": "tool", "tool_call_id": "call_2", "content": [{"type": "text", "text": "42"}]},
+            ]),
+            "Tool results: {\"forecast\":\"sunny\"}; 42",
+        ),
+        (
+            "the last user text is echoed, also from content parts",
+            json!([
+                {"role": "system", "content": "be nice"},
+                {"role": "user", "content": [{"type": "text", "text": "hello parts"}]},
+            ]),
+            "Echo: hello parts",
+        ),
+    ];
+    for (name, messages, answer) in rows {
+        let (_, body) = complete(&model, &json!({"model": "m", "messages": messages})).await?;
+        assert_eq!(body["choices"][0]["message"]["content"], answer, "{name}");
+    }
     Ok(())
 }
 
 #[tokio::test]
 async fn request_headers_are_recorded_with_lower_case_names() -> TestResult {
     let model = MockModel::start().await?;
-    reqwest::Client::new()
-        .post(format!("{}/chat/completions", model.base_url()))
+    completions(&model)
         .header("Authorization", "Bearer sk-test")
         .header("X-Custom", "yes")
         .json(&chat("x"))
@@ -349,11 +322,7 @@ async fn request_headers_are_recorded_with_lower_case_names() -> TestResult {
 async fn a_body_that_is_not_json_is_rejected_and_recorded_as_null() -> TestResult {
     let model = MockModel::start().await?;
     model.push(Reply::text("kept"));
-    let response = reqwest::Client::new()
-        .post(format!("{}/chat/completions", model.base_url()))
-        .body("not json")
-        .send()
-        .await?;
+    let response = completions(&model).body("not json").send().await?;
     assert_eq!(response.status().as_u16(), 400);
     assert_eq!(model.requests(), vec![Value::Null]);
     assert_eq!(model.pending(), 1, "the scripted reply is not used up");
@@ -595,8 +564,7 @@ async fn error_mid_stream_sends_an_error_event_after_the_first_content_chunk_and
 async fn cut_mid_stream_drops_the_connection_after_the_first_chunk() -> TestResult {
     let model = MockModel::start().await?;
     model.push(Reply::text("Hello streaming world").stream_mode(StreamMode::CutMidStream));
-    let mut response = reqwest::Client::new()
-        .post(format!("{}/chat/completions", model.base_url()))
+    let mut response = completions(&model)
         .json(&streaming(chat("x"), true))
         .send()
         .await?;

@@ -3,16 +3,11 @@
 use gateway_testkit::{tool_definitions, ToolServer};
 use serde_json::{json, Value};
 
-type TestResult = anyhow::Result<()>;
+mod common;
+use common::{content_type, send, TestResult};
 
 async fn call(tools: &ToolServer, tool: &str, args: Value) -> anyhow::Result<(u16, Value)> {
-    let response = reqwest::Client::new()
-        .post(tools.url(tool))
-        .json(&args)
-        .send()
-        .await?;
-    let status = response.status().as_u16();
-    Ok((status, response.json().await?))
+    send(reqwest::Client::new().post(tools.url(tool)).json(&args)).await
 }
 
 #[tokio::test]
@@ -80,12 +75,7 @@ async fn plain_text_answers_with_a_text_plain_body() -> TestResult {
         .send()
         .await?;
     assert_eq!(response.status().as_u16(), 200);
-    let content_type = response
-        .headers()
-        .get("content-type")
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or_default()
-        .to_owned();
+    let content_type = content_type(&response);
     assert!(content_type.starts_with("text/plain"), "{content_type}");
     assert_eq!(response.text().await?, "plain text answer");
     Ok(())

@@ -110,109 +110,156 @@ fn instructions_lead_and_string_input_becomes_a_user_message() {
 }
 
 #[test]
-fn no_instructions_means_no_system_message() {
-    assert_eq!(
-        messages_of(json!([{"type": "message", "role": "user", "content": "hi"}])),
-        json!([{"role": "user", "content": "hi"}])
-    );
-}
-
-#[test]
-fn message_roles_and_parts_map_to_chat_messages() {
-    let messages = messages_of(json!([
-        {"type": "message", "role": "developer", "content": "dev rules"},
-        {"type": "message", "role": "system", "content": [{"type": "input_text", "text": "sys rules"}]},
-        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "a"}, {"type": "input_text", "text": "b"}]},
-        {"type": "message", "role": "user", "content": [
-            {"type": "input_text", "text": "look"},
-            {"type": "input_image", "image_url": "https://x/cat.png", "detail": "low"},
-            {"type": "input_image", "file_id": "file_1"}]},
-        {"type": "message", "role": "assistant", "content": [
-            {"type": "output_text", "text": "a cat", "annotations": []}, {"type": "refusal", "refusal": "!"}]},
-        {"type": "message", "role": "assistant", "content": [
-            {"type": "output_text", "text": "see"}, {"type": "input_image", "image_url": "https://x/dog.png"}]},
-    ]));
-    assert_eq!(
-        messages,
-        json!([
-            {"role": "system", "content": "dev rules"},
-            {"role": "system", "content": "sys rules"},
-            {"role": "user", "content": "ab"},
-            {"role": "user", "content": [
-                {"type": "text", "text": "look"},
-                {"type": "image_url", "image_url": {"url": "https://x/cat.png", "detail": "low"}}]},
-            {"role": "assistant", "content": "a cat!"},
-            {"role": "assistant", "content": "see"},
-        ])
-    );
-}
-
-#[test]
-fn consecutive_function_calls_and_the_text_before_them_form_one_assistant_message() {
-    let messages = messages_of(json!([
-        {"type": "message", "role": "user", "content": "weather and time?"},
-        {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Checking both."}]},
-        {"type": "function_call", "id": "fc_1", "call_id": "call_1", "name": "get_weather", "arguments": "{\"city\":\"SF\"}"},
-        {"type": "function_call", "id": "fc_2", "call_id": "call_2", "name": "get_time", "arguments": "{}"},
-        {"type": "function_call_output", "call_id": "call_1", "output": "sunny"},
-        {"type": "function_call_output", "call_id": "call_2", "output": "noon"},
-    ]));
-    assert_eq!(
-        messages,
-        json!([
-            {"role": "user", "content": "weather and time?"},
-            {"role": "assistant", "content": "Checking both.", "tool_calls": [
-                {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": "{\"city\":\"SF\"}"}},
-                {"id": "call_2", "type": "function", "function": {"name": "get_time", "arguments": "{}"}}]},
-            {"role": "tool", "tool_call_id": "call_1", "content": "sunny"},
-            {"role": "tool", "tool_call_id": "call_2", "content": "noon"},
-        ])
-    );
-}
-
-#[test]
-fn tool_messages_follow_their_calls_in_call_order_whatever_order_outputs_came_in() {
-    let messages = messages_of(json!([
-        {"type": "message", "role": "user", "content": "go"},
-        {"type": "function_call", "call_id": "call_a", "name": "f", "arguments": "{}"},
-        {"type": "function_call", "call_id": "call_b", "name": "g", "arguments": "{}"},
-        {"type": "message", "role": "user", "content": "also this"},
-        {"type": "function_call_output", "call_id": "call_b", "output": [{"type": "input_text", "text": "B"}, {"type": "input_text", "text": "!"}]},
-        {"type": "function_call_output", "call_id": "call_a", "output": "A"},
-    ]));
-    assert_eq!(
-        messages,
-        json!([
-            {"role": "user", "content": "go"},
-            {"role": "assistant", "content": null, "tool_calls": [
-                {"id": "call_a", "type": "function", "function": {"name": "f", "arguments": "{}"}},
-                {"id": "call_b", "type": "function", "function": {"name": "g", "arguments": "{}"}}]},
-            {"role": "tool", "tool_call_id": "call_a", "content": "A"},
-            {"role": "tool", "tool_call_id": "call_b", "content": "B!"},
-            {"role": "user", "content": "also this"},
-        ])
-    );
-}
-
-#[test]
-fn calls_separated_by_a_user_message_form_separate_assistant_messages() {
-    let messages = messages_of(json!([
-        {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"},
-        {"type": "function_call_output", "call_id": "c1", "output": "one"},
-        {"type": "message", "role": "user", "content": "again"},
-        {"type": "function_call", "call_id": "c2", "name": "f", "arguments": "{}"},
-        {"type": "function_call_output", "call_id": "c2", "output": "two"},
-    ]));
-    assert_eq!(
-        messages,
-        json!([
-            {"role": "assistant", "content": null, "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
-            {"role": "tool", "tool_call_id": "c1", "content": "one"},
-            {"role": "user", "content": "again"},
-            {"role": "assistant", "content": null, "tool_calls": [{"id": "c2", "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
-            {"role": "tool", "tool_call_id": "c2", "content": "two"},
-        ])
-    );
+fn conversations_become_the_chat_messages_a_provider_reads() {
+    // (what the row shows, the conversation, its messages)
+    let rows = [
+        (
+            "no instructions means no system message",
+            json!([{"type": "message", "role": "user", "content": "hi"}]),
+            json!([{"role": "user", "content": "hi"}]),
+        ),
+        (
+            "message roles and parts map to chat messages",
+            json!([
+                {"type": "message", "role": "developer", "content": "dev rules"},
+                {"type": "message", "role": "system", "content": [{"type": "input_text", "text": "sys rules"}]},
+                {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "a"}, {"type": "input_text", "text": "b"}]},
+                {"type": "message", "role": "user", "content": [
+                    {"type": "input_text", "text": "look"},
+                    {"type": "input_image", "image_url": "https://x/cat.png", "detail": "low"},
+                    {"type": "input_image", "file_id": "file_1"}]},
+                {"type": "message", "role": "assistant", "content": [
+                    {"type": "output_text", "text": "a cat", "annotations": []}, {"type": "refusal", "refusal": "!"}]},
+                {"type": "message", "role": "assistant", "content": [
+                    {"type": "output_text", "text": "see"}, {"type": "input_image", "image_url": "https://x/dog.png"}]},
+            ]),
+            json!([
+                {"role": "system", "content": "dev rules"},
+                {"role": "system", "content": "sys rules"},
+                {"role": "user", "content": "ab"},
+                {"role": "user", "content": [
+                    {"type": "text", "text": "look"},
+                    {"type": "image_url", "image_url": {"url": "https://x/cat.png", "detail": "low"}}]},
+                {"role": "assistant", "content": "a cat!"},
+                {"role": "assistant", "content": "see"},
+            ]),
+        ),
+        (
+            "consecutive function calls and the text before them form one assistant message",
+            json!([
+                {"type": "message", "role": "user", "content": "weather and time?"},
+                {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Checking both."}]},
+                {"type": "function_call", "id": "fc_1", "call_id": "call_1", "name": "get_weather", "arguments": "{\"city\":\"SF\"}"},
+                {"type": "function_call", "id": "fc_2", "call_id": "call_2", "name": "get_time", "arguments": "{}"},
+                {"type": "function_call_output", "call_id": "call_1", "output": "sunny"},
+                {"type": "function_call_output", "call_id": "call_2", "output": "noon"},
+            ]),
+            json!([
+                {"role": "user", "content": "weather and time?"},
+                {"role": "assistant", "content": "Checking both.", "tool_calls": [
+                    {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": "{\"city\":\"SF\"}"}},
+                    {"id": "call_2", "type": "function", "function": {"name": "get_time", "arguments": "{}"}}]},
+                {"role": "tool", "tool_call_id": "call_1", "content": "sunny"},
+                {"role": "tool", "tool_call_id": "call_2", "content": "noon"},
+            ]),
+        ),
+        (
+            "tool messages follow their calls in call order whatever order outputs came in",
+            json!([
+                {"type": "message", "role": "user", "content": "go"},
+                {"type": "function_call", "call_id": "call_a", "name": "f", "arguments": "{}"},
+                {"type": "function_call", "call_id": "call_b", "name": "g", "arguments": "{}"},
+                {"type": "message", "role": "user", "content": "also this"},
+                {"type": "function_call_output", "call_id": "call_b", "output": [{"type": "input_text", "text": "B"}, {"type": "input_text", "text": "!"}]},
+                {"type": "function_call_output", "call_id": "call_a", "output": "A"},
+            ]),
+            json!([
+                {"role": "user", "content": "go"},
+                {"role": "assistant", "content": null, "tool_calls": [
+                    {"id": "call_a", "type": "function", "function": {"name": "f", "arguments": "{}"}},
+                    {"id": "call_b", "type": "function", "function": {"name": "g", "arguments": "{}"}}]},
+                {"role": "tool", "tool_call_id": "call_a", "content": "A"},
+                {"role": "tool", "tool_call_id": "call_b", "content": "B!"},
+                {"role": "user", "content": "also this"},
+            ]),
+        ),
+        (
+            "calls separated by a user message form separate assistant messages",
+            json!([
+                {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"},
+                {"type": "function_call_output", "call_id": "c1", "output": "one"},
+                {"type": "message", "role": "user", "content": "again"},
+                {"type": "function_call", "call_id": "c2", "name": "f", "arguments": "{}"},
+                {"type": "function_call_output", "call_id": "c2", "output": "two"},
+            ]),
+            json!([
+                {"role": "assistant", "content": null, "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
+                {"role": "tool", "tool_call_id": "c1", "content": "one"},
+                {"role": "user", "content": "again"},
+                {"role": "assistant", "content": null, "tool_calls": [{"id": "c2", "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
+                {"role": "tool", "tool_call_id": "c2", "content": "two"},
+            ]),
+        ),
+        (
+            "mcp calls become tool calls with their result or error as tool messages",
+            json!([
+                {"type": "message", "role": "user", "content": "search"},
+                {"type": "mcp_call", "id": "mcp_1", "call_id": "call_s", "server_label": "gateway", "name": "search",
+                 "arguments": "{\"q\":\"rust\"}", "output": "3 hits", "error": null, "status": "completed"},
+                {"type": "function_call", "id": "fc_9", "call_id": "call_c", "name": "client_fn", "arguments": "{}"},
+                {"type": "mcp_call", "id": "mcp_2", "call_id": "call_f", "server_label": "gateway", "name": "fetch",
+                 "arguments": "{}", "output": null, "error": "HTTP 502", "status": "failed"},
+                {"type": "mcp_call", "id": "mcp_only", "server_label": "gateway", "name": "fetch", "arguments": "{}", "output": "by id"},
+                {"type": "function_call_output", "call_id": "call_c", "output": "client result"},
+            ]),
+            json!([
+                {"role": "user", "content": "search"},
+                {"role": "assistant", "content": null, "tool_calls": [
+                    {"id": "call_s", "type": "function", "function": {"name": "search", "arguments": "{\"q\":\"rust\"}"}},
+                    {"id": "call_c", "type": "function", "function": {"name": "client_fn", "arguments": "{}"}},
+                    {"id": "call_f", "type": "function", "function": {"name": "fetch", "arguments": "{}"}},
+                    {"id": "mcp_only", "type": "function", "function": {"name": "fetch", "arguments": "{}"}}]},
+                {"role": "tool", "tool_call_id": "call_s", "content": "3 hits"},
+                {"role": "tool", "tool_call_id": "call_c", "content": "client result"},
+                {"role": "tool", "tool_call_id": "call_f", "content": "{\"error\":{\"message\":\"HTTP 502\"}}"},
+                {"role": "tool", "tool_call_id": "mcp_only", "content": "by id"},
+            ]),
+        ),
+        // A passed-through batch: the client answered its own call, the gateway ran the server one later.
+        (
+            "a function call repeated later as an mcp call is sent once",
+            json!([
+                {"type": "message", "role": "user", "content": "go"},
+                {"type": "function_call", "id": "fc_1", "call_id": "call_s", "name": "search", "arguments": "{}"},
+                {"type": "function_call", "id": "fc_2", "call_id": "call_c", "name": "client_fn", "arguments": "{}"},
+                {"type": "function_call_output", "call_id": "call_c", "output": "C"},
+                {"type": "mcp_call", "id": "mcp_1", "call_id": "call_s", "server_label": "gateway", "name": "search",
+                 "arguments": "{}", "output": "S", "error": null, "status": "completed"},
+                {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "done"}]},
+            ]),
+            json!([
+                {"role": "user", "content": "go"},
+                {"role": "assistant", "content": null, "tool_calls": [
+                    {"id": "call_s", "type": "function", "function": {"name": "search", "arguments": "{}"}},
+                    {"id": "call_c", "type": "function", "function": {"name": "client_fn", "arguments": "{}"}}]},
+                {"role": "tool", "tool_call_id": "call_s", "content": "S"},
+                {"role": "tool", "tool_call_id": "call_c", "content": "C"},
+                {"role": "assistant", "content": "done"},
+            ]),
+        ),
+        (
+            "reasoning items are not sent upstream",
+            json!([
+                {"type": "message", "role": "user", "content": "hi"},
+                {"type": "reasoning", "id": "rs_1", "summary": []},
+                {"type": "message", "role": "assistant", "content": "hello"},
+            ]),
+            json!([{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]),
+        ),
+    ];
+    for (name, conversation, messages) in rows {
+        assert_eq!(messages_of(conversation), messages, "{name}");
+    }
 }
 
 #[test]
@@ -263,74 +310,6 @@ fn every_assistant_tool_call_is_answered_right_after_it() {
             "a tool message without its call in {conversation}"
         );
     }
-}
-
-#[test]
-fn mcp_calls_become_tool_calls_with_their_result_or_error_as_tool_messages() {
-    let messages = messages_of(json!([
-        {"type": "message", "role": "user", "content": "search"},
-        {"type": "mcp_call", "id": "mcp_1", "call_id": "call_s", "server_label": "gateway", "name": "search",
-         "arguments": "{\"q\":\"rust\"}", "output": "3 hits", "error": null, "status": "completed"},
-        {"type": "function_call", "id": "fc_9", "call_id": "call_c", "name": "client_fn", "arguments": "{}"},
-        {"type": "mcp_call", "id": "mcp_2", "call_id": "call_f", "server_label": "gateway", "name": "fetch",
-         "arguments": "{}", "output": null, "error": "HTTP 502", "status": "failed"},
-        {"type": "mcp_call", "id": "mcp_only", "server_label": "gateway", "name": "fetch", "arguments": "{}", "output": "by id"},
-        {"type": "function_call_output", "call_id": "call_c", "output": "client result"},
-    ]));
-    assert_eq!(
-        messages,
-        json!([
-            {"role": "user", "content": "search"},
-            {"role": "assistant", "content": null, "tool_calls": [
-                {"id": "call_s", "type": "function", "function": {"name": "search", "arguments": "{\"q\":\"rust\"}"}},
-                {"id": "call_c", "type": "function", "function": {"name": "client_fn", "arguments": "{}"}},
-                {"id": "call_f", "type": "function", "function": {"name": "fetch", "arguments": "{}"}},
-                {"id": "mcp_only", "type": "function", "function": {"name": "fetch", "arguments": "{}"}}]},
-            {"role": "tool", "tool_call_id": "call_s", "content": "3 hits"},
-            {"role": "tool", "tool_call_id": "call_c", "content": "client result"},
-            {"role": "tool", "tool_call_id": "call_f", "content": "{\"error\":{\"message\":\"HTTP 502\"}}"},
-            {"role": "tool", "tool_call_id": "mcp_only", "content": "by id"},
-        ])
-    );
-}
-
-#[test]
-fn a_function_call_repeated_later_as_an_mcp_call_is_sent_once() {
-    // A passed-through batch: the client answered its own call, the gateway ran the server one later.
-    let messages = messages_of(json!([
-        {"type": "message", "role": "user", "content": "go"},
-        {"type": "function_call", "id": "fc_1", "call_id": "call_s", "name": "search", "arguments": "{}"},
-        {"type": "function_call", "id": "fc_2", "call_id": "call_c", "name": "client_fn", "arguments": "{}"},
-        {"type": "function_call_output", "call_id": "call_c", "output": "C"},
-        {"type": "mcp_call", "id": "mcp_1", "call_id": "call_s", "server_label": "gateway", "name": "search",
-         "arguments": "{}", "output": "S", "error": null, "status": "completed"},
-        {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "done"}]},
-    ]));
-    assert_eq!(
-        messages,
-        json!([
-            {"role": "user", "content": "go"},
-            {"role": "assistant", "content": null, "tool_calls": [
-                {"id": "call_s", "type": "function", "function": {"name": "search", "arguments": "{}"}},
-                {"id": "call_c", "type": "function", "function": {"name": "client_fn", "arguments": "{}"}}]},
-            {"role": "tool", "tool_call_id": "call_s", "content": "S"},
-            {"role": "tool", "tool_call_id": "call_c", "content": "C"},
-            {"role": "assistant", "content": "done"},
-        ])
-    );
-}
-
-#[test]
-fn reasoning_items_are_not_sent_upstream() {
-    let messages = messages_of(json!([
-        {"type": "message", "role": "user", "content": "hi"},
-        {"type": "reasoning", "id": "rs_1", "summary": []},
-        {"type": "message", "role": "assistant", "content": "hello"},
-    ]));
-    assert_eq!(
-        messages,
-        json!([{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}])
-    );
 }
 
 #[test]

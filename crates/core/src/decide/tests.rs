@@ -148,27 +148,6 @@ const LIMITS: Limits = Limits {
     max_failing_batches: 3,
 };
 
-fn max_tool_calls(n: u32) -> Limits {
-    Limits {
-        max_tool_calls: Some(n),
-        ..LIMITS
-    }
-}
-
-fn max_model_calls(n: u32) -> Limits {
-    Limits {
-        max_model_calls: n,
-        ..LIMITS
-    }
-}
-
-fn max_failing_batches(n: u32) -> Limits {
-    Limits {
-        max_failing_batches: n,
-        ..LIMITS
-    }
-}
-
 fn dispatch(batch: Option<u32>, specs: &[(&str, &str)]) -> NextAction {
     NextAction::DispatchBatch {
         batch,
@@ -176,30 +155,34 @@ fn dispatch(batch: Option<u32>, specs: &[(&str, &str)]) -> NextAction {
     }
 }
 
-fn hand_back(specs: &[(&str, &str)]) -> NextAction {
-    NextAction::HandBack {
-        calls: calls(specs),
-    }
+/// What `decide_next_action` answers for `steps` with these tools registered.
+fn decide(
+    steps: &[Step],
+    registered: &[&str],
+    limits: Limits,
+    deadline_passed: bool,
+) -> NextAction {
+    let registered: BTreeSet<String> = registered.iter().map(|n| n.to_string()).collect();
+    decide_next_action(&LoopInput {
+        steps,
+        registered: &registered,
+        limits,
+        deadline_passed,
+    })
 }
 
-fn run(seqs: &[u32]) -> NextAction {
-    NextAction::RunTools {
-        seqs: seqs.to_vec(),
-    }
-}
-
-fn incomplete(reason: IncompleteReason) -> NextAction {
-    NextAction::Incomplete { reason }
-}
-
-fn fail(message: &str) -> NextAction {
-    NextAction::Fail {
-        code: crate::response::FailureCode::ServerError,
-        message: message.into(),
-    }
-}
-
-// ---- the table runner ----------------------------------------------------------------------------
+// ---- the table notation --------------------------------------------------------------------------
+//
+// A table holds a row in two lines: the row's name, then, indented, `steps => expected | options`.
+//
+// Steps are separated by `;` and take their seq from their place (`-` for none):
+//   `text`, `stopped <finish>`, `asked <id>:<name> ... [finish=<finish>]`, `model <state>`,
+//   `failed [message]`, `listing`, and the tool steps `ok|err|pending|running <id>[@<batch>]`
+//   (no batch: a carried step).
+// Expected: `call_model`, `complete`, `incomplete <wire reason>`, `resume <seq>`, `fail <message>`,
+//   `dispatch@<batch> <id>:<name> ...`, `hand_back <id>:<name> ...`, `run <seq> ...`.
+// Options: `max_tool_calls=<n>`, `max_model_calls=<n>`, `max_failing_batches=<n>`,
+//   `after_deadline`, `nothing_registered`.
 
 struct Row {
     name: &'static str,
@@ -210,49 +193,135 @@ struct Row {
     expected: NextAction,
 }
 
-/// A row with the default registry, limits and no deadline.
-fn row(name: &'static str, steps: Vec<Step>, expected: NextAction) -> Row {
-    Row {
-        name,
-        steps,
-        registered: REGISTERED,
-        limits: LIMITS,
-        deadline_passed: false,
-        expected,
+/// The rows of a table written in the notation above; an unknown word fails the test.
+fn rows(table: &'static str) -> Vec<Row> {
+    let mut lines = table.lines().filter(|line| !line.trim().is_empty());
+    let mut rows = Vec::new();
+    while let Some(name) = lines.next() {
+        assert!(
+            !name.starts_with(' '),
+            "expected a row name, found the indented case '{name}'"
+        );
+        let case = lines
+            .next()
+            .unwrap_or_else(|| panic!("row '{name}' has no case"));
+        let (steps, rest) = case.trim().split_once(" => ").unwrap();
+        let (expected, options) = rest.split_once(" | ").unwrap_or((rest, ""));
+        let mut row = Row {
+            name: name.trim(),
+            steps: parse_steps(steps),
+            registered: REGISTERED,
+            limits: LIMITS,
+            deadline_passed: false,
+            expected: parse_expected(expected),
+        };
+        for option in options.split_whitespace() {
+            match option.split_once('=') {
+                Some(("max_tool_calls", n)) => row.limits.max_tool_calls = Some(n.parse().unwrap()),
+                Some(("max_model_calls", n)) => row.limits.max_model_calls = n.parse().unwrap(),
+                Some(("max_failing_batches", n)) => {
+                    row.limits.max_failing_batches = n.parse().unwrap()
+                }
+                None if option == "after_deadline" => row.deadline_passed = true,
+                None if option == "nothing_registered" => row.registered = &[],
+                _ => panic!("unknown option '{option}' in row '{name}'"),
+            }
+        }
+        rows.push(row);
+    }
+    rows
+}
+
+/// `id:name` words as `(call_id, name)` pairs.
+fn parse_specs<'a>(words: &[&'a str]) -> Vec<(&'a str, &'a str)> {
+    let spec = |word: &&'a str| match word.split_once(':') {
+        Some(spec) => spec,
+        None => panic!("a call is written id:name, not '{word}'"),
+    };
+    words.iter().map(spec).collect()
+}
+
+fn parse_finish(word: &str) -> Finish {
+    serde_json::from_value(serde_json::Value::from(word)).unwrap()
+}
+
+fn parse_steps(steps: &str) -> Vec<Step> {
+    if steps == "-" {
+        return Vec::new();
+    }
+    let steps = steps.split("; ").enumerate().map(|(seq, step)| {
+        let seq = seq as u32;
+        let (kind, rest) = step.split_once(' ').unwrap_or((step, ""));
+        let words: Vec<&str> = rest.split_whitespace().collect();
+        match kind {
+            "text" => text(seq),
+            "stopped" => stopped(seq, parse_finish(rest)),
+            "asked" => match words.split_last() {
+                Some((last, specs)) if last.starts_with("finish=") => {
+                    let finish = parse_finish(&last["finish=".len()..]);
+                    asked_with_finish(seq, &parse_specs(specs), finish)
+                }
+                _ => asked(seq, &parse_specs(&words)),
+            },
+            "model" => model_unended(seq, serde_json::from_value(rest.into()).unwrap()),
+            "failed" => upstream_failed(seq, Some(rest).filter(|m| !m.is_empty())),
+            "listing" => listing(seq),
+            _ => {
+                let (call_id, batch) = match rest.split_once('@') {
+                    Some((call_id, batch)) => (call_id, Some(batch.parse().unwrap())),
+                    None => (rest, None),
+                };
+                let tool_step = match kind {
+                    "ok" => ok,
+                    "err" => err,
+                    "pending" => pending,
+                    "running" => running,
+                    _ => panic!("unknown step '{step}'"),
+                };
+                tool_step(seq, batch, call_id)
+            }
+        }
+    });
+    steps.collect()
+}
+
+fn parse_expected(expected: &str) -> NextAction {
+    let (kind, rest) = expected.split_once(' ').unwrap_or((expected, ""));
+    let words: Vec<&str> = rest.split_whitespace().collect();
+    match kind {
+        "call_model" => NextAction::CallModel,
+        "complete" => NextAction::Complete,
+        "incomplete" => NextAction::Incomplete {
+            reason: IncompleteReason::parse(rest).unwrap(),
+        },
+        "resume" => NextAction::ResumeModelCall {
+            seq: rest.parse().unwrap(),
+        },
+        "fail" => NextAction::Fail {
+            code: crate::response::FailureCode::ServerError,
+            message: rest.into(),
+        },
+        "hand_back" => NextAction::HandBack {
+            calls: calls(&parse_specs(&words)),
+        },
+        "run" => NextAction::RunTools {
+            seqs: words.iter().map(|seq| seq.parse().unwrap()).collect(),
+        },
+        _ => match kind.strip_prefix("dispatch@") {
+            Some(batch) => dispatch(Some(batch.parse().unwrap()), &parse_specs(&words)),
+            None => panic!("unknown expectation '{expected}'"),
+        },
     }
 }
 
-impl Row {
-    fn limits(mut self, limits: Limits) -> Row {
-        self.limits = limits;
-        self
-    }
-
-    fn registered(mut self, names: &'static [&'static str]) -> Row {
-        self.registered = names;
-        self
-    }
-
-    fn after_deadline(mut self) -> Row {
-        self.deadline_passed = true;
-        self
-    }
-}
-
-/// Runs every row and reports all the rows that disagree, by name, in one failure.
-fn check(rows: Vec<Row>) {
+/// Runs every row of `table` and reports all the rows that disagree, by name, in one failure.
+fn check(table: &'static str) {
+    let rows = rows(table);
     let mut names = BTreeSet::new();
     let mut failures = Vec::new();
     for row in &rows {
         assert!(names.insert(row.name), "duplicate row name '{}'", row.name);
-        let registered: BTreeSet<String> = row.registered.iter().map(|n| n.to_string()).collect();
-        let input = LoopInput {
-            steps: &row.steps,
-            registered: &registered,
-            limits: row.limits,
-            deadline_passed: row.deadline_passed,
-        };
-        let actual = decide_next_action(&input);
+        let actual = decide(&row.steps, row.registered, row.limits, row.deadline_passed);
         if actual != row.expected {
             failures.push(format!(
                 "{}:\n    expected {:?}\n    got      {:?}",
@@ -273,567 +342,183 @@ fn check(rows: Vec<Row>) {
 
 #[test]
 fn the_last_model_call_decides_whether_the_response_ends() {
-    use IncompleteReason::*;
-    check(vec![
-        row("empty chain calls the model", vec![], NextAction::CallModel),
-        row("text answer completes", vec![text(0)], NextAction::Complete),
-        row(
-            "text answer after a batch completes",
-            vec![asked(0, &[("a", "search")]), ok(1, Some(0), "a"), text(2)],
-            NextAction::Complete,
-        ),
-        row(
-            "finish tool_calls without any call completes",
-            vec![stopped(0, Finish::ToolCalls)],
-            NextAction::Complete,
-        ),
-        row(
-            "finish length without calls is incomplete",
-            vec![stopped(0, Finish::Length)],
-            incomplete(MaxOutputTokens),
-        ),
-        row(
-            "finish content_filter without calls is incomplete",
-            vec![stopped(0, Finish::ContentFilter)],
-            incomplete(ContentFilter),
-        ),
-        row(
-            "finish length after a batch is incomplete",
-            vec![
-                asked(0, &[("a", "search")]),
-                ok(1, Some(0), "a"),
-                stopped(2, Finish::Length),
-            ],
-            incomplete(MaxOutputTokens),
-        ),
-        row(
-            "finish stop with tool calls still runs them",
-            vec![asked_with_finish(0, &[("a", "search")], Finish::Stop)],
-            dispatch(Some(0), &[("a", "search")]),
-        ),
-        row(
-            "finish length with tool calls still runs them",
-            vec![asked_with_finish(0, &[("a", "search")], Finish::Length)],
-            dispatch(Some(0), &[("a", "search")]),
-        ),
-        row(
-            "pending model call is resumed",
-            vec![model_unended(0, StepState::Pending)],
-            NextAction::ResumeModelCall { seq: 0 },
-        ),
-        row(
-            "running model call is resumed",
-            vec![model_unended(0, StepState::Running)],
-            NextAction::ResumeModelCall { seq: 0 },
-        ),
-        row(
-            "unended model call after a batch is resumed by its seq",
-            vec![
-                asked(0, &[("a", "search")]),
-                ok(1, Some(0), "a"),
-                model_unended(2, StepState::Running),
-            ],
-            NextAction::ResumeModelCall { seq: 2 },
-        ),
-        row(
-            "failed upstream fails with its message",
-            vec![upstream_failed(0, Some("upstream answered 503"))],
-            fail("upstream answered 503"),
-        ),
-        row(
-            "failed upstream after a batch fails with its message",
-            vec![
-                asked(0, &[("a", "search")]),
-                ok(1, Some(0), "a"),
-                upstream_failed(2, Some("connection reset")),
-            ],
-            fail("connection reset"),
-        ),
-        row(
-            "failed upstream without a message still fails",
-            vec![upstream_failed(0, None)],
-            fail("the upstream model call failed"),
-        ),
-    ]);
+    check(
+        "
+empty chain calls the model
+    - => call_model
+text answer completes
+    text => complete
+text answer after a batch completes
+    asked a:search; ok a@0; text => complete
+finish tool_calls without any call completes
+    stopped tool_calls => complete
+finish length without calls is incomplete
+    stopped length => incomplete max_output_tokens
+finish content_filter without calls is incomplete
+    stopped content_filter => incomplete content_filter
+finish length after a batch is incomplete
+    asked a:search; ok a@0; stopped length => incomplete max_output_tokens
+finish stop with tool calls still runs them
+    asked a:search finish=stop => dispatch@0 a:search
+finish length with tool calls still runs them
+    asked a:search finish=length => dispatch@0 a:search
+pending model call is resumed
+    model pending => resume 0
+running model call is resumed
+    model running => resume 0
+unended model call after a batch is resumed by its seq
+    asked a:search; ok a@0; model running => resume 2
+failed upstream fails with its message
+    failed upstream answered 503 => fail upstream answered 503
+failed upstream after a batch fails with its message
+    asked a:search; ok a@0; failed connection reset => fail connection reset
+failed upstream without a message still fails
+    failed => fail the upstream model call failed
+",
+    );
 }
 
 #[test]
 fn the_last_batch_is_dispatched_handed_back_or_resumed() {
-    check(vec![
-        row(
-            "all registered batch dispatches every call",
-            vec![asked(
-                0,
-                &[("a", "search"), ("b", "fetch"), ("c", "search")],
-            )],
-            dispatch(Some(0), &[("a", "search"), ("b", "fetch"), ("c", "search")]),
-        ),
-        row(
-            "batch of a later model call is dispatched under its seq",
-            vec![
-                asked(0, &[("a", "search")]),
-                ok(1, Some(0), "a"),
-                asked(2, &[("b", "fetch")]),
-            ],
-            dispatch(Some(2), &[("b", "fetch")]),
-        ),
-        row(
-            "mixed batch is handed back whole",
-            vec![asked(
-                0,
-                &[("a", "search"), ("b", "client_lookup"), ("c", "fetch")],
-            )],
-            hand_back(&[("a", "search"), ("b", "client_lookup"), ("c", "fetch")]),
-        ),
-        row(
-            "batch whose only unregistered call is last is handed back whole",
-            vec![asked(
-                0,
-                &[("a", "search"), ("b", "fetch"), ("c", "client_lookup")],
-            )],
-            hand_back(&[("a", "search"), ("b", "fetch"), ("c", "client_lookup")]),
-        ),
-        row(
-            "all client batch is handed back",
-            vec![asked(0, &[("a", "client_lookup")])],
-            hand_back(&[("a", "client_lookup")]),
-        ),
-        row(
-            "mixed batch after server batches is handed back whole",
-            vec![
-                asked(0, &[("a", "search")]),
-                ok(1, Some(0), "a"),
-                asked(2, &[("b", "fetch"), ("c", "client_lookup")]),
-            ],
-            hand_back(&[("b", "fetch"), ("c", "client_lookup")]),
-        ),
-        row(
-            "empty registry hands every batch back",
-            vec![asked(0, &[("a", "search")])],
-            hand_back(&[("a", "search")]),
-        )
-        .registered(&[]),
-        row(
-            "partly done batch runs exactly its pending and running steps",
-            vec![
-                asked(
-                    0,
-                    &[
-                        ("a", "search"),
-                        ("b", "search"),
-                        ("c", "search"),
-                        ("d", "search"),
-                    ],
-                ),
-                ok(1, Some(0), "a"),
-                pending(2, Some(0), "b"),
-                running(3, Some(0), "c"),
-                err(4, Some(0), "d"),
-            ],
-            run(&[2, 3]),
-        ),
-        row(
-            "only the last batch's unended steps are run",
-            vec![
-                asked(0, &[("a", "search")]),
-                ok(1, Some(0), "a"),
-                asked(2, &[("b", "search"), ("c", "fetch")]),
-                ok(3, Some(2), "b"),
-                pending(4, Some(2), "c"),
-            ],
-            run(&[4]),
-        ),
-        row(
-            "batch whose every step ended calls the model",
-            vec![
-                asked(0, &[("a", "search"), ("b", "fetch")]),
-                ok(1, Some(0), "a"),
-                ok(2, Some(0), "b"),
-            ],
-            NextAction::CallModel,
-        ),
-        row(
-            "results recorded in another order than the calls still call the model",
-            vec![
-                asked(0, &[("a", "search"), ("b", "fetch"), ("c", "search")]),
-                ok(1, Some(0), "c"),
-                ok(2, Some(0), "a"),
-                ok(3, Some(0), "b"),
-            ],
-            NextAction::CallModel,
-        ),
-        row(
-            "a recorded later call does not stand in for an earlier one",
-            vec![
-                asked(0, &[("a", "search"), ("b", "fetch")]),
-                ok(1, Some(0), "b"),
-            ],
-            dispatch(Some(0), &[("a", "search")]),
-        ),
-        row(
-            "failed sibling beside a success calls the model without rerunning either",
-            vec![
-                asked(0, &[("a", "search"), ("b", "fetch")]),
-                err(1, Some(0), "a"),
-                ok(2, Some(0), "b"),
-            ],
-            NextAction::CallModel,
-        )
-        .limits(max_failing_batches(1)),
-        row(
-            "batch recorded only partly dispatches only the missing calls",
-            vec![
-                asked(0, &[("a", "search"), ("b", "fetch"), ("c", "search")]),
-                pending(1, Some(0), "b"),
-            ],
-            dispatch(Some(0), &[("a", "search"), ("c", "search")]),
-        ),
-        row(
-            "batch recorded partly and partly ended dispatches only the missing calls",
-            vec![
-                asked(0, &[("a", "search"), ("b", "fetch"), ("c", "search")]),
-                ok(1, Some(0), "a"),
-                err(2, Some(0), "c"),
-            ],
-            dispatch(Some(0), &[("b", "fetch")]),
-        ),
-        row(
-            "call id reused from an earlier batch is dispatched again",
-            vec![
-                asked(0, &[("call_0", "search")]),
-                ok(1, Some(0), "call_0"),
-                asked(2, &[("call_0", "search")]),
-            ],
-            dispatch(Some(2), &[("call_0", "search")]),
-        ),
-        row(
-            "carried pending step is run",
-            vec![pending(0, None, "x")],
-            run(&[0]),
-        ),
-        row(
-            "carried steps run exactly the unended ones",
-            vec![
-                ok(0, None, "x"),
-                running(1, None, "y"),
-                pending(2, None, "z"),
-                err(3, None, "w"),
-            ],
-            run(&[1, 2]),
-        ),
-        row(
-            "carried step that ended calls the model",
-            vec![ok(0, None, "x")],
-            NextAction::CallModel,
-        ),
-        row(
-            "carried steps that all ended call the model",
-            vec![ok(0, None, "x"), err(1, None, "y")],
-            NextAction::CallModel,
-        ),
-    ]);
+    check(
+        "
+all registered batch dispatches every call
+    asked a:search b:fetch c:search => dispatch@0 a:search b:fetch c:search
+batch of a later model call is dispatched under its seq
+    asked a:search; ok a@0; asked b:fetch => dispatch@2 b:fetch
+mixed batch is handed back whole
+    asked a:search b:client_lookup c:fetch => hand_back a:search b:client_lookup c:fetch
+batch whose only unregistered call is last is handed back whole
+    asked a:search b:fetch c:client_lookup => hand_back a:search b:fetch c:client_lookup
+all client batch is handed back
+    asked a:client_lookup => hand_back a:client_lookup
+mixed batch after server batches is handed back whole
+    asked a:search; ok a@0; asked b:fetch c:client_lookup => hand_back b:fetch c:client_lookup
+empty registry hands every batch back
+    asked a:search => hand_back a:search | nothing_registered
+partly done batch runs exactly its pending and running steps
+    asked a:search b:search c:search d:search; ok a@0; pending b@0; running c@0; err d@0 => run 2 3
+only the last batch's unended steps are run
+    asked a:search; ok a@0; asked b:search c:fetch; ok b@2; pending c@2 => run 4
+batch whose every step ended calls the model
+    asked a:search b:fetch; ok a@0; ok b@0 => call_model
+results recorded in another order than the calls still call the model
+    asked a:search b:fetch c:search; ok c@0; ok a@0; ok b@0 => call_model
+a recorded later call does not stand in for an earlier one
+    asked a:search b:fetch; ok b@0 => dispatch@0 a:search
+failed sibling beside a success calls the model without rerunning either
+    asked a:search b:fetch; err a@0; ok b@0 => call_model | max_failing_batches=1
+batch recorded only partly dispatches only the missing calls
+    asked a:search b:fetch c:search; pending b@0 => dispatch@0 a:search c:search
+batch recorded partly and partly ended dispatches only the missing calls
+    asked a:search b:fetch c:search; ok a@0; err c@0 => dispatch@0 b:fetch
+call id reused from an earlier batch is dispatched again
+    asked call_0:search; ok call_0@0; asked call_0:search => dispatch@2 call_0:search
+carried pending step is run
+    pending x => run 0
+carried steps run exactly the unended ones
+    ok x; running y; pending z; err w => run 1 2
+carried step that ended calls the model
+    ok x => call_model
+carried steps that all ended call the model
+    ok x; err y => call_model
+",
+    );
 }
 
 #[test]
 fn each_limit_ends_the_response_incomplete() {
-    use IncompleteReason::*;
-    let three = [("a", "search"), ("b", "fetch"), ("c", "search")];
-    check(vec![
-        row(
-            "batch over max_tool_calls is incomplete",
-            vec![asked(0, &three)],
-            incomplete(MaxToolCalls),
-        )
-        .limits(max_tool_calls(2)),
-        row(
-            "batch exactly at max_tool_calls is dispatched",
-            vec![asked(0, &three)],
-            dispatch(Some(0), &three),
-        )
-        .limits(max_tool_calls(3)),
-        row(
-            "calls already run count toward max_tool_calls",
-            vec![
-                asked(0, &[("a", "search"), ("b", "fetch")]),
-                ok(1, Some(0), "a"),
-                ok(2, Some(0), "b"),
-                asked(3, &[("c", "search")]),
-            ],
-            incomplete(MaxToolCalls),
-        )
-        .limits(max_tool_calls(2)),
-        row(
-            "calls already run plus the batch exactly at max_tool_calls are dispatched",
-            vec![
-                asked(0, &[("a", "search"), ("b", "fetch")]),
-                ok(1, Some(0), "a"),
-                ok(2, Some(0), "b"),
-                asked(3, &[("c", "search")]),
-            ],
-            dispatch(Some(3), &[("c", "search")]),
-        )
-        .limits(max_tool_calls(3)),
-        row(
-            "carried calls count toward max_tool_calls",
-            vec![
-                ok(0, None, "x"),
-                asked(1, &[("a", "search"), ("b", "fetch")]),
-            ],
-            incomplete(MaxToolCalls),
-        )
-        .limits(max_tool_calls(2)),
-        row(
-            "recorded calls of a partly recorded batch count toward max_tool_calls",
-            vec![asked(0, &three), pending(1, Some(0), "a")],
-            incomplete(MaxToolCalls),
-        )
-        .limits(max_tool_calls(2)),
-        row(
-            "partly recorded batch exactly at max_tool_calls dispatches the rest",
-            vec![asked(0, &three), pending(1, Some(0), "a")],
-            dispatch(Some(0), &[("b", "fetch"), ("c", "search")]),
-        )
-        .limits(max_tool_calls(3)),
-        row(
-            "max_tool_calls does not stop a hand back",
-            vec![asked(0, &[("a", "search"), ("b", "client_lookup")])],
-            hand_back(&[("a", "search"), ("b", "client_lookup")]),
-        )
-        .limits(max_tool_calls(1)),
-        row(
-            "model call ceiling reached after a batch is incomplete",
-            vec![asked(0, &[("a", "search")]), ok(1, Some(0), "a")],
-            incomplete(MaxModelCalls),
-        )
-        .limits(max_model_calls(1)),
-        row(
-            "model call ceiling not yet reached calls the model",
-            vec![asked(0, &[("a", "search")]), ok(1, Some(0), "a")],
-            NextAction::CallModel,
-        )
-        .limits(max_model_calls(2)),
-        row(
-            "failed model calls count toward the ceiling",
-            vec![
-                upstream_failed(0, Some("x")),
-                asked(1, &[("a", "search")]),
-                ok(2, Some(1), "a"),
-            ],
-            incomplete(MaxModelCalls),
-        )
-        .limits(max_model_calls(2)),
-        row(
-            "model call ceiling applies to carried steps",
-            vec![ok(0, None, "x")],
-            incomplete(MaxModelCalls),
-        )
-        .limits(max_model_calls(0)),
-        row(
-            "model call ceiling does not stop a text answer",
-            vec![text(0)],
-            NextAction::Complete,
-        )
-        .limits(max_model_calls(1)),
-        row(
-            "one all failed batch under the failing limit calls the model",
-            vec![
-                asked(0, &[("a", "search"), ("b", "fetch")]),
-                err(1, Some(0), "a"),
-                err(2, Some(0), "b"),
-            ],
-            NextAction::CallModel,
-        )
-        .limits(max_failing_batches(2)),
-        row(
-            "one all failed batch at a failing limit of one is incomplete",
-            vec![
-                asked(0, &[("a", "search"), ("b", "fetch")]),
-                err(1, Some(0), "a"),
-                err(2, Some(0), "b"),
-            ],
-            incomplete(ToolFailures),
-        )
-        .limits(max_failing_batches(1)),
-        row(
-            "consecutive all failed batches reaching the limit are incomplete",
-            vec![
-                asked(0, &[("a", "search")]),
-                err(1, Some(0), "a"),
-                asked(2, &[("b", "fetch")]),
-                err(3, Some(2), "b"),
-            ],
-            incomplete(ToolFailures),
-        )
-        .limits(max_failing_batches(2)),
-        row(
-            "a successful batch in between resets the failing count",
-            vec![
-                asked(0, &[("a", "search")]),
-                err(1, Some(0), "a"),
-                asked(2, &[("b", "fetch")]),
-                ok(3, Some(2), "b"),
-                asked(4, &[("c", "search")]),
-                err(5, Some(4), "c"),
-            ],
-            NextAction::CallModel,
-        )
-        .limits(max_failing_batches(2)),
-        row(
-            "a batch with one success in between resets the failing count",
-            vec![
-                asked(0, &[("a", "search")]),
-                err(1, Some(0), "a"),
-                asked(2, &[("b", "fetch"), ("c", "search")]),
-                err(3, Some(2), "b"),
-                ok(4, Some(2), "c"),
-                asked(5, &[("d", "search")]),
-                err(6, Some(5), "d"),
-            ],
-            NextAction::CallModel,
-        )
-        .limits(max_failing_batches(2)),
-        row(
-            "failures before the last success do not count",
-            vec![
-                asked(0, &[("a", "search")]),
-                err(1, Some(0), "a"),
-                asked(2, &[("b", "search")]),
-                err(3, Some(2), "b"),
-                asked(4, &[("c", "search")]),
-                ok(5, Some(4), "c"),
-            ],
-            NextAction::CallModel,
-        )
-        .limits(max_failing_batches(2)),
-        row(
-            "a failing carried batch counts as a batch",
-            vec![
-                err(0, None, "x"),
-                asked(1, &[("a", "search")]),
-                err(2, Some(1), "a"),
-            ],
-            incomplete(ToolFailures),
-        )
-        .limits(max_failing_batches(2)),
-        row(
-            "a failing carried batch alone reaches a limit of one",
-            vec![err(0, None, "x")],
-            incomplete(ToolFailures),
-        )
-        .limits(max_failing_batches(1)),
-    ]);
+    check(
+        "
+batch over max_tool_calls is incomplete
+    asked a:search b:fetch c:search => incomplete max_tool_calls | max_tool_calls=2
+batch exactly at max_tool_calls is dispatched
+    asked a:search b:fetch c:search => dispatch@0 a:search b:fetch c:search | max_tool_calls=3
+calls already run count toward max_tool_calls
+    asked a:search b:fetch; ok a@0; ok b@0; asked c:search => incomplete max_tool_calls | max_tool_calls=2
+calls already run plus the batch exactly at max_tool_calls are dispatched
+    asked a:search b:fetch; ok a@0; ok b@0; asked c:search => dispatch@3 c:search | max_tool_calls=3
+carried calls count toward max_tool_calls
+    ok x; asked a:search b:fetch => incomplete max_tool_calls | max_tool_calls=2
+recorded calls of a partly recorded batch count toward max_tool_calls
+    asked a:search b:fetch c:search; pending a@0 => incomplete max_tool_calls | max_tool_calls=2
+partly recorded batch exactly at max_tool_calls dispatches the rest
+    asked a:search b:fetch c:search; pending a@0 => dispatch@0 b:fetch c:search | max_tool_calls=3
+max_tool_calls does not stop a hand back
+    asked a:search b:client_lookup => hand_back a:search b:client_lookup | max_tool_calls=1
+model call ceiling reached after a batch is incomplete
+    asked a:search; ok a@0 => incomplete max_model_calls | max_model_calls=1
+model call ceiling not yet reached calls the model
+    asked a:search; ok a@0 => call_model | max_model_calls=2
+failed model calls count toward the ceiling
+    failed x; asked a:search; ok a@1 => incomplete max_model_calls | max_model_calls=2
+model call ceiling applies to carried steps
+    ok x => incomplete max_model_calls | max_model_calls=0
+model call ceiling does not stop a text answer
+    text => complete | max_model_calls=1
+one all failed batch under the failing limit calls the model
+    asked a:search b:fetch; err a@0; err b@0 => call_model | max_failing_batches=2
+one all failed batch at a failing limit of one is incomplete
+    asked a:search b:fetch; err a@0; err b@0 => incomplete max_failing_tool_batches | max_failing_batches=1
+consecutive all failed batches reaching the limit are incomplete
+    asked a:search; err a@0; asked b:fetch; err b@2 => incomplete max_failing_tool_batches | max_failing_batches=2
+a successful batch in between resets the failing count
+    asked a:search; err a@0; asked b:fetch; ok b@2; asked c:search; err c@4 => call_model | max_failing_batches=2
+a batch with one success in between resets the failing count
+    asked a:search; err a@0; asked b:fetch c:search; err b@2; ok c@2; asked d:search; err d@5 => call_model | max_failing_batches=2
+failures before the last success do not count
+    asked a:search; err a@0; asked b:search; err b@2; asked c:search; ok c@4 => call_model | max_failing_batches=2
+a failing carried batch counts as a batch
+    err x; asked a:search; err a@1 => incomplete max_failing_tool_batches | max_failing_batches=2
+a failing carried batch alone reaches a limit of one
+    err x => incomplete max_failing_tool_batches | max_failing_batches=1
+"
+    );
 }
 
 #[test]
 fn a_passed_deadline_stops_work_that_remains_but_not_an_ending() {
-    use IncompleteReason::*;
-    check(vec![
-        row(
-            "deadline before the first model call",
-            vec![],
-            incomplete(Deadline),
-        )
-        .after_deadline(),
-        row(
-            "deadline with an unended model call",
-            vec![model_unended(0, StepState::Running)],
-            incomplete(Deadline),
-        )
-        .after_deadline(),
-        row(
-            "deadline before dispatching a batch",
-            vec![asked(0, &[("a", "search")])],
-            incomplete(Deadline),
-        )
-        .after_deadline(),
-        row(
-            "deadline before dispatching the rest of a partly recorded batch",
-            vec![
-                asked(0, &[("a", "search"), ("b", "fetch")]),
-                ok(1, Some(0), "a"),
-            ],
-            incomplete(Deadline),
-        )
-        .after_deadline(),
-        row(
-            "deadline with tool steps still unended",
-            vec![
-                asked(0, &[("a", "search"), ("b", "fetch")]),
-                ok(1, Some(0), "a"),
-                running(2, Some(0), "b"),
-            ],
-            incomplete(Deadline),
-        )
-        .after_deadline(),
-        row(
-            "deadline with carried steps unended",
-            vec![pending(0, None, "x")],
-            incomplete(Deadline),
-        )
-        .after_deadline(),
-        row(
-            "deadline once the batch ended",
-            vec![asked(0, &[("a", "search")]), ok(1, Some(0), "a")],
-            incomplete(Deadline),
-        )
-        .after_deadline(),
-        row(
-            "deadline once carried steps ended",
-            vec![ok(0, None, "x")],
-            incomplete(Deadline),
-        )
-        .after_deadline(),
-        row(
-            "deadline does not undo a text answer",
-            vec![text(0)],
-            NextAction::Complete,
-        )
-        .after_deadline(),
-        row(
-            "deadline does not hide a length stop",
-            vec![stopped(0, Finish::Length)],
-            incomplete(MaxOutputTokens),
-        )
-        .after_deadline(),
-        row(
-            "deadline does not stop a hand back",
-            vec![asked(0, &[("a", "client_lookup")])],
-            hand_back(&[("a", "client_lookup")]),
-        )
-        .after_deadline(),
-        row(
-            "deadline does not hide an upstream failure",
-            vec![upstream_failed(0, Some("boom"))],
-            fail("boom"),
-        )
-        .after_deadline(),
-    ]);
+    check(
+        "
+deadline before the first model call
+    - => incomplete deadline | after_deadline
+deadline with an unended model call
+    model running => incomplete deadline | after_deadline
+deadline before dispatching a batch
+    asked a:search => incomplete deadline | after_deadline
+deadline before dispatching the rest of a partly recorded batch
+    asked a:search b:fetch; ok a@0 => incomplete deadline | after_deadline
+deadline with tool steps still unended
+    asked a:search b:fetch; ok a@0; running b@0 => incomplete deadline | after_deadline
+deadline with carried steps unended
+    pending x => incomplete deadline | after_deadline
+deadline once the batch ended
+    asked a:search; ok a@0 => incomplete deadline | after_deadline
+deadline once carried steps ended
+    ok x => incomplete deadline | after_deadline
+deadline does not undo a text answer
+    text => complete | after_deadline
+deadline does not hide a length stop
+    stopped length => incomplete max_output_tokens | after_deadline
+deadline does not stop a hand back
+    asked a:client_lookup => hand_back a:client_lookup | after_deadline
+deadline does not hide an upstream failure
+    failed boom => fail boom | after_deadline
+",
+    );
 }
 
 #[test]
 fn the_decision_depends_on_steps_not_on_their_count_alone() {
     // Same number of steps, same names: only the call ids differ, and so does the decision.
-    let paired = [
-        asked(0, &[("a", "search"), ("b", "search")]),
-        ok(1, Some(0), "a"),
-        ok(2, Some(0), "b"),
-    ];
-    let stray = [
-        asked(0, &[("a", "search"), ("b", "search")]),
-        ok(1, Some(0), "a"),
-        ok(2, Some(0), "z"),
-    ];
-    let registered: BTreeSet<String> = REGISTERED.iter().map(|n| n.to_string()).collect();
-    let decide = |steps: &[Step]| {
-        decide_next_action(&LoopInput {
-            steps,
-            registered: &registered,
-            limits: LIMITS,
-            deadline_passed: false,
-        })
-    };
-    assert_eq!(decide(&paired), NextAction::CallModel);
-    assert_eq!(decide(&stray), dispatch(Some(0), &[("b", "search")]));
+    check(
+        "
+every call of the batch has its result
+    asked a:search b:search; ok a@0; ok b@0 => call_model
+a stray result does not stand in for a call of the batch
+    asked a:search b:search; ok a@0; ok z@0 => dispatch@0 b:search
+",
+    );
 }
 
 #[test]
@@ -879,17 +564,10 @@ fn awaiting(call_id: &str, name: &str) -> ToolCall {
 
 #[test]
 fn a_batch_with_a_call_awaiting_approval_goes_back_whole_and_an_approved_one_runs() {
-    let registered: BTreeSet<String> = REGISTERED.iter().map(|n| n.to_string()).collect();
     let batch = vec![call("a", "search"), awaiting("b", "fetch")];
     let steps = vec![answered(0, None, batch.clone(), Finish::ToolCalls)];
-    let input = LoopInput {
-        steps: &steps,
-        registered: &registered,
-        limits: LIMITS,
-        deadline_passed: false,
-    };
     assert_eq!(
-        decide_next_action(&input),
+        decide(&steps, REGISTERED, LIMITS, false),
         NextAction::HandBack { calls: batch },
         "one call waiting for approval sends the whole batch to the client"
     );
@@ -901,12 +579,8 @@ fn a_batch_with_a_call_awaiting_approval_goes_back_whole_and_an_approved_one_run
         ..call("b", "fetch")
     };
     let steps = vec![answered(0, None, vec![granted.clone()], Finish::ToolCalls)];
-    let input = LoopInput {
-        steps: &steps,
-        ..input
-    };
     assert_eq!(
-        decide_next_action(&input),
+        decide(&steps, REGISTERED, LIMITS, false),
         NextAction::DispatchBatch {
             batch: Some(0),
             calls: vec![granted]
@@ -914,27 +588,27 @@ fn a_batch_with_a_call_awaiting_approval_goes_back_whole_and_an_approved_one_run
     );
 }
 
-#[test]
-fn a_listing_step_changes_no_decision() {
-    let listing = Step {
-        seq: 0,
+/// A remote MCP server's tool listing, recorded as a step of its own.
+fn listing(seq: u32) -> Step {
+    Step {
+        seq,
         state: StepState::Succeeded,
         body: StepBody::Listing(crate::steps::ListingStep {
             item_id: "mcpl_1".into(),
             server_label: "calc".into(),
             tools: Vec::new(),
         }),
-    };
-    check(vec![
-        row(
-            "only a listing: call the model",
-            vec![listing.clone()],
-            NextAction::CallModel,
-        ),
-        row(
-            "a listing then a text answer: complete",
-            vec![listing, text(1)],
-            NextAction::Complete,
-        ),
-    ]);
+    }
+}
+
+#[test]
+fn a_listing_step_changes_no_decision() {
+    check(
+        "
+only a listing: call the model
+    listing => call_model
+a listing then a text answer: complete
+    listing; text => complete
+",
+    );
 }

@@ -105,6 +105,20 @@ fn output_of(step: &Step) -> &ModelOutput {
     step.model().and_then(|m| m.output.as_ref()).unwrap()
 }
 
+/// Reports that the model call of `step` ended with its output.
+fn model_ended(p: &mut EventProjection, step: &Step) {
+    p.handle(Progress::ModelEnded {
+        output: output_of(step),
+    });
+}
+
+/// Reports the pieces of text the model streamed for the message `item_id`.
+fn text_deltas(p: &mut EventProjection, item_id: &str, pieces: &[&str]) {
+    for delta in pieces {
+        p.handle(Progress::TextDelta { item_id, delta });
+    }
+}
+
 /// Feeds the live progress of a run to a fresh projection and collects the events.
 fn live(
     record: &ResponseRecord,
@@ -122,6 +136,14 @@ fn live(
         output: &output,
     });
     std::iter::from_fn(|| projection.poll()).collect()
+}
+
+/// The first event of `kind`; the test fails without one.
+fn first_of<'a>(events: &'a [Event], kind: &str) -> &'a Event {
+    match events.iter().find(|e| e.kind == kind) {
+        Some(event) => event,
+        None => panic!("no {kind} event in {:?}", kinds(events)),
+    }
 }
 
 fn kinds(events: &[Event]) -> Vec<&'static str> {
@@ -169,15 +191,8 @@ fn rows() -> Vec<Row> {
                 &[],
             )],
             feed: Box::new(|p, steps| {
-                for delta in ["Hel", "lo ", "wörld"] {
-                    p.handle(Progress::TextDelta {
-                        item_id: "msg_1",
-                        delta,
-                    });
-                }
-                p.handle(Progress::ModelEnded {
-                    output: output_of(&steps[0]),
-                });
+                text_deltas(p, "msg_1", &["Hel", "lo ", "wörld"]);
+                model_ended(p, &steps[0]);
             }),
             expected: [
                 START.to_vec(),
@@ -195,9 +210,7 @@ fn rows() -> Vec<Row> {
                 &[],
             )],
             feed: Box::new(|p, steps| {
-                p.handle(Progress::ModelEnded {
-                    output: output_of(&steps[0]),
-                });
+                model_ended(p, &steps[0]);
             }),
             expected: [
                 START.to_vec(),
@@ -216,29 +229,15 @@ fn rows() -> Vec<Row> {
                 model(3, Some(streamed("msg_3", &["Found", " it."])), &[]),
             ],
             feed: Box::new(|p, steps| {
-                p.handle(Progress::TextDelta {
-                    item_id: "msg_0",
-                    delta: "Let me look.",
-                });
-                p.handle(Progress::ModelEnded {
-                    output: output_of(&steps[0]),
-                });
+                text_deltas(p, "msg_0", &["Let me look."]);
+                model_ended(p, &steps[0]);
                 p.handle(Progress::ToolsStarted {
                     steps: &[&steps[1], &steps[2]],
                 });
                 p.handle(Progress::ToolEnded { step: &steps[2] });
                 p.handle(Progress::ToolEnded { step: &steps[1] });
-                p.handle(Progress::TextDelta {
-                    item_id: "msg_3",
-                    delta: "Found",
-                });
-                p.handle(Progress::TextDelta {
-                    item_id: "msg_3",
-                    delta: " it.",
-                });
-                p.handle(Progress::ModelEnded {
-                    output: output_of(&steps[3]),
-                });
+                text_deltas(p, "msg_3", &["Found", " it."]);
+                model_ended(p, &steps[3]);
             }),
             expected: [
                 START.to_vec(),
@@ -295,14 +294,7 @@ fn rows() -> Vec<Row> {
                 }),
             }],
             feed: Box::new(|p, steps| {
-                p.handle(Progress::TextDelta {
-                    item_id: "msg_1",
-                    delta: "Hel",
-                });
-                p.handle(Progress::TextDelta {
-                    item_id: "msg_1",
-                    delta: "lo",
-                });
+                text_deltas(p, "msg_1", &["Hel", "lo"]);
                 let partial = steps[0]
                     .model()
                     .and_then(|m| m.failure.as_ref())
@@ -323,9 +315,7 @@ fn rows() -> Vec<Row> {
             }),
             steps: vec![model(0, None, &["a"])],
             feed: Box::new(|p, steps| {
-                p.handle(Progress::ModelEnded {
-                    output: output_of(&steps[0]),
-                });
+                model_ended(p, &steps[0]);
             }),
             expected: [START.to_vec(), vec!["response.incomplete"]].concat(),
         },
@@ -513,32 +503,20 @@ fn a_server_call_streams_as_openai_streams_an_mcp_call_with_its_arguments_after_
         reason: IncompleteReason::Deadline,
     });
     let events = replay(&record, &steps);
-    let added = events
-        .iter()
-        .find(|e| e.kind == "response.output_item.added")
-        .unwrap();
+    let added = first_of(&events, "response.output_item.added");
     assert_eq!(added.data["item"]["type"], "mcp_call");
     assert_eq!(added.data["item"]["arguments"], "", "{:#}", added.data);
     assert_eq!(added.data["item"]["status"], "in_progress");
     let item_id = added.data["item"]["id"].clone();
     let arguments = output_of(&steps[0]).tool_calls[0].arguments.clone();
-    let delta = events
-        .iter()
-        .find(|e| e.kind == "response.mcp_call_arguments.delta")
-        .unwrap();
+    let delta = first_of(&events, "response.mcp_call_arguments.delta");
     assert_eq!(delta.data["delta"], arguments.as_str());
     assert_eq!(delta.data["item_id"], item_id);
     assert_eq!(delta.data["output_index"], added.data["output_index"]);
-    let done = events
-        .iter()
-        .find(|e| e.kind == "response.mcp_call_arguments.done")
-        .unwrap();
+    let done = first_of(&events, "response.mcp_call_arguments.done");
     assert_eq!(done.data["arguments"], arguments.as_str());
     assert_eq!(done.data["item_id"], item_id);
-    let item_done = events
-        .iter()
-        .find(|e| e.kind == "response.output_item.done")
-        .unwrap();
+    let item_done = first_of(&events, "response.output_item.done");
     assert_eq!(item_done.data["item"]["arguments"], arguments.as_str());
     assert_eq!(item_done.data["item"]["status"], "completed");
 }
@@ -645,16 +623,12 @@ fn a_bound_web_search_streams_as_openai_streams_a_web_search_call_and_replays_th
         ];
         let record = ended(Ending::Completed { handed_back: false });
         let events = live(&record, &steps, &|p| {
-            p.handle(Progress::ModelEnded {
-                output: output_of(&steps[0]),
-            });
+            model_ended(p, &steps[0]);
             p.handle(Progress::ToolsStarted {
                 steps: &[&steps[1]],
             });
             p.handle(Progress::ToolEnded { step: &steps[1] });
-            p.handle(Progress::ModelEnded {
-                output: output_of(&steps[2]),
-            });
+            model_ended(p, &steps[2]);
         });
         assert_eq!(
             events,

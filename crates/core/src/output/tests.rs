@@ -52,6 +52,23 @@ fn model(seq: u32, text: Option<&str>, calls: &[(&str, &str)]) -> Step {
     }
 }
 
+/// A model call that failed for good with `message`, after streaming `partial` if it did.
+fn failed_model(seq: u32, message: &str, partial: Option<AssistantMessage>) -> Step {
+    Step {
+        seq,
+        state: StepState::Failed,
+        body: StepBody::Model(ModelStep {
+            deployment: None,
+            output: None,
+            failure: Some(UpstreamFailure {
+                message: message.into(),
+                code: Default::default(),
+                partial,
+            }),
+        }),
+    }
+}
+
 fn tool(seq: u32, batch: Option<u32>, call_id: &str, outcome: Option<ToolOutcome>) -> Step {
     let state = match &outcome {
         Some(ToolOutcome::Output { .. }) => StepState::Succeeded,
@@ -124,66 +141,79 @@ fn ids(steps: &[Step], handed_back: bool) -> Vec<String> {
 // ---- render_output -------------------------------------------------------------------------------
 
 #[test]
-fn model_text_renders_as_an_assistant_message() {
-    assert_eq!(
-        rendered(&[model(0, Some("Hi there"), &[])], false),
-        json!([message_json("msg_0", "Hi there")])
-    );
-}
-
-#[test]
-fn server_calls_render_as_mcp_calls_with_output_error_or_in_progress() {
-    let steps = [
-        model(
-            0,
-            None,
-            &[("a", "search"), ("b", "search"), ("c", "search")],
+fn steps_render_as_the_output_items_clients_see() {
+    // (what the row shows, the steps, whether the last batch is handed back, the items)
+    let rows = [
+        (
+            "model text renders as an assistant message",
+            vec![model(0, Some("Hi there"), &[])],
+            false,
+            json!([message_json("msg_0", "Hi there")]),
         ),
-        ok(1, Some(0), "a"),
-        err(2, Some(0), "b"),
-        tool(3, Some(0), "c", None),
+        (
+            "server calls render as mcp calls with output, error or in progress",
+            vec![
+                model(
+                    0,
+                    None,
+                    &[("a", "search"), ("b", "search"), ("c", "search")],
+                ),
+                ok(1, Some(0), "a"),
+                err(2, Some(0), "b"),
+                tool(3, Some(0), "c", None),
+            ],
+            false,
+            json!([
+                mcp_json("a", Some("out_a"), None, "completed"),
+                mcp_json("b", None, Some("b failed"), "failed"),
+                mcp_json("c", None, None, "in_progress"),
+            ]),
+        ),
+        (
+            "a handed back batch renders as function calls after its text",
+            vec![model(
+                0,
+                Some("Checking."),
+                &[("a", "search"), ("b", "client_fn")],
+            )],
+            true,
+            json!([
+                message_json("msg_0", "Checking."),
+                function_call_json("a", "search"),
+                function_call_json("b", "client_fn")
+            ]),
+        ),
+        (
+            "only the last batch is handed back",
+            vec![
+                model(0, None, &[("a", "search")]),
+                ok(1, Some(0), "a"),
+                model(2, None, &[("b", "client_fn")]),
+            ],
+            true,
+            json!([
+                mcp_json("a", Some("out_a"), None, "completed"),
+                function_call_json("b", "client_fn")
+            ]),
+        ),
+        (
+            "carried tool steps render before the first model text",
+            vec![
+                ok(0, None, "x"),
+                err(1, None, "y"),
+                model(2, Some("answer"), &[]),
+            ],
+            false,
+            json!([
+                mcp_json("x", Some("out_x"), None, "completed"),
+                mcp_json("y", None, Some("y failed"), "failed"),
+                message_json("msg_2", "answer"),
+            ]),
+        ),
     ];
-    assert_eq!(
-        rendered(&steps, false),
-        json!([
-            mcp_json("a", Some("out_a"), None, "completed"),
-            mcp_json("b", None, Some("b failed"), "failed"),
-            mcp_json("c", None, None, "in_progress"),
-        ])
-    );
-}
-
-#[test]
-fn a_handed_back_batch_renders_as_function_calls_after_its_text() {
-    let steps = [model(
-        0,
-        Some("Checking."),
-        &[("a", "search"), ("b", "client_fn")],
-    )];
-    assert_eq!(
-        rendered(&steps, true),
-        json!([
-            message_json("msg_0", "Checking."),
-            function_call_json("a", "search"),
-            function_call_json("b", "client_fn")
-        ])
-    );
-}
-
-#[test]
-fn only_the_last_batch_is_handed_back() {
-    let steps = [
-        model(0, None, &[("a", "search")]),
-        ok(1, Some(0), "a"),
-        model(2, None, &[("b", "client_fn")]),
-    ];
-    assert_eq!(
-        rendered(&steps, true),
-        json!([
-            mcp_json("a", Some("out_a"), None, "completed"),
-            function_call_json("b", "client_fn")
-        ])
-    );
+    for (name, steps, handed_back, items) in rows {
+        assert_eq!(rendered(&steps, handed_back), items, "{name}");
+    }
 }
 
 #[test]
@@ -229,37 +259,8 @@ fn items_appear_in_the_order_they_happened_across_model_calls() {
 }
 
 #[test]
-fn carried_tool_steps_render_before_the_first_model_text() {
-    let steps = [
-        ok(0, None, "x"),
-        err(1, None, "y"),
-        model(2, Some("answer"), &[]),
-    ];
-    assert_eq!(
-        rendered(&steps, false),
-        json!([
-            mcp_json("x", Some("out_x"), None, "completed"),
-            mcp_json("y", None, Some("y failed"), "failed"),
-            message_json("msg_2", "answer"),
-        ])
-    );
-}
-
-#[test]
 fn failed_or_unended_model_calls_render_nothing() {
-    let failed = Step {
-        seq: 2,
-        state: StepState::Failed,
-        body: StepBody::Model(ModelStep {
-            deployment: None,
-            output: None,
-            failure: Some(UpstreamFailure {
-                message: "503".into(),
-                code: Default::default(),
-                partial: None,
-            }),
-        }),
-    };
+    let failed = failed_model(2, "503", None);
     let running = Step {
         seq: 2,
         state: StepState::Running,
@@ -277,23 +278,12 @@ fn failed_or_unended_model_calls_render_nothing() {
 
 #[test]
 fn a_model_call_that_broke_off_after_streaming_text_renders_that_text_as_an_incomplete_message() {
-    let broken = Step {
-        seq: 2,
-        state: StepState::Failed,
-        body: StepBody::Model(ModelStep {
-            deployment: None,
-            output: None,
-            failure: Some(UpstreamFailure {
-                message: "stream broke".into(),
-                code: Default::default(),
-                partial: Some(AssistantMessage {
-                    item_id: "msg_partial".into(),
-                    text: "The answer is".into(),
-                    deltas: Vec::new(),
-                }),
-            }),
-        }),
+    let streamed = AssistantMessage {
+        item_id: "msg_partial".into(),
+        text: "The answer is".into(),
+        deltas: Vec::new(),
     };
+    let broken = failed_model(2, "stream broke", Some(streamed));
     let steps = [
         model(0, None, &[("a", "search")]),
         ok(1, Some(0), "a"),
@@ -559,17 +549,27 @@ fn an_incomplete_response_names_its_reason() {
     assert_eq!(object["error"], Value::Null);
 }
 
+/// Token counts: input, output, of the input cached, of the output reasoning.
+fn usage(input: u64, output: u64, cached: u64, reasoning: u64) -> Usage {
+    Usage {
+        input_tokens: input,
+        output_tokens: output,
+        cached_tokens: cached,
+        reasoning_tokens: reasoning,
+    }
+}
+
+/// The `usage` of a response object whose record holds `usage`.
+fn usage_json(usage: Usage) -> Value {
+    let mut r = record();
+    r.usage = Some(usage);
+    response_object(&r, &[])["usage"].clone()
+}
+
 #[test]
 fn usage_reports_details_and_the_total() {
-    let mut r = record();
-    r.usage = Some(Usage {
-        input_tokens: 120,
-        output_tokens: 45,
-        cached_tokens: 100,
-        reasoning_tokens: 30,
-    });
     assert_eq!(
-        response_object(&r, &[])["usage"],
+        usage_json(usage(120, 45, 100, 30)),
         json!({"input_tokens": 120, "input_tokens_details": {"cached_tokens": 100, "cache_write_tokens": 0}, "output_tokens": 45,
                "output_tokens_details": {"reasoning_tokens": 30}, "total_tokens": 165})
     );
@@ -583,12 +583,7 @@ fn usage_of_several_model_calls_is_summed() {
             output: Some(o), ..
         }) = &mut step.body
         {
-            o.usage = Some(Usage {
-                input_tokens: input,
-                output_tokens: output,
-                cached_tokens: cached,
-                reasoning_tokens: 1,
-            });
+            o.usage = Some(usage(input, output, cached, 1));
         }
         step
     };
@@ -597,10 +592,8 @@ fn usage_of_several_model_calls_is_summed() {
         ok(1, Some(0), "a"),
         with_usage(2, 20, 3, 0),
     ];
-    let mut r = record();
-    r.usage = Some(crate::steps::total_usage(&steps));
     assert_eq!(
-        response_object(&r, &[])["usage"],
+        usage_json(crate::steps::total_usage(&steps)),
         json!({"input_tokens": 30, "input_tokens_details": {"cached_tokens": 4, "cache_write_tokens": 0}, "output_tokens": 5,
                "output_tokens_details": {"reasoning_tokens": 2}, "total_tokens": 35})
     );

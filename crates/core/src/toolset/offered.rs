@@ -2,7 +2,7 @@
 //! flattened, custom tools as functions of one string for providers without them), and the way back from the name
 //! a model called to the tool the client declared.
 
-use serde_json::{json, Value};
+use serde_json::{json, Map, Value};
 
 use super::{CustomTool, DeclaredTool, FunctionTool, NamespaceMember};
 use crate::items::{CustomToolCallItem, FunctionCallItem, FunctionCallOutputItem, Item};
@@ -60,6 +60,17 @@ pub enum ToolInput {
 }
 
 impl OfferedTool {
+    /// The tool's `name` and, unless it is empty, its `description`: what every provider's tool declaration
+    /// holds besides its input.
+    pub fn name_and_description(&self) -> Map<String, Value> {
+        let mut fields = Map::new();
+        fields.insert("name".into(), json!(self.name));
+        if let Some(d) = self.description.as_deref().filter(|d| !d.is_empty()) {
+            fields.insert("description".into(), json!(d));
+        }
+        fields
+    }
+
     pub fn function(tool: &FunctionTool) -> OfferedTool {
         OfferedTool {
             name: tool.name.clone(),

@@ -41,7 +41,7 @@ use axum::body::{Body, Bytes};
 use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{header, HeaderMap, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{get, post, MethodRouter};
 use axum::{Json, Router};
 use futures::StreamExt;
 use serde_json::{json, Value};
@@ -99,9 +99,9 @@ impl MockModel {
     pub async fn start_on(addr: SocketAddr) -> anyhow::Result<MockModel> {
         let shared = Arc::new(Shared::default());
         let router = Router::new()
-            .route("/v1/chat/completions", post(chat_completions))
-            .route("/v1/messages", post(anthropic_messages))
-            .route("/v1/responses", post(responses_create))
+            .route("/v1/chat/completions", answer_in(Api::Chat))
+            .route("/v1/messages", answer_in(Api::Anthropic))
+            .route("/v1/responses", answer_in(Api::Responses))
             .route("/v1/models", get(models))
             .route("/health", get(health))
             .route("/_mock/script", post(push_script))
@@ -197,30 +197,14 @@ enum Api {
     Responses,
 }
 
-async fn chat_completions(
-    State(shared): State<Arc<Shared>>,
-    headers: HeaderMap,
-    body: Bytes,
-) -> Response {
-    serve(&shared, headers, body, Api::Chat).await
-}
-
-/// `POST /v1/messages`: Anthropic's Messages API, from the same script.
-async fn anthropic_messages(
-    State(shared): State<Arc<Shared>>,
-    headers: HeaderMap,
-    body: Bytes,
-) -> Response {
-    serve(&shared, headers, body, Api::Anthropic).await
-}
-
-/// `POST /v1/responses`: OpenAI's Responses API (as an upstream), from the same script.
-async fn responses_create(
-    State(shared): State<Arc<Shared>>,
-    headers: HeaderMap,
-    body: Bytes,
-) -> Response {
-    serve(&shared, headers, body, Api::Responses).await
+/// `POST` of one API shape: Chat Completions, Anthropic's Messages API, or OpenAI's Responses API (as an
+/// upstream), each answered in its own shape from the same script.
+fn answer_in(api: Api) -> MethodRouter<Arc<Shared>> {
+    post(
+        move |State(shared): State<Arc<Shared>>, headers: HeaderMap, body: Bytes| async move {
+            serve(&shared, headers, body, api).await
+        },
+    )
 }
 
 fn api_error(api: Api, status: u16, message: &str) -> Response {
