@@ -329,14 +329,7 @@ async fn stream_once(
             self.0.fetch_sub(1, Ordering::SeqCst);
         }
     }
-    let response = http
-        .post(&request.url)
-        .bearer_auth(&request.key)
-        .header(reqwest::header::CONTENT_TYPE, "application/json")
-        .body(request.body.clone())
-        .send()
-        .await
-        .map_err(|e| format!("send: {e}"))?;
+    let response = request.send(http).await.map_err(|e| format!("send: {e}"))?;
     let status = response.status();
     let mut chunks = response.bytes_stream();
     let mut body = Vec::new();

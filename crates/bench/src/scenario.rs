@@ -288,6 +288,20 @@ pub struct GatewayRequest {
     pub expect: Expect,
 }
 
+impl GatewayRequest {
+    /// The request as `http` sends it: a JSON POST with the project's key.
+    pub fn send(
+        &self,
+        http: &Client,
+    ) -> impl std::future::Future<Output = reqwest::Result<reqwest::Response>> {
+        http.post(&self.url)
+            .bearer_auth(&self.key)
+            .header(reqwest::header::CONTENT_TYPE, "application/json")
+            .body(self.body.clone())
+            .send()
+    }
+}
+
 /// One upstream-shaped request sent straight to the mock model or the tool server.
 #[derive(Debug, Clone)]
 pub struct DirectCall {
@@ -390,14 +404,7 @@ fn status_error(status: reqwest::StatusCode, body: &[u8]) -> String {
 }
 
 async fn gateway_call(http: &Client, request: &GatewayRequest) -> Result<Option<Instant>, String> {
-    let response = http
-        .post(&request.url)
-        .bearer_auth(&request.key)
-        .header(reqwest::header::CONTENT_TYPE, "application/json")
-        .body(request.body.clone())
-        .send()
-        .await
-        .map_err(|e| describe_error(&e))?;
+    let response = request.send(http).await.map_err(|e| describe_error(&e))?;
     let status = response.status();
     if request.stream {
         let (body, first) = read_body(response).await?;

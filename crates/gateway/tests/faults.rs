@@ -49,12 +49,7 @@ async fn all_ended(url: &str, within: Duration) -> BTreeMap<String, i64> {
 #[tokio::test]
 async fn a_paused_replica_whose_response_was_taken_over_calls_and_writes_nothing_when_it_comes_back(
 ) {
-    let mut cluster = Cluster::postgres().await;
-    let paused = cluster.replica(&[]);
-    let other = cluster.replica(&[]);
-    cluster.configure(&paused).await;
-    let id = cluster.background_gate_call(&paused).await;
-    cluster.gate_calls(1).await;
+    let (cluster, paused, other, id) = Cluster::two_replicas_with_a_gate_call_in_flight().await;
 
     // Frozen with its tool call in flight; the other replica takes the response over once the lease ran out, and
     // finishes it.

@@ -21,11 +21,14 @@ use serde_json::{json, Value};
 #[tokio::test]
 async fn a_replica_killed_mid_tool_call_is_restarted_and_the_response_completes_with_the_call_sent_again_under_its_key(
 ) {
-    let mut cluster = Cluster::postgres().await;
+    killed_mid_tool_call_then_restarted(Cluster::postgres().await).await;
+}
+
+/// Kills the only replica of `cluster` with a `gate` tool call in flight and starts another: the response completes,
+/// the call sent again under the same Idempotency-Key.
+async fn killed_mid_tool_call_then_restarted(mut cluster: Cluster) {
     let mut first = cluster.replica(&[]);
-    cluster.configure(&first).await;
-    let id = cluster.background_gate_call(&first).await;
-    cluster.gate_calls(1).await;
+    let id = cluster.gate_call_in_flight(&first).await;
 
     first.kill();
     let restarted = cluster.replica(&[]);
@@ -68,12 +71,8 @@ async fn a_replica_killed_mid_model_call_is_restarted_and_the_model_is_called_ag
 
 #[tokio::test]
 async fn when_one_of_two_replicas_is_killed_the_other_finishes_its_response_without_a_restart() {
-    let mut cluster = Cluster::postgres().await;
-    let mut doomed = cluster.replica(&[]);
-    let survivor = cluster.replica(&[]);
-    cluster.configure(&doomed).await;
-    let id = cluster.background_gate_call(&doomed).await;
-    cluster.gate_calls(1).await;
+    let (cluster, mut doomed, survivor, id) =
+        Cluster::two_replicas_with_a_gate_call_in_flight().await;
 
     doomed.kill();
     let calls = cluster.gate_calls(2).await;
@@ -89,10 +88,8 @@ async fn when_one_of_two_replicas_is_killed_the_other_finishes_its_response_with
 async fn a_background_response_answers_queued_at_once_and_completes_while_polled() {
     let mut cluster = Cluster::postgres().await;
     let replica = cluster.replica(&[]);
-    cluster.configure(&replica).await;
 
-    let id = cluster.background_gate_call(&replica).await;
-    cluster.gate_calls(1).await;
+    let id = cluster.gate_call_in_flight(&replica).await;
     let (status, running) = cluster.get(&replica, &id).await;
     assert_eq!(status, 200);
     assert_eq!(running["status"], "in_progress", "{running:#}");
@@ -106,22 +103,9 @@ async fn a_background_response_answers_queued_at_once_and_completes_while_polled
 
 #[tokio::test]
 async fn a_cancel_through_another_replica_stops_the_run_and_aborts_its_tool_call() {
-    let mut cluster = Cluster::postgres().await;
-    let owner = cluster.replica(&[]);
-    let other = cluster.replica(&[]);
-    cluster.configure(&owner).await;
-    let id = cluster.background_gate_call(&owner).await;
-    cluster.gate_calls(1).await;
+    let (cluster, owner, other, id) = Cluster::two_replicas_with_a_gate_call_in_flight().await;
 
-    let cancelled = json(
-        cluster
-            .http
-            .post(format!("{}/v1/responses/{id}/cancel", other.base_url))
-            .bearer_auth(&cluster.key)
-            .send()
-            .await,
-    )
-    .await;
+    let cancelled = cluster.cancel(&other, &id).await;
 
     assert_eq!(cancelled["status"], "cancelled", "{cancelled:#}");
     let call = &cancelled["output"][0];
@@ -129,15 +113,7 @@ async fn a_cancel_through_another_replica_stops_the_run_and_aborts_its_tool_call
     assert_eq!(call["status"], "failed", "the call in flight was aborted");
     assert_eq!(cluster.get(&owner, &id).await.1, cancelled);
     // Cancelling again answers the same response.
-    let again = json(
-        cluster
-            .http
-            .post(format!("{}/v1/responses/{id}/cancel", owner.base_url))
-            .bearer_auth(&cluster.key)
-            .send()
-            .await,
-    )
-    .await;
+    let again = cluster.cancel(&owner, &id).await;
     assert_eq!(again, cancelled);
     cluster.tools.open_gate();
     assert_eq!(
@@ -149,22 +125,9 @@ async fn a_cancel_through_another_replica_stops_the_run_and_aborts_its_tool_call
 
 #[tokio::test]
 async fn a_running_response_deleted_through_another_replica_is_cancelled_then_gone() {
-    let mut cluster = Cluster::postgres().await;
-    let owner = cluster.replica(&[]);
-    let other = cluster.replica(&[]);
-    cluster.configure(&owner).await;
-    let id = cluster.background_gate_call(&owner).await;
-    cluster.gate_calls(1).await;
+    let (cluster, owner, other, id) = Cluster::two_replicas_with_a_gate_call_in_flight().await;
 
-    let deleted = json(
-        cluster
-            .http
-            .delete(format!("{}/v1/responses/{id}", other.base_url))
-            .bearer_auth(&cluster.key)
-            .send()
-            .await,
-    )
-    .await;
+    let deleted = cluster.delete(&other, &id).await;
 
     assert_eq!(
         deleted,
@@ -265,9 +228,7 @@ async fn a_replica_stopped_with_sigterm_hands_its_response_over_at_once() {
     ];
     let mut stopping = cluster.replica(&long_lease);
     let successor = cluster.replica(&long_lease);
-    cluster.configure(&stopping).await;
-    let id = cluster.background_gate_call(&stopping).await;
-    cluster.gate_calls(1).await;
+    let id = cluster.gate_call_in_flight(&stopping).await;
 
     stopping.terminate();
     let calls = cluster.gate_calls(2).await;
@@ -319,21 +280,7 @@ async fn a_create_retried_with_its_idempotency_key_after_a_crash_answers_the_res
 
 #[tokio::test]
 async fn the_embedded_store_resumes_at_start_up_what_a_killed_process_left() {
-    let mut cluster = Cluster::sqlite().await;
-    let mut first = cluster.replica(&[]);
-    cluster.configure(&first).await;
-    let id = cluster.background_gate_call(&first).await;
-    cluster.gate_calls(1).await;
-
-    first.kill();
-    let restarted = cluster.replica(&[]);
-    let calls = cluster.gate_calls(2).await;
-    cluster.tools.open_gate();
-    let response = cluster.ended(&restarted, &id).await;
-
-    assert_gate_round(&response);
-    let keys = keys(&calls);
-    assert_eq!(keys[0], keys[1], "{keys:?}");
+    killed_mid_tool_call_then_restarted(Cluster::sqlite().await).await;
 }
 
 #[tokio::test]
@@ -341,9 +288,7 @@ async fn a_second_gateway_on_the_same_embedded_store_refuses_to_start_and_the_fi
 {
     let mut cluster = Cluster::sqlite().await;
     let first = cluster.replica(&[]);
-    cluster.configure(&first).await;
-    let id = cluster.background_gate_call(&first).await;
-    cluster.gate_calls(1).await;
+    let id = cluster.gate_call_in_flight(&first).await;
 
     // Run to its end: it either exits (refused) or says it listens (it took the store), never both.
     let mut second = cluster.serve_command(&[]);

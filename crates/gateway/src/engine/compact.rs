@@ -8,6 +8,7 @@ use gateway_core::request::{ResponseParams, ValidRequest};
 use gateway_core::steps::Usage;
 use gateway_core::Item;
 
+use super::model_call::target;
 use super::{Engine, EngineError};
 use crate::clock::now;
 use crate::compaction::OpenError;
@@ -58,7 +59,7 @@ impl Engine {
         let answer = self
             .upstream
             .call(
-                &resolution.deployment,
+                &target(&resolution.deployment),
                 &ModelRequest {
                     response_id: &id,
                     params: &params,

@@ -21,7 +21,7 @@ use super::{Engine, ProgressSink, Run, Stop};
 use crate::ids::{item_id, new_id};
 use crate::store::tenancy::Deployment;
 use crate::tools::ServerTools;
-use crate::upstream::{Live, ModelRequest, UpstreamError};
+use crate::upstream::{Live, ModelRequest, Target, UpstreamError};
 
 /// Model text waiting for a slow reader: the upstream read waits when this many pieces are queued.
 const TEXT_BUFFER: usize = 64;
@@ -127,7 +127,7 @@ impl Engine {
         shown: &mut Shown,
     ) -> Result<ModelOutput, UpstreamError> {
         if !sink.wants_text_deltas() {
-            return self.upstream.call(deployment, request, None).await;
+            return self.upstream.call(&target(deployment), request, None).await;
         }
         // Text is passed on as the model produces it; the upstream read and the reader move together, so a
         // slow reader slows the upstream read (backpressure).
@@ -140,7 +140,9 @@ impl Engine {
                 deltas: &delta_tx,
             };
             // The sender is dropped with this block, which ends the forwarding below.
-            self.upstream.call(deployment, request, Some(live)).await
+            self.upstream
+                .call(&target(deployment), request, Some(live))
+                .await
         };
         let forward = async {
             while let Some(delta) = delta_rx.recv().await {
@@ -279,5 +281,17 @@ fn mark_approvals(server_tools: &ServerTools, response_id: &str, calls: &mut [To
             server_label: tool.server_label().unwrap_or_default().to_owned(),
         });
         call.item_id = item_id("mcpr", response_id);
+    }
+}
+
+/// What upstream needs of `deployment` to call its provider.
+pub(super) fn target(deployment: &Deployment) -> Target {
+    Target {
+        name: deployment.name.clone(),
+        kind: deployment.provider_kind,
+        base_url: deployment.base_url.clone(),
+        model: deployment.upstream_model.clone(),
+        api_key: deployment.api_key.clone(),
+        max_tokens: deployment.max_tokens,
     }
 }

@@ -10,6 +10,7 @@ use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use futures::future::BoxFuture;
 use gateway_core::chat::{IdSource, ParseError};
 use gateway_core::entity::ProviderKind;
 use gateway_core::reasoning::replayed_to;
@@ -18,14 +19,13 @@ use gateway_core::response::FailureCode;
 use gateway_core::steps::{ModelDelta, ModelOutput};
 use gateway_core::toolset::{custom_as_functions, unwrap_custom_inputs, OfferedTool, ToolInput};
 use gateway_core::Item;
-use secrecy::ExposeSecret;
+use secrecy::{ExposeSecret, SecretString};
 use serde_json::Value;
 use tokio::sync::mpsc;
 
 use crate::config::UpstreamConfig;
 use crate::ids::{item_id, new_id};
 use crate::retry::RetryPolicy;
-use crate::store::tenancy::Deployment;
 
 /// Why a model call failed for good. Detail is for logs; clients get a generic message.
 #[derive(Debug, thiserror::Error)]
@@ -51,6 +51,11 @@ pub enum UpstreamError {
 }
 
 impl UpstreamError {
+    /// A stream that broke off at attempt `attempts`, for the reason given.
+    fn broken_at(attempts: u32) -> impl Fn(String) -> UpstreamError {
+        move |detail| UpstreamError::Broken { attempts, detail }
+    }
+
     /// What the response's `error.message` says: no upstream text, which may hold secrets or prompts.
     pub fn public_message(&self) -> String {
         match self {
@@ -91,6 +96,21 @@ impl UpstreamError {
             _ => FailureCode::ServerError,
         }
     }
+}
+
+/// Where a model call goes: what upstream needs of a deployment, built by the engine from the stored one.
+#[derive(Debug, Clone)]
+pub struct Target {
+    /// The deployment's name, for logs.
+    pub name: String,
+    pub kind: ProviderKind,
+    /// The provider's base URL; each adapter adds its own path.
+    pub base_url: String,
+    /// The model the provider is asked for.
+    pub model: String,
+    pub api_key: Option<SecretString>,
+    /// Anthropic's required `max_tokens` when the request sets no `max_output_tokens`.
+    pub max_tokens: u32,
 }
 
 /// What one model call sends, whatever the provider.
@@ -137,15 +157,15 @@ impl Upstream {
         })
     }
 
-    /// One model call to `deployment`'s provider: streamed upstream when `live` is given (deltas forwarded as
+    /// One model call to `target`'s provider: streamed upstream when `live` is given (deltas forwarded as
     /// they arrive), whole otherwise; retried as SPEC 8 says.
     pub async fn call(
         &self,
-        deployment: &Deployment,
+        target: &Target,
         request: &ModelRequest<'_>,
         live: Option<Live<'_>>,
     ) -> Result<ModelOutput, UpstreamError> {
-        let provider = deployment.provider_kind;
+        let provider = target.kind;
         // Thinking and reasoning go only to the provider kind that made them (SPEC 8).
         let foreign_reasoning = request
             .conversation
@@ -167,7 +187,7 @@ impl Upstream {
             *request
         };
         if provider.has_custom_tools() || !needs_custom_as_functions(request) {
-            return self.call_provider(deployment, request, live).await;
+            return self.call_provider(target, request, live).await;
         }
         // A provider without custom tools sees each as a function of one string; its calls' inputs come back out.
         let mut conversation = request.conversation.to_vec();
@@ -178,22 +198,22 @@ impl Upstream {
             tools: &tools,
             ..*request
         };
-        let mut output = self.call_provider(deployment, &shaped, live).await?;
+        let mut output = self.call_provider(target, &shaped, live).await?;
         unwrap_custom_inputs(request.tools, &mut output.tool_calls);
         Ok(output)
     }
 
     async fn call_provider(
         &self,
-        deployment: &Deployment,
+        target: &Target,
         request: &ModelRequest<'_>,
         live: Option<Live<'_>>,
     ) -> Result<ModelOutput, UpstreamError> {
-        match deployment.provider_kind {
-            ProviderKind::OpenaiChat => openai_chat::call(self, deployment, request, live).await,
-            ProviderKind::Anthropic => anthropic::call(self, deployment, request, live).await,
+        match target.kind {
+            ProviderKind::OpenaiChat => openai_chat::call(self, target, request, live).await,
+            ProviderKind::Anthropic => anthropic::call(self, target, request, live).await,
             ProviderKind::OpenaiResponses => {
-                openai_responses::call(self, deployment, request, live).await
+                openai_responses::call(self, target, request, live).await
             }
         }
     }
@@ -203,7 +223,7 @@ impl Upstream {
     /// the client saw text, a new attempt could not take it back.
     async fn with_retries<Fut>(
         &self,
-        deployment: &Deployment,
+        target: &Target,
         out: Option<&Forwarder<'_>>,
         attempt: impl FnMut(u32) -> Fut,
     ) -> Result<ModelOutput, UpstreamError>
@@ -215,18 +235,18 @@ impl Upstream {
                 attempt,
                 |failure| failure.is_retryable() && !out.is_some_and(Forwarder::forwarded),
                 |attempt, failure, wait| {
-                    tracing::warn!(attempt, deployment = %deployment.name, error = %failure, wait_ms = wait.as_millis() as u64, "upstream call failed; retrying");
+                    tracing::warn!(attempt, deployment = %target.name, error = %failure, wait_ms = wait.as_millis() as u64, "upstream call failed; retrying");
                 },
             )
             .await
     }
 
     /// Sends one attempt's request: a 4xx that is the client's problem is `Rejected` (with the provider's message,
-    /// `deployment`'s key and anything like a credential stripped), any other answer but 2xx is `Status` (with the
+    /// `target`'s key and anything like a credential stripped), any other answer but 2xx is `Status` (with the
     /// start of its body, for logs), no answer is `Transport`.
     async fn send(
         &self,
-        deployment: &Deployment,
+        target: &Target,
         request: reqwest::RequestBuilder,
         attempt: u32,
     ) -> Result<reqwest::Response, UpstreamError> {
@@ -240,7 +260,7 @@ impl Upstream {
         }
         let detail = response.text().await.unwrap_or_default();
         if is_rejection(status.as_u16()) {
-            let key = deployment.api_key.as_ref().map(|k| k.expose_secret());
+            let key = target.api_key.as_ref().map(|k| k.expose_secret());
             return Err(UpstreamError::Rejected {
                 status: status.as_u16(),
                 message: provider_message(&detail, key),
@@ -253,20 +273,46 @@ impl Upstream {
         })
     }
 
-    /// One non-streamed model call with its retries: `post` builds the request, the whole JSON answer is read
-    /// and `parse` turns it into the normalised answer (the same for every provider kind but the parser).
-    async fn call_whole(
+    /// One model call over `wire` with its retries, `body` built once and sent once per attempt: whole when
+    /// `live` is `None` (the JSON answer read and parsed), else streamed with its text passed on as it arrives.
+    async fn call_over(
         &self,
-        deployment: &Deployment,
-        post: &(dyn Fn() -> reqwest::RequestBuilder + Sync),
-        parse: fn(&serde_json::Value, &mut dyn IdSource) -> Result<ModelOutput, ParseError>,
+        target: &Target,
+        wire: Wire<'_>,
+        mut body: Value,
         response_id: &str,
+        live: Option<Live<'_>>,
     ) -> Result<ModelOutput, UpstreamError> {
-        self.with_retries(deployment, None, |attempt| async move {
-            let request = post().timeout(self.whole_answer_timeout());
-            let response = self.send(deployment, request, attempt).await?;
-            let answer = self.read_whole(response, attempt).await?;
-            parse(&answer, &mut ResponseIds { response_id }).map_err(|e| UpstreamError::Parse(e.0))
+        let Wire {
+            post,
+            parse,
+            stream_options,
+            read_stream,
+        } = wire;
+        let Some(live) = live else {
+            return self
+                .with_retries(target, None, |attempt| {
+                    let body = &body;
+                    async move {
+                        let request = post(body).timeout(self.whole_answer_timeout());
+                        let response = self.send(target, request, attempt).await?;
+                        let answer = self.read_whole(response, attempt).await?;
+                        parse(&answer, &mut ResponseIds { response_id })
+                            .map_err(|e| UpstreamError::Parse(e.0))
+                    }
+                })
+                .await;
+        };
+        body["stream"] = Value::Bool(true);
+        if let Some(options) = stream_options {
+            body["stream_options"] = options;
+        }
+        let body = &body;
+        let out = &Forwarder::new(live);
+        self.with_retries(target, Some(out), |attempt| async move {
+            let response = self.send(target, post(body), attempt).await?;
+            let events = Box::pin(sse::upstream_events(response.bytes_stream(), attempt));
+            read_stream(events, attempt, out, response_id).await
         })
         .await
     }
@@ -278,10 +324,7 @@ impl Upstream {
         response: reqwest::Response,
         attempt: u32,
     ) -> Result<serde_json::Value, UpstreamError> {
-        let broken = |detail: String| UpstreamError::Broken {
-            attempts: attempt,
-            detail,
-        };
+        let broken = UpstreamError::broken_at(attempt);
         let bytes = response
             .bytes()
             .await
@@ -295,11 +338,40 @@ impl Upstream {
         })
     }
 
+    /// A POST of `body` to `url` with `target`'s key, if any, as a bearer token (as OpenAI-compatible servers take it).
+    fn bearer_post(&self, url: &str, target: &Target, body: &Value) -> reqwest::RequestBuilder {
+        let request = self.http.post(url).json(body);
+        match &target.api_key {
+            Some(key) => request.bearer_auth(key.expose_secret()),
+            None => request,
+        }
+    }
+
     /// The whole of a non-streaming answer must arrive within this.
     fn whole_answer_timeout(&self) -> Duration {
         Duration::from_millis(self.config.timeout_ms)
     }
 }
+
+/// How one provider kind speaks: how an attempt is sent and how its answer, whole or streamed, is read.
+struct Wire<'a> {
+    /// One attempt's request carrying `body`: the provider's URL and auth headers.
+    post: &'a (dyn Fn(&Value) -> reqwest::RequestBuilder + Sync),
+    /// Turns a whole JSON answer into the normalised one.
+    parse: fn(&Value, &mut dyn IdSource) -> Result<ModelOutput, ParseError>,
+    /// `stream_options` a streamed request carries besides `"stream": true`, if any.
+    stream_options: Option<Value>,
+    /// Reads a streamed answer's events into the normalised answer, passing text on as it arrives.
+    read_stream: ReadStream,
+}
+
+/// A provider's stream reader: its events, the attempt's number, where the text goes and the response's id.
+type ReadStream = for<'b> fn(
+    sse::Events<'b>,
+    u32,
+    &'b Forwarder<'b>,
+    &'b str,
+) -> BoxFuture<'b, Result<ModelOutput, UpstreamError>>;
 
 /// A streamed call's `Live`, and whether any of the call's output was passed on yet.
 struct Forwarder<'a> {

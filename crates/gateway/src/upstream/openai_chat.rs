@@ -1,109 +1,80 @@
 //! The OpenAI-compatible Chat Completions adapter: `POST {base_url}/chat/completions`, answered whole or as SSE
 //! chunks; translation and normalisation are the core's (`chat`, `chat_stream`).
 
-use bytes::Bytes;
-use futures::{Stream, StreamExt};
+use futures::future::BoxFuture;
+use futures::StreamExt;
 use gateway_core::chat;
 use gateway_core::chat_stream::ChatStream;
 use gateway_core::steps::ModelOutput;
-use secrecy::ExposeSecret;
 use serde_json::{json, Value};
 
-use super::{sse, Forwarder, Live, ModelRequest, Upstream, UpstreamError};
-use crate::store::tenancy::Deployment;
+use super::{sse, Forwarder, Live, ModelRequest, Target, Upstream, UpstreamError, Wire};
 
-/// One model call: the body is built once, then sent once per attempt.
+/// One model call.
 pub(super) async fn call(
     upstream: &Upstream,
-    deployment: &Deployment,
+    target: &Target,
     request: &ModelRequest<'_>,
     live: Option<Live<'_>>,
 ) -> Result<ModelOutput, UpstreamError> {
-    let mut body = chat::build_request(
-        &deployment.upstream_model,
+    let body = chat::build_request(
+        &target.model,
         request.params,
         request.conversation,
         request.tools,
     );
-    let url = format!(
-        "{}/chat/completions",
-        deployment.base_url.trim_end_matches('/')
-    );
-    let post = |body: &Value| {
-        let request = upstream.http.post(&url).json(body);
-        match &deployment.api_key {
-            Some(key) => request.bearer_auth(key.expose_secret()),
-            None => request,
-        }
+    let url = format!("{}/chat/completions", target.base_url.trim_end_matches('/'));
+    let post = |body: &Value| upstream.bearer_post(&url, target, body);
+    let wire = Wire {
+        post: &post,
+        parse: chat::parse_response,
+        stream_options: Some(json!({"include_usage": true})),
+        read_stream,
     };
-    let post = &post;
-    let request_ids = request.response_id;
-    match live {
-        None => {
-            upstream
-                .call_whole(
-                    deployment,
-                    &|| post(&body),
-                    chat::parse_response,
-                    request_ids,
-                )
-                .await
-        }
-        Some(live) => {
-            body["stream"] = Value::Bool(true);
-            body["stream_options"] = json!({"include_usage": true});
-            let body = &body;
-            let out = &Forwarder::new(live);
-            upstream
-                .with_retries(deployment, Some(out), |attempt| async move {
-                    let response = upstream.send(deployment, post(body), attempt).await?;
-                    read_stream(response.bytes_stream(), attempt, out, request_ids).await
-                })
-                .await
-        }
-    }
+    upstream
+        .call_over(target, wire, body, request.response_id, live)
+        .await
 }
 
 /// Reads a Chat Completions SSE body (`data: {...}` events, ending with `data: [DONE]`), passing text on as it
 /// arrives, into the normalised answer.
-async fn read_stream<E: std::fmt::Display>(
-    body: impl Stream<Item = Result<Bytes, E>>,
+fn read_stream<'a>(
+    mut events: sse::Events<'a>,
     attempt: u32,
-    out: &Forwarder<'_>,
-    response_id: &str,
-) -> Result<ModelOutput, UpstreamError> {
-    let broken = |detail: String| UpstreamError::Broken {
-        attempts: attempt,
-        detail,
-    };
-    let mut stream = ChatStream::new();
-    let mut events = std::pin::pin!(sse::upstream_events(body, attempt));
-    let mut done = false;
-    while let Some(event) = events.next().await {
-        let event = event?;
-        if event.data.trim() == "[DONE]" {
-            done = true;
-            break;
+    out: &'a Forwarder<'a>,
+    response_id: &'a str,
+) -> BoxFuture<'a, Result<ModelOutput, UpstreamError>> {
+    Box::pin(async move {
+        let broken = UpstreamError::broken_at(attempt);
+        let mut stream = ChatStream::new();
+        let mut done = false;
+        while let Some(event) = events.next().await {
+            let event = event?;
+            if event.data.trim() == "[DONE]" {
+                done = true;
+                break;
+            }
+            let value: Value = serde_json::from_str(&event.data)
+                .map_err(|e| UpstreamError::Parse(format!("bad chunk: {e}")))?;
+            // The only chunk `push` refuses is an `{"error": ...}` chunk: the upstream gave up mid-answer.
+            for delta in stream.push(&value).map_err(|e| broken(e.0))? {
+                out.send(delta).await;
+            }
         }
-        let value: Value = serde_json::from_str(&event.data)
-            .map_err(|e| UpstreamError::Parse(format!("bad chunk: {e}")))?;
-        // The only chunk `push` refuses is an `{"error": ...}` chunk: the upstream gave up mid-answer.
-        for delta in stream.push(&value).map_err(|e| broken(e.0))? {
-            out.send(delta).await;
+        if !done && !stream.has_finish_reason() {
+            // Some servers end without [DONE], but every complete answer names a finish reason.
+            return Err(broken("the body ended before the answer did".into()));
         }
-    }
-    if !done && !stream.has_finish_reason() {
-        // Some servers end without [DONE], but every complete answer names a finish reason.
-        return Err(broken("the body ended before the answer did".into()));
-    }
-    stream
-        .finish(&mut out.ids(response_id))
-        .map_err(|e| UpstreamError::Parse(e.0))
+        stream
+            .finish(&mut out.ids(response_id))
+            .map_err(|e| UpstreamError::Parse(e.0))
+    })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use bytes::Bytes;
     use gateway_core::steps::{Finish, ModelDelta};
     use tokio::sync::mpsc;
 
@@ -129,7 +100,8 @@ mod tests {
                 .into_iter()
                 .map(|p| p.map(|p| Bytes::from_static(p.as_bytes()))),
         );
-        let result = read_stream(body, 1, &out, "resp_test").await;
+        let events = Box::pin(sse::upstream_events(body, 1));
+        let result = read_stream(events, 1, &out, "resp_test").await;
         assert_eq!(
             out.forwarded(),
             !rx.is_empty(),

@@ -1,11 +1,16 @@
 //! Server-sent events of a streamed upstream answer, decoded by `eventsource-stream` (any line ending, multi-line
 //! `data`, comments and `event:`/`id:` fields, as the SSE specification has them).
 
+use std::pin::Pin;
+
 use bytes::Bytes;
 use eventsource_stream::{Event, EventStreamError, Eventsource};
 use futures::{Stream, StreamExt};
 
 use super::UpstreamError;
+
+/// The events of an upstream's SSE answer as the adapters read them.
+pub(super) type Events<'a> = Pin<Box<dyn Stream<Item = Result<Event, UpstreamError>> + Send + 'a>>;
 
 /// The events of an upstream's SSE answer, each failure already an [`UpstreamError`]: a body cut or broken is
 /// `Broken` (retried), bytes that are not UTF-8 or not SSE are `Parse`.

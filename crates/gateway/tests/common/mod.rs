@@ -273,6 +273,49 @@ impl Cluster {
         }
     }
 
+    /// Two replicas on Postgres, the first configured and running a background response (its id last) whose `gate`
+    /// tool call is in flight.
+    pub async fn two_replicas_with_a_gate_call_in_flight() -> (Cluster, Replica, Replica, String) {
+        let mut cluster = Cluster::postgres().await;
+        let first = cluster.replica(&[]);
+        let second = cluster.replica(&[]);
+        let id = cluster.gate_call_in_flight(&first).await;
+        (cluster, first, second, id)
+    }
+
+    /// Configures the cluster through `replica` and starts a background response there whose `gate` tool call is
+    /// in flight once this returns; its id.
+    pub async fn gate_call_in_flight(&mut self, replica: &Replica) -> String {
+        self.configure(replica).await;
+        let id = self.background_gate_call(replica).await;
+        self.gate_calls(1).await;
+        id
+    }
+
+    /// `method` on `path` of `replica` with the project's key, as JSON.
+    async fn ask(&self, method: reqwest::Method, replica: &Replica, path: &str) -> Value {
+        json(
+            self.http
+                .request(method, format!("{}{path}", replica.base_url))
+                .bearer_auth(&self.key)
+                .send()
+                .await,
+        )
+        .await
+    }
+
+    /// `POST /v1/responses/{id}/cancel` on `replica`, as JSON.
+    pub async fn cancel(&self, replica: &Replica, id: &str) -> Value {
+        let path = format!("/v1/responses/{id}/cancel");
+        self.ask(reqwest::Method::POST, replica, &path).await
+    }
+
+    /// `DELETE /v1/responses/{id}` on `replica`, as JSON.
+    pub async fn delete(&self, replica: &Replica, id: &str) -> Value {
+        let path = format!("/v1/responses/{id}");
+        self.ask(reqwest::Method::DELETE, replica, &path).await
+    }
+
     /// `POST /v1/responses` on `replica`, as JSON.
     pub async fn create(&self, replica: &Replica, body: Value) -> Value {
         json(

@@ -7,7 +7,7 @@ use gateway_core::entity::EntityName;
 use rand::Rng;
 use serde::Serialize;
 
-use super::{list, not_found, parse_changed, parse_required, AdminJson, ApiPath, List, NameBody};
+use super::{found, list, parse_changed, parse_required, AdminJson, ApiPath, List, NameBody};
 use crate::api::error::ApiError;
 use crate::api::AppState;
 use crate::store::admin::{ApiKeyRow, NewApiKey};
@@ -78,11 +78,11 @@ pub async fn create_api_key(
         key_hash: &hash_key(&key),
         key_prefix: &key_prefix,
     };
-    let row = state
-        .store
-        .create_api_key(&new)
-        .await?
-        .ok_or_else(|| not_found("project", &project_id))?;
+    let row = found(
+        state.store.create_api_key(&new).await?,
+        "project",
+        &project_id,
+    )?;
     tracing::info!(project.id = %row.project_id, api_key.id = %row.id, "api key created");
     Ok(Json(ApiKeyObject {
         key: Some(key),
@@ -95,25 +95,17 @@ pub async fn list_api_keys(
     State(state): State<AppState>,
     ApiPath(project_id): ApiPath<String>,
 ) -> Result<Json<List<ApiKeyObject>>, ApiError> {
-    let keys = state
-        .store
-        .list_api_keys(&project_id)
-        .await?
-        .ok_or_else(|| not_found("project", &project_id))?;
+    let keys = found(
+        state.store.list_api_keys(&project_id).await?,
+        "project",
+        &project_id,
+    )?;
     Ok(list(keys))
 }
 
-/// `GET /api_keys/{key_id}`.
-pub async fn get_api_key(
-    State(state): State<AppState>,
-    ApiPath(id): ApiPath<String>,
-) -> Result<Json<ApiKeyObject>, ApiError> {
-    let key = state
-        .store
-        .get_api_key(&id)
-        .await?
-        .ok_or_else(|| not_found("API key", &id))?;
-    Ok(Json(key.into()))
+get_by_id! {
+    /// `GET /api_keys/{key_id}`.
+    get_api_key: get_api_key -> ApiKeyObject, "API key"
 }
 
 /// `PATCH /api_keys/{key_id}`: renames the key.
@@ -123,11 +115,11 @@ pub async fn update_api_key(
     AdminJson(body): AdminJson<NameBody>,
 ) -> Result<Json<ApiKeyObject>, ApiError> {
     let name = parse_changed(body.name, "name", EntityName::parse)?;
-    let key = state
-        .store
-        .update_api_key(&id, name.as_ref())
-        .await?
-        .ok_or_else(|| not_found("API key", &id))?;
+    let key = found(
+        state.store.update_api_key(&id, name.as_ref()).await?,
+        "API key",
+        &id,
+    )?;
     Ok(Json(key.into()))
 }
 
@@ -136,11 +128,7 @@ pub async fn revoke_api_key(
     State(state): State<AppState>,
     ApiPath(id): ApiPath<String>,
 ) -> Result<Json<ApiKeyObject>, ApiError> {
-    let key = state
-        .store
-        .revoke_api_key(&id)
-        .await?
-        .ok_or_else(|| not_found("API key", &id))?;
+    let key = found(state.store.revoke_api_key(&id).await?, "API key", &id)?;
     tracing::info!(project.id = %key.project_id, api_key.id = %key.id, "api key revoked");
     Ok(Json(key.into()))
 }

@@ -7,8 +7,7 @@ use gateway_core::entity::{check_non_empty, check_secret, EntityName, HttpUrl, P
 use serde::{Deserialize, Serialize};
 
 use super::{
-    deleted, list, not_found, not_null, nullable, parse_changed, parse_required, required,
-    AdminJson, ApiPath, Deleted, List,
+    found, not_null, nullable, parse_changed, parse_required, required, AdminJson, ApiPath,
 };
 use crate::api::error::ApiError;
 use crate::api::AppState;
@@ -140,25 +139,12 @@ pub async fn create_deployment(
     Ok(Json(deployment.into()))
 }
 
-/// `GET /deployments`.
-pub async fn list_deployments(
-    State(state): State<AppState>,
-) -> Result<Json<List<DeploymentObject>>, ApiError> {
-    let deployments = state.store.list_deployments().await?;
-    Ok(list(deployments))
-}
-
-/// `GET /deployments/{deployment_id}`.
-pub async fn get_deployment(
-    State(state): State<AppState>,
-    ApiPath(id): ApiPath<String>,
-) -> Result<Json<DeploymentObject>, ApiError> {
-    let deployment = state
-        .store
-        .get_deployment(&id)
-        .await?
-        .ok_or_else(|| not_found("deployment", &id))?;
-    Ok(Json(deployment.into()))
+list_and_get! {
+    DeploymentObject, "deployment";
+    /// `GET /deployments`.
+    list_deployments: list_deployments;
+    /// `GET /deployments/{deployment_id}`.
+    get_deployment: get_deployment;
 }
 
 /// `PATCH /deployments/{deployment_id}`: any of `name` and the provider's fields; `provider.api_key: null`
@@ -193,11 +179,7 @@ pub async fn update_deployment(
     }
     let fallbacks = match not_null(body.fallbacks, "fallbacks")? {
         Some(names) => {
-            let current = state
-                .store
-                .get_deployment(&id)
-                .await?
-                .ok_or_else(|| not_found("deployment", &id))?;
+            let current = found(state.store.get_deployment(&id).await?, "deployment", &id)?;
             let own = name
                 .as_ref()
                 .map_or(current.name.as_str(), EntityName::as_str);
@@ -218,11 +200,11 @@ pub async fn update_deployment(
         unsupported_tools,
         max_tokens,
     };
-    let deployment = state
-        .store
-        .update_deployment(&id, &changes)
-        .await?
-        .ok_or_else(|| not_found("deployment", &id))?;
+    let deployment = found(
+        state.store.update_deployment(&id, &changes).await?,
+        "deployment",
+        &id,
+    )?;
     tracing::info!(deployment.id = %deployment.id, "deployment updated");
     Ok(Json(deployment.into()))
 }
@@ -294,16 +276,9 @@ async fn check_fallbacks(
     Ok(names)
 }
 
-/// `DELETE /deployments/{deployment_id}`: also removes it from every group.
-pub async fn delete_deployment(
-    State(state): State<AppState>,
-    ApiPath(id): ApiPath<String>,
-) -> Result<Json<Deleted>, ApiError> {
-    if !state.store.delete_deployment(&id).await? {
-        return Err(not_found("deployment", &id));
-    }
-    tracing::info!(deployment.id = %id, "deployment deleted");
-    Ok(deleted(id, "deployment"))
+delete_by_id! {
+    /// `DELETE /deployments/{deployment_id}`: also removes it from every group.
+    delete_deployment: delete_deployment, "deployment", "deployment", deployment.id
 }
 
 #[cfg(test)]

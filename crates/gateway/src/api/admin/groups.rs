@@ -3,13 +3,9 @@
 
 use axum::extract::State;
 use axum::Json;
-use gateway_core::entity::EntityName;
 use serde::Serialize;
 
-use super::{
-    deleted, list, not_found, parse_changed, parse_required, AdminJson, ApiPath, Deleted, List,
-    NameBody,
-};
+use super::{not_found, ApiPath};
 use crate::api::error::ApiError;
 use crate::api::AppState;
 use crate::store::admin::{GroupRow, Member, Membership};
@@ -41,64 +37,25 @@ impl From<GroupRow> for GroupObject {
     }
 }
 
-/// `POST /deployment_groups`.
-pub async fn create_group(
-    State(state): State<AppState>,
-    AdminJson(body): AdminJson<NameBody>,
-) -> Result<Json<GroupObject>, ApiError> {
-    let name = parse_required(body.name, "name", EntityName::parse)?;
-    let group = state.store.create_group(&name).await?;
-    tracing::info!(group.id = %group.id, "deployment group created");
-    Ok(Json(group.into()))
+create_and_rename! {
+    GroupObject, "deployment group", group.id;
+    /// `POST /deployment_groups`.
+    create_group: create_group;
+    /// `PATCH /deployment_groups/{group_id}`: renames the group.
+    update_group: update_group;
 }
 
-/// `GET /deployment_groups`.
-pub async fn list_groups(
-    State(state): State<AppState>,
-) -> Result<Json<List<GroupObject>>, ApiError> {
-    let groups = state.store.list_groups().await?;
-    Ok(list(groups))
+list_and_get! {
+    GroupObject, "deployment group";
+    /// `GET /deployment_groups`.
+    list_groups: list_groups;
+    /// `GET /deployment_groups/{group_id}`.
+    get_group: get_group;
 }
 
-/// `GET /deployment_groups/{group_id}`.
-pub async fn get_group(
-    State(state): State<AppState>,
-    ApiPath(id): ApiPath<String>,
-) -> Result<Json<GroupObject>, ApiError> {
-    let group = state
-        .store
-        .get_group(&id)
-        .await?
-        .ok_or_else(|| not_found("deployment group", &id))?;
-    Ok(Json(group.into()))
-}
-
-/// `PATCH /deployment_groups/{group_id}`: renames the group.
-pub async fn update_group(
-    State(state): State<AppState>,
-    ApiPath(id): ApiPath<String>,
-    AdminJson(body): AdminJson<NameBody>,
-) -> Result<Json<GroupObject>, ApiError> {
-    let name = parse_changed(body.name, "name", EntityName::parse)?;
-    let group = state
-        .store
-        .update_group(&id, name.as_ref())
-        .await?
-        .ok_or_else(|| not_found("deployment group", &id))?;
-    tracing::info!(group.id = %group.id, "deployment group updated");
-    Ok(Json(group.into()))
-}
-
-/// `DELETE /deployment_groups/{group_id}`: removes its memberships, not its members.
-pub async fn delete_group(
-    State(state): State<AppState>,
-    ApiPath(id): ApiPath<String>,
-) -> Result<Json<Deleted>, ApiError> {
-    if !state.store.delete_group(&id).await? {
-        return Err(not_found("deployment group", &id));
-    }
-    tracing::info!(group.id = %id, "deployment group deleted");
-    Ok(deleted(id, "deployment_group"))
+delete_by_id! {
+    /// `DELETE /deployment_groups/{group_id}`: removes its memberships, not its members.
+    delete_group: delete_group, "deployment group", "deployment_group", group.id
 }
 
 /// The answer to attaching or detaching a member: `{"group_id", "<kind>_id", "attached"}`.
@@ -129,6 +86,20 @@ impl MemberId {
             Member::ToolSource => MemberId::ToolSource(id),
         }
     }
+}
+
+/// `PUT` (attach, `true`) or `DELETE` (detach, `false`) `/deployment_groups/{group_id}/<members>/{id}` for one
+/// member kind: each handler is `membership` for its kind.
+macro_rules! membership_handlers {
+    ($($(#[$doc:meta])* $handler:ident: $kind:ident, $attach:literal;)+) => {$(
+        $(#[$doc])*
+        pub async fn $handler(
+            State(state): State<AppState>,
+            ApiPath(ids): ApiPath<(String, String)>,
+        ) -> Result<Json<MembershipObject>, ApiError> {
+            membership(&state, Member::$kind, ids, $attach).await
+        }
+    )+};
 }
 
 /// Attaches (`attach`) or detaches a member of the group.
@@ -169,36 +140,15 @@ async fn membership(
     }))
 }
 
-/// `PUT /deployment_groups/{group_id}/deployments/{deployment_id}`.
-pub async fn attach_deployment(
-    State(state): State<AppState>,
-    ApiPath(ids): ApiPath<(String, String)>,
-) -> Result<Json<MembershipObject>, ApiError> {
-    membership(&state, Member::Deployment, ids, true).await
-}
-
-/// `DELETE /deployment_groups/{group_id}/deployments/{deployment_id}`.
-pub async fn detach_deployment(
-    State(state): State<AppState>,
-    ApiPath(ids): ApiPath<(String, String)>,
-) -> Result<Json<MembershipObject>, ApiError> {
-    membership(&state, Member::Deployment, ids, false).await
-}
-
-/// `PUT /deployment_groups/{group_id}/projects/{project_id}`: grants the project the group.
-pub async fn attach_project(
-    State(state): State<AppState>,
-    ApiPath(ids): ApiPath<(String, String)>,
-) -> Result<Json<MembershipObject>, ApiError> {
-    membership(&state, Member::Project, ids, true).await
-}
-
-/// `DELETE /deployment_groups/{group_id}/projects/{project_id}`: withdraws the grant.
-pub async fn detach_project(
-    State(state): State<AppState>,
-    ApiPath(ids): ApiPath<(String, String)>,
-) -> Result<Json<MembershipObject>, ApiError> {
-    membership(&state, Member::Project, ids, false).await
+membership_handlers! {
+    /// `PUT /deployment_groups/{group_id}/deployments/{deployment_id}`.
+    attach_deployment: Deployment, true;
+    /// `DELETE /deployment_groups/{group_id}/deployments/{deployment_id}`.
+    detach_deployment: Deployment, false;
+    /// `PUT /deployment_groups/{group_id}/projects/{project_id}`: grants the project the group.
+    attach_project: Project, true;
+    /// `DELETE /deployment_groups/{group_id}/projects/{project_id}`: withdraws the grant.
+    detach_project: Project, false;
 }
 
 /// `PUT /deployment_groups/{group_id}/tool_sources/{tool_source_id}`: `409` when one of its tool names is
@@ -231,12 +181,9 @@ pub async fn attach_tool_source(
     membership(&state, Member::ToolSource, ids, true).await
 }
 
-/// `DELETE /deployment_groups/{group_id}/tool_sources/{tool_source_id}`.
-pub async fn detach_tool_source(
-    State(state): State<AppState>,
-    ApiPath(ids): ApiPath<(String, String)>,
-) -> Result<Json<MembershipObject>, ApiError> {
-    membership(&state, Member::ToolSource, ids, false).await
+membership_handlers! {
+    /// `DELETE /deployment_groups/{group_id}/tool_sources/{tool_source_id}`.
+    detach_tool_source: ToolSource, false;
 }
 
 #[cfg(test)]

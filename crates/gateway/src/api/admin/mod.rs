@@ -2,6 +2,94 @@
 //! entity modules share (body and path extractors, field helpers, small answers). Secrets (deployment API
 //! keys, tool-source secrets, API keys after creation) are never answered or logged.
 
+// The handler macros come before the entity modules that use them (macros are in scope from where they stand).
+
+/// `GET /<entities>/{id}`: the entity `$read` finds, as its answer object, or a 404 naming `$what`.
+macro_rules! get_by_id {
+    ($(#[$doc:meta])* $handler:ident: $read:ident -> $object:ty, $what:literal) => {
+        $(#[$doc])*
+        pub async fn $handler(
+            axum::extract::State(state): axum::extract::State<crate::api::AppState>,
+            super::ApiPath(id): super::ApiPath<String>,
+        ) -> Result<axum::Json<$object>, crate::api::error::ApiError> {
+            let row = super::found(state.store.$read(&id).await?, $what, &id)?;
+            Ok(axum::Json(row.into()))
+        }
+    };
+}
+
+/// `GET /<entities>` (every entity `$read_all` lists) and `GET /<entities>/{id}` (see `get_by_id`).
+macro_rules! list_and_get {
+    (
+        $object:ty, $what:literal;
+        $(#[$list_doc:meta])* $list:ident: $read_all:ident;
+        $(#[$get_doc:meta])* $get:ident: $read:ident;
+    ) => {
+        $(#[$list_doc])*
+        pub async fn $list(
+            axum::extract::State(state): axum::extract::State<crate::api::AppState>,
+        ) -> Result<axum::Json<super::List<$object>>, crate::api::error::ApiError> {
+            Ok(super::list(state.store.$read_all().await?))
+        }
+
+        get_by_id! {
+            $(#[$get_doc])*
+            $get: $read -> $object, $what
+        }
+    };
+}
+
+/// `POST /<entities>` and `PATCH /<entities>/{id}` of an entity that is only a name (`NameBody`): created with
+/// `$create`, renamed with `$rename`, each logged with the id under `$field`.
+macro_rules! create_and_rename {
+    (
+        $object:ty, $what:literal, $($field:ident).+;
+        $(#[$create_doc:meta])* $create:ident: $store_create:ident;
+        $(#[$rename_doc:meta])* $rename:ident: $store_rename:ident;
+    ) => {
+        $(#[$create_doc])*
+        pub async fn $create(
+            axum::extract::State(state): axum::extract::State<crate::api::AppState>,
+            super::AdminJson(body): super::AdminJson<super::NameBody>,
+        ) -> Result<axum::Json<$object>, crate::api::error::ApiError> {
+            let name = super::parse_required(body.name, "name", gateway_core::entity::EntityName::parse)?;
+            let row = state.store.$store_create(&name).await?;
+            tracing::info!($($field).+ = %row.id, "{} created", $what);
+            Ok(axum::Json(row.into()))
+        }
+
+        $(#[$rename_doc])*
+        pub async fn $rename(
+            axum::extract::State(state): axum::extract::State<crate::api::AppState>,
+            super::ApiPath(id): super::ApiPath<String>,
+            super::AdminJson(body): super::AdminJson<super::NameBody>,
+        ) -> Result<axum::Json<$object>, crate::api::error::ApiError> {
+            let name = super::parse_changed(body.name, "name", gateway_core::entity::EntityName::parse)?;
+            let row = super::found(state.store.$store_rename(&id, name.as_ref()).await?, $what, &id)?;
+            tracing::info!($($field).+ = %row.id, "{} updated", $what);
+            Ok(axum::Json(row.into()))
+        }
+    };
+}
+
+/// `DELETE /<entities>/{id}`: deletes with `$remove` and answers `{"id", "object": $object, "deleted": true}`,
+/// or a 404 naming `$what`; the deletion is logged with the id under `$field`.
+macro_rules! delete_by_id {
+    ($(#[$doc:meta])* $handler:ident: $remove:ident, $what:literal, $object:literal, $($field:ident).+) => {
+        $(#[$doc])*
+        pub async fn $handler(
+            axum::extract::State(state): axum::extract::State<crate::api::AppState>,
+            super::ApiPath(id): super::ApiPath<String>,
+        ) -> Result<axum::Json<super::Deleted>, crate::api::error::ApiError> {
+            if !state.store.$remove(&id).await? {
+                return Err(super::not_found($what, &id));
+            }
+            tracing::info!($($field).+ = %id, "{} deleted", $what);
+            Ok(super::deleted(id, $object))
+        }
+    };
+}
+
 mod api_keys;
 mod deployments;
 mod groups;
@@ -315,6 +403,11 @@ fn deleted(id: String, object: &'static str) -> Json<Deleted> {
 
 fn not_found(what: &str, id: &str) -> ApiError {
     ApiError::not_found(format!("No {what} with id '{id}'."))
+}
+
+/// The row a read found, or a 404 saying there is no `what` with id `id`.
+fn found<R>(row: Option<R>, what: &str, id: &str) -> Result<R, ApiError> {
+    row.ok_or_else(|| not_found(what, id))
 }
 
 #[cfg(test)]

@@ -1,16 +1,7 @@
 //! `/projects`: create, list, read, rename and delete tenants.
 
-use axum::extract::State;
-use axum::Json;
-use gateway_core::entity::EntityName;
 use serde::Serialize;
 
-use super::{
-    deleted, list, not_found, parse_changed, parse_required, AdminJson, ApiPath, Deleted, List,
-    NameBody,
-};
-use crate::api::error::ApiError;
-use crate::api::AppState;
 use crate::store::admin::ProjectRow;
 
 /// A project as the admin API shows it.
@@ -33,68 +24,32 @@ impl From<ProjectRow> for ProjectObject {
     }
 }
 
-/// `POST /projects`.
-pub async fn create_project(
-    State(state): State<AppState>,
-    AdminJson(body): AdminJson<NameBody>,
-) -> Result<Json<ProjectObject>, ApiError> {
-    let name = parse_required(body.name, "name", EntityName::parse)?;
-    let project = state.store.create_project(&name).await?;
-    tracing::info!(project.id = %project.id, "project created");
-    Ok(Json(project.into()))
+create_and_rename! {
+    ProjectObject, "project", project.id;
+    /// `POST /projects`.
+    create_project: create_project;
+    /// `PATCH /projects/{project_id}`.
+    update_project: update_project;
 }
 
-/// `GET /projects`.
-pub async fn list_projects(
-    State(state): State<AppState>,
-) -> Result<Json<List<ProjectObject>>, ApiError> {
-    Ok(list(state.store.list_projects().await?))
+list_and_get! {
+    ProjectObject, "project";
+    /// `GET /projects`.
+    list_projects: list_projects;
+    /// `GET /projects/{project_id}`.
+    get_project: get_project;
 }
 
-/// `GET /projects/{project_id}`.
-pub async fn get_project(
-    State(state): State<AppState>,
-    ApiPath(id): ApiPath<String>,
-) -> Result<Json<ProjectObject>, ApiError> {
-    let project = state
-        .store
-        .get_project(&id)
-        .await?
-        .ok_or_else(|| not_found("project", &id))?;
-    Ok(Json(project.into()))
-}
-
-/// `PATCH /projects/{project_id}`.
-pub async fn update_project(
-    State(state): State<AppState>,
-    ApiPath(id): ApiPath<String>,
-    AdminJson(body): AdminJson<NameBody>,
-) -> Result<Json<ProjectObject>, ApiError> {
-    let name = parse_changed(body.name, "name", EntityName::parse)?;
-    let project = state
-        .store
-        .update_project(&id, name.as_ref())
-        .await?
-        .ok_or_else(|| not_found("project", &id))?;
-    tracing::info!(project.id = %project.id, "project updated");
-    Ok(Json(project.into()))
-}
-
-/// `DELETE /projects/{project_id}`: also deletes its keys, responses and group grants.
-pub async fn delete_project(
-    State(state): State<AppState>,
-    ApiPath(id): ApiPath<String>,
-) -> Result<Json<Deleted>, ApiError> {
-    if !state.store.delete_project(&id).await? {
-        return Err(not_found("project", &id));
-    }
-    tracing::info!(project.id = %id, "project deleted");
-    Ok(deleted(id, "project"))
+delete_by_id! {
+    /// `DELETE /projects/{project_id}`: also deletes its keys, responses and group grants.
+    delete_project: delete_project, "project", "project", project.id
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::api::admin::{deleted, list};
+    use axum::Json;
     use serde_json::json;
 
     #[test]

@@ -10,7 +10,7 @@ use gateway_core::steps::{Step, StepState};
 use gateway_core::walk::{calls_of_response, CallRecord, Position, Shape};
 use serde::Serialize;
 
-use super::{not_found, ApiPath};
+use super::{found, not_found, ApiPath};
 use crate::api::error::ApiError;
 use crate::api::extract::ApiQuery;
 use crate::api::AppState;
@@ -127,11 +127,7 @@ pub async fn response_tool_calls(
     State(state): State<AppState>,
     ApiPath(id): ApiPath<String>,
 ) -> Result<Json<AuditPage>, ApiError> {
-    let response = state
-        .store
-        .audited_response(&id)
-        .await?
-        .ok_or_else(|| not_found("response", &id))?;
+    let response = found(state.store.audited_response(&id).await?, "response", &id)?;
     Ok(Json(AuditPage {
         object: "list",
         data: response_records(&state, &response).await?,

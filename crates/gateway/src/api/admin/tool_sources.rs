@@ -9,10 +9,7 @@ use gateway_core::entity::{
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::{
-    deleted, list, not_found, not_null, nullable, parse_changed, parse_required, AdminJson,
-    ApiPath, Deleted, List,
-};
+use super::{found, not_null, nullable, parse_changed, parse_required, AdminJson, ApiPath};
 use crate::api::error::ApiError;
 use crate::api::AppState;
 use crate::store::admin::{NewToolSource, ToolSourceChanges, ToolSourceRow};
@@ -311,25 +308,12 @@ pub async fn create_tool_source(
     Ok(Json(source.into()))
 }
 
-/// `GET /tool_sources`.
-pub async fn list_tool_sources(
-    State(state): State<AppState>,
-) -> Result<Json<List<ToolSourceObject>>, ApiError> {
-    let sources = state.store.list_tool_sources().await?;
-    Ok(list(sources))
-}
-
-/// `GET /tool_sources/{tool_source_id}`.
-pub async fn get_tool_source(
-    State(state): State<AppState>,
-    ApiPath(id): ApiPath<String>,
-) -> Result<Json<ToolSourceObject>, ApiError> {
-    let source = state
-        .store
-        .get_tool_source(&id)
-        .await?
-        .ok_or_else(|| not_found("tool source", &id))?;
-    Ok(Json(source.into()))
+list_and_get! {
+    ToolSourceObject, "tool source";
+    /// `GET /tool_sources`.
+    list_tool_sources: list_tool_sources;
+    /// `GET /tool_sources/{tool_source_id}`.
+    get_tool_source: get_tool_source;
 }
 
 /// `PATCH /tool_sources/{tool_source_id}`: any field; `secret: null` removes the secret, `description: null`
@@ -375,25 +359,18 @@ pub async fn update_tool_source(
         allowed_tools: extras.allowed_tools.as_ref().map(Option::as_deref),
         name_prefix: extras.name_prefix.as_ref().map(Option::as_deref),
     };
-    let source = state
-        .store
-        .update_tool_source(&id, &changes)
-        .await?
-        .ok_or_else(|| not_found("tool source", &id))?;
+    let source = found(
+        state.store.update_tool_source(&id, &changes).await?,
+        "tool source",
+        &id,
+    )?;
     tracing::info!(tool_source.id = %source.id, tool.name = %source.name, "tool source updated");
     Ok(Json(source.into()))
 }
 
-/// `DELETE /tool_sources/{tool_source_id}`: also detaches it from every group.
-pub async fn delete_tool_source(
-    State(state): State<AppState>,
-    ApiPath(id): ApiPath<String>,
-) -> Result<Json<Deleted>, ApiError> {
-    if !state.store.delete_tool_source(&id).await? {
-        return Err(not_found("tool source", &id));
-    }
-    tracing::info!(tool_source.id = %id, "tool source deleted");
-    Ok(deleted(id, "tool_source"))
+delete_by_id! {
+    /// `DELETE /tool_sources/{tool_source_id}`: also detaches it from every group.
+    delete_tool_source: delete_tool_source, "tool source", "tool_source", tool_source.id
 }
 
 #[cfg(test)]

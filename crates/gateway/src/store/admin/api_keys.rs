@@ -77,16 +77,15 @@ impl Store {
 
     /// One key.
     pub async fn get_api_key(&self, id: &str) -> Result<Option<ApiKeyRow>, StoreError> {
-        Ok(with_pool!(self, |pool| sqlx::query_as::<_, ApiKeyRow>(
+        self.select_by_id(
             concat!(
                 "SELECT ",
                 api_key_columns!(),
                 " FROM api_keys WHERE id = $1"
-            )
+            ),
+            id,
         )
-        .bind(id)
-        .fetch_optional(pool)
-        .await)?)
+        .await
     }
 
     /// Renames a key (`None` keeps the name).

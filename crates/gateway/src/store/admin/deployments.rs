@@ -91,29 +91,25 @@ impl Store {
 
     /// Every deployment, by name.
     pub async fn list_deployments(&self) -> Result<Vec<DeploymentRow>, StoreError> {
-        Ok(with_pool!(self, |pool| {
-            sqlx::query_as::<_, DeploymentRow>(concat!(
-                "SELECT ",
-                deployment_columns!(),
-                " FROM deployments ORDER BY name"
-            ))
-            .fetch_all(pool)
-            .await
-        })?)
+        self.select_all(concat!(
+            "SELECT ",
+            deployment_columns!(),
+            " FROM deployments ORDER BY name"
+        ))
+        .await
     }
 
     /// One deployment.
     pub async fn get_deployment(&self, id: &str) -> Result<Option<DeploymentRow>, StoreError> {
-        Ok(with_pool!(self, |pool| {
-            sqlx::query_as::<_, DeploymentRow>(concat!(
+        self.select_by_id(
+            concat!(
                 "SELECT ",
                 deployment_columns!(),
                 " FROM deployments WHERE id = $1"
-            ))
-            .bind(id)
-            .fetch_optional(pool)
-            .await
-        })?)
+            ),
+            id,
+        )
+        .await
     }
 
     /// Applies changes to a deployment; `Ok(None)` when there is no such deployment.

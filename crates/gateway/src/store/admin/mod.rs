@@ -21,7 +21,43 @@ pub use tool_sources::{NewToolSource, ToolSourceChanges, ToolSourceRow};
 
 use super::{Store, StoreError};
 
+/// A row both backends read: `sqlx::FromRow` for Postgres and SQLite rows.
+trait AdminRow:
+    for<'r> sqlx::FromRow<'r, sqlx::postgres::PgRow>
+    + for<'r> sqlx::FromRow<'r, sqlx::sqlite::SqliteRow>
+    + Send
+    + Unpin
+{
+}
+
+impl<R> AdminRow for R where
+    R: for<'r> sqlx::FromRow<'r, sqlx::postgres::PgRow>
+        + for<'r> sqlx::FromRow<'r, sqlx::sqlite::SqliteRow>
+        + Send
+        + Unpin
+{
+}
+
 impl Store {
+    /// Runs a `SELECT` without parameters; every row it reads.
+    async fn select_all<R: AdminRow>(&self, sql: &'static str) -> Result<Vec<R>, StoreError> {
+        Ok(with_pool!(self, |pool| sqlx::query_as::<_, R>(sql)
+            .fetch_all(pool)
+            .await)?)
+    }
+
+    /// Runs a `SELECT ... WHERE id = $1`; the row, if there is one.
+    async fn select_by_id<R: AdminRow>(
+        &self,
+        sql: &'static str,
+        id: &str,
+    ) -> Result<Option<R>, StoreError> {
+        Ok(with_pool!(self, |pool| sqlx::query_as::<_, R>(sql)
+            .bind(id)
+            .fetch_optional(pool)
+            .await)?)
+    }
+
     /// Runs a `DELETE ... WHERE id = $1`; whether it deleted a row.
     async fn delete_by_id(&self, sql: &'static str, id: &str) -> Result<bool, StoreError> {
         let deleted = with_pool!(self, |pool| sqlx::query(sql)

@@ -30,21 +30,17 @@ impl Store {
 
     /// Every project, by name.
     pub async fn list_projects(&self) -> Result<Vec<ProjectRow>, StoreError> {
-        Ok(with_pool!(self, |pool| sqlx::query_as::<_, ProjectRow>(
-            "SELECT id, name, created_at FROM projects ORDER BY name"
-        )
-        .fetch_all(pool)
-        .await)?)
+        self.select_all("SELECT id, name, created_at FROM projects ORDER BY name")
+            .await
     }
 
     /// One project.
     pub async fn get_project(&self, id: &str) -> Result<Option<ProjectRow>, StoreError> {
-        Ok(with_pool!(self, |pool| sqlx::query_as::<_, ProjectRow>(
-            "SELECT id, name, created_at FROM projects WHERE id = $1"
+        self.select_by_id(
+            "SELECT id, name, created_at FROM projects WHERE id = $1",
+            id,
         )
-        .bind(id)
-        .fetch_optional(pool)
-        .await)?)
+        .await
     }
 
     /// Renames a project (`None` keeps the name); `Ok(None)` when there is no such project.

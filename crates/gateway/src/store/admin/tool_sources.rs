@@ -126,29 +126,25 @@ impl Store {
 
     /// Every tool source, by name.
     pub async fn list_tool_sources(&self) -> Result<Vec<ToolSourceRow>, StoreError> {
-        Ok(with_pool!(self, |pool| {
-            sqlx::query_as::<_, ToolSourceRow>(concat!(
-                "SELECT ",
-                tool_source_columns!(),
-                " FROM tool_sources ORDER BY name"
-            ))
-            .fetch_all(pool)
-            .await
-        })?)
+        self.select_all(concat!(
+            "SELECT ",
+            tool_source_columns!(),
+            " FROM tool_sources ORDER BY name"
+        ))
+        .await
     }
 
     /// One tool source.
     pub async fn get_tool_source(&self, id: &str) -> Result<Option<ToolSourceRow>, StoreError> {
-        Ok(with_pool!(self, |pool| {
-            sqlx::query_as::<_, ToolSourceRow>(concat!(
+        self.select_by_id(
+            concat!(
                 "SELECT ",
                 tool_source_columns!(),
                 " FROM tool_sources WHERE id = $1"
-            ))
-            .bind(id)
-            .fetch_optional(pool)
-            .await
-        })?)
+            ),
+            id,
+        )
+        .await
     }
 
     /// Applies changes to a tool source; `Ok(None)` when there is no such tool source.
