@@ -81,7 +81,7 @@ impl Engine {
                 tracing::error!(response.id = %run.record.id, error = %again, "could not record the failure with its steps");
                 let ended = self
                     .store
-                    .end_unreadable(
+                    .end_failed_without_steps(
                         &run.record.id,
                         &self.replica.id,
                         run.registration.epoch,

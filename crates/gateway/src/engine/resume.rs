@@ -34,7 +34,7 @@ impl Engine {
             Err(e) if !e.is_transient() => {
                 tracing::warn!(response.id = %claimed.id, error = %e, "a running response cannot be read back; ending it failed");
                 self.store
-                    .end_unreadable(
+                    .end_failed_without_steps(
                         &claimed.id,
                         &self.replica.id,
                         claimed.epoch,

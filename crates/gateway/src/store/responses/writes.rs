@@ -324,9 +324,10 @@ impl Store {
         cancel_requested.ok_or(StoreError::NotOwner)
     }
 
-    /// Ends as `failed` (`code`, `message`) a running response that `owner` claimed under `epoch` but cannot
-    /// resume because what is stored of it cannot be read: only the row's columns are written, nothing is parsed.
-    pub async fn end_unreadable(
+    /// Ends as `failed` (`code`, `message`) a running response that `owner` drives under claim `epoch`, writing
+    /// only the row's columns and parsing nothing: for a response whose stored state cannot be read back, and for
+    /// a failure that could not be recorded together with its steps.
+    pub async fn end_failed_without_steps(
         &self,
         id: &str,
         owner: &str,
