@@ -27,6 +27,8 @@ pub struct LoopInput<'a> {
     pub limits: Limits,
     /// Whether the whole-response deadline has passed (the caller reads the clock).
     pub deadline_passed: bool,
+    /// Whether the budget of the response's key or project is spent (SPEC 13): no further model call is made.
+    pub budget_spent: bool,
 }
 
 /// What the driver does next.
@@ -83,6 +85,8 @@ pub enum IncompleteReason {
     Deadline,
     /// The client of a foreground stream went away; the response stopped at its next step boundary.
     ClientDisconnected,
+    /// The budget of the response's key or project was spent while it ran (SPEC 13).
+    BudgetExceeded,
 }
 
 impl IncompleteReason {
@@ -95,10 +99,11 @@ impl IncompleteReason {
             IncompleteReason::ToolFailures => "max_failing_tool_batches",
             IncompleteReason::Deadline => "deadline",
             IncompleteReason::ClientDisconnected => "client_disconnected",
+            IncompleteReason::BudgetExceeded => "budget_exceeded",
         }
     }
 
-    pub const ALL: [IncompleteReason; 7] = [
+    pub const ALL: [IncompleteReason; 8] = [
         IncompleteReason::MaxOutputTokens,
         IncompleteReason::ContentFilter,
         IncompleteReason::MaxToolCalls,
@@ -106,6 +111,7 @@ impl IncompleteReason {
         IncompleteReason::ToolFailures,
         IncompleteReason::Deadline,
         IncompleteReason::ClientDisconnected,
+        IncompleteReason::BudgetExceeded,
     ];
 
     pub fn parse(text: &str) -> Option<IncompleteReason> {
@@ -231,6 +237,9 @@ fn call_model(input: &LoopInput<'_>) -> NextAction {
     }
     if input.deadline_passed {
         return incomplete(IncompleteReason::Deadline);
+    }
+    if input.budget_spent {
+        return incomplete(IncompleteReason::BudgetExceeded);
     }
     NextAction::CallModel
 }

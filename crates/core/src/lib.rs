@@ -11,6 +11,7 @@ pub mod context;
 pub mod decide;
 pub mod entity;
 pub mod events;
+pub mod governance;
 pub mod items;
 pub mod openai_responses;
 pub mod output;

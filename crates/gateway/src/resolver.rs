@@ -1,4 +1,4 @@
-//! Key → project and (project, model) → deployment and server tools: read from the store, reused briefly.
+//! Key → grant (project, expiry, limits, budgets) and (project, model) → deployment and server tools: read from the store, reused briefly.
 //!
 //! Only positive answers are cached (an unknown key costs a query each time, so random keys cannot fill the
 //! cache), for `tenancy.cache_ttl_ms`. Admin writes through this gateway clear the cache at once.
@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use moka::future::Cache;
 
+use crate::store::governance::KeyGrant;
 use crate::store::tenancy::{hash_key, Resolution};
 use crate::store::{Store, StoreError};
 
@@ -24,8 +25,8 @@ pub struct Resolver {
 
 #[derive(Clone)]
 struct Caches {
-    /// SHA-256 of a key → its project.
-    projects: Cache<String, String>,
+    /// SHA-256 of a key → its grant (project, expiry, limits, budgets).
+    grants: Cache<String, Arc<KeyGrant>>,
     /// (project, model) → what that project may use with that model.
     resolutions: Cache<(String, String), Arc<Resolution>>,
     /// Bumped by every invalidation: an answer read before one is not cached after it.
@@ -43,7 +44,7 @@ impl std::fmt::Debug for Resolver {
 impl Resolver {
     pub fn new(store: Store, ttl: Duration) -> Resolver {
         let caches = (!ttl.is_zero()).then(|| Caches {
-            projects: Cache::builder()
+            grants: Cache::builder()
                 .max_capacity(MAX_ENTRIES)
                 .time_to_live(ttl)
                 .build(),
@@ -56,20 +57,21 @@ impl Resolver {
         Resolver { store, caches }
     }
 
-    /// The project of a live key.
-    pub async fn project_for_key(&self, key: &str) -> Result<Option<String>, StoreError> {
+    /// The grant of a live (unrevoked) key, expired or not: the caller compares its expiry with the clock, so a
+    /// cached grant expires on time.
+    pub async fn grant_for_key(&self, key: &str) -> Result<Option<Arc<KeyGrant>>, StoreError> {
         let Some(caches) = &self.caches else {
-            return self.store.project_for_key(key).await;
+            return Ok(self.store.grant_for_key(key).await?.map(Arc::new));
         };
         let hash = hash_key(key);
-        if let Some(project) = caches.projects.get(&hash).await {
-            return Ok(Some(project));
+        if let Some(grant) = caches.grants.get(&hash).await {
+            return Ok(Some(grant));
         }
         let epoch = caches.epoch.load(Ordering::Acquire);
-        let found = self.store.project_for_key(key).await?;
-        if let Some(project) = &found {
+        let found = self.store.grant_for_key(key).await?.map(Arc::new);
+        if let Some(grant) = &found {
             if caches.epoch.load(Ordering::Acquire) == epoch {
-                caches.projects.insert(hash, project.clone()).await;
+                caches.grants.insert(hash, Arc::clone(grant)).await;
             }
         }
         Ok(found)
@@ -102,7 +104,7 @@ impl Resolver {
     pub fn invalidate(&self) {
         if let Some(caches) = &self.caches {
             caches.epoch.fetch_add(1, Ordering::AcqRel);
-            caches.projects.invalidate_all();
+            caches.grants.invalidate_all();
             caches.resolutions.invalidate_all();
         }
     }

@@ -161,6 +161,7 @@ fn decide(
     registered: &[&str],
     limits: Limits,
     deadline_passed: bool,
+    budget_spent: bool,
 ) -> NextAction {
     let registered: BTreeSet<String> = registered.iter().map(|n| n.to_string()).collect();
     decide_next_action(&LoopInput {
@@ -168,6 +169,7 @@ fn decide(
         registered: &registered,
         limits,
         deadline_passed,
+        budget_spent,
     })
 }
 
@@ -182,7 +184,7 @@ fn decide(
 // Expected: `call_model`, `complete`, `incomplete <wire reason>`, `resume <seq>`, `fail <message>`,
 //   `dispatch@<batch> <id>:<name> ...`, `hand_back <id>:<name> ...`, `run <seq> ...`.
 // Options: `max_tool_calls=<n>`, `max_model_calls=<n>`, `max_failing_batches=<n>`,
-//   `after_deadline`, `nothing_registered`.
+//   `after_deadline`, `budget_spent`, `nothing_registered`.
 
 struct Row {
     name: &'static str,
@@ -190,6 +192,7 @@ struct Row {
     registered: &'static [&'static str],
     limits: Limits,
     deadline_passed: bool,
+    budget_spent: bool,
     expected: NextAction,
 }
 
@@ -213,6 +216,7 @@ fn rows(table: &'static str) -> Vec<Row> {
             registered: REGISTERED,
             limits: LIMITS,
             deadline_passed: false,
+            budget_spent: false,
             expected: parse_expected(expected),
         };
         for option in options.split_whitespace() {
@@ -223,6 +227,7 @@ fn rows(table: &'static str) -> Vec<Row> {
                     row.limits.max_failing_batches = n.parse().unwrap()
                 }
                 None if option == "after_deadline" => row.deadline_passed = true,
+                None if option == "budget_spent" => row.budget_spent = true,
                 None if option == "nothing_registered" => row.registered = &[],
                 _ => panic!("unknown option '{option}' in row '{name}'"),
             }
@@ -321,7 +326,13 @@ fn check(table: &'static str) {
     let mut failures = Vec::new();
     for row in &rows {
         assert!(names.insert(row.name), "duplicate row name '{}'", row.name);
-        let actual = decide(&row.steps, row.registered, row.limits, row.deadline_passed);
+        let actual = decide(
+            &row.steps,
+            row.registered,
+            row.limits,
+            row.deadline_passed,
+            row.budget_spent,
+        );
         if actual != row.expected {
             failures.push(format!(
                 "{}:\n    expected {:?}\n    got      {:?}",
@@ -509,6 +520,28 @@ deadline does not hide an upstream failure
 }
 
 #[test]
+fn a_spent_budget_stops_the_next_model_call_only() {
+    check(
+        "
+a spent budget before the first model call
+    - => incomplete budget_exceeded | budget_spent
+a spent budget once a batch ended
+    asked a:search; ok a@0 => incomplete budget_exceeded | budget_spent
+a spent budget lets the batch the model asked for run
+    asked a:search => dispatch@0 a:search | budget_spent
+a spent budget lets recorded tool steps finish
+    asked a:search b:fetch; ok a@0; running b@0 => run 2 | budget_spent
+a spent budget does not undo a text answer
+    text => complete | budget_spent
+a spent budget does not stop a hand back
+    asked a:client_lookup => hand_back a:client_lookup | budget_spent
+a spent budget does not resume a model call in flight elsewhere as a new one
+    model running => resume 0 | budget_spent
+",
+    );
+}
+
+#[test]
 fn the_decision_depends_on_steps_not_on_their_count_alone() {
     // Same number of steps, same names: only the call ids differ, and so does the decision.
     check(
@@ -531,6 +564,7 @@ fn incomplete_reasons_round_trip_through_their_wire_names() {
         (IncompleteReason::ToolFailures, "max_failing_tool_batches"),
         (IncompleteReason::Deadline, "deadline"),
         (IncompleteReason::ClientDisconnected, "client_disconnected"),
+        (IncompleteReason::BudgetExceeded, "budget_exceeded"),
     ];
     assert_eq!(reasons.len(), IncompleteReason::ALL.len());
     for (reason, name) in reasons {
@@ -567,7 +601,7 @@ fn a_batch_with_a_call_awaiting_approval_goes_back_whole_and_an_approved_one_run
     let batch = vec![call("a", "search"), awaiting("b", "fetch")];
     let steps = vec![answered(0, None, batch.clone(), Finish::ToolCalls)];
     assert_eq!(
-        decide(&steps, REGISTERED, LIMITS, false),
+        decide(&steps, REGISTERED, LIMITS, false, false),
         NextAction::HandBack { calls: batch },
         "one call waiting for approval sends the whole batch to the client"
     );
@@ -580,7 +614,7 @@ fn a_batch_with_a_call_awaiting_approval_goes_back_whole_and_an_approved_one_run
     };
     let steps = vec![answered(0, None, vec![granted.clone()], Finish::ToolCalls)];
     assert_eq!(
-        decide(&steps, REGISTERED, LIMITS, false),
+        decide(&steps, REGISTERED, LIMITS, false, false),
         NextAction::DispatchBatch {
             batch: Some(0),
             calls: vec![granted]

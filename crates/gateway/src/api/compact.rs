@@ -24,7 +24,7 @@ pub struct CompactBody {
 /// `POST /v1/responses/compact`: the `response.compaction` object; nothing is stored.
 pub async fn compact_response(
     State(state): State<AppState>,
-    ProjectKey(project): ProjectKey,
+    ProjectKey(project, _): ProjectKey,
     ApiJson(body): ApiJson<CompactBody>,
 ) -> Result<Json<Value>, ApiError> {
     // The same rules as a create for what the two share (model required, input items, previous response).

@@ -8,6 +8,8 @@ use serde::de::DeserializeOwned;
 
 use super::error::ApiError;
 use super::AppState;
+use crate::store::governance::KeyGrant;
+use std::sync::Arc;
 
 /// A JSON body: empty, malformed, too large or mistyped bodies become 400/413 with the offending `param`.
 pub struct ApiJson<T>(pub T);
@@ -186,8 +188,9 @@ fn check_value(name: &str, value: &str) -> Result<(), ApiError> {
     Ok(())
 }
 
-/// The project behind a valid gateway API key (`Authorization: Bearer sk-...`).
-pub struct ProjectKey(pub String);
+/// The project behind a valid, unexpired gateway API key (`Authorization: Bearer sk-...`), with what the key is
+/// granted.
+pub struct ProjectKey(pub String, pub Arc<KeyGrant>);
 
 impl FromRequestParts<AppState> for ProjectKey {
     type Rejection = ApiError;
@@ -199,12 +202,19 @@ impl FromRequestParts<AppState> for ProjectKey {
                 None,
             ));
         };
-        match state.project_for_key(key).await? {
-            Some(project) => Ok(ProjectKey(project)),
-            None => Err(ApiError::unauthorized(
-                "Incorrect API key provided.",
-                Some("invalid_api_key"),
-            )),
+        match state.grant_for_key(key).await? {
+            Some(grant) if !grant.expired(crate::clock::now()) => {
+                Ok(ProjectKey(grant.project_id.clone(), grant))
+            }
+            found => {
+                if let Some(grant) = found {
+                    tracing::info!(api_key.id = %grant.key_id, project.id = %grant.project_id, "expired api key refused");
+                }
+                Err(ApiError::unauthorized(
+                    "Incorrect API key provided.",
+                    Some("invalid_api_key"),
+                ))
+            }
         }
     }
 }

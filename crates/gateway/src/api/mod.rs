@@ -17,6 +17,7 @@ use axum::Router;
 use secrecy::SecretString;
 
 use crate::engine::Engine;
+use crate::store::governance::KeyGrant;
 use crate::store::Store;
 
 /// The longest URL (path and query, and authority when sent) the gateway reads; a longer one is `414`. Ids and
@@ -53,12 +54,12 @@ pub struct AppState {
 }
 
 impl AppState {
-    /// The project of a live API key.
-    pub async fn project_for_key(
+    /// The grant of a live API key (expired or not).
+    pub async fn grant_for_key(
         &self,
         key: &str,
-    ) -> Result<Option<String>, crate::store::StoreError> {
-        self.engine.project_for_key(key).await
+    ) -> Result<Option<std::sync::Arc<KeyGrant>>, crate::store::StoreError> {
+        self.engine.grant_for_key(key).await
     }
 
     /// Forgets cached key and model resolutions here and on every replica, so that an admin write holds from the

@@ -32,7 +32,7 @@ const WAIT_POLL: Duration = Duration::from_millis(500);
 /// answers what the first one answered (409, which SDKs retry, while the first is still running).
 pub async fn create_response(
     State(state): State<AppState>,
-    ProjectKey(project): ProjectKey,
+    ProjectKey(project, _): ProjectKey,
     headers: HeaderMap,
     ApiJson(body): ApiJson<CreateResponseBody>,
 ) -> Result<Response, ApiError> {
@@ -247,7 +247,7 @@ pub struct GetQuery {
 /// it), replayed from the store with their original sequence numbers, then the live ones until it ends.
 pub async fn get_response(
     State(state): State<AppState>,
-    ProjectKey(project): ProjectKey,
+    ProjectKey(project, _): ProjectKey,
     ApiPath(id): ApiPath<String>,
     ApiQuery(query): ApiQuery<GetQuery>,
 ) -> Result<Response, ApiError> {
@@ -298,7 +298,7 @@ pub async fn get_response(
 /// answered as it is; a foreground one cannot be cancelled.
 pub async fn cancel_response(
     State(state): State<AppState>,
-    ProjectKey(project): ProjectKey,
+    ProjectKey(project, _): ProjectKey,
     ApiPath(id): ApiPath<String>,
 ) -> Result<Json<Value>, ApiError> {
     let stored = find_response(&state, &project, &id).await?;
@@ -326,7 +326,7 @@ pub async fn cancel_response(
 /// `DELETE /v1/responses/{id}`: a response still running is cancelled first, wherever it runs.
 pub async fn delete_response(
     State(state): State<AppState>,
-    ProjectKey(project): ProjectKey,
+    ProjectKey(project, _): ProjectKey,
     ApiPath(id): ApiPath<String>,
 ) -> Result<Json<Value>, ApiError> {
     let stored = find_response(&state, &project, &id).await?;
@@ -357,7 +357,7 @@ pub struct ListQuery {
 /// `GET /v1/responses/{id}/input_items`: the full context the response saw, paginated as OpenAI does.
 pub async fn list_input_items(
     State(state): State<AppState>,
-    ProjectKey(project): ProjectKey,
+    ProjectKey(project, _): ProjectKey,
     ApiPath(id): ApiPath<String>,
     ApiQuery(query): ApiQuery<ListQuery>,
 ) -> Result<Json<Value>, ApiError> {

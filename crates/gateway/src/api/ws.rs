@@ -46,7 +46,7 @@ pub const TOO_MANY_CONNECTIONS: &str = "too_many_websocket_connections";
 /// refused with the usual 401 before any upgrade, and a key that holds as many connections as it may gets 429.
 pub async fn open_socket(
     State(state): State<AppState>,
-    ProjectKey(project): ProjectKey,
+    ProjectKey(project, _): ProjectKey,
     headers: HeaderMap,
     upgrade: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
 ) -> Result<Response, ApiError> {

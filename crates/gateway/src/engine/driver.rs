@@ -156,6 +156,7 @@ impl Engine {
                 registered: run.server_tools.names(),
                 limits: run.limits,
                 deadline_passed: Instant::now() >= run.deadline,
+                budget_spent: false,
             });
             tracing::debug!(response.id = %run.record.id, action = action.kind(), "next action");
             if let Some(ending) = self.act(run, action, sink).await? {

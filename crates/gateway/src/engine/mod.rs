@@ -191,8 +191,11 @@ impl Engine {
     }
 
     /// The project of a live API key.
-    pub async fn project_for_key(&self, key: &str) -> Result<Option<String>, StoreError> {
-        self.resolver.project_for_key(key).await
+    pub async fn grant_for_key(
+        &self,
+        key: &str,
+    ) -> Result<Option<Arc<crate::store::governance::KeyGrant>>, StoreError> {
+        self.resolver.grant_for_key(key).await
     }
 
     /// Forgets cached key and model resolutions (after an admin write), here and on every other replica.

@@ -442,6 +442,7 @@ fn first_steps(
         registered: server_tools.names(),
         limits,
         deadline_passed: false,
+        budget_spent: false,
     });
     if first == NextAction::CallModel && !request.background {
         steps.push(Step {

@@ -53,9 +53,51 @@ macro_rules! with_clock {
     };
 }
 
+/// Postgres: the `UsageRecord`s of a JSON array parameter (`$param`) as rows in `usage_records`' column order.
+macro_rules! usage_recordset {
+    ($param:literal) => {
+        concat!(
+            "jsonb_to_recordset(",
+            $param,
+            ") AS u(response_id text, seq int, project_id text, api_key_id text, deployment text,
+                provider_kind text, tool_source text, input_tokens bigint, cached_tokens bigint,
+                output_tokens bigint, reasoning_tokens bigint, cost_usd float8, created_at bigint)"
+        )
+    };
+}
+
+/// Inserts `UsageRecord`s inside `$tx`, a SQLite transaction; a record already there is kept.
+macro_rules! insert_usage_rows {
+    ($tx:ident, $records:expr) => {
+        for record in $records {
+            sqlx::query(
+                "INSERT INTO usage_records (response_id, seq, project_id, api_key_id, deployment, provider_kind,
+                    tool_source, input_tokens, cached_tokens, output_tokens, reasoning_tokens, cost_usd, created_at)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13) ON CONFLICT DO NOTHING",
+            )
+            .bind(&record.response_id)
+            .bind(record.seq)
+            .bind(&record.project_id)
+            .bind(&record.api_key_id)
+            .bind(&record.deployment)
+            .bind(&record.provider_kind)
+            .bind(&record.tool_source)
+            .bind(record.input_tokens)
+            .bind(record.cached_tokens)
+            .bind(record.output_tokens)
+            .bind(record.reasoning_tokens)
+            .bind(record.cost_usd)
+            .bind(record.created_at)
+            .execute(&mut *$tx)
+            .await?;
+        }
+    };
+}
+
 pub mod admin;
 mod backend;
 mod compaction;
+pub mod governance;
 pub mod notify;
 pub mod observe;
 pub mod ownership;

@@ -1,6 +1,7 @@
 //! Who a key belongs to, and which deployment and server tools a project may use for a model.
 
 use gateway_core::entity::{NoteTemplate, ProviderKind, ToolPolicy};
+use gateway_core::governance::Pricing;
 use secrecy::SecretString;
 use sha2::{Digest, Sha256};
 
@@ -21,6 +22,8 @@ pub struct Deployment {
     pub max_tokens: u32,
     /// Names of the deployments tried, in order, when this one fails after its retries (SPEC 8).
     pub fallbacks: Vec<String>,
+    /// What its calls cost (SPEC 13); without it they cost nothing and are counted in tokens only.
+    pub pricing: Option<Pricing>,
 }
 
 /// `max_tokens` of an Anthropic call whose request and deployment set none.
@@ -92,7 +95,7 @@ pub struct Resolution {
 macro_rules! deployment_columns {
     () => {
         "d.id, d.name, d.provider_kind, d.base_url, d.upstream_model, d.api_key, d.fallbacks, d.unsupported_tools, \
-         d.max_tokens"
+         d.max_tokens, d.input_per_mtok, d.cached_input_per_mtok, d.output_per_mtok"
     };
 }
 
@@ -111,18 +114,6 @@ pub fn hash_key(key: &str) -> String {
 }
 
 impl Store {
-    /// The project of a live (unrevoked) key, if any.
-    pub async fn project_for_key(&self, key: &str) -> Result<Option<String>, StoreError> {
-        let _timer = self.timed("project_for_key");
-        let project_id = with_pool!(self, |pool| sqlx::query_scalar(
-            "SELECT project_id FROM api_keys WHERE key_hash = $1 AND revoked_at IS NULL",
-        )
-        .bind(hash_key(key))
-        .fetch_optional(pool)
-        .await)?;
-        Ok(project_id)
-    }
-
     /// The deployment named `model` if some group the project may use contains it, with the union of the
     /// tool sources attached to every such group.
     pub async fn resolve(
@@ -256,6 +247,9 @@ struct DeploymentRecord {
     fallbacks: String,
     unsupported_tools: String,
     max_tokens: Option<i64>,
+    input_per_mtok: Option<f64>,
+    cached_input_per_mtok: Option<f64>,
+    output_per_mtok: Option<f64>,
 }
 
 /// A deployment's `fallbacks` column (a JSON array of names); unreadable text reads as none.
@@ -282,6 +276,13 @@ impl From<DeploymentRecord> for Deployment {
                 .filter(|n| *n > 0)
                 .unwrap_or(DEFAULT_MAX_TOKENS),
             fallbacks: parse_fallbacks(&row.fallbacks),
+            pricing: row.input_per_mtok.zip(row.output_per_mtok).map(
+                |(input_per_mtok, output_per_mtok)| Pricing {
+                    input_per_mtok,
+                    cached_input_per_mtok: row.cached_input_per_mtok,
+                    output_per_mtok,
+                },
+            ),
         }
     }
 }

@@ -1,0 +1,435 @@
+//! The store's side of governance (SPEC 13): what a key is granted (its project, limits and budgets), the shared
+//! counters that hold limits across replicas, the spend of a budget's period, and usage records.
+
+use gateway_core::governance::{Budget, BudgetPeriod, Governance, RateLimits};
+use serde::Serialize;
+
+use super::tenancy::hash_key;
+use super::{Backend, Store, StoreError};
+
+mod usage;
+
+pub use usage::{UsageBucket, UsageGroup, UsageQuery};
+
+/// A live key as the gateway admits it: its project, when it expires, and what the key and project are held to.
+#[derive(Debug, Clone, PartialEq)]
+pub struct KeyGrant {
+    pub key_id: String,
+    pub project_id: String,
+    /// Unix seconds; the key is refused from then on.
+    pub expires_at: Option<i64>,
+    pub key: Governance,
+    pub project: Governance,
+}
+
+impl KeyGrant {
+    /// Whether the key has expired at `now` (Unix seconds).
+    pub fn expired(&self, now: i64) -> bool {
+        self.expires_at.is_some_and(|at| at <= now)
+    }
+}
+
+/// One model call's usage (`tool_source` `None`) or one server tool call (`tool_source` set, no tokens), as
+/// recorded with the step it belongs to.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct UsageRecord {
+    pub response_id: String,
+    pub seq: i32,
+    pub project_id: String,
+    pub api_key_id: Option<String>,
+    pub deployment: String,
+    pub provider_kind: String,
+    pub tool_source: Option<String>,
+    pub input_tokens: i64,
+    pub cached_tokens: i64,
+    pub output_tokens: i64,
+    pub reasoning_tokens: i64,
+    pub cost_usd: f64,
+    pub created_at: i64,
+}
+
+/// Whose spend a budget sums.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Spender<'a> {
+    Key(&'a str),
+    Project(&'a str),
+}
+
+/// Reads a limit column: writers keep it at zero or more; anything else reads as no limit.
+fn limit(column: Option<i64>) -> Option<u64> {
+    column.and_then(|n| u64::try_from(n).ok())
+}
+
+/// A key's or project's governance from its columns.
+pub fn governance(
+    rpm: Option<i64>,
+    tpm: Option<i64>,
+    max_concurrent: Option<i64>,
+    budget_usd: Option<f64>,
+    budget_period: Option<&str>,
+) -> Governance {
+    Governance {
+        limits: RateLimits {
+            rpm: limit(rpm),
+            tpm: limit(tpm),
+            max_concurrent: limit(max_concurrent),
+        },
+        budget: budget_usd
+            .zip(budget_period.and_then(BudgetPeriod::parse))
+            .map(|(usd, period)| Budget { usd, period }),
+    }
+}
+
+/// A key and its project's governance, as one row.
+#[derive(sqlx::FromRow)]
+struct GrantRow {
+    key_id: String,
+    project_id: String,
+    expires_at: Option<i64>,
+    k_rpm: Option<i64>,
+    k_tpm: Option<i64>,
+    k_concurrent: Option<i64>,
+    k_usd: Option<f64>,
+    k_period: Option<String>,
+    p_rpm: Option<i64>,
+    p_tpm: Option<i64>,
+    p_concurrent: Option<i64>,
+    p_usd: Option<f64>,
+    p_period: Option<String>,
+}
+
+impl From<GrantRow> for KeyGrant {
+    fn from(row: GrantRow) -> KeyGrant {
+        KeyGrant {
+            key: governance(
+                row.k_rpm,
+                row.k_tpm,
+                row.k_concurrent,
+                row.k_usd,
+                row.k_period.as_deref(),
+            ),
+            project: governance(
+                row.p_rpm,
+                row.p_tpm,
+                row.p_concurrent,
+                row.p_usd,
+                row.p_period.as_deref(),
+            ),
+            key_id: row.key_id,
+            project_id: row.project_id,
+            expires_at: row.expires_at,
+        }
+    }
+}
+
+/// A key joined with its project, as `GrantRow` reads it.
+macro_rules! grant_select {
+    ($where:literal) => {
+        concat!(
+            "SELECT k.id AS key_id, k.project_id, k.expires_at,
+                k.rpm_limit AS k_rpm, k.tpm_limit AS k_tpm, k.max_concurrent AS k_concurrent,
+                k.budget_usd AS k_usd, k.budget_period AS k_period,
+                p.rpm_limit AS p_rpm, p.tpm_limit AS p_tpm, p.max_concurrent AS p_concurrent,
+                p.budget_usd AS p_usd, p.budget_period AS p_period
+             FROM api_keys k JOIN projects p ON p.id = k.project_id WHERE ",
+            $where
+        )
+    };
+}
+
+/// Postgres: takes one place of a `max_concurrent` count if it has room, and notes it as the replica's.
+const PG_ACQUIRE_RUNNING: &str = "
+WITH gate AS (
+    INSERT INTO rate_windows (scope, window_start, used) VALUES ($1, 0, 1)
+    ON CONFLICT (scope, window_start) DO UPDATE SET used = rate_windows.used + 1 WHERE rate_windows.used < $3
+    RETURNING used
+), mine AS (
+    INSERT INTO running_counts (scope, replica_id, running) SELECT $1, $2, 1 FROM gate
+    ON CONFLICT (scope, replica_id) DO UPDATE SET running = running_counts.running + 1
+)
+SELECT COUNT(*) FROM gate";
+
+/// Postgres: gives back one place the replica holds; nothing when its part was taken back already.
+const PG_RELEASE_RUNNING: &str = "
+WITH mine AS (
+    UPDATE running_counts SET running = running - 1 WHERE scope = $1 AND replica_id = $2 AND running > 0
+    RETURNING 1
+)
+UPDATE rate_windows SET used = used - 1
+WHERE scope = $1 AND window_start = 0 AND used > 0 AND EXISTS (SELECT 1 FROM mine)";
+
+impl Store {
+    /// The grant of a live (unrevoked) key, expired or not: the caller compares `expires_at` with its clock.
+    pub async fn grant_for_key(&self, key: &str) -> Result<Option<KeyGrant>, StoreError> {
+        let _timer = self.timed("project_for_key");
+        let row = with_pool!(self, |pool| sqlx::query_as::<_, GrantRow>(grant_select!(
+            "k.key_hash = $1 AND k.revoked_at IS NULL"
+        ))
+        .bind(hash_key(key))
+        .fetch_optional(pool)
+        .await)?;
+        Ok(row.map(KeyGrant::from))
+    }
+
+    /// The project of a live (unrevoked) key, expired or not.
+    pub async fn project_for_key(&self, key: &str) -> Result<Option<String>, StoreError> {
+        Ok(self.grant_for_key(key).await?.map(|grant| grant.project_id))
+    }
+
+    /// The grant of a key by id, revoked or not: what a response resumed on another replica is held to.
+    pub async fn grant_by_key_id(&self, key_id: &str) -> Result<Option<KeyGrant>, StoreError> {
+        let row = with_pool!(self, |pool| sqlx::query_as::<_, GrantRow>(grant_select!(
+            "k.id = $1"
+        ))
+        .bind(key_id)
+        .fetch_optional(pool)
+        .await)?;
+        Ok(row.map(KeyGrant::from))
+    }
+
+    /// Leases up to `slice` of the `limit` of a counted window (`rpm`): answers how many were granted, none
+    /// when the window is used up. The shared counter never passes the limit by more than the part of the last
+    /// slice that was not granted, which is never used.
+    pub async fn lease_window(
+        &self,
+        scope: &str,
+        window_start: i64,
+        slice: u64,
+        limit: u64,
+    ) -> Result<u64, StoreError> {
+        if limit == 0 || slice == 0 {
+            return Ok(0);
+        }
+        let used: Option<i64> = with_pool!(self, |pool| {
+            sqlx::query_scalar(
+            "INSERT INTO rate_windows (scope, window_start, used) VALUES ($1, $2, $3)
+             ON CONFLICT (scope, window_start) DO UPDATE SET used = rate_windows.used + excluded.used
+             WHERE rate_windows.used < $4
+             RETURNING used"
+        )
+        .bind(scope)
+        .bind(window_start)
+        .bind(slice as i64)
+        .bind(limit as i64)
+        .fetch_optional(pool)
+        .await
+        })?;
+        let Some(used) = used else {
+            return Ok(0);
+        };
+        let before = (used as u64).saturating_sub(slice);
+        Ok(slice.min(limit.saturating_sub(before)))
+    }
+
+    /// Adds `amount` to a counted window (`tpm`) and answers what it holds now, every replica's part included.
+    pub async fn add_to_window(
+        &self,
+        scope: &str,
+        window_start: i64,
+        amount: u64,
+    ) -> Result<u64, StoreError> {
+        let used: i64 = with_pool!(self, |pool| {
+            sqlx::query_scalar(
+            "INSERT INTO rate_windows (scope, window_start, used) VALUES ($1, $2, $3)
+             ON CONFLICT (scope, window_start) DO UPDATE SET used = rate_windows.used + excluded.used
+             RETURNING used"
+        )
+        .bind(scope)
+        .bind(window_start)
+        .bind(amount as i64)
+        .fetch_one(pool)
+        .await
+        })?;
+        Ok(u64::try_from(used).unwrap_or(0))
+    }
+
+    /// Takes one place of the `max_concurrent` count `scope` for `replica`, if fewer than `limit` run: `false`
+    /// when it is full. One statement on Postgres (the counter's row lock orders replicas).
+    pub async fn acquire_running(
+        &self,
+        scope: &str,
+        replica: &str,
+        limit: u64,
+    ) -> Result<bool, StoreError> {
+        if limit == 0 {
+            return Ok(false);
+        }
+        match &self.backend {
+            Backend::Postgres(pool) => {
+                let taken: i64 = sqlx::query_scalar(PG_ACQUIRE_RUNNING)
+                    .bind(scope)
+                    .bind(replica)
+                    .bind(limit as i64)
+                    .fetch_one(pool)
+                    .await?;
+                Ok(taken > 0)
+            }
+            Backend::Sqlite(pool) => {
+                let mut tx = pool.begin().await?;
+                let gate: Option<i64> = sqlx::query_scalar(
+                    "INSERT INTO rate_windows (scope, window_start, used) VALUES ($1, 0, 1)
+                     ON CONFLICT (scope, window_start) DO UPDATE SET used = rate_windows.used + 1
+                     WHERE rate_windows.used < $2
+                     RETURNING used",
+                )
+                .bind(scope)
+                .bind(limit as i64)
+                .fetch_optional(&mut *tx)
+                .await?;
+                if gate.is_none() {
+                    return Ok(false);
+                }
+                sqlx::query(
+                    "INSERT INTO running_counts (scope, replica_id, running) VALUES ($1, $2, 1)
+                     ON CONFLICT (scope, replica_id) DO UPDATE SET running = running_counts.running + 1",
+                )
+                .bind(scope)
+                .bind(replica)
+                .execute(&mut *tx)
+                .await?;
+                tx.commit().await?;
+                Ok(true)
+            }
+        }
+    }
+
+    /// Gives back a place `replica` took with [`acquire_running`](Store::acquire_running); nothing when its part
+    /// of the count was taken back already (its lease lapsed meanwhile).
+    pub async fn release_running(&self, scope: &str, replica: &str) -> Result<(), StoreError> {
+        match &self.backend {
+            Backend::Postgres(pool) => {
+                sqlx::query(PG_RELEASE_RUNNING)
+                    .bind(scope)
+                    .bind(replica)
+                    .execute(pool)
+                    .await?;
+            }
+            Backend::Sqlite(pool) => {
+                let mut tx = pool.begin().await?;
+                let mine = sqlx::query(
+                    "UPDATE running_counts SET running = running - 1
+                     WHERE scope = $1 AND replica_id = $2 AND running > 0",
+                )
+                .bind(scope)
+                .bind(replica)
+                .execute(&mut *tx)
+                .await?;
+                if mine.rows_affected() > 0 {
+                    sqlx::query(
+                        "UPDATE rate_windows SET used = used - 1
+                         WHERE scope = $1 AND window_start = 0 AND used > 0",
+                    )
+                    .bind(scope)
+                    .execute(&mut *tx)
+                    .await?;
+                }
+                tx.commit().await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Takes back from every `max_concurrent` count the places held by replicas that have not beaten for
+    /// `lease_ms` (they crashed or were cut off: their runs are taken over, and counted again there). Answers how
+    /// many replicas' parts were taken back.
+    pub async fn reclaim_running(&self, lease_ms: i64) -> Result<u64, StoreError> {
+        let _timer = self.timed("reclaim_running");
+        match &self.backend {
+            Backend::Postgres(pool) => {
+                let forgotten: i64 = sqlx::query_scalar(concat!(
+                    "WITH dead AS (
+                        DELETE FROM running_counts c WHERE NOT EXISTS (
+                            SELECT 1 FROM replicas p WHERE p.id = c.replica_id AND p.heartbeat_at > ",
+                    pg_now_ms!(),
+                    " - $1)
+                        RETURNING scope, running
+                    ), totals AS (
+                        SELECT scope, SUM(running) AS n FROM dead GROUP BY scope
+                    ), subtracted AS (
+                        UPDATE rate_windows g SET used = GREATEST(0, g.used - t.n)
+                        FROM totals t WHERE g.scope = t.scope AND g.window_start = 0
+                    )
+                    SELECT COUNT(*) FROM dead"
+                ))
+                .bind(lease_ms)
+                .fetch_one(pool)
+                .await?;
+                Ok(forgotten as u64)
+            }
+            Backend::Sqlite(pool) => {
+                // One process serves the embedded store: nothing runs beside this transaction.
+                let dead = concat!(
+                    "NOT EXISTS (SELECT 1 FROM replicas p WHERE p.id = c.replica_id AND p.heartbeat_at > ",
+                    sqlite_now_ms!(),
+                    " - $1)"
+                );
+                let mut tx = pool.begin().await?;
+                sqlx::query(&format!(
+                    "UPDATE rate_windows SET used = MAX(0, used - (
+                        SELECT COALESCE(SUM(c.running), 0) FROM running_counts c
+                        WHERE c.scope = rate_windows.scope AND {dead}))
+                     WHERE window_start = 0"
+                ))
+                .bind(lease_ms)
+                .execute(&mut *tx)
+                .await?;
+                let forgotten =
+                    sqlx::query(&format!("DELETE FROM running_counts AS c WHERE {dead}"))
+                        .bind(lease_ms)
+                        .execute(&mut *tx)
+                        .await?
+                        .rows_affected();
+                tx.commit().await?;
+                Ok(forgotten)
+            }
+        }
+    }
+
+    /// What `spender` spent since `since` (Unix seconds), in USD.
+    pub async fn spend_since(&self, spender: Spender<'_>, since: i64) -> Result<f64, StoreError> {
+        let _timer = self.timed("spend_since");
+        let (sql, id) = match spender {
+            Spender::Key(id) => (
+                "SELECT COALESCE(SUM(cost_usd), 0.0) FROM usage_records WHERE api_key_id = $1 AND created_at >= $2",
+                id,
+            ),
+            Spender::Project(id) => (
+                "SELECT COALESCE(SUM(cost_usd), 0.0) FROM usage_records WHERE project_id = $1 AND created_at >= $2",
+                id,
+            ),
+        };
+        let spent: f64 = with_pool!(self, |pool| sqlx::query_scalar(sql)
+            .bind(id)
+            .bind(since)
+            .fetch_one(pool)
+            .await)?;
+        Ok(spent)
+    }
+
+    /// Records usage outside a step's write (the usage of `store: false` responses, in batches); a record
+    /// already there is kept.
+    pub async fn record_usage(&self, records: &[UsageRecord]) -> Result<(), StoreError> {
+        if records.is_empty() {
+            return Ok(());
+        }
+        let _timer = self.timed("record_usage");
+        match &self.backend {
+            Backend::Postgres(pool) => {
+                sqlx::query(concat!(
+                    "INSERT INTO usage_records SELECT * FROM ",
+                    usage_recordset!("$1"),
+                    " ON CONFLICT DO NOTHING"
+                ))
+                .bind(serde_json::to_value(records).unwrap_or_default())
+                .execute(pool)
+                .await?;
+            }
+            Backend::Sqlite(pool) => {
+                let mut tx = pool.begin().await?;
+                insert_usage_rows!(tx, records);
+                tx.commit().await?;
+            }
+        }
+        Ok(())
+    }
+}
