@@ -2,16 +2,16 @@
 -- a response was created with, usage recorded once per model call and tool call, and the shared counters that
 -- hold limits across replicas.
 
-ALTER TABLE api_keys ADD COLUMN expires_at BIGINT;
-ALTER TABLE api_keys ADD COLUMN rpm_limit BIGINT;
-ALTER TABLE api_keys ADD COLUMN tpm_limit BIGINT;
-ALTER TABLE api_keys ADD COLUMN max_concurrent BIGINT;
+ALTER TABLE api_keys ADD COLUMN expires_at INTEGER;
+ALTER TABLE api_keys ADD COLUMN rpm_limit INTEGER;
+ALTER TABLE api_keys ADD COLUMN tpm_limit INTEGER;
+ALTER TABLE api_keys ADD COLUMN max_concurrent INTEGER;
 ALTER TABLE api_keys ADD COLUMN budget_usd REAL;
 ALTER TABLE api_keys ADD COLUMN budget_period TEXT CHECK (budget_period IN ('day', 'month', 'total'));
 
-ALTER TABLE projects ADD COLUMN rpm_limit BIGINT;
-ALTER TABLE projects ADD COLUMN tpm_limit BIGINT;
-ALTER TABLE projects ADD COLUMN max_concurrent BIGINT;
+ALTER TABLE projects ADD COLUMN rpm_limit INTEGER;
+ALTER TABLE projects ADD COLUMN tpm_limit INTEGER;
+ALTER TABLE projects ADD COLUMN max_concurrent INTEGER;
 ALTER TABLE projects ADD COLUMN budget_usd REAL;
 ALTER TABLE projects ADD COLUMN budget_period TEXT CHECK (budget_period IN ('day', 'month', 'total'));
 
@@ -33,14 +33,14 @@ CREATE TABLE usage_records (
     deployment        TEXT NOT NULL,
     provider_kind     TEXT NOT NULL,
     tool_source       TEXT,
-    input_tokens      BIGINT NOT NULL,
-    cached_tokens     BIGINT NOT NULL,
-    output_tokens     BIGINT NOT NULL,
-    reasoning_tokens  BIGINT NOT NULL,
+    input_tokens      INTEGER NOT NULL,
+    cached_tokens     INTEGER NOT NULL,
+    output_tokens     INTEGER NOT NULL,
+    reasoning_tokens  INTEGER NOT NULL,
     cost_usd          REAL NOT NULL,
-    created_at        BIGINT NOT NULL,
+    created_at        INTEGER NOT NULL,
     PRIMARY KEY (response_id, seq)
-);
+) STRICT;
 CREATE INDEX usage_records_project ON usage_records (project_id, created_at);
 CREATE INDEX usage_records_key ON usage_records (api_key_id, created_at);
 
@@ -48,16 +48,16 @@ CREATE INDEX usage_records_key ON usage_records (api_key_id, created_at);
 -- `max_concurrent` scope ('key:<id>:running') has one row, at window 0, holding how many run now.
 CREATE TABLE rate_windows (
     scope         TEXT NOT NULL,
-    window_start  BIGINT NOT NULL,
-    used          BIGINT NOT NULL,
+    window_start  INTEGER NOT NULL,
+    used          INTEGER NOT NULL,
     PRIMARY KEY (scope, window_start)
-);
+) STRICT;
 
 -- The part of each `max_concurrent` count that each replica holds: a replica whose lease lapsed has its part
 -- taken back from the count.
 CREATE TABLE running_counts (
     scope       TEXT NOT NULL,
     replica_id  TEXT NOT NULL,
-    running     BIGINT NOT NULL,
+    running     INTEGER NOT NULL,
     PRIMARY KEY (scope, replica_id)
-);
+) STRICT;

@@ -24,6 +24,7 @@ pub struct Config {
     pub durability: DurabilityConfig,
     pub websocket: WebSocketConfig,
     pub compaction: CompactionConfig,
+    pub governance: GovernanceConfig,
     /// Entities created or updated at start-up, idempotently.
     pub seed: SeedConfig,
 }
@@ -254,6 +255,25 @@ impl Default for TenancyConfig {
     fn default() -> Self {
         TenancyConfig {
             cache_ttl_ms: 2_000,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct GovernanceConfig {
+    /// How often a replica adds its tokens to the shared `tpm` counts and reads the others' back, and reads the
+    /// spend of budgets; the tolerance of those limits across replicas (SPEC 13).
+    pub sync_ms: u64,
+    /// How often the usage of `store: false` responses is written, in one batch.
+    pub usage_flush_ms: u64,
+}
+
+impl Default for GovernanceConfig {
+    fn default() -> Self {
+        GovernanceConfig {
+            sync_ms: 250,
+            usage_flush_ms: 100,
         }
     }
 }

@@ -8,6 +8,7 @@ pub mod config;
 #[cfg(feature = "demo")]
 pub mod demo;
 pub mod engine;
+pub mod governance;
 pub mod ids;
 pub mod listener;
 pub mod metrics;

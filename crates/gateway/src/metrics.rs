@@ -77,6 +77,23 @@ pub fn upstream_call(deployment: &str, started: Instant, ok: bool) {
         .record(started.elapsed().as_secs_f64());
 }
 
+/// A model call's usage and cost (SPEC 13): `gateway_tokens_total` by project, deployment and kind, and
+/// `gateway_cost_usd_total` by project and deployment (a gauge that only grows: Prometheus counters of this
+/// exporter count whole numbers).
+pub fn model_usage(project: &str, deployment: &str, usage: &gateway_core::steps::Usage, cost: f64) {
+    for (kind, tokens) in [
+        ("input", usage.input_tokens),
+        ("cached_input", usage.cached_tokens),
+        ("output", usage.output_tokens),
+        ("reasoning", usage.reasoning_tokens),
+    ] {
+        metrics::counter!("gateway_tokens_total", "project" => project.to_owned(), "deployment" => deployment.to_owned(), "kind" => kind)
+            .increment(tokens);
+    }
+    metrics::gauge!("gateway_cost_usd_total", "project" => project.to_owned(), "deployment" => deployment.to_owned())
+        .increment(cost);
+}
+
 /// A response ended with `status` after these steps.
 pub fn response_finished(status: &'static str, steps: &[gateway_core::Step]) {
     metrics::counter!("gateway_responses_total", "status" => status).increment(1);

@@ -324,6 +324,8 @@ async fn create(
                 idempotency_key,
                 owner: Some(OWNER),
                 deadline_in_ms: Some(60_000),
+                api_key_id: None,
+                usage: &[],
             },
             Durability::Flush,
         )
@@ -349,6 +351,7 @@ async fn write_steps(
             owner: OWNER,
             epoch: 0,
             notify: false,
+            usage: &[],
         })
         .await
         .map(drop)
@@ -1027,6 +1030,8 @@ async fn a_response_written_when_it_ended_loads_back_ended_with_its_steps(store:
                 idempotency_key: None,
                 owner: Some(OWNER),
                 deadline_in_ms: None,
+                api_key_id: None,
+                usage: &[],
             },
             Durability::Flush,
         )
@@ -1303,6 +1308,7 @@ async fn step_writes_add_change_and_end_all_or_nothing(store: Store) {
             owner: OWNER,
             epoch: 0,
             notify: false,
+            usage: &[],
         })
         .await
         .expect("finish");
@@ -1399,6 +1405,7 @@ async fn every_ending_round_trips_through_the_response_row(store: Store) {
                 owner: OWNER,
                 epoch: 0,
                 notify: false,
+                usage: &[],
             })
             .await
             .expect("finish");
@@ -1706,6 +1713,7 @@ async fn write_as(
             owner,
             epoch,
             notify: false,
+            usage: &[],
         })
         .await
         .map(drop)

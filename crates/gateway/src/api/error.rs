@@ -1,6 +1,6 @@
 //! `ApiError`: every non-2xx answer, rendered in OpenAI's `{"error": {...}}` shape.
 
-use axum::http::{HeaderValue, StatusCode};
+use axum::http::{HeaderName, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use gateway_core::context::PairingError;
 use gateway_core::request::InvalidRequest;
@@ -21,6 +21,8 @@ pub struct ApiError {
     pub retryable: bool,
     /// Seconds to wait before retrying (`Retry-After`), when the gateway knows.
     pub retry_after_secs: Option<u64>,
+    /// Further headers of the answer (a `429`'s `x-ratelimit-*`).
+    pub headers: Vec<(HeaderName, HeaderValue)>,
 }
 
 impl ApiError {
@@ -37,6 +39,7 @@ impl ApiError {
             code: code.map(str::to_owned),
             retryable: false,
             retry_after_secs: None,
+            headers: Vec::new(),
         }
     }
 
@@ -137,6 +140,7 @@ impl ApiError {
             code: Some("server_error".into()),
             retryable: false,
             retry_after_secs: None,
+            headers: Vec::new(),
         }
     }
 
@@ -338,6 +342,7 @@ impl IntoResponse for ApiError {
         if let Some(seconds) = self.retry_after_secs {
             headers.insert("retry-after", HeaderValue::from(seconds));
         }
+        headers.extend(self.headers);
         response
     }
 }

@@ -4,6 +4,7 @@ pub mod admin;
 pub mod compact;
 pub mod error;
 pub mod extract;
+pub mod governance;
 pub mod responses;
 pub mod shared_reads;
 pub mod stream;

@@ -8,7 +8,7 @@ use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use gateway_core::output::{listed_input_item, render_output, response_object};
-use gateway_core::request::{validate, CreateResponseBody};
+use gateway_core::request::{validate, CreateResponseBody, ValidRequest};
 use gateway_core::response::{Ending, FailureCode, ResponseRecord};
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -17,9 +17,11 @@ use tokio::time::Instant;
 
 use super::error::ApiError;
 use super::extract::{ApiJson, ApiPath, ApiQuery, ProjectKey};
+use super::governance::{admit, with_rate_headers};
 use super::stream::{event_stream, follow, Following};
 use super::AppState;
 use crate::clock::now;
+use crate::engine::Admitted;
 use crate::store::notify::Notification;
 use crate::store::responses::{Order, StoredResponse};
 
@@ -32,7 +34,7 @@ const WAIT_POLL: Duration = Duration::from_millis(500);
 /// answers what the first one answered (409, which SDKs retry, while the first is still running).
 pub async fn create_response(
     State(state): State<AppState>,
-    ProjectKey(project, _): ProjectKey,
+    ProjectKey(project, grant): ProjectKey,
     headers: HeaderMap,
     ApiJson(body): ApiJson<CreateResponseBody>,
 ) -> Result<Response, ApiError> {
@@ -54,12 +56,26 @@ pub async fn create_response(
             return repeat(&state, &project, &id).await;
         }
     }
+    let (admitted, standings) = admit(&state, &grant).await?;
+    let answer = start(&state, admitted, request, idempotency_key).await?;
+    Ok(with_rate_headers(answer, &standings))
+}
+
+/// Runs an admitted create: answered at once when in the background, as its event stream when streamed, else
+/// when it ends.
+async fn start(
+    state: &AppState,
+    admitted: Admitted,
+    request: ValidRequest,
+    idempotency_key: Option<&str>,
+) -> Result<Response, ApiError> {
     if request.background {
         // Answered at once; a background stream follows the response from its first event.
         let stream = request.stream;
+        let project = admitted.payer.project_id.clone();
         let (record, live) = state
             .engine
-            .submit(&project, request, idempotency_key, stream)
+            .submit(admitted, request, idempotency_key, stream)
             .await?;
         if stream {
             let engine = state.engine.clone();
@@ -70,18 +86,23 @@ pub async fn create_response(
                 live,
                 place: None,
             };
-            return Ok(follow(engine, state.reads, following, state.keep_alive));
+            return Ok(follow(
+                engine,
+                state.reads.clone(),
+                following,
+                state.keep_alive,
+            ));
         }
         return Ok(Json(response_object(&record, &[])).into_response());
     }
     if request.stream {
         // Errors found before the stream starts are plain JSON errors (from `prepare`).
-        let run = state.engine.prepare(&project, request, None).await?;
+        let run = state.engine.prepare(admitted, request, None).await?;
         return Ok(event_stream(&state.engine, run, state.keep_alive));
     }
     let finished = state
         .engine
-        .create(&project, request, idempotency_key)
+        .create(admitted, request, idempotency_key)
         .await?;
     answer(&finished.record, finished.object())
 }

@@ -11,6 +11,7 @@ mod sockets;
 
 pub use sockets::OpenSockets;
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::ws::rejection::WebSocketUpgradeRejection;
@@ -29,9 +30,11 @@ use messages::{error_envelope, read_create, read_messages, Incoming};
 
 use super::error::ApiError;
 use super::extract::{bearer, ProjectKey};
+use super::governance::admit;
 use super::stream::STREAM_BUFFER;
 use super::AppState;
 use crate::engine::{EventSink, Finished};
+use crate::store::governance::KeyGrant;
 
 /// `response.create` messages a client may send ahead of the one running; reading the socket waits beyond it.
 const QUEUED_MESSAGES: usize = 16;
@@ -46,7 +49,7 @@ pub const TOO_MANY_CONNECTIONS: &str = "too_many_websocket_connections";
 /// refused with the usual 401 before any upgrade, and a key that holds as many connections as it may gets 429.
 pub async fn open_socket(
     State(state): State<AppState>,
-    ProjectKey(project, _): ProjectKey,
+    ProjectKey(_, grant): ProjectKey,
     headers: HeaderMap,
     upgrade: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
 ) -> Result<Response, ApiError> {
@@ -86,7 +89,7 @@ pub async fn open_socket(
         let _slot = slot;
         Connection {
             state,
-            project,
+            grant,
             remembered: None,
             limit,
         }
@@ -112,7 +115,8 @@ enum Kept {
 /// One client's socket.
 struct Connection {
     state: AppState,
-    project: String,
+    /// The key it was opened with: each turn is admitted as a create of that key's (SPEC 13).
+    grant: Arc<KeyGrant>,
     remembered: Option<Remembered>,
     /// The largest message read, and the most context remembered, in bytes (the HTTP body limit).
     limit: usize,
@@ -178,6 +182,10 @@ impl Connection {
             Ok(request) => request,
             Err(error) => return send_error(out, &error).await,
         };
+        let admitted = match admit(&self.state, &self.grant).await {
+            Ok((admitted, _)) => admitted,
+            Err(error) => return send_error(out, &error).await,
+        };
         let previous = request.previous_response_id.clone();
         let store = request.store;
         let engine = self.state.engine.clone();
@@ -203,10 +211,10 @@ impl Connection {
         let prepared = match known {
             Some(context) => {
                 engine
-                    .prepare_continuing(&self.project, request, context)
+                    .prepare_continuing(admitted, request, context)
                     .await
             }
-            None => engine.prepare(&self.project, request, None).await,
+            None => engine.prepare(admitted, request, None).await,
         };
         let run = match prepared {
             Ok(run) => run,

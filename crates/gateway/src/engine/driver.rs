@@ -151,12 +151,13 @@ impl Engine {
                 Some(Stop::Abandon) => return Err(Interrupted::GivenUp),
                 None => {}
             }
+            let budget_spent = self.governor.budget_spent(&run.payer).await;
             let action = decide_next_action(&LoopInput {
                 steps: &run.steps,
                 registered: run.server_tools.names(),
                 limits: run.limits,
                 deadline_passed: Instant::now() >= run.deadline,
-                budget_spent: false,
+                budget_spent,
             });
             tracing::debug!(response.id = %run.record.id, action = action.kind(), "next action");
             if let Some(ending) = self.act(run, action, sink).await? {

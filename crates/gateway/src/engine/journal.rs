@@ -17,6 +17,7 @@ use super::{Engine, ProgressSink, Run, Stop};
 use crate::clock::now;
 use crate::retry::RetryPolicy;
 use crate::store::responses::{Durability, NewResponse, StepWrite, WriteOutcome};
+use crate::store::governance::UsageRecord;
 use crate::store::{Store, StoreError};
 
 /// How long a write that need not wait for the disk lingers for more to write with it: the write before a model
@@ -78,6 +79,11 @@ impl Journal {
         self.persist && self.unwritten.is_none()
     }
 
+    /// Whether the run is stored (its usage goes with its step writes).
+    pub(super) fn persists(&self) -> bool {
+        self.persist
+    }
+
     /// Notes that step `index` changed, so that the next write records it.
     pub(super) fn touch(&mut self, index: usize) {
         if index < self.stored {
@@ -93,6 +99,7 @@ struct Changes {
     response_id: String,
     added: Vec<Step>,
     changed: Vec<Step>,
+    usage: Vec<UsageRecord>,
 }
 
 /// How one write goes out: as which replica and claim, how durably, told to followers or not.
@@ -106,7 +113,7 @@ struct Writing<'a> {
 
 impl Changes {
     fn is_empty(&self) -> bool {
-        self.added.is_empty() && self.changed.is_empty()
+        self.added.is_empty() && self.changed.is_empty() && self.usage.is_empty()
     }
 
     async fn save(
@@ -127,6 +134,7 @@ impl Changes {
                 owner: writing.owner,
                 epoch: writing.epoch,
                 notify: writing.notify,
+                usage: &self.usage,
             })
             .await
     }
@@ -145,6 +153,7 @@ impl Run {
                     .iter()
                     .map(|&i| self.steps[i].clone())
                     .collect(),
+                usage: std::mem::take(&mut self.unrecorded_usage),
             }
         } else {
             Changes::default()
@@ -155,7 +164,8 @@ impl Run {
     }
 
     /// Changes whose write failed: they are written again with the next write.
-    fn give_back(&mut self, changes: Changes) {
+    fn give_back(&mut self, mut changes: Changes) {
+        self.unrecorded_usage.append(&mut changes.usage);
         let journal = &mut self.journal;
         let first_added = changes
             .added
@@ -300,6 +310,8 @@ impl Engine {
                         idempotency_key: None,
                         owner: Some(&self.replica.id),
                         deadline_in_ms: Some(remaining_ms(run.deadline)),
+                        api_key_id: run.payer.key_id.as_deref(),
+                        usage: &run.unrecorded_usage,
                     },
                     durability,
                 )
@@ -309,6 +321,7 @@ impl Engine {
                 return Err(e);
             }
             run.journal.unwritten = None;
+            run.unrecorded_usage.clear();
             run.journal.stored = run.steps.len();
             run.journal.changed.clear();
             return Ok(());

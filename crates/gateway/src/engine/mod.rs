@@ -11,6 +11,7 @@
 //!   the background responses nobody took, and hands its own over on shutdown; `resume.rs` rebuilds a run from
 //!   its stored steps.
 
+mod accounting;
 mod compact;
 mod driver;
 mod error;
@@ -43,6 +44,8 @@ pub use runs::Stop;
 pub use worker::Worker;
 
 use crate::config::Config;
+use crate::governance::{Governor, Payer, RunningPlace};
+use crate::store::governance::UsageRecord;
 use crate::resolver::Resolver;
 use crate::store::notify::Notification;
 use crate::store::tenancy::{Deployment, ToolSource};
@@ -69,6 +72,15 @@ pub struct Engine {
     replica: Arc<Replica>,
     /// Seals and opens compaction items (SPEC 11).
     sealer: Arc<crate::compaction::Sealer>,
+    /// Limits, budgets and usage (SPEC 13).
+    governor: Arc<Governor>,
+}
+
+/// A create let through governance: who pays for it, and its places under `max_concurrent` limits.
+#[derive(Debug)]
+pub struct Admitted {
+    pub payer: Payer,
+    pub running: Option<RunningPlace>,
 }
 
 /// How a run came to be, which decides what it reports first.
@@ -105,6 +117,12 @@ pub struct Run {
     store_says: Option<Stop>,
     /// This response's place among those running; given back when the run ends.
     _admitted: OwnedSemaphorePermit,
+    /// The key and project its usage counts against (SPEC 13).
+    payer: Payer,
+    /// Usage of its calls not yet written: it goes with the next step write.
+    unrecorded_usage: Vec<UsageRecord>,
+    /// Its places under `max_concurrent` limits; given back when the run ends.
+    _running: Option<RunningPlace>,
 }
 
 impl Run {
@@ -164,7 +182,14 @@ impl Engine {
 
     /// An engine on `store`, with the upstream, tool, tenancy and durability settings of `config`.
     pub fn new(store: Store, config: &Config) -> Result<Engine, StartError> {
+        let replica = Arc::new(Replica::new(&config.durability));
         Ok(Engine {
+            governor: Governor::new(
+                store.clone(),
+                replica.id.clone(),
+                Duration::from_millis(config.governance.sync_ms),
+                Duration::from_millis(config.governance.usage_flush_ms),
+            ),
             resolver: Resolver::new(
                 store.clone(),
                 Duration::from_millis(config.tenancy.cache_ttl_ms),
@@ -176,13 +201,18 @@ impl Engine {
             limits: config.limits.clone(),
             flush_every_step: config.database.flush_every_step,
             admission: Arc::new(Semaphore::new(config.server.max_active_responses)),
-            replica: Arc::new(Replica::new(&config.durability)),
+            replica,
             sealer: Arc::new(crate::compaction::Sealer::new(
                 store.clone(),
                 &config.compaction,
             )),
             store,
         })
+    }
+
+    /// Limits, budgets and usage.
+    pub fn governor(&self) -> &Governor {
+        &self.governor
     }
 
     /// This replica.
@@ -207,11 +237,11 @@ impl Engine {
     /// that goes away does not abandon the response halfway.
     pub async fn create(
         &self,
-        project_id: &str,
+        admitted: Admitted,
         request: gateway_core::request::ValidRequest,
         idempotency_key: Option<&str>,
     ) -> Result<Finished, EngineError> {
-        let run = self.prepare(project_id, request, idempotency_key).await?;
+        let run = self.prepare(admitted, request, idempotency_key).await?;
         let engine = self.clone();
         // The task keeps the request's span, so its log lines carry the request id.
         tokio::spawn(tracing::Instrument::in_current_span(async move {

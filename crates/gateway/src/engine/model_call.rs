@@ -27,7 +27,7 @@ use crate::upstream::{Live, ModelRequest, Target, UpstreamError};
 const TEXT_BUFFER: usize = 64;
 
 /// What a model call came to: its answer or failure, and the fallback deployment that answered, if one did.
-type Answer = (Result<ModelOutput, UpstreamError>, Option<String>);
+type Answer = (Result<ModelOutput, UpstreamError>, Option<Deployment>);
 
 impl Engine {
     /// Calls the model for step `index` (already recorded as running) and records what came back.
@@ -58,14 +58,17 @@ impl Engine {
             () = told_to_stop(run) => None,
         };
         match answer {
-            Some((result, answered_by)) => {
-                crate::metrics::upstream_call(&run.deployment.name, started, result.is_ok());
+            Some((result, fallback)) => {
+                let answered_by = fallback.as_ref().unwrap_or(&run.deployment);
+                crate::metrics::upstream_call(&answered_by.name, started, result.is_ok());
                 let result = result.map(|mut output| {
                     // Upstreams that number calls per answer reuse ids; pairing by call_id needs them unique.
                     make_call_ids_unique(&mut output.tool_calls, &conversation, || new_id("call"));
                     output
                 });
-                record_answer(run, index, result, answered_by, shown, sink).await;
+                let fallback_name = fallback.as_ref().map(|d| d.name.clone());
+                record_answer(run, index, result, fallback_name, shown, sink).await;
+                self.account_model_call(run, index, fallback.as_ref());
             }
             // Told to stop mid-call: the call is dropped, and its connection with it. A cancel records it as
             // failed; a replica giving the response up leaves it running, to be made again by whoever resumes it.
@@ -111,7 +114,7 @@ impl Engine {
             }
             result = self.call_deployment(&fallback, request, sink, shown).await;
             if result.is_ok() {
-                answered_by = Some(fallback.name.clone());
+                answered_by = Some(fallback);
             }
         }
         (result, answered_by)

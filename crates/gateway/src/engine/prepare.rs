@@ -25,7 +25,7 @@ use crate::store::notify::Notification;
 
 use super::journal::Journal;
 use super::server_tools::{bind_hosted_tools, remote_names, source_of, stored, unsent_step};
-use super::{Engine, EngineError, Origin, Run};
+use super::{Admitted, Engine, EngineError, Origin, Run};
 use crate::clock::now;
 use crate::ids::{item_id, new_id};
 use crate::store::responses::{Durability, NewResponse};
@@ -49,12 +49,12 @@ impl Engine {
     /// stored response with its first step boundary that waits for the disk (see `journal.rs`).
     pub async fn prepare(
         &self,
-        project_id: &str,
+        admitted: Admitted,
         request: ValidRequest,
         idempotency_key: Option<&str>,
     ) -> Result<Run, EngineError> {
         match self
-            .prepare_any(project_id, request, idempotency_key, None)
+            .prepare_any(admitted, request, idempotency_key, None)
             .await?
         {
             Prepared::Run(run) => Ok(run),
@@ -68,12 +68,12 @@ impl Engine {
     /// last `store: false` response in memory, SPEC 11).
     pub async fn prepare_continuing(
         &self,
-        project_id: &str,
+        admitted: Admitted,
         request: ValidRequest,
         previous: Vec<Item>,
     ) -> Result<Run, EngineError> {
         match self
-            .prepare_any(project_id, request, None, Some(previous))
+            .prepare_any(admitted, request, None, Some(previous))
             .await?
         {
             Prepared::Run(run) => Ok(run),
@@ -86,13 +86,13 @@ impl Engine {
     /// when it runs here.
     pub async fn submit(
         &self,
-        project_id: &str,
+        admitted: Admitted,
         request: ValidRequest,
         idempotency_key: Option<&str>,
         follow: bool,
     ) -> Result<(ResponseRecord, Option<broadcast::Receiver<Event>>), EngineError> {
         match self
-            .prepare_any(project_id, request, idempotency_key, None)
+            .prepare_any(admitted, request, idempotency_key, None)
             .await?
         {
             Prepared::Run(run) => {
@@ -117,11 +117,13 @@ impl Engine {
     /// servers, its first steps, its row (written now when someone may look for it), and its run.
     async fn prepare_any(
         &self,
-        project_id: &str,
+        governed: Admitted,
         mut request: ValidRequest,
         idempotency_key: Option<&str>,
         known_previous: Option<Vec<Item>>,
     ) -> Result<Prepared, EngineError> {
+        let project_id = governed.payer.project_id.clone();
+        let project_id = project_id.as_str();
         let admitted = self.admit(request.background)?;
         let resolution = self.resolution(project_id, &request.model).await?;
         let mut server_tools = self.tools_for(&resolution, &mut request).await?;
@@ -163,6 +165,7 @@ impl Engine {
             context,
             steps,
             limits,
+            governed,
         };
         if plan.write_now {
             self.store_new(&plan, admitted.is_some()).await?;
@@ -278,6 +281,8 @@ impl Engine {
                 // A foreground response's deadline runs from now; a background one's from when a replica
                 // starts it.
                 deadline_in_ms: (!background).then(|| self.deadline_ms()),
+                api_key_id: plan.governed.payer.key_id.as_deref(),
+                usage: &[],
             },
             // A background response is answered `queued` at once: it must outlive a crash of the database
             // server from then on. The others run on, and their next writes make this one durable before
@@ -330,6 +335,9 @@ impl Engine {
             registration,
             store_says: None,
             _admitted: admitted,
+            payer: plan.governed.payer,
+            unrecorded_usage: Vec::new(),
+            _running: plan.governed.running,
         })
     }
 
@@ -402,6 +410,8 @@ struct Plan<'a> {
     context: Vec<Item>,
     steps: Vec<Step>,
     limits: Limits,
+    /// Who pays, and its places under `max_concurrent` limits (a queued response gives them back).
+    governed: Admitted,
 }
 
 /// The steps a response starts with, once the request's tools and its context's calls check out: the listings

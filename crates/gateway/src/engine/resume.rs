@@ -12,6 +12,7 @@ use super::journal::Journal;
 use super::server_tools::{
     bind_hosted_tools, restored, source_of, stored_remote_tools, stored_source_ids,
 };
+use crate::governance::Payer;
 use super::{Engine, EventSink, Origin, Run};
 use crate::clock::now;
 use crate::store::ownership::Claimed;
@@ -83,6 +84,7 @@ impl Engine {
         // The time left was read off the database's clock, as the deadline was set (SPEC 9).
         let remaining_ms = stored.deadline_in_ms.map_or(0, |left| left.max(0));
         let sink = EventSink::for_followers(&stored.record, &stored.steps);
+        let payer = self.payer_of(&stored).await?;
         let run = Run {
             limits: self.limits_for(stored.record.params.max_tool_calls),
             project_id: stored.project_id,
@@ -98,6 +100,9 @@ impl Engine {
             registration,
             store_says: None,
             _admitted: admitted,
+            payer,
+            unrecorded_usage: Vec::new(),
+            _running: None,
         };
         self.spawn(run, sink);
         Ok(())
@@ -125,6 +130,19 @@ impl Engine {
             &stored.server_tools,
             bound.into_iter().chain(remote).collect(),
         ))
+    }
+
+    /// Who pays for a resumed response: the key that created it, as it is held now (revoked or not); a response
+    /// stored before keys were recorded counts against its project alone, without limits.
+    async fn payer_of(&self, stored: &StoredRun) -> Result<Payer, StoreError> {
+        let grant = match &stored.api_key_id {
+            Some(key_id) => self.store.grant_by_key_id(key_id).await?,
+            None => None,
+        };
+        Ok(match grant {
+            Some(grant) => Payer::of(&grant),
+            None => Payer::project_only(&stored.project_id, Default::default()),
+        })
     }
 
     /// Ends a taken response whose deployment is gone, with `message` as its failure.
@@ -155,6 +173,7 @@ impl Engine {
                 owner: &self.replica.id,
                 epoch,
                 notify: true,
+                usage: &[],
             })
             .await?;
         self.replica.progressed(&record.id);

@@ -87,6 +87,7 @@ impl Engine {
             };
             ended += 1;
             record_end(run, index, outcome, &mut next_rank, sink).await;
+            self.account_tool_call(run, index);
             if ended < calls && linger_until.is_none() {
                 linger_until = Some(tokio::time::Instant::now() + WRITE_LINGER);
             }

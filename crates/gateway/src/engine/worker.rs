@@ -183,6 +183,10 @@ async fn claim(engine: Engine, ownership: Store) {
         if !replica.is_accepting() {
             continue;
         }
+        // The `max_concurrent` places of replicas that stopped beating go back to their counts (SPEC 13).
+        if let Err(e) = engine.governor.reclaim_running(replica.lease_ms()).await {
+            tracing::warn!(error = %e, "could not take back the running places of stopped replicas");
+        }
         // As many as there is room for now; each takes its place when it starts. Holding places before knowing
         // whether anything waits would turn requests away for nothing.
         let room = engine.admission.available_permits().min(CLAIM_BATCH);

@@ -48,6 +48,14 @@ pub struct UsageRecord {
     pub created_at: i64,
 }
 
+/// What a lease of a counted window gave.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Lease {
+    pub granted: u64,
+    /// What the shared window holds after the lease, every replica's leases included.
+    pub used: u64,
+}
+
 /// Whose spend a budget sums.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Spender<'a> {
@@ -187,18 +195,21 @@ impl Store {
         Ok(row.map(KeyGrant::from))
     }
 
-    /// Leases up to `slice` of the `limit` of a counted window (`rpm`): answers how many were granted, none
-    /// when the window is used up. The shared counter never passes the limit by more than the part of the last
-    /// slice that was not granted, which is never used.
+    /// Leases up to `slice` of the `limit` of a counted window (`rpm`): answers how many were granted (none when
+    /// the window is used up) and what the window holds now. The shared counter passes the limit only by the part
+    /// of the last slice that was not granted, which nobody uses.
     pub async fn lease_window(
         &self,
         scope: &str,
         window_start: i64,
         slice: u64,
         limit: u64,
-    ) -> Result<u64, StoreError> {
+    ) -> Result<Lease, StoreError> {
         if limit == 0 || slice == 0 {
-            return Ok(0);
+            return Ok(Lease {
+                granted: 0,
+                used: limit,
+            });
         }
         let used: Option<i64> = with_pool!(self, |pool| {
             sqlx::query_scalar(
@@ -215,10 +226,17 @@ impl Store {
         .await
         })?;
         let Some(used) = used else {
-            return Ok(0);
+            return Ok(Lease {
+                granted: 0,
+                used: limit,
+            });
         };
-        let before = (used as u64).saturating_sub(slice);
-        Ok(slice.min(limit.saturating_sub(before)))
+        let used = u64::try_from(used).unwrap_or(0);
+        let before = used.saturating_sub(slice);
+        Ok(Lease {
+            granted: slice.min(limit.saturating_sub(before)),
+            used,
+        })
     }
 
     /// Adds `amount` to a counted window (`tpm`) and answers what it holds now, every replica's part included.

@@ -10,6 +10,7 @@ use gateway_core::Item;
 use serde_json::Value;
 
 use super::stored_tools::StoredTool;
+use super::governance::UsageRecord;
 use super::{Backend, Store, StoreError};
 use rows::{from_json, ResponseRow, StepReadRow, RESPONSE_BY_ID, STEPS_OF_RESPONSE};
 
@@ -32,6 +33,10 @@ pub struct NewResponse<'a> {
     /// How long it has until its deadline passes (milliseconds, counted from the database's clock when the row
     /// is written); `None` until it starts (a queued background response).
     pub deadline_in_ms: Option<i64>,
+    /// The API key that created it: its usage counts against that key.
+    pub api_key_id: Option<&'a str>,
+    /// Usage of the calls among `steps` (SPEC 13), recorded with them.
+    pub usage: &'a [UsageRecord],
 }
 
 /// A stored response and what is needed to continue or show it.
@@ -54,6 +59,8 @@ pub struct StoredRun {
     pub deadline_in_ms: Option<i64>,
     /// Whether it was created with an `Idempotency-Key` (a repeated create may be waiting for it).
     pub keyed: bool,
+    /// The API key it was created with (`None` for responses stored before keys were recorded).
+    pub api_key_id: Option<String>,
     pub context: Vec<Item>,
     pub steps: Vec<Step>,
 }
@@ -96,6 +103,8 @@ pub struct StepWrite<'a> {
     pub epoch: i64,
     /// Whether followers of the response (a re-attached stream, a repeated create) are told it progressed.
     pub notify: bool,
+    /// Usage of the calls among the steps written (SPEC 13), recorded with them once.
+    pub usage: &'a [UsageRecord],
 }
 
 /// What a step write learnt about the response.
@@ -180,9 +189,9 @@ impl Store {
         let sql = with_clock!(
             self,
             "SELECT server_tools, deadline_at - ",
-            ", idempotency_key IS NOT NULL FROM responses WHERE id = $1"
+            ", idempotency_key IS NOT NULL, api_key_id FROM responses WHERE id = $1"
         );
-        let (server_tools, deadline_in_ms, keyed): (Value, Option<i64>, bool) =
+        let (server_tools, deadline_in_ms, keyed, api_key_id): (Value, Option<i64>, bool, Option<String>) =
             with_pool!(self, |pool| sqlx::query_as(sql)
                 .bind(id)
                 .fetch_one(pool)
@@ -196,6 +205,7 @@ impl Store {
             server_tools,
             deadline_in_ms,
             keyed,
+            api_key_id,
             context: self.load_context(project_id, id).await?,
             steps: self.load_steps(project_id, id).await?,
         }))

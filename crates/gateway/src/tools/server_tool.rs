@@ -27,6 +27,18 @@ pub struct ServerTool {
     pub target: Target,
 }
 
+impl ServerTool {
+    /// The name of the source that serves it, as usage counts its calls: an operator's source by its name, a
+    /// request's own MCP server as `mcp:<server_label>`.
+    pub fn source_name(&self) -> String {
+        match &self.target {
+            Target::Http(endpoint) => endpoint.source_name.clone(),
+            Target::Mcp(tool) => tool.server.source_name.clone(),
+            Target::Remote(tool) => format!("mcp:{}", tool.server_label),
+        }
+    }
+}
+
 /// The progress notes a tool's calls render, before they go out and when they end (SPEC 7).
 #[derive(Debug, Clone, Default)]
 pub struct NoteTemplates {

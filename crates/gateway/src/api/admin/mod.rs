@@ -96,6 +96,7 @@ mod groups;
 mod projects;
 mod tool_calls;
 mod tool_sources;
+mod usage;
 
 use axum::extract::{FromRequest, Request, State};
 use axum::http::{Method, StatusCode, Uri};
@@ -179,6 +180,7 @@ pub fn routes(state: AppState) -> Router<AppState> {
             "/projects/{project_id}/tool_calls",
             get(tool_calls::project_tool_calls),
         )
+        .route("/usage", get(usage::usage))
         .route(
             "/tool_sources",
             get(tool_sources::list_tool_sources).post(tool_sources::create_tool_source),

@@ -7,6 +7,7 @@ use serde_json::Value;
 
 use super::rows::{step_rows, to_json, StepColumns};
 use super::{Durability, NewResponse, StepWrite, WriteOutcome};
+use crate::store::governance::UsageRecord;
 use crate::store::{Backend, Store, StoreError};
 
 impl Durability {
@@ -99,7 +100,7 @@ macro_rules! bind_step_columns {
 }
 
 /// The response row's insert, shared by both backends (`$now` the database clock in milliseconds): parameters
-/// `$1`..`$20` in the order `bind_response_row!` binds them. A deployment deleted while the response ran is
+/// `$1`..`$21` in the order `bind_response_row!` binds them. A deployment deleted while the response ran is
 /// recorded as none, as `ON DELETE SET NULL` does for rows written earlier; `updated_at` is the ending time of a
 /// response written when it ended; the deadline runs from the database's clock. Response ids are random, so a row
 /// already there under the same id is this very write, made again because its reply was lost: it is written
@@ -109,11 +110,12 @@ macro_rules! insert_response_row {
         concat!(
             "INSERT INTO responses (id, project_id, deployment_id, model, status, params, server_tools,
             previous_response_id, store, background, created_at, updated_at, idempotency_key,
-            usage, handed_back, error_code, error_message, incomplete_reason, completed_at, owner, deadline_at)
+            usage, handed_back, error_code, error_message, incomplete_reason, completed_at, owner, deadline_at,
+            api_key_id)
          VALUES ($1, $2, (SELECT id FROM deployments WHERE id = $3), $4, $5, $6, $7, $8, $9, $10, $11,
             COALESCE($18, $11), $12, $13, $14, $15, $16, $17, $18, $19, ",
             $now,
-            " + $20)
+            " + $20, $21)
          ON CONFLICT (id) DO UPDATE SET status = excluded.status, usage = excluded.usage,
             handed_back = excluded.handed_back, error_code = excluded.error_code,
             error_message = excluded.error_message, incomplete_reason = excluded.incomplete_reason,
@@ -150,6 +152,7 @@ macro_rules! bind_response_row {
             .bind(ended.completed_at)
             .bind(new.owner)
             .bind(new.deadline_in_ms)
+            .bind(new.api_key_id)
     }};
 }
 
@@ -161,20 +164,24 @@ const PG_CREATE_RESPONSE: &str = concat!(
     insert_response_row!(pg_now_ms!()),
     "), items AS (
     INSERT INTO response_input_items (response_id, position, item_id, item)
-    SELECT $1, * FROM UNNEST($21::int4[], $22::text[], $23::jsonb[])
+    SELECT $1, * FROM UNNEST($22::int4[], $23::text[], $24::jsonb[])
     ON CONFLICT DO NOTHING
 ), added AS (
     INSERT INTO steps (response_id, seq, kind, state, body, call_id, tool_name, attempts, created_at, updated_at)
     SELECT $1, s.seq, s.kind, s.state, s.body, s.call_id, s.tool_name,
            CASE WHEN s.state = 'pending' THEN 0 ELSE 1 END, $11, COALESCE($18, $11)
-    FROM UNNEST($24::int4[], $25::text[], $26::text[], $27::jsonb[], $28::text[], $29::text[])
+    FROM UNNEST($25::int4[], $26::text[], $27::text[], $28::jsonb[], $29::text[], $30::text[])
         AS s(seq, kind, state, body, call_id, tool_name)
     ON CONFLICT (response_id, seq) DO UPDATE SET state = excluded.state, body = excluded.body,
         updated_at = excluded.updated_at
     WHERE EXISTS (SELECT 1 FROM responses r WHERE r.id = $1 AND r.owner IS NOT DISTINCT FROM $19
         AND r.claim_epoch = 0)
+), usage AS (
+    INSERT INTO usage_records SELECT * FROM ",
+    usage_recordset!("$32"),
+    " ON CONFLICT DO NOTHING
 )
-SELECT set_config('synchronous_commit', COALESCE($30, current_setting('synchronous_commit')), true)"
+SELECT set_config('synchronous_commit', COALESCE($31, current_setting('synchronous_commit')), true)"
 );
 
 /// Postgres: one step boundary as one statement, written only while replica `$20` owns the response under the
@@ -184,7 +191,8 @@ SELECT set_config('synchronous_commit', COALESCE($30, current_setting('synchrono
 /// lost): it is written over, never a conflict. Changed steps count an attempt when they start running; the
 /// response row is changed only when `$12` (its ending status) is set. With `$21`, followers of the response
 /// are told it progressed.
-const PG_WRITE_STEPS: &str = "
+const PG_WRITE_STEPS: &str = concat!(
+    "
 WITH owned AS (
     SELECT cancel_requested FROM responses WHERE id = $1 AND owner = $20 AND claim_epoch = $22 FOR UPDATE
 ), changed AS (
@@ -207,10 +215,20 @@ WITH owned AS (
     WHERE id = $1 AND $12::text IS NOT NULL AND EXISTS (SELECT 1 FROM owned)
 ), notified AS (
     SELECT pg_notify('gateway_progress', $1) FROM owned WHERE $21
+), usage AS (
+    INSERT INTO usage_records SELECT * FROM ",
+    usage_recordset!("$23"),
+    " WHERE EXISTS (SELECT 1 FROM owned) ON CONFLICT DO NOTHING
 )
 SELECT (SELECT cancel_requested FROM owned) AS cancel_requested,
        (SELECT COUNT(*) FROM notified) AS notified,
-       set_config('synchronous_commit', COALESCE($18, current_setting('synchronous_commit')), true) AS commit";
+       set_config('synchronous_commit', COALESCE($18, current_setting('synchronous_commit')), true) AS commit"
+);
+
+/// Usage records as the JSON array `usage_recordset!` reads.
+fn usage_json(records: &[UsageRecord]) -> Value {
+    serde_json::to_value(records).unwrap_or_else(|_| Value::Array(Vec::new()))
+}
 
 impl Store {
     /// Writes a new response, its context items and first steps at once: one statement on Postgres, one
@@ -252,6 +270,7 @@ impl Store {
                 .bind(&items);
                 bind_step_columns!(query, columns)
                     .bind(durability.synchronous_commit())
+                    .bind(usage_json(new.usage))
                     .execute(pool)
                     .await
                     .map_err(conflict)?;
@@ -289,6 +308,7 @@ impl Store {
                             .completed_at
                             .unwrap_or(record.created_at)
                     );
+                    insert_usage_rows!(tx, new.usage);
                     tx.commit().await
                 }
                 .await;
@@ -433,6 +453,7 @@ impl Store {
                     .bind(write.owner)
                     .bind(write.notify)
                     .bind(write.epoch)
+                    .bind(usage_json(write.usage))
                     .fetch_one(pool)
                     .await
                     .map_err(written)?
@@ -470,6 +491,7 @@ impl Store {
                         .await?;
                     }
                     insert_step_rows!(tx, id, &added, write.at, write.at);
+                    insert_usage_rows!(tx, write.usage);
                     if let Some(status) = ended.status {
                         sqlx::query(
                             "UPDATE responses SET status = $2, usage = $3, handed_back = $4, error_code = $5,

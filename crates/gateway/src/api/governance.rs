@@ -1,0 +1,154 @@
+//! Governance at the edge (SPEC 13): a create admitted against its key's and project's limits and budgets, or
+//! refused with OpenAI's `429`; the `x-ratelimit-*` headers of both answers.
+
+use axum::http::{HeaderName, HeaderValue, StatusCode};
+use axum::response::Response;
+use gateway_core::governance::{reset_duration, Standing};
+
+use super::error::ApiError;
+use super::AppState;
+use crate::engine::Admitted;
+use crate::governance::{LimitKind, Payer, RateHeaders, Refusal};
+use crate::store::governance::KeyGrant;
+
+/// Admits a create of `grant`'s key: who pays for it and its standings, or the `429` that refuses it (nothing
+/// stored, nothing called).
+pub async fn admit(state: &AppState, grant: &KeyGrant) -> Result<(Admitted, RateHeaders), ApiError> {
+    let payer = Payer::of(grant);
+    match state.engine.governor().admit(&payer).await {
+        Ok(admission) => Ok((
+            Admitted {
+                payer,
+                running: admission.running,
+            },
+            admission.headers,
+        )),
+        Err(refusal) => {
+            crate::metrics::response_refused(match &refusal {
+                Refusal::Limited { .. } => "rate_limited",
+                Refusal::BudgetSpent { .. } => "budget_spent",
+                Refusal::Store(_) => "store_failed",
+            });
+            Err(ApiError::from(refusal))
+        }
+    }
+}
+
+/// `response` with the `x-ratelimit-*` headers of `standings`.
+pub fn with_rate_headers(mut response: Response, standings: &RateHeaders) -> Response {
+    response.headers_mut().extend(rate_headers(standings));
+    response
+}
+
+/// OpenAI's `x-ratelimit-{limit,remaining,reset}-{requests,tokens}` headers of the limits that apply.
+fn rate_headers(standings: &RateHeaders) -> Vec<(HeaderName, HeaderValue)> {
+    let mut headers = Vec::new();
+    let mut add = |kind: &str, standing: Option<Standing>| {
+        let Some(standing) = standing else {
+            return;
+        };
+        for (what, value) in [
+            ("limit", standing.limit.to_string()),
+            ("remaining", standing.remaining.to_string()),
+            ("reset", reset_duration(standing.reset_secs)),
+        ] {
+            let name = HeaderName::try_from(format!("x-ratelimit-{what}-{kind}"));
+            if let (Ok(name), Ok(value)) = (name, HeaderValue::try_from(value)) {
+                headers.push((name, value));
+            }
+        }
+    };
+    add("requests", standings.requests);
+    add("tokens", standings.tokens);
+    headers
+}
+
+impl From<Refusal> for ApiError {
+    fn from(refusal: Refusal) -> ApiError {
+        match refusal {
+            Refusal::Limited {
+                kind,
+                scope,
+                owner,
+                limit,
+                headers,
+                retry_after_secs,
+            } => {
+                let (kind_name, message) = match kind {
+                    LimitKind::RequestsPerMinute => (
+                        "requests",
+                        format!("Rate limit reached for requests per minute (RPM) on {} {owner}: Limit {limit}. Please try again in {}.", scope.as_str(), reset_duration(retry_after_secs)),
+                    ),
+                    LimitKind::TokensPerMinute => (
+                        "tokens",
+                        format!("Rate limit reached for tokens per minute (TPM) on {} {owner}: Limit {limit}. Please try again in {}.", scope.as_str(), reset_duration(retry_after_secs)),
+                    ),
+                    LimitKind::Concurrent => (
+                        "requests",
+                        format!("Too many responses running at once on {} {owner}: Limit {limit}. Please try again when one of them has ended.", scope.as_str()),
+                    ),
+                };
+                ApiError {
+                    status: StatusCode::TOO_MANY_REQUESTS,
+                    kind: kind_name,
+                    retryable: true,
+                    retry_after_secs: Some(retry_after_secs),
+                    headers: rate_headers(&headers),
+                    ..ApiError::invalid(message, None, Some("rate_limit_exceeded"))
+                }
+            }
+            Refusal::BudgetSpent {
+                scope,
+                owner,
+                budget,
+            } => ApiError {
+                status: StatusCode::TOO_MANY_REQUESTS,
+                kind: "insufficient_quota",
+                ..ApiError::invalid(
+                    format!(
+                        "You exceeded your current quota: the budget of {} {owner} is ${:.2} per {} and it is spent. Ask the gateway's operator to raise it.",
+                        scope.as_str(),
+                        budget.usd,
+                        match budget.period.as_str() {
+                            "total" => "all time",
+                            period => period,
+                        }
+                    ),
+                    None,
+                    Some("insufficient_quota"),
+                )
+            },
+            Refusal::Store(error) => ApiError::from(error),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_headers_are_openais_names_and_formats() {
+        let standings = RateHeaders {
+            requests: Some(Standing {
+                limit: 60,
+                remaining: 59,
+                reset_secs: 61,
+            }),
+            tokens: None,
+        };
+        let headers: Vec<(String, String)> = rate_headers(&standings)
+            .into_iter()
+            .map(|(n, v)| (n.to_string(), v.to_str().unwrap().to_owned()))
+            .collect();
+        let expected = [
+            ("x-ratelimit-limit-requests", "60"),
+            ("x-ratelimit-remaining-requests", "59"),
+            ("x-ratelimit-reset-requests", "1m1s"),
+        ];
+        assert_eq!(
+            headers,
+            expected.map(|(n, v)| (n.to_owned(), v.to_owned())).to_vec()
+        );
+    }
+}

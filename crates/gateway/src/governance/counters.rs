@@ -1,0 +1,202 @@
+//! The per-minute counts of `rpm` and `tpm`, kept per replica between trips to the store: requests are taken from
+//! slices leased from a shared window that never passes its limit; tokens are added to a shared window and the
+//! other replicas' read back, at most every `sync`.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use gateway_core::governance::{window_start, Standing, WINDOW_SECS};
+
+use crate::store::{Store, StoreError};
+
+/// The slice of a window leased at once: a twentieth of the limit, between 1 and 100 requests.
+fn slice(limit: u64) -> u64 {
+    (limit / 20).clamp(1, 100)
+}
+
+/// What this replica knows of one window of one counter.
+#[derive(Debug, Default)]
+struct Window {
+    start: i64,
+    /// Requests leased from the shared window, and taken of those.
+    leased: u64,
+    taken: u64,
+    /// The shared window's count as last read (every replica's leases or tokens).
+    shared: u64,
+    /// Tokens counted here and not yet added to the shared window.
+    unsynced: u64,
+    synced_at: Option<Instant>,
+    /// A write of the unsynced tokens is scheduled.
+    flushing: bool,
+}
+
+impl Window {
+    fn at(&mut self, start: i64) -> &mut Window {
+        if self.start != start {
+            *self = Window {
+                start,
+                ..Window::default()
+            };
+        }
+        self
+    }
+}
+
+/// Seconds from `now` until the window that holds it ends.
+fn reset_secs(now: i64) -> u64 {
+    (window_start(now) + WINDOW_SECS - now) as u64
+}
+
+/// Every counter this replica has used, by name.
+#[derive(Clone)]
+pub(super) struct Counters {
+    store: Store,
+    sync: Duration,
+    windows: Arc<Mutex<HashMap<String, Window>>>,
+}
+
+impl Counters {
+    pub(super) fn new(store: Store, sync: Duration) -> Counters {
+        Counters {
+            store,
+            sync,
+            windows: Arc::default(),
+        }
+    }
+
+    fn with<T>(&self, name: &str, start: i64, f: impl FnOnce(&mut Window) -> T) -> T {
+        let mut windows = self.windows.lock().unwrap_or_else(|e| e.into_inner());
+        let window = windows.entry(name.to_owned()).or_default().at(start);
+        f(window)
+    }
+
+    /// Counts one request against `limit` in the window of `now`: its standing after it, or (as `Err`) the
+    /// standing that refuses it.
+    pub(super) async fn request(
+        &self,
+        name: &str,
+        limit: u64,
+        now: i64,
+    ) -> Result<Result<Standing, Standing>, StoreError> {
+        let start = window_start(now);
+        let standing = |window: &Window| Standing {
+            limit,
+            remaining: limit.saturating_sub(window.shared) + (window.leased - window.taken),
+            reset_secs: reset_secs(now),
+        };
+        loop {
+            let taken = self.with(name, start, |window| {
+                (window.taken < window.leased).then(|| {
+                    window.taken += 1;
+                    standing(window)
+                })
+            });
+            if let Some(standing) = taken {
+                return Ok(Ok(standing));
+            }
+            let lease = self
+                .store
+                .lease_window(name, start, slice(limit), limit)
+                .await?;
+            let refused = self.with(name, start, |window| {
+                window.leased += lease.granted;
+                window.shared = window.shared.max(lease.used.min(limit));
+                (lease.granted == 0).then(|| standing(window))
+            });
+            if let Some(standing) = refused {
+                return Ok(Err(standing));
+            }
+        }
+    }
+
+    /// The standing of `limit` tokens in the window of `now`, read from the shared window when the last read is
+    /// older than `sync` (this replica's unsynced tokens are added to it on the way).
+    pub(super) async fn tokens(
+        &self,
+        name: &str,
+        limit: u64,
+        now: i64,
+    ) -> Result<Standing, StoreError> {
+        let start = window_start(now);
+        let stale = self.with(name, start, |window| {
+            window
+                .synced_at
+                .is_none_or(|at| at.elapsed() >= self.sync)
+        });
+        if stale {
+            self.sync(name, start).await?;
+        }
+        Ok(self.with(name, start, |window| Standing {
+            limit,
+            remaining: limit.saturating_sub(window.shared + window.unsynced),
+            reset_secs: reset_secs(now),
+        }))
+    }
+
+    /// Adds this replica's unsynced tokens to the shared window and reads back what it holds.
+    async fn sync(&self, name: &str, start: i64) -> Result<(), StoreError> {
+        let pending = self.with(name, start, |window| std::mem::take(&mut window.unsynced));
+        match self.store.add_to_window(name, start, pending).await {
+            Ok(used) => {
+                self.with(name, start, |window| {
+                    window.shared = used;
+                    window.synced_at = Some(Instant::now());
+                });
+                Ok(())
+            }
+            Err(e) => {
+                self.with(name, start, |window| window.unsynced += pending);
+                Err(e)
+            }
+        }
+    }
+
+    /// Counts `tokens` a model call used in the window of `now`; they reach the shared window within `sync`.
+    pub(super) fn add_tokens(&self, name: &str, tokens: u64, now: i64) {
+        let start = window_start(now);
+        let schedule = self.with(name, start, |window| {
+            window.unsynced += tokens;
+            !std::mem::replace(&mut window.flushing, true)
+        });
+        if !schedule {
+            return;
+        }
+        let counters = self.clone();
+        let name = name.to_owned();
+        tokio::spawn(async move {
+            tokio::time::sleep(counters.sync).await;
+            counters.with(&name, start, |window| window.flushing = false);
+            if let Err(e) = counters.sync(&name, start).await {
+                tracing::warn!(counter = %name, error = %e, "could not add tokens to a shared limit");
+            }
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slices_are_a_twentieth_of_the_limit_within_bounds() {
+        for (limit, expected) in [(1, 1), (19, 1), (60, 3), (1000, 50), (100_000, 100)] {
+            assert_eq!(slice(limit), expected, "limit {limit}");
+        }
+    }
+
+    #[test]
+    fn a_new_window_forgets_the_last_one() {
+        let mut window = Window {
+            start: 60,
+            leased: 5,
+            taken: 5,
+            shared: 9,
+            unsynced: 3,
+            ..Window::default()
+        };
+        assert_eq!(window.at(60).leased, 5);
+        let next = window.at(120);
+        assert_eq!((next.start, next.leased, next.shared, next.unsynced), (120, 0, 0, 0));
+    }
+}

@@ -1,0 +1,328 @@
+//! Governance at run time (SPEC 13): a create admitted against its key's and project's limits and budgets, the
+//! counts that hold them across replicas (Postgres is the only coordination), and the usage of every model and
+//! server tool call recorded and measured.
+//!
+//! How each limit holds across replicas (`docs/behaviour.md`, "Limits across replicas"):
+//! * `rpm`: each replica leases slices of a window's count from a shared counter that never passes the limit, so
+//!   replicas together never admit more than the limit in a window; a slice leased and not used is lost for that
+//!   window (at most `replicas × (slice − 1)` creates fewer than the limit).
+//! * `tpm`: each replica adds the tokens its model calls used to a shared counter, and reads the others' back, at
+//!   most every `governance.sync_ms`; a replica does not see the last `sync_ms` of the others' tokens.
+//! * `max_concurrent`: one shared count per scope, taken and given back in one statement each.
+//! * budgets: the spend of the period is summed from the usage records at most every `governance.sync_ms`, plus
+//!   what this replica spent since.
+
+mod counters;
+mod running;
+mod spend;
+mod usage;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use gateway_core::governance::{Budget, Governance, Pricing, Standing};
+use gateway_core::steps::Usage;
+
+pub use running::RunningPlace;
+pub use usage::UsageWriter;
+
+use crate::clock::now;
+use crate::store::governance::{KeyGrant, Spender, UsageRecord};
+use crate::store::{Store, StoreError};
+use counters::Counters;
+use spend::Spends;
+
+/// Which of a key's scopes a limit or budget belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scope {
+    Key,
+    Project,
+}
+
+impl Scope {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Scope::Key => "API key",
+            Scope::Project => "project",
+        }
+    }
+}
+
+/// Which limit refused a create.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LimitKind {
+    RequestsPerMinute,
+    TokensPerMinute,
+    Concurrent,
+}
+
+/// The `x-ratelimit-*` standings of a create: the tighter of the key's and the project's, per kind.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RateHeaders {
+    pub requests: Option<Standing>,
+    pub tokens: Option<Standing>,
+}
+
+/// A create let through: its standings, and its place among the responses running when a `max_concurrent` counts
+/// it (given back when dropped).
+#[derive(Debug, Default)]
+pub struct Admission {
+    pub headers: RateHeaders,
+    pub running: Option<RunningPlace>,
+}
+
+/// Why a create was refused.
+#[derive(Debug)]
+pub enum Refusal {
+    /// Over a rate limit: retried after `retry_after_secs`.
+    Limited {
+        kind: LimitKind,
+        scope: Scope,
+        owner: String,
+        limit: u64,
+        headers: RateHeaders,
+        retry_after_secs: u64,
+    },
+    /// The budget is spent for its period: not retried.
+    BudgetSpent {
+        scope: Scope,
+        owner: String,
+        budget: Budget,
+    },
+    Store(StoreError),
+}
+
+impl From<StoreError> for Refusal {
+    fn from(error: StoreError) -> Refusal {
+        Refusal::Store(error)
+    }
+}
+
+/// The key and project a run's usage counts against, and what they are held to.
+#[derive(Debug, Clone)]
+pub struct Payer {
+    pub project_id: String,
+    pub key_id: Option<String>,
+    pub key: Governance,
+    pub project: Governance,
+}
+
+impl Payer {
+    pub fn of(grant: &KeyGrant) -> Payer {
+        Payer {
+            project_id: grant.project_id.clone(),
+            key_id: Some(grant.key_id.clone()),
+            key: grant.key,
+            project: grant.project,
+        }
+    }
+
+    /// A payer without a key (a response stored before keys were recorded): only its project counts.
+    pub fn project_only(project_id: &str, project: Governance) -> Payer {
+        Payer {
+            project_id: project_id.to_owned(),
+            key_id: None,
+            key: Governance::default(),
+            project,
+        }
+    }
+
+    /// Each scope with an owner, with what it is held to.
+    fn scopes(&self) -> impl Iterator<Item = (Scope, &str, &Governance)> {
+        let key = self
+            .key_id
+            .as_deref()
+            .map(|id| (Scope::Key, id, &self.key));
+        key.into_iter()
+            .chain(std::iter::once((Scope::Project, self.project_id.as_str(), &self.project)))
+    }
+}
+
+/// The name of a counter: `key:<id>:rpm`, `project:<id>:running`.
+fn counter_name(scope: Scope, owner: &str, what: &str) -> String {
+    let prefix = match scope {
+        Scope::Key => "key",
+        Scope::Project => "project",
+    };
+    format!("{prefix}:{owner}:{what}")
+}
+
+fn spender(scope: Scope, owner: &str) -> Spender<'_> {
+    match scope {
+        Scope::Key => Spender::Key(owner),
+        Scope::Project => Spender::Project(owner),
+    }
+}
+
+/// The gateway's governance: admission, the shared counts, and usage; cheap to share.
+pub struct Governor {
+    store: Store,
+    replica_id: String,
+    counters: Counters,
+    spends: Spends,
+    unstored: UsageWriter,
+}
+
+impl std::fmt::Debug for Governor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Governor")
+            .field("replica_id", &self.replica_id)
+            .finish()
+    }
+}
+
+impl Governor {
+    /// A governor that reads and writes the shared counts at most every `sync`, and writes the usage of
+    /// unstored responses every `flush`.
+    pub fn new(store: Store, replica_id: String, sync: Duration, flush: Duration) -> Arc<Governor> {
+        Arc::new(Governor {
+            counters: Counters::new(store.clone(), sync),
+            spends: Spends::new(store.clone(), sync),
+            unstored: UsageWriter::start(store.clone(), flush),
+            store,
+            replica_id,
+        })
+    }
+
+    /// Admits a create of `payer`'s, or says why not: budgets first, then tokens per minute, requests per minute
+    /// (which counts the create), and the responses running (which takes a place). Nothing is counted for a
+    /// key and project without limits or budgets.
+    pub async fn admit(&self, payer: &Payer) -> Result<Admission, Refusal> {
+        if payer.key.is_empty() && payer.project.is_empty() {
+            return Ok(Admission::default());
+        }
+        let now = now();
+        for (scope, owner, governance) in payer.scopes() {
+            if let Some(budget) = governance.budget {
+                let spent = self
+                    .spends
+                    .spent(spender(scope, owner), budget.period, now)
+                    .await?;
+                if spent >= budget.usd {
+                    return Err(Refusal::BudgetSpent {
+                        scope,
+                        owner: owner.to_owned(),
+                        budget,
+                    });
+                }
+            }
+        }
+        let mut headers = RateHeaders::default();
+        let mut tokens = Vec::new();
+        for (scope, owner, governance) in payer.scopes() {
+            if let Some(limit) = governance.limits.tpm {
+                let standing = self
+                    .counters
+                    .tokens(&counter_name(scope, owner, "tpm"), limit, now)
+                    .await?;
+                tokens.push((scope, owner, limit, standing));
+                headers.tokens = Standing::tighter(headers.tokens, Some(standing));
+            }
+        }
+        for (scope, owner, limit, standing) in &tokens {
+            if standing.remaining == 0 {
+                return Err(Refusal::Limited {
+                    kind: LimitKind::TokensPerMinute,
+                    scope: *scope,
+                    owner: owner.to_string(),
+                    limit: *limit,
+                    headers,
+                    retry_after_secs: standing.reset_secs.max(1),
+                });
+            }
+        }
+        for (scope, owner, governance) in payer.scopes() {
+            if let Some(limit) = governance.limits.rpm {
+                let standing = self
+                    .counters
+                    .request(&counter_name(scope, owner, "rpm"), limit, now)
+                    .await?;
+                headers.requests = Standing::tighter(headers.requests, standing.ok());
+                if let Err(standing) = standing {
+                    headers.requests = Some(standing);
+                    return Err(Refusal::Limited {
+                        kind: LimitKind::RequestsPerMinute,
+                        scope,
+                        owner: owner.to_owned(),
+                        limit,
+                        headers,
+                        retry_after_secs: standing.reset_secs.max(1),
+                    });
+                }
+            }
+        }
+        let mut running = RunningPlace::new(self.store.clone(), self.replica_id.clone());
+        for (scope, owner, governance) in payer.scopes() {
+            if let Some(limit) = governance.limits.max_concurrent {
+                let name = counter_name(scope, owner, "running");
+                if !running.take(name, limit).await? {
+                    return Err(Refusal::Limited {
+                        kind: LimitKind::Concurrent,
+                        scope,
+                        owner: owner.to_owned(),
+                        limit,
+                        headers,
+                        retry_after_secs: 1,
+                    });
+                }
+            }
+        }
+        Ok(Admission {
+            headers,
+            running: running.holds_any().then_some(running),
+        })
+    }
+
+    /// Whether `payer`'s key or project has spent its budget: a running response makes no further model call.
+    pub async fn budget_spent(&self, payer: &Payer) -> bool {
+        let now = now();
+        for (scope, owner, governance) in payer.scopes() {
+            if let Some(budget) = governance.budget {
+                match self
+                    .spends
+                    .spent(spender(scope, owner), budget.period, now)
+                    .await
+                {
+                    Ok(spent) if spent >= budget.usd => return true,
+                    Ok(_) => {}
+                    // A store that does not answer does not stop a running response: the next check may.
+                    Err(e) => tracing::warn!(error = %e, "could not read a budget's spend"),
+                }
+            }
+        }
+        false
+    }
+
+    /// Counts a model call's usage and cost against `payer`'s limits and budgets, and in the metrics.
+    pub fn count_model_call(&self, payer: &Payer, deployment: &str, usage: &Usage, cost: f64) {
+        let now = now();
+        crate::metrics::model_usage(&payer.project_id, deployment, usage, cost);
+        for (scope, owner, governance) in payer.scopes() {
+            if governance.limits.tpm.is_some() {
+                self.counters.add_tokens(
+                    &counter_name(scope, owner, "tpm"),
+                    usage.total_tokens(),
+                    now,
+                );
+            }
+            if governance.budget.is_some() {
+                self.spends.add(spender(scope, owner), cost);
+            }
+        }
+    }
+
+    /// Hands the usage of an unstored response to the writer that records it in batches.
+    pub fn record_unstored(&self, records: Vec<UsageRecord>) {
+        self.unstored.send(records);
+    }
+
+    /// Takes back the `max_concurrent` places held by replicas whose lease lapsed.
+    pub async fn reclaim_running(&self, lease_ms: i64) -> Result<u64, StoreError> {
+        self.store.reclaim_running(lease_ms).await
+    }
+}
+
+/// What a model call cost at `pricing` (nothing without one).
+pub fn cost(pricing: Option<&Pricing>, usage: &Usage) -> f64 {
+    pricing.map_or(0.0, |pricing| pricing.cost(usage))
+}
