@@ -38,18 +38,19 @@ impl RateLimits {
         };
         let mut limits = self;
         for (field, given) in object {
-            let slot =
-                match field.as_str() {
-                    "rpm" => &mut limits.rpm,
-                    "tpm" => &mut limits.tpm,
-                    "max_concurrent" => &mut limits.max_concurrent,
-                    other => return Err(invalid(
+            let slot = match field.as_str() {
+                "rpm" => &mut limits.rpm,
+                "tpm" => &mut limits.tpm,
+                "max_concurrent" => &mut limits.max_concurrent,
+                other => {
+                    return Err(invalid(
                         format!(
                             "Unknown limit '{other}': expected 'rpm', 'tpm' or 'max_concurrent'."
                         ),
                         &format!("limits.{other}"),
-                    )),
-                };
+                    ))
+                }
+            };
             *slot = match given {
                 Value::Null => None,
                 given => Some(whole_number(given, &format!("limits.{field}"))?),

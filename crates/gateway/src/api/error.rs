@@ -1,6 +1,6 @@
 //! `ApiError`: every non-2xx answer, rendered in OpenAI's `{"error": {...}}` shape.
 
-use axum::http::{HeaderName, HeaderValue, StatusCode};
+use axum::http::{HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use gateway_core::context::PairingError;
 use gateway_core::request::InvalidRequest;
@@ -21,8 +21,8 @@ pub struct ApiError {
     pub retryable: bool,
     /// Seconds to wait before retrying (`Retry-After`), when the gateway knows.
     pub retry_after_secs: Option<u64>,
-    /// Further headers of the answer (a `429`'s `x-ratelimit-*`).
-    pub headers: Vec<(HeaderName, HeaderValue)>,
+    /// The standings a `429` tells in its `x-ratelimit-*` headers (boxed: most errors have none).
+    pub rate_limits: Option<Box<crate::governance::RateHeaders>>,
 }
 
 impl ApiError {
@@ -39,7 +39,7 @@ impl ApiError {
             code: code.map(str::to_owned),
             retryable: false,
             retry_after_secs: None,
-            headers: Vec::new(),
+            rate_limits: None,
         }
     }
 
@@ -140,7 +140,7 @@ impl ApiError {
             code: Some("server_error".into()),
             retryable: false,
             retry_after_secs: None,
-            headers: Vec::new(),
+            rate_limits: None,
         }
     }
 
@@ -342,7 +342,9 @@ impl IntoResponse for ApiError {
         if let Some(seconds) = self.retry_after_secs {
             headers.insert("retry-after", HeaderValue::from(seconds));
         }
-        headers.extend(self.headers);
+        if let Some(standings) = self.rate_limits {
+            headers.extend(super::governance::rate_headers(&standings));
+        }
         response
     }
 }

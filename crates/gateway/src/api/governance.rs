@@ -13,7 +13,10 @@ use crate::store::governance::KeyGrant;
 
 /// Admits a create of `grant`'s key: who pays for it and its standings, or the `429` that refuses it (nothing
 /// stored, nothing called).
-pub async fn admit(state: &AppState, grant: &KeyGrant) -> Result<(Admitted, RateHeaders), ApiError> {
+pub async fn admit(
+    state: &AppState,
+    grant: &KeyGrant,
+) -> Result<(Admitted, RateHeaders), ApiError> {
     let payer = Payer::of(grant);
     match state.engine.governor().admit(&payer).await {
         Ok(admission) => Ok((
@@ -41,7 +44,7 @@ pub fn with_rate_headers(mut response: Response, standings: &RateHeaders) -> Res
 }
 
 /// OpenAI's `x-ratelimit-{limit,remaining,reset}-{requests,tokens}` headers of the limits that apply.
-fn rate_headers(standings: &RateHeaders) -> Vec<(HeaderName, HeaderValue)> {
+pub fn rate_headers(standings: &RateHeaders) -> Vec<(HeaderName, HeaderValue)> {
     let mut headers = Vec::new();
     let mut add = |kind: &str, standing: Option<Standing>| {
         let Some(standing) = standing else {
@@ -93,7 +96,7 @@ impl From<Refusal> for ApiError {
                     kind: kind_name,
                     retryable: true,
                     retry_after_secs: Some(retry_after_secs),
-                    headers: rate_headers(&headers),
+                    rate_limits: Some(Box::new(headers)),
                     ..ApiError::invalid(message, None, Some("rate_limit_exceeded"))
                 }
             }

@@ -209,11 +209,7 @@ impl Connection {
             _ => None,
         };
         let prepared = match known {
-            Some(context) => {
-                engine
-                    .prepare_continuing(admitted, request, context)
-                    .await
-            }
+            Some(context) => engine.prepare_continuing(admitted, request, context).await,
             None => engine.prepare(admitted, request, None).await,
         };
         let run = match prepared {

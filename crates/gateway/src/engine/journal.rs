@@ -16,8 +16,8 @@ use gateway_core::Step;
 use super::{Engine, ProgressSink, Run, Stop};
 use crate::clock::now;
 use crate::retry::RetryPolicy;
-use crate::store::responses::{Durability, NewResponse, StepWrite, WriteOutcome};
 use crate::store::governance::UsageRecord;
+use crate::store::responses::{Durability, NewResponse, StepWrite, WriteOutcome};
 use crate::store::{Store, StoreError};
 
 /// How long a write that need not wait for the disk lingers for more to write with it: the write before a model

@@ -45,8 +45,8 @@ pub use worker::Worker;
 
 use crate::config::Config;
 use crate::governance::{Governor, Payer, RunningPlace};
-use crate::store::governance::UsageRecord;
 use crate::resolver::Resolver;
+use crate::store::governance::UsageRecord;
 use crate::store::notify::Notification;
 use crate::store::tenancy::{Deployment, ToolSource};
 use crate::store::{Store, StoreError};

@@ -12,9 +12,9 @@ use super::journal::Journal;
 use super::server_tools::{
     bind_hosted_tools, restored, source_of, stored_remote_tools, stored_source_ids,
 };
-use crate::governance::Payer;
 use super::{Engine, EventSink, Origin, Run};
 use crate::clock::now;
+use crate::governance::Payer;
 use crate::store::ownership::Claimed;
 use crate::store::responses::{Durability, StepWrite, StoredRun};
 use crate::store::StoreError;

@@ -120,9 +120,7 @@ impl Counters {
     ) -> Result<Standing, StoreError> {
         let start = window_start(now);
         let stale = self.with(name, start, |window| {
-            window
-                .synced_at
-                .is_none_or(|at| at.elapsed() >= self.sync)
+            window.synced_at.is_none_or(|at| at.elapsed() >= self.sync)
         });
         if stale {
             self.sync(name, start).await?;
@@ -197,6 +195,9 @@ mod tests {
         };
         assert_eq!(window.at(60).leased, 5);
         let next = window.at(120);
-        assert_eq!((next.start, next.leased, next.shared, next.unsynced), (120, 0, 0, 0));
+        assert_eq!(
+            (next.start, next.leased, next.shared, next.unsynced),
+            (120, 0, 0, 0)
+        );
     }
 }

@@ -129,12 +129,12 @@ impl Payer {
 
     /// Each scope with an owner, with what it is held to.
     fn scopes(&self) -> impl Iterator<Item = (Scope, &str, &Governance)> {
-        let key = self
-            .key_id
-            .as_deref()
-            .map(|id| (Scope::Key, id, &self.key));
-        key.into_iter()
-            .chain(std::iter::once((Scope::Project, self.project_id.as_str(), &self.project)))
+        let key = self.key_id.as_deref().map(|id| (Scope::Key, id, &self.key));
+        key.into_iter().chain(std::iter::once((
+            Scope::Project,
+            self.project_id.as_str(),
+            &self.project,
+        )))
     }
 }
 

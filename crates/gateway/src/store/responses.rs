@@ -9,8 +9,8 @@ use gateway_core::steps::Step;
 use gateway_core::Item;
 use serde_json::Value;
 
-use super::stored_tools::StoredTool;
 use super::governance::UsageRecord;
+use super::stored_tools::StoredTool;
 use super::{Backend, Store, StoreError};
 use rows::{from_json, ResponseRow, StepReadRow, RESPONSE_BY_ID, STEPS_OF_RESPONSE};
 
@@ -191,11 +191,15 @@ impl Store {
             "SELECT server_tools, deadline_at - ",
             ", idempotency_key IS NOT NULL, api_key_id FROM responses WHERE id = $1"
         );
-        let (server_tools, deadline_in_ms, keyed, api_key_id): (Value, Option<i64>, bool, Option<String>) =
-            with_pool!(self, |pool| sqlx::query_as(sql)
-                .bind(id)
-                .fetch_one(pool)
-                .await)?;
+        let (server_tools, deadline_in_ms, keyed, api_key_id): (
+            Value,
+            Option<i64>,
+            bool,
+            Option<String>,
+        ) = with_pool!(self, |pool| sqlx::query_as(sql)
+            .bind(id)
+            .fetch_one(pool)
+            .await)?;
         let server_tools = serde_json::from_value(server_tools)
             .map_err(|e| StoreError::Corrupt(format!("server tools of '{id}': {e}")))?;
         Ok(Some(StoredRun {

@@ -13,6 +13,7 @@ mod chaining;
 mod compaction;
 mod durability;
 mod embedded;
+mod governance;
 mod hosted_tools;
 mod idempotency;
 mod mcp_sources;

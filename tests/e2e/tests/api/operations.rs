@@ -134,24 +134,7 @@ async fn a_full_gateway_refuses_a_new_response_at_once_and_takes_the_next_one_af
     let tenant = gw.tenant("acme").await;
     gw.attach_tool(&tenant.group_id, "barrier").await;
     // The first response waits in a barrier tool call until the test releases it.
-    gw.model.push(Reply::tool_calls(vec![Call::new(
-        "barrier",
-        json!({"n": 2}),
-    )]));
-    gw.model.push(Reply::text("Released."));
-    let first = tokio::spawn(
-        gw.public(Method::POST, "/responses", &tenant.key)
-            .json(&json!({"model": "mock", "input": "Wait."}))
-            .send(),
-    );
-    let in_flight = async {
-        while gw.tools.calls().is_empty() {
-            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-        }
-    };
-    tokio::time::timeout(std::time::Duration::from_secs(8), in_flight)
-        .await
-        .expect("the first response reaches its tool call");
+    let first = create_waiting_in_barrier(&gw, &tenant.key).await;
 
     let refused = gw
         .create(&tenant.key, json!({"model": "mock", "input": "Hi"}))

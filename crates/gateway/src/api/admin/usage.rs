@@ -106,7 +106,14 @@ pub async fn usage(
     if let Some(unknown) = query.keys().find(|k| {
         !matches!(
             k.as_str(),
-            "start" | "end" | "project_id" | "api_key_id" | "deployment" | "group_by" | "limit" | "page"
+            "start"
+                | "end"
+                | "project_id"
+                | "api_key_id"
+                | "deployment"
+                | "group_by"
+                | "limit"
+                | "page"
         )
     }) {
         return Err(ApiError::invalid(

@@ -50,6 +50,32 @@ pub async fn stored_rows(gw: &TestGateway) -> (i64, i64, i64) {
     )
 }
 
+/// Starts a create whose model calls the `barrier` tool (which must be attached) and then answers "Released.";
+/// returns once that tool call is in flight, with the create's answer to come.
+pub async fn create_waiting_in_barrier(
+    gw: &TestGateway,
+    key: &str,
+) -> tokio::task::JoinHandle<Result<reqwest::Response, reqwest::Error>> {
+    gw.model.push(gateway_testkit::Reply::tool_calls(vec![
+        gateway_testkit::Call::new("barrier", json!({"n": 2})),
+    ]));
+    gw.model.push(gateway_testkit::Reply::text("Released."));
+    let first = tokio::spawn(
+        gw.public(Method::POST, "/responses", key)
+            .json(&json!({"model": "mock", "input": "Wait."}))
+            .send(),
+    );
+    let in_flight = async {
+        while gw.tools.calls().is_empty() {
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+    };
+    tokio::time::timeout(std::time::Duration::from_secs(8), in_flight)
+        .await
+        .expect("the first response reaches its tool call");
+    first
+}
+
 /// Sends the testkit tool server the `barrier` call that lets `n - 1` waiting ones through.
 pub async fn release_barrier(gw: &TestGateway, n: u64) {
     let release = gw
