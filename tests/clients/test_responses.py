@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import re
+import threading
+import time
 from typing import Any
 
 import openai
@@ -224,6 +226,49 @@ def test_revoked_key_raises_authentication_error(stack: Stack) -> None:
         stack.admin("DELETE", f"/api_keys/{key['id']}")
         with pytest.raises(openai.AuthenticationError):
             sdk.responses.create(model="mock", input="after")
+
+
+def refused_rate_limited(stack: Stack) -> float:
+    """How many creates the gateway refused over a rate limit so far (its Prometheus counter)."""
+    text = stack.http.get(f"{stack.gateway_url}/metrics").text
+    for line in text.splitlines():
+        if line.startswith('gateway_responses_refused_total{reason="rate_limited"}'):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def test_a_429_carries_openais_rate_limit_headers_and_the_sdk_retries_it(stack: Stack) -> None:
+    key = stack.new_key(stack.project_id, "limited")
+    stack.admin("PATCH", f"/api_keys/{key['id']}", {"limits": {"rpm": 1000, "max_concurrent": 1}})
+    # One response holds the key's only place while the model takes its time.
+    stack.script({"text": "slow", "delay_ms": 3000}, {"text": "next"})
+    with stack.client(api_key=key["key"], max_retries=0) as once, stack.client(
+        api_key=key["key"], max_retries=5
+    ) as patient:
+        holder = threading.Thread(target=lambda: once.responses.create(model="mock", input="hold"))
+        holder.start()
+        try:
+            for _ in range(500):
+                if stack.model_requests():
+                    break
+                time.sleep(0.01)
+            with pytest.raises(openai.RateLimitError) as raised:
+                once.responses.create(model="mock", input="refused")
+            error = raised.value
+            assert error.status_code == 429
+            assert error.code == "rate_limit_exceeded"
+            assert error.response.headers["retry-after"] == "1"
+            assert error.response.headers["x-should-retry"] == "true"
+            assert error.response.headers["x-ratelimit-limit-requests"] == "1000"
+            assert int(error.response.headers["x-ratelimit-remaining-requests"]) < 1000
+
+            # The SDK waits as told and tries again until the place is free.
+            refused_before = refused_rate_limited(stack)
+            answer = patient.responses.create(model="mock", input="patient")
+            assert answer.output_text == "next"
+            assert refused_rate_limited(stack) > refused_before, "it was refused at least once first"
+        finally:
+            holder.join()
 
 
 def test_another_projects_response_does_not_exist_for_you(stack: Stack, client: openai.OpenAI) -> None:

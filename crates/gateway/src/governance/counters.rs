@@ -65,10 +65,18 @@ impl Counters {
         }
     }
 
+    /// Runs `f` on the counter's window that starts at `start`. A window older than the one the counter is at
+    /// (a trip to the store that began before the minute turned) is a throwaway: its results no longer count.
     fn with<T>(&self, name: &str, start: i64, f: impl FnOnce(&mut Window) -> T) -> T {
         let mut windows = self.windows.lock().unwrap_or_else(|e| e.into_inner());
-        let window = windows.entry(name.to_owned()).or_default().at(start);
-        f(window)
+        let window = windows.entry(name.to_owned()).or_default();
+        if window.start > start {
+            return f(&mut Window {
+                start,
+                ..Window::default()
+            });
+        }
+        f(window.at(start))
     }
 
     /// Counts one request against `limit` in the window of `now`: its standing after it, or (as `Err`) the
@@ -85,29 +93,28 @@ impl Counters {
             remaining: limit.saturating_sub(window.shared) + (window.leased - window.taken),
             reset_secs: reset_secs(now),
         };
-        loop {
-            let taken = self.with(name, start, |window| {
-                (window.taken < window.leased).then(|| {
-                    window.taken += 1;
-                    standing(window)
-                })
-            });
-            if let Some(standing) = taken {
-                return Ok(Ok(standing));
-            }
-            let lease = self
-                .store
-                .lease_window(name, start, slice(limit), limit)
-                .await?;
-            let refused = self.with(name, start, |window| {
-                window.leased += lease.granted;
-                window.shared = window.shared.max(lease.used.min(limit));
-                (lease.granted == 0).then(|| standing(window))
-            });
-            if let Some(standing) = refused {
-                return Ok(Err(standing));
-            }
+        let taken = self.with(name, start, |window| {
+            (window.taken < window.leased).then(|| {
+                window.taken += 1;
+                standing(window)
+            })
+        });
+        if let Some(standing) = taken {
+            return Ok(Ok(standing));
         }
+        let lease = self
+            .store
+            .lease_window(name, start, slice(limit), limit)
+            .await?;
+        Ok(self.with(name, start, |window| {
+            window.leased += lease.granted;
+            window.shared = window.shared.max(lease.used.min(limit));
+            if lease.granted == 0 {
+                return Err(standing(window));
+            }
+            window.taken += 1;
+            Ok(standing(window))
+        }))
     }
 
     /// The standing of `limit` tokens in the window of `now`, read from the shared window when the last read is
