@@ -194,7 +194,6 @@ struct ResponseShape {
 struct ItemShape {
     #[serde(rename = "type")]
     kind: String,
-    #[serde(default)]
     status: Option<String>,
 }
 
