@@ -3,13 +3,13 @@
 
 use std::collections::HashMap;
 
-use anyhow::{bail, Context};
+use anyhow::bail;
 use reqwest::Client;
 
 use gateway_bench::procs::{self, ChildProcess};
 use gateway_bench::report::CpuPerRequest;
 use gateway_bench::scenario::{self, Endpoints};
-use gateway_bench::setup::{self, Database};
+use gateway_bench::setup::{Admin, Database};
 
 use crate::Args;
 
@@ -65,13 +65,7 @@ impl Harness {
                 baseline: None,
             });
         }
-        let bin_dir = match &args.bin_dir {
-            Some(dir) => dir.clone(),
-            None => std::env::current_exe()?
-                .parent()
-                .context("the bench executable has no directory")?
-                .to_path_buf(),
-        };
+        let bin_dir = args.start.bin_dir()?;
         for name in ["gateway", "mock-model", "example-tools"] {
             if !bin_dir.join(name).is_file() {
                 bail!(
@@ -80,7 +74,7 @@ impl Harness {
                 );
             }
         }
-        let database = Database::create(&args.database_url).await?;
+        let database = Database::create(&args.start.database_url).await?;
         if let Err(e) = database.apply_settings(&args.db_settings).await {
             let _ = database.drop_database().await;
             return Err(e);
@@ -116,19 +110,14 @@ impl Harness {
         if !dir.join("gateway").is_file() {
             bail!("{} not found", dir.join("gateway").display());
         }
-        let database = Database::create(&args.database_url).await?;
+        let database = Database::create(&args.start.database_url).await?;
         let started = async {
             database.apply_settings(&args.db_settings).await?;
             let token = format!("bench-admin-{}", uuid::Uuid::new_v4().simple());
             let process = procs::start_gateway(dir, &database.url, &token, &[])?;
-            let key = setup::configure(
-                http,
-                &process.url,
-                &token,
-                &endpoints.mock,
-                &endpoints.tools,
-            )
-            .await?;
+            let key = Admin::new(http, &process.url, &token)
+                .configure(&endpoints.mock, &endpoints.tools)
+                .await?;
             anyhow::Ok((process, key))
         }
         .await;
@@ -155,7 +144,9 @@ impl Harness {
             let tools = procs::start_testkit(bin_dir, "example-tools")?;
             let token = format!("bench-admin-{}", uuid::Uuid::new_v4().simple());
             let gateway = procs::start_gateway(bin_dir, &database.url, &token, &[])?;
-            let key = setup::configure(http, &gateway.url, &token, &mock.url, &tools.url).await?;
+            let key = Admin::new(http, &gateway.url, &token)
+                .configure(&mock.url, &tools.url)
+                .await?;
             anyhow::Ok((mock, tools, gateway, key))
         }
         .await;

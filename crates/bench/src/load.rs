@@ -351,17 +351,29 @@ async fn stream_once(
     }
     let text = String::from_utf8_lossy(&body);
     if !text.contains("response.completed") {
-        let end: String = text
-            .chars()
-            .rev()
-            .take(200)
-            .collect::<Vec<_>>()
-            .into_iter()
-            .rev()
-            .collect();
+        let end = last_chars(&text, 200);
         return Err(format!(
             "stream ended without response.completed (ends with {end:?})"
         ));
     }
     Ok(first)
+}
+
+/// The last `count` characters of `text`: how a stream that went wrong ended, for its error message.
+pub(crate) fn last_chars(text: &str, count: usize) -> String {
+    let mut end: Vec<char> = text.chars().rev().take(count).collect();
+    end.reverse();
+    end.into_iter().collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::last_chars;
+
+    #[test]
+    fn last_chars_counts_characters_not_bytes() {
+        assert_eq!(last_chars("naïve café", 4), "café");
+        assert_eq!(last_chars("ab", 5), "ab");
+        assert_eq!(last_chars("", 3), "");
+    }
 }

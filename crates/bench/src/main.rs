@@ -14,7 +14,7 @@ use reqwest::Client;
 use serde_json::json;
 
 use gateway_bench::load::{self, Load, Stats};
-use gateway_bench::procs::{self, ChildProcess};
+use gateway_bench::procs::{self, ChildProcess, StartOptions};
 use gateway_bench::report::{Measured, Outcome, Report, StreamsMeasured};
 use gateway_bench::scenario::{self, reset_mocks, Scenario, Target};
 use gateway_bench::timings::Histograms;
@@ -50,16 +50,8 @@ struct Args {
     /// Also write the report as Markdown to this file.
     #[arg(long)]
     markdown: Option<PathBuf>,
-    /// Where `gateway`, `mock-model` and `example-tools` are (default: the directory of this executable).
-    #[arg(long)]
-    bin_dir: Option<PathBuf>,
-    /// Postgres server on which a fresh database `gw_bench_*` is created, and dropped at the end.
-    #[arg(
-        long,
-        env = "BENCH_DATABASE_URL",
-        default_value = "postgres://postgres@127.0.0.1:5432/postgres"
-    )]
-    database_url: String,
+    #[command(flatten)]
+    start: StartOptions,
     /// A Postgres setting for the bench database, `KEY=VALUE` (repeatable), e.g. `synchronous_commit=off`
     /// to see what the fsync of each commit costs. Applied with `ALTER DATABASE`, before the gateway starts.
     #[arg(long = "db-setting")]

@@ -3,7 +3,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::io::{BufRead, BufReader, Read};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
@@ -11,6 +11,35 @@ use std::time::Duration;
 
 use anyhow::{bail, Context};
 use serde_json::Value;
+
+/// Where a bench finds the programs it starts and the Postgres server it makes its database on: the options
+/// every bench command that starts processes takes (flattened into its own).
+#[derive(Debug, clap::Args)]
+pub struct StartOptions {
+    /// Where `gateway` and the testkit servers it starts are (default: the directory of this executable).
+    #[arg(long)]
+    pub bin_dir: Option<PathBuf>,
+    /// Postgres server on which a fresh database `gw_bench_*` is created, and dropped at the end.
+    #[arg(
+        long,
+        env = "BENCH_DATABASE_URL",
+        default_value = "postgres://postgres@127.0.0.1:5432/postgres"
+    )]
+    pub database_url: String,
+}
+
+impl StartOptions {
+    /// `--bin-dir`, or else the directory of this executable.
+    pub fn bin_dir(&self) -> anyhow::Result<PathBuf> {
+        match &self.bin_dir {
+            Some(dir) => Ok(dir.clone()),
+            None => Ok(std::env::current_exe()?
+                .parent()
+                .context("the bench executable has no directory")?
+                .to_path_buf()),
+        }
+    }
+}
 
 /// How long a child may take to print its readiness line (the gateway applies migrations first).
 const READY_TIMEOUT: Duration = Duration::from_secs(60);

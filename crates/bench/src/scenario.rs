@@ -10,6 +10,7 @@ use reqwest::Client;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
+use crate::load::last_chars;
 use crate::setup::{PLAIN_MODEL, TOOLS_ANTHROPIC_MODEL, TOOLS_MODEL, TOOLS_RESPONSES_MODEL};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -194,7 +195,6 @@ struct ResponseShape {
 struct ItemShape {
     #[serde(rename = "type")]
     kind: String,
-    #[serde(default)]
     status: Option<String>,
 }
 
@@ -263,14 +263,7 @@ impl Expect {
                 _ => {}
             }
         }
-        let end: String = text
-            .chars()
-            .rev()
-            .take(300)
-            .collect::<Vec<_>>()
-            .into_iter()
-            .rev()
-            .collect();
+        let end = last_chars(&text, 300);
         Err(format!(
             "stream ended without response.completed ({} bytes; ends with {end:?})",
             body.len()

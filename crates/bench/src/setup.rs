@@ -109,33 +109,161 @@ pub const TOOLS_GROUP: &str = "bench-tools";
 /// becomes `mcp_add`, apart from the HTTP `add`.
 pub const MCP_PREFIX: &str = "mcp_";
 
-async fn admin(
-    http: &Client,
-    gateway: &str,
-    token: &str,
-    method: Method,
-    path: &str,
-    body: Option<Value>,
-) -> anyhow::Result<Value> {
-    let mut request = http
-        .request(method.clone(), format!("{gateway}/admin/v1{path}"))
-        .bearer_auth(token);
-    if let Some(body) = body {
-        request = request.json(&body);
+/// The gateway's admin API as the bench calls it: `gateway`'s `/admin/v1`, with the admin `token`.
+#[derive(Clone, Copy)]
+pub struct Admin<'a> {
+    http: &'a Client,
+    gateway: &'a str,
+    token: &'a str,
+}
+
+impl<'a> Admin<'a> {
+    pub fn new(http: &'a Client, gateway: &'a str, token: &'a str) -> Admin<'a> {
+        Admin {
+            http,
+            gateway,
+            token,
+        }
     }
-    let response = request
-        .send()
-        .await
-        .with_context(|| format!("{method} {path}"))?;
-    let status = response.status();
-    let text = response.text().await?;
-    if !status.is_success() {
-        bail!("{method} {path} answered {status}: {text}");
+
+    /// Sends one admin request and reads its JSON answer (`null` for an empty one); any status but 2xx fails.
+    async fn call(&self, method: Method, path: &str, body: Option<Value>) -> anyhow::Result<Value> {
+        let mut request = self
+            .http
+            .request(method.clone(), format!("{}/admin/v1{path}", self.gateway))
+            .bearer_auth(self.token);
+        if let Some(body) = body {
+            request = request.json(&body);
+        }
+        let response = request
+            .send()
+            .await
+            .with_context(|| format!("{method} {path}"))?;
+        let status = response.status();
+        let text = response.text().await?;
+        if !status.is_success() {
+            bail!("{method} {path} answered {status}: {text}");
+        }
+        if text.trim().is_empty() {
+            return Ok(Value::Null);
+        }
+        Ok(serde_json::from_str(&text)?)
     }
-    if text.trim().is_empty() {
-        return Ok(Value::Null);
+
+    /// Creates what `body` describes under `path`; answers its id.
+    async fn create(&self, path: &str, body: Value) -> anyhow::Result<String> {
+        id_of(&self.call(Method::POST, path, Some(body)).await?)
     }
-    Ok(serde_json::from_str(&text)?)
+
+    /// Attaches one object to another: a `PUT` of `path` without a body.
+    async fn attach(&self, path: &str) -> anyhow::Result<()> {
+        self.call(Method::PUT, path, None).await.map(drop)
+    }
+
+    /// Creates the tool source `body` describes and attaches it to deployment group `group`; answers its id.
+    async fn add_tool_source(&self, group: &str, body: Value) -> anyhow::Result<String> {
+        let source = self.create("/tool_sources", body).await?;
+        self.attach(&format!("/deployment_groups/{group}/tool_sources/{source}"))
+            .await?;
+        Ok(source)
+    }
+
+    /// Configures a project with a key, a deployment [`PLAIN_MODEL`] without tools and a deployment
+    /// [`TOOLS_MODEL`] with the [`SERVER_TOOLS`], both on the mock model; answers the key.
+    pub async fn configure(self, mock_url: &str, tools_url: &str) -> anyhow::Result<String> {
+        let project = self.create("/projects", json!({"name": "bench"})).await?;
+        let key = self
+            .call(
+                Method::POST,
+                &format!("/projects/{project}/api_keys"),
+                Some(json!({"name": "bench"})),
+            )
+            .await?;
+        let key = key
+            .get("key")
+            .and_then(Value::as_str)
+            .map(str::to_owned)
+            .context("no key in the api_key answer")?;
+
+        // Every deployment is the mock model, over one provider kind or another.
+        let create_deployment = async |name: &str, kind: &str, base_url: String| {
+            self.create(
+                "/deployments",
+                json!({
+                    "name": name,
+                    "provider": {"kind": kind, "base_url": base_url, "model": "mock-model"},
+                }),
+            )
+            .await
+        };
+        for (model, group, with_tools) in [
+            (PLAIN_MODEL, "bench-plain", false),
+            (TOOLS_MODEL, TOOLS_GROUP, true),
+        ] {
+            let deployment =
+                create_deployment(model, "openai_chat", format!("{mock_url}/v1")).await?;
+            let group = self
+                .create("/deployment_groups", json!({"name": group}))
+                .await?;
+            self.attach(&format!(
+                "/deployment_groups/{group}/deployments/{deployment}"
+            ))
+            .await?;
+            self.attach(&format!("/deployment_groups/{group}/projects/{project}"))
+                .await?;
+            if !with_tools {
+                continue;
+            }
+            for definition in gateway_testkit::tool_definitions()
+                .into_iter()
+                .filter(|d| SERVER_TOOLS.contains(&d.name))
+            {
+                let tool = json!({
+                    "name": definition.name,
+                    "description": definition.description,
+                    "parameters": definition.parameters,
+                    "url": format!("{tools_url}/tools/{}", definition.name),
+                });
+                self.add_tool_source(&group, tool).await?;
+            }
+            // The same tools over the other provider kinds, for their tool rounds.
+            for (name, kind, base_url) in [
+                (TOOLS_ANTHROPIC_MODEL, "anthropic", mock_url.to_owned()),
+                (
+                    TOOLS_RESPONSES_MODEL,
+                    "openai_responses",
+                    format!("{mock_url}/v1"),
+                ),
+            ] {
+                let deployment = create_deployment(name, kind, base_url).await?;
+                self.attach(&format!(
+                    "/deployment_groups/{group}/deployments/{deployment}"
+                ))
+                .await?;
+            }
+        }
+        Ok(key)
+    }
+
+    /// Registers the example MCP server at `mcp_url` (`http://HOST:PORT/mcp`) as an operator tool source, its
+    /// `add` alone and named with [`MCP_PREFIX`], and attaches it to [`TOOLS_GROUP`] (made by
+    /// [`Admin::configure`]); answers the source's id.
+    pub async fn attach_mcp(self, mcp_url: &str) -> anyhow::Result<String> {
+        let groups = self.call(Method::GET, "/deployment_groups", None).await?;
+        let group = groups["data"]
+            .as_array()
+            .and_then(|groups| groups.iter().find(|g| g["name"] == TOOLS_GROUP))
+            .with_context(|| format!("no deployment group {TOOLS_GROUP}: configure first"))?;
+        let group = id_of(group)?;
+        let mcp = json!({
+            "kind": "mcp",
+            "name": "bench-mcp",
+            "url": mcp_url,
+            "allowed_tools": ["add"],
+            "name_prefix": MCP_PREFIX,
+        });
+        self.add_tool_source(&group, mcp).await
+    }
 }
 
 fn id_of(value: &Value) -> anyhow::Result<String> {
@@ -144,181 +272,4 @@ fn id_of(value: &Value) -> anyhow::Result<String> {
         .and_then(Value::as_str)
         .map(str::to_owned)
         .with_context(|| format!("no id in {value}"))
-}
-
-/// Configures a project with a key, a deployment [`PLAIN_MODEL`] without tools and a deployment
-/// [`TOOLS_MODEL`] with the [`SERVER_TOOLS`], both on the mock model; answers the key.
-pub async fn configure(
-    http: &Client,
-    gateway: &str,
-    token: &str,
-    mock_url: &str,
-    tools_url: &str,
-) -> anyhow::Result<String> {
-    let call = |method: Method, path: String, body: Option<Value>| async move {
-        admin(http, gateway, token, method, &path, body).await
-    };
-    let project = id_of(
-        &call(
-            Method::POST,
-            "/projects".into(),
-            Some(json!({"name": "bench"})),
-        )
-        .await?,
-    )?;
-    let key = call(
-        Method::POST,
-        format!("/projects/{project}/api_keys"),
-        Some(json!({"name": "bench"})),
-    )
-    .await?;
-    let key = key
-        .get("key")
-        .and_then(Value::as_str)
-        .map(str::to_owned)
-        .context("no key in the api_key answer")?;
-
-    for (model, group, with_tools) in [
-        (PLAIN_MODEL, "bench-plain", false),
-        (TOOLS_MODEL, TOOLS_GROUP, true),
-    ] {
-        let deployment = id_of(
-            &call(
-                Method::POST,
-                "/deployments".into(),
-                Some(json!({
-                    "name": model,
-                    "provider": {"kind": "openai_chat", "base_url": format!("{mock_url}/v1"), "model": "mock-model"},
-                })),
-            )
-            .await?,
-        )?;
-        let group = id_of(
-            &call(
-                Method::POST,
-                "/deployment_groups".into(),
-                Some(json!({"name": group})),
-            )
-            .await?,
-        )?;
-        call(
-            Method::PUT,
-            format!("/deployment_groups/{group}/deployments/{deployment}"),
-            None,
-        )
-        .await?;
-        call(
-            Method::PUT,
-            format!("/deployment_groups/{group}/projects/{project}"),
-            None,
-        )
-        .await?;
-        if !with_tools {
-            continue;
-        }
-        for definition in gateway_testkit::tool_definitions()
-            .into_iter()
-            .filter(|d| SERVER_TOOLS.contains(&d.name))
-        {
-            let source = id_of(
-                &call(
-                    Method::POST,
-                    "/tool_sources".into(),
-                    Some(json!({
-                        "name": definition.name,
-                        "description": definition.description,
-                        "parameters": definition.parameters,
-                        "url": format!("{tools_url}/tools/{}", definition.name),
-                    })),
-                )
-                .await?,
-            )?;
-            call(
-                Method::PUT,
-                format!("/deployment_groups/{group}/tool_sources/{source}"),
-                None,
-            )
-            .await?;
-        }
-        // The same tools over the other provider kinds, for their tool rounds.
-        for (name, kind, base_url) in [
-            (TOOLS_ANTHROPIC_MODEL, "anthropic", mock_url.to_owned()),
-            (
-                TOOLS_RESPONSES_MODEL,
-                "openai_responses",
-                format!("{mock_url}/v1"),
-            ),
-        ] {
-            let deployment = id_of(
-                &call(
-                    Method::POST,
-                    "/deployments".into(),
-                    Some(json!({
-                        "name": name,
-                        "provider": {"kind": kind, "base_url": base_url, "model": "mock-model"},
-                    })),
-                )
-                .await?,
-            )?;
-            call(
-                Method::PUT,
-                format!("/deployment_groups/{group}/deployments/{deployment}"),
-                None,
-            )
-            .await?;
-        }
-    }
-    Ok(key)
-}
-
-/// Registers the example MCP server at `mcp_url` (`http://HOST:PORT/mcp`) as an operator tool source, its `add`
-/// alone and named with [`MCP_PREFIX`], and attaches it to [`TOOLS_GROUP`] (made by [`configure`]); answers the
-/// source's id.
-pub async fn attach_mcp(
-    http: &Client,
-    gateway: &str,
-    token: &str,
-    mcp_url: &str,
-) -> anyhow::Result<String> {
-    let groups = admin(
-        http,
-        gateway,
-        token,
-        Method::GET,
-        "/deployment_groups",
-        None,
-    )
-    .await?;
-    let group = groups["data"]
-        .as_array()
-        .and_then(|groups| groups.iter().find(|g| g["name"] == TOOLS_GROUP))
-        .with_context(|| format!("no deployment group {TOOLS_GROUP}: configure first"))?;
-    let group = id_of(group)?;
-    let source = id_of(
-        &admin(
-            http,
-            gateway,
-            token,
-            Method::POST,
-            "/tool_sources",
-            Some(json!({
-                "kind": "mcp",
-                "name": "bench-mcp",
-                "url": mcp_url,
-                "allowed_tools": ["add"],
-                "name_prefix": MCP_PREFIX,
-            })),
-        )
-        .await?,
-    )?;
-    admin(
-        http,
-        gateway,
-        token,
-        Method::PUT,
-        &format!("/deployment_groups/{group}/tool_sources/{source}"),
-        None,
-    )
-    .await?;
-    Ok(source)
 }

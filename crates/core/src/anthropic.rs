@@ -11,6 +11,7 @@ use std::collections::{HashMap, HashSet};
 use serde_json::{json, Map, Value};
 
 use crate::chat::{normalise_arguments, scrub_nul, IdSource, ParseError};
+use crate::event_stream::TypedEventStream;
 use crate::items::{ContentPart, Item, MessageContent, Role};
 use crate::reasoning::{self, Replay};
 use crate::request::ResponseParams;
@@ -413,9 +414,29 @@ impl AnthropicStream {
         AnthropicStream::default()
     }
 
+    fn close(&mut self, block: OpenBlock) {
+        match block {
+            OpenBlock::ToolUse { id, name, json } => {
+                let arguments = normalise_arguments(Some(&Value::String(json)));
+                self.answer.calls.push((id, name, arguments));
+            }
+            OpenBlock::Thinking {
+                thinking,
+                signature,
+            } => self.answer.thinking.push((Some(thinking), signature)),
+            OpenBlock::Redacted { data } => self.answer.thinking.push((None, data)),
+            OpenBlock::Text | OpenBlock::Other => {}
+        }
+    }
+}
+
+impl TypedEventStream for AnthropicStream {
+    const CUT_SHORT: &'static str = "the body ended before message_stop";
+    const NOT_AN_EVENT: Option<&'static str> = None;
+
     /// Reads one event (its `data`; the type is read from the data, which always carries it). An `error` event is
     /// an error: the upstream gave up mid-answer.
-    pub fn push(&mut self, event: &Value) -> Result<Vec<ModelDelta>, ParseError> {
+    fn push(&mut self, event: &Value) -> Result<Vec<ModelDelta>, ParseError> {
         let mut deltas = Vec::new();
         let index = event.get("index").and_then(Value::as_u64).unwrap_or(0);
         match event.get("type").and_then(Value::as_str) {
@@ -521,28 +542,13 @@ impl AnthropicStream {
         Ok(deltas)
     }
 
-    fn close(&mut self, block: OpenBlock) {
-        match block {
-            OpenBlock::ToolUse { id, name, json } => {
-                let arguments = normalise_arguments(Some(&Value::String(json)));
-                self.answer.calls.push((id, name, arguments));
-            }
-            OpenBlock::Thinking {
-                thinking,
-                signature,
-            } => self.answer.thinking.push((Some(thinking), signature)),
-            OpenBlock::Redacted { data } => self.answer.thinking.push((None, data)),
-            OpenBlock::Text | OpenBlock::Other => {}
-        }
-    }
-
     /// Whether `message_stop` came: a complete answer ends with it, a cut one does not.
-    pub fn is_complete(&self) -> bool {
+    fn is_complete(&self) -> bool {
         self.stopped
     }
 
     /// The normalised output once the stream has ended.
-    pub fn finish(mut self, ids: &mut dyn IdSource) -> Result<ModelOutput, ParseError> {
+    fn finish(mut self, ids: &mut dyn IdSource) -> Result<ModelOutput, ParseError> {
         let mut left: Vec<(u64, OpenBlock)> = self.open.drain().collect();
         left.sort_by_key(|(index, _)| *index);
         for (_, block) in left {

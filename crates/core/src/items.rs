@@ -1,8 +1,10 @@
 //! Responses API items as the gateway stores them: messages, function and custom tool calls and their outputs,
 //! server tool calls (`mcp_call`), MCP listings and approvals, reasoning and compactions; and reading input items.
+//! An absent optional field is left out of an item's JSON (`skip_serializing_none`) unless it says `serialize_always`.
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+use serde_with::skip_serializing_none;
 
 /// One conversation item, in the Responses API's wire shape.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -30,13 +32,12 @@ pub enum Role {
     Developer,
 }
 
+#[skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct MessageItem {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub id: Option<String>,
     pub role: Role,
     pub content: MessageContent,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub status: Option<String>,
 }
 
@@ -48,6 +49,7 @@ pub enum MessageContent {
     Parts(Vec<ContentPart>),
 }
 
+#[skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum ContentPart {
@@ -65,61 +67,49 @@ pub enum ContentPart {
         refusal: String,
     },
     InputImage {
-        #[serde(default, skip_serializing_if = "Option::is_none")]
         image_url: Option<String>,
-        #[serde(default, skip_serializing_if = "Option::is_none")]
         file_id: Option<String>,
-        #[serde(default, skip_serializing_if = "Option::is_none")]
         detail: Option<String>,
     },
     InputFile {
-        #[serde(default, skip_serializing_if = "Option::is_none")]
         file_id: Option<String>,
-        #[serde(default, skip_serializing_if = "Option::is_none")]
         file_url: Option<String>,
-        #[serde(default, skip_serializing_if = "Option::is_none")]
         file_data: Option<String>,
-        #[serde(default, skip_serializing_if = "Option::is_none")]
         filename: Option<String>,
     },
 }
 
+#[skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct FunctionCallItem {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub id: Option<String>,
     pub call_id: String,
     /// The namespace of a function declared inside a `namespace` tool.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub namespace: Option<String>,
     pub name: String,
     pub arguments: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub status: Option<String>,
 }
 
 /// A tool's result as the client sends it back: `function_call_output`, and `custom_tool_call_output` too.
+#[skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct FunctionCallOutputItem {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub id: Option<String>,
     pub call_id: String,
     pub output: FunctionOutput,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub status: Option<String>,
 }
 
 /// A call of a `custom` tool: free-form text `input` instead of JSON arguments.
+#[skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CustomToolCallItem {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub id: Option<String>,
     pub call_id: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub namespace: Option<String>,
     pub name: String,
     pub input: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub status: Option<String>,
 }
 
@@ -148,44 +138,41 @@ impl FunctionOutput {
 ///
 /// `call_id` is the gateway's addition: it pairs the call with the model's tool call id, so a client that
 /// replays history keeps calls and results together.
+#[skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct McpCallItem {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub id: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub call_id: Option<String>,
     #[serde(default)]
     pub server_label: String,
     pub name: String,
     pub arguments: String,
-    #[serde(default)]
+    /// Shown as `null` while the call has none, as OpenAI shows it.
+    #[serialize_always]
     pub output: Option<String>,
     /// OpenAI's error object (`http_error`, `mcp_tool_execution_error`, ...); older clients send a string.
-    #[serde(default)]
+    #[serialize_always]
     pub error: Option<Value>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub status: Option<String>,
     /// The gateway's own mark, kept in stored context: the hosted tool type whose bound source ran this call.
     /// Clients are shown the hosted item (`web_search_call`) instead (see [`crate::output::client_item_json`]);
     /// models see the call and its output like any server tool call.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hosted_type: Option<String>,
     /// The `mcp_approval_request` whose approval let this call run.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub approval_request_id: Option<String>,
 }
 
 /// The tools a remote MCP server named in the request listed (SPEC 12). Kept in the chain: a later response of
 /// the chain that declares the same `server_label` uses this list instead of listing again.
+#[skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct McpListToolsItem {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub id: Option<String>,
     pub server_label: String,
     /// `{name, description, input_schema, annotations}` per tool, as the server listed it.
     #[serde(default)]
     pub tools: Vec<Value>,
-    #[serde(default)]
+    #[serialize_always]
     pub error: Option<String>,
 }
 
@@ -193,11 +180,10 @@ pub struct McpListToolsItem {
 ///
 /// `call_id` is the gateway's addition, as on `mcp_call`: it pairs the request with the model's tool call. A
 /// request sent back without it pairs by its `id`.
+#[skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct McpApprovalRequestItem {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub id: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub call_id: Option<String>,
     pub server_label: String,
     pub name: String,
@@ -212,13 +198,12 @@ impl McpApprovalRequestItem {
 }
 
 /// The client's answer to an `mcp_approval_request`: approved, the call runs; denied, the model is told so.
+#[skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct McpApprovalResponseItem {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub id: Option<String>,
     pub approval_request_id: String,
     pub approve: bool,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
 }
 
@@ -265,23 +250,21 @@ impl McpCallItem {
     }
 }
 
+#[skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ReasoningItem {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub id: Option<String>,
     #[serde(default)]
     pub summary: Vec<Value>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub encrypted_content: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub status: Option<String>,
 }
 
 /// A compacted window's summary (`POST /v1/responses/compact`), sealed by the gateway: clients carry it back as
 /// input but can neither read nor forge it.
+#[skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CompactionItem {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub id: Option<String>,
     pub encrypted_content: String,
     /// The summary once the gateway opened the item: in memory only, never stored or shown.

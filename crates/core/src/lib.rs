@@ -10,6 +10,7 @@ pub mod chat_stream;
 pub mod context;
 pub mod decide;
 pub mod entity;
+pub mod event_stream;
 pub mod events;
 pub mod governance;
 pub mod items;

@@ -12,6 +12,7 @@ use std::collections::HashSet;
 use serde_json::{json, Map, Value};
 
 use crate::chat::{normalise_arguments, scrub_nul, IdSource, ParseError};
+use crate::event_stream::TypedEventStream;
 use crate::items::{Item, MessageItem, Role};
 use crate::reasoning::{self, Replay};
 use crate::request::ResponseParams;
@@ -305,9 +306,15 @@ impl ResponsesStream {
     pub fn new() -> ResponsesStream {
         ResponsesStream::default()
     }
+}
+
+impl TypedEventStream for ResponsesStream {
+    const CUT_SHORT: &'static str = "the body ended before the response did";
+    /// Some Responses-compatible servers end the body with a Chat Completions style `[DONE]`.
+    const NOT_AN_EVENT: Option<&'static str> = Some("[DONE]");
 
     /// Reads one event. An `error` or `response.failed` event is an error: the upstream gave up mid-answer.
-    pub fn push(&mut self, event: &Value) -> Result<Vec<ModelDelta>, ParseError> {
+    fn push(&mut self, event: &Value) -> Result<Vec<ModelDelta>, ParseError> {
         match event.get("type").and_then(Value::as_str) {
             Some("response.output_text.delta") => {
                 let delta = event
@@ -341,12 +348,12 @@ impl ResponsesStream {
     }
 
     /// Whether the terminal event came.
-    pub fn is_complete(&self) -> bool {
+    fn is_complete(&self) -> bool {
         self.terminal.is_some()
     }
 
     /// The normalised output once the stream has ended.
-    pub fn finish(self, ids: &mut dyn IdSource) -> Result<ModelOutput, ParseError> {
+    fn finish(self, ids: &mut dyn IdSource) -> Result<ModelOutput, ParseError> {
         let mut response = self.terminal.unwrap_or_else(|| json!({}));
         let empty = response
             .get("output")

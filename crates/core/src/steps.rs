@@ -2,6 +2,7 @@
 //! explicit states, usage, tool outcomes and approvals.
 
 use serde::{Deserialize, Serialize};
+use serde_with::skip_serializing_none;
 
 use crate::response::FailureCode;
 
@@ -74,26 +75,23 @@ pub struct ListingStep {
 }
 
 /// A call to the upstream model: what came back, normalised, or why it failed.
+#[skip_serializing_none]
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct ModelStep {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub output: Option<ModelOutput>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub failure: Option<UpstreamFailure>,
     /// The fallback deployment that answered, when the response's own deployment did not (SPEC 8).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub deployment: Option<String>,
 }
 
 /// A model call's normalised result, whatever the provider.
+#[skip_serializing_none]
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct ModelOutput {
     /// Assistant text, if any, with the id of the message item that shows it.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<AssistantMessage>,
     #[serde(default)]
     pub tool_calls: Vec<ToolCall>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub usage: Option<Usage>,
     pub finish: Finish,
     /// Thinking (Anthropic) or reasoning (Responses) the model produced, each with its id, as `reasoning` items
@@ -167,12 +165,12 @@ pub enum Finish {
 ///
 /// `name` and `namespace` are the tool's own, as the client declared it; the model saw the flat name
 /// ([`crate::toolset::flat_name`]).
+#[skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ToolCall {
     /// Id of the output item that shows this call (`fc_...`, `ctc_...` or `mcp_...`).
     pub item_id: String,
     pub call_id: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub namespace: Option<String>,
     pub name: String,
     /// JSON text of the arguments as the model produced it; for a custom tool, its free-form input.
@@ -181,7 +179,6 @@ pub struct ToolCall {
     pub kind: CallKind,
     /// For a tool of a remote MCP server named in the request: whether the client must approve the call first,
     /// or approved it (SPEC 12).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub approval: Option<Approval>,
 }
 
@@ -266,6 +263,7 @@ impl Usage {
 }
 
 /// Why an upstream call failed for good (after the adapter's retries).
+#[skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct UpstreamFailure {
     pub message: String,
@@ -275,11 +273,11 @@ pub struct UpstreamFailure {
     pub code: FailureCode,
     /// Text a streaming client had already been shown when the call broke off: it stays in the
     /// response's output as an `incomplete` message, as the client saw it.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub partial: Option<AssistantMessage>,
 }
 
 /// One server tool call: the model's call, and its outcome once it ended.
+#[skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ToolStep {
     /// Id of the `mcp_call` item that shows this run to the client.
@@ -287,29 +285,22 @@ pub struct ToolStep {
     pub call: ToolCall,
     /// The model step whose batch this call belongs to; `None` for calls carried over from a
     /// previous response's passed-through batch.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub batch: Option<u32>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub outcome: Option<ToolOutcome>,
     /// Among the calls that ran together, the order in which this one ended (0 first), as a stream showed
     /// them: kept so that a replay of the stream equals the original.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ended_rank: Option<u32>,
     /// When the call was last sent, and when it ended (Unix milliseconds), for the tool-call audit.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub started_at_ms: Option<i64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ended_at_ms: Option<i64>,
     /// Progress notes rendered from the source's templates (SPEC 7), kept with the step so that a replay of
     /// the stream shows them as the live stream did.
     #[serde(default, skip_serializing_if = "ToolNotes::is_empty")]
     pub notes: ToolNotes,
     /// The `server_label` its `mcp_call` item shows: the MCP source's name; `None` for HTTP tools ("gateway").
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub server_label: Option<String>,
     /// The hosted tool type (`web_search`, ...) whose bound source ran this call (SPEC 12): clients see the
     /// hosted item type rather than `mcp_call` (see [`crate::output::hosted_item_kind`]).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hosted_type: Option<String>,
 }
 
@@ -338,13 +329,12 @@ impl ToolStep {
 }
 
 /// The rendered progress notes of one tool call.
+#[skip_serializing_none]
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ToolNotes {
     /// Shown when the call starts.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub on_request: Option<String>,
     /// Shown when the call ends.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub on_result: Option<String>,
 }
 
@@ -355,6 +345,7 @@ impl ToolNotes {
 }
 
 /// What a tool call produced. Both variants are results the model sees.
+#[skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum ToolOutcome {
@@ -364,7 +355,6 @@ pub enum ToolOutcome {
     Error {
         message: String,
         /// The status of a tool that answered non-2xx.
-        #[serde(default, skip_serializing_if = "Option::is_none")]
         http_status: Option<u16>,
     },
 }

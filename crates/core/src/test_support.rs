@@ -4,7 +4,10 @@ use serde_json::Value;
 
 use crate::chat::IdSource;
 use crate::items::Item;
-use crate::steps::{Step, StepBody, StepState, ToolCall, ToolOutcome, ToolStep};
+use crate::steps::{
+    AssistantMessage, Finish, ModelOutput, ModelStep, Step, StepBody, StepState, ToolCall,
+    ToolOutcome, ToolStep,
+};
 
 /// Items read from a JSON array of them.
 pub fn items(values: Value) -> Vec<Item> {
@@ -48,6 +51,49 @@ pub fn tool_step(
             notes: Default::default(),
             server_label: None,
             hosted_type: None,
+        }),
+    }
+}
+
+/// A tool step of `batch` for `call`, shown as `mcp_{call_id}`, as the engine names a server tool call's item.
+pub fn server_call_step(
+    seq: u32,
+    state: StepState,
+    call: ToolCall,
+    batch: Option<u32>,
+    outcome: Option<ToolOutcome>,
+) -> Step {
+    tool_step(
+        seq,
+        state,
+        format!("mcp_{}", call.call_id),
+        call,
+        batch,
+        outcome,
+    )
+}
+
+/// A model call that succeeded: `text` (if any) as message `msg_{seq}`, these tool calls, and how it finished.
+pub fn answered_step(
+    seq: u32,
+    text: Option<&str>,
+    tool_calls: Vec<ToolCall>,
+    finish: Finish,
+) -> Step {
+    let output = ModelOutput {
+        reasoning: Vec::new(),
+        message: text.map(|t| AssistantMessage::whole(format!("msg_{seq}"), t)),
+        tool_calls,
+        usage: None,
+        finish,
+    };
+    Step {
+        seq,
+        state: StepState::Succeeded,
+        body: StepBody::Model(ModelStep {
+            deployment: None,
+            output: Some(output),
+            failure: None,
         }),
     }
 }

@@ -24,11 +24,8 @@ use crate::request::InvalidRequest;
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct FunctionTool {
     pub name: String,
-    #[serde(default)]
     pub description: Option<String>,
-    #[serde(default)]
     pub parameters: Option<Value>,
-    #[serde(default)]
     pub strict: Option<bool>,
 }
 
@@ -36,9 +33,7 @@ pub struct FunctionTool {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CustomTool {
     pub name: String,
-    #[serde(default)]
     pub description: Option<String>,
-    #[serde(default)]
     pub format: Option<Value>,
 }
 

@@ -32,14 +32,25 @@ async fn killed_mid_tool_call_then_restarted(mut cluster: Cluster) {
 
     first.kill();
     let restarted = cluster.replica(&[]);
+    let calls = gate_round_sent_again_under_its_key(&cluster, &restarted, &id).await;
+    assert_eq!(calls.len(), 2, "sent once, then once more after the crash");
+}
+
+/// Waits for the second send of response `id`'s gate call (its first replica gone), opens the gate, and checks
+/// that `finisher` ends the round with both sends under one Idempotency-Key; answers the calls.
+async fn gate_round_sent_again_under_its_key(
+    cluster: &Cluster,
+    finisher: &Replica,
+    id: &str,
+) -> Vec<gateway_testkit::RecordedCall> {
     let calls = cluster.gate_calls(2).await;
     cluster.tools.open_gate();
-    let response = cluster.ended(&restarted, &id).await;
+    let response = cluster.ended(finisher, id).await;
 
     assert_gate_round(&response);
-    assert_eq!(calls.len(), 2, "sent once, then once more after the crash");
     let keys = keys(&calls);
     assert_eq!(keys[0], keys[1], "one Idempotency-Key: {keys:?}");
+    calls
 }
 
 #[tokio::test]
@@ -75,13 +86,7 @@ async fn when_one_of_two_replicas_is_killed_the_other_finishes_its_response_with
         Cluster::two_replicas_with_a_gate_call_in_flight().await;
 
     doomed.kill();
-    let calls = cluster.gate_calls(2).await;
-    cluster.tools.open_gate();
-    let response = cluster.ended(&survivor, &id).await;
-
-    assert_gate_round(&response);
-    let keys = keys(&calls);
-    assert_eq!(keys[0], keys[1], "{keys:?}");
+    gate_round_sent_again_under_its_key(&cluster, &survivor, &id).await;
 }
 
 #[tokio::test]
@@ -231,13 +236,7 @@ async fn a_replica_stopped_with_sigterm_hands_its_response_over_at_once() {
     let id = cluster.gate_call_in_flight(&stopping).await;
 
     stopping.terminate();
-    let calls = cluster.gate_calls(2).await;
-    cluster.tools.open_gate();
-    let response = cluster.ended(&successor, &id).await;
-
-    assert_gate_round(&response);
-    let keys = keys(&calls);
-    assert_eq!(keys[0], keys[1], "{keys:?}");
+    gate_round_sent_again_under_its_key(&cluster, &successor, &id).await;
 }
 
 #[tokio::test]

@@ -17,8 +17,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use clap::Parser;
-use gateway_bench::procs::{self, ChildProcess};
-use gateway_bench::setup::{self, Database, MCP_PREFIX, TOOLS_MODEL};
+use gateway_bench::procs::{self, ChildProcess, StartOptions};
+use gateway_bench::setup::{Admin, Database, MCP_PREFIX, TOOLS_MODEL};
 use reqwest::Client;
 use serde_json::{json, Value};
 
@@ -44,17 +44,8 @@ struct Args {
     /// After the chaos, how long the responses may take to end before the ones left count as stuck.
     #[arg(long, default_value_t = 120)]
     settle_seconds: u64,
-    /// Where `gateway`, `mock-model`, `example-tools` and `example-mcp` are (default: the directory of this
-    /// executable).
-    #[arg(long)]
-    bin_dir: Option<PathBuf>,
-    /// Postgres server on which a fresh database `gw_bench_*` is created, and dropped at the end.
-    #[arg(
-        long,
-        env = "BENCH_DATABASE_URL",
-        default_value = "postgres://postgres@127.0.0.1:5432/postgres"
-    )]
-    database_url: String,
+    #[command(flatten)]
+    start: StartOptions,
 }
 
 /// `b` of the MCP `add` call: with `a` the request's index, the arguments name the request, so that a
@@ -125,15 +116,9 @@ async fn main() -> anyhow::Result<()> {
     if args.replicas < 2 {
         bail!("--replicas must be at least 2: one must live to take over");
     }
-    let bin_dir = match &args.bin_dir {
-        Some(dir) => dir.clone(),
-        None => std::env::current_exe()?
-            .parent()
-            .context("no directory")?
-            .to_path_buf(),
-    };
+    let bin_dir = args.start.bin_dir()?;
     let http = Client::builder().timeout(Duration::from_secs(30)).build()?;
-    let database = Database::create(&args.database_url).await?;
+    let database = Database::create(&args.start.database_url).await?;
     let outcome = run(&args, &bin_dir, &database, &http).await;
     if let Err(e) = database.drop_database().await {
         eprintln!("could not drop the chaos database: {e:#}");
@@ -180,21 +165,9 @@ async fn run(
         let replica = replicas.start_one()?;
         replicas.slots.push(replica);
     }
-    let key = setup::configure(
-        http,
-        &replicas.slots[0].url,
-        &replicas.admin_token,
-        &mock.url,
-        &tools.url,
-    )
-    .await?;
-    setup::attach_mcp(
-        http,
-        &replicas.slots[0].url,
-        &replicas.admin_token,
-        &format!("{}/mcp", mcp.url),
-    )
-    .await?;
+    let admin = Admin::new(http, &replicas.slots[0].url, &replicas.admin_token);
+    let key = admin.configure(&mock.url, &tools.url).await?;
+    admin.attach_mcp(&format!("{}/mcp", mcp.url)).await?;
     eprintln!(
         "[chaos] {} replicas, {} background responses over {} s, a kill every ~{} ms, lease {} ms",
         args.replicas, args.responses, args.chaos_seconds, args.kill_every_ms, args.lease_ms

@@ -7,15 +7,14 @@
 //! It starts everything from its own directory (`--bin-dir`): a fresh Postgres database, `mock-model`,
 //! `example-tools` and `gateway serve`.
 
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use clap::Parser;
 use futures::{SinkExt, StreamExt};
 use gateway_bench::load::quantile_ms;
-use gateway_bench::procs;
-use gateway_bench::setup::{self, Database, PLAIN_MODEL};
+use gateway_bench::procs::{self, StartOptions};
+use gateway_bench::setup::{Admin, Database, PLAIN_MODEL};
 use hdrhistogram::Histogram;
 use reqwest::Client;
 use serde_json::{json, Value};
@@ -37,16 +36,8 @@ struct Args {
     /// Unmeasured chains per transport first.
     #[arg(long, default_value_t = 20)]
     warmup: usize,
-    /// Where `gateway`, `mock-model` and `example-tools` are (default: the directory of this executable).
-    #[arg(long)]
-    bin_dir: Option<PathBuf>,
-    /// Postgres server on which a fresh database `gw_bench_*` is created, and dropped at the end.
-    #[arg(
-        long,
-        env = "BENCH_DATABASE_URL",
-        default_value = "postgres://postgres@127.0.0.1:5432/postgres"
-    )]
-    database_url: String,
+    #[command(flatten)]
+    start: StartOptions,
 }
 
 type Socket = WebSocketStream<MaybeTlsStream<TcpStream>>;
@@ -261,14 +252,8 @@ async fn main() -> anyhow::Result<()> {
     if args.turns < 2 {
         bail!("--turns must be at least 2: the first turn starts a chain, the others continue it");
     }
-    let bin_dir = match &args.bin_dir {
-        Some(dir) => dir.clone(),
-        None => std::env::current_exe()?
-            .parent()
-            .context("no directory")?
-            .to_path_buf(),
-    };
-    let database = Database::create(&args.database_url).await?;
+    let bin_dir = args.start.bin_dir()?;
+    let database = Database::create(&args.start.database_url).await?;
     let outcome = run(&args, &bin_dir, &database).await;
     if let Err(e) = database.drop_database().await {
         eprintln!("could not drop the bench database: {e:#}");
@@ -301,7 +286,9 @@ async fn measure(
     tools: &str,
 ) -> anyhow::Result<String> {
     let http = Client::builder().timeout(Duration::from_secs(30)).build()?;
-    let key = setup::configure(&http, gateway, admin_token, mock, tools).await?;
+    let key = Admin::new(&http, gateway, admin_token)
+        .configure(mock, tools)
+        .await?;
     let socket = connect(gateway, &key).await?;
     let mut client = Bench {
         http,

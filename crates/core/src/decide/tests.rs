@@ -1,10 +1,8 @@
 //! Decision tables for `decide_next_action`: one row per branch and per edge case.
 
 use super::*;
-use crate::steps::{
-    AssistantMessage, ModelOutput, ModelStep, StepState, ToolOutcome, UpstreamFailure,
-};
-use crate::test_support::tool_step;
+use crate::steps::{ModelStep, StepState, ToolOutcome, UpstreamFailure};
+use crate::test_support::{answered_step, server_call_step};
 
 // ---- step builders -------------------------------------------------------------------------------
 
@@ -30,47 +28,24 @@ fn model_step(seq: u32, state: StepState, model: ModelStep) -> Step {
     }
 }
 
-fn answered(seq: u32, text: Option<&str>, tool_calls: Vec<ToolCall>, finish: Finish) -> Step {
-    let output = ModelOutput {
-        reasoning: Vec::new(),
-        message: text.map(|t| AssistantMessage {
-            item_id: format!("msg_{seq}"),
-            text: t.into(),
-            deltas: Vec::new(),
-        }),
-        tool_calls,
-        usage: None,
-        finish,
-    };
-    model_step(
-        seq,
-        StepState::Succeeded,
-        ModelStep {
-            deployment: None,
-            output: Some(output),
-            failure: None,
-        },
-    )
-}
-
 /// A model call that answered with text only.
 fn text(seq: u32) -> Step {
-    answered(seq, Some("done"), Vec::new(), Finish::Stop)
+    answered_step(seq, Some("done"), Vec::new(), Finish::Stop)
 }
 
 /// A model call that stopped for `finish` without tool calls.
 fn stopped(seq: u32, finish: Finish) -> Step {
-    answered(seq, Some("partial"), Vec::new(), finish)
+    answered_step(seq, Some("partial"), Vec::new(), finish)
 }
 
 /// A model call that asked for these `(call_id, name)` tool calls.
 fn asked(seq: u32, specs: &[(&str, &str)]) -> Step {
-    answered(seq, None, calls(specs), Finish::ToolCalls)
+    answered_step(seq, None, calls(specs), Finish::ToolCalls)
 }
 
 /// A model call that asked for tool calls but reported another finish reason.
 fn asked_with_finish(seq: u32, specs: &[(&str, &str)], finish: Finish) -> Step {
-    answered(seq, Some("calling"), calls(specs), finish)
+    answered_step(seq, Some("calling"), calls(specs), finish)
 }
 
 /// A model call recorded but not ended.
@@ -103,14 +78,7 @@ fn tool(
     state: StepState,
     outcome: Option<ToolOutcome>,
 ) -> Step {
-    tool_step(
-        seq,
-        state,
-        format!("mcp_{call_id}"),
-        call(call_id, "search"),
-        batch,
-        outcome,
-    )
+    server_call_step(seq, state, call(call_id, "search"), batch, outcome)
 }
 
 /// A tool step of `batch` that ended with an output.
@@ -599,7 +567,7 @@ fn awaiting(call_id: &str, name: &str) -> ToolCall {
 #[test]
 fn a_batch_with_a_call_awaiting_approval_goes_back_whole_and_an_approved_one_runs() {
     let batch = vec![call("a", "search"), awaiting("b", "fetch")];
-    let steps = vec![answered(0, None, batch.clone(), Finish::ToolCalls)];
+    let steps = vec![answered_step(0, None, batch.clone(), Finish::ToolCalls)];
     assert_eq!(
         decide(&steps, REGISTERED, LIMITS, false, false),
         NextAction::HandBack { calls: batch },
@@ -612,7 +580,12 @@ fn a_batch_with_a_call_awaiting_approval_goes_back_whole_and_an_approved_one_run
         }),
         ..call("b", "fetch")
     };
-    let steps = vec![answered(0, None, vec![granted.clone()], Finish::ToolCalls)];
+    let steps = vec![answered_step(
+        0,
+        None,
+        vec![granted.clone()],
+        Finish::ToolCalls,
+    )];
     assert_eq!(
         decide(&steps, REGISTERED, LIMITS, false, false),
         NextAction::DispatchBatch {

@@ -9,13 +9,9 @@ use crate::request::InvalidRequest;
 /// output is kept, and when its circuit breaker opens. `None` is the gateway's default.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct ToolPolicy {
-    #[serde(default)]
     pub max_in_flight: Option<u32>,
-    #[serde(default)]
     pub max_output_bytes: Option<u64>,
-    #[serde(default)]
     pub breaker_failures: Option<u32>,
-    #[serde(default)]
     pub breaker_cooldown_ms: Option<u64>,
 }
 

@@ -7,10 +7,8 @@ use super::*;
 use crate::decide::IncompleteReason;
 use crate::request::{FunctionTool, ResponseParams};
 use crate::response::{ResponseRecord, ResponseState, ResponseStatus};
-use crate::steps::{
-    AssistantMessage, Finish, ModelOutput, ModelStep, StepState, ToolCall, UpstreamFailure,
-};
-use crate::test_support::tool_step;
+use crate::steps::{AssistantMessage, Finish, ModelStep, StepState, ToolCall, UpstreamFailure};
+use crate::test_support::{answered_step, server_call_step};
 use crate::toolset::DeclaredTool;
 
 // ---- step builders -------------------------------------------------------------------------------
@@ -26,30 +24,13 @@ fn call(call_id: &str, name: &str) -> ToolCall {
 
 /// A model call that said `text` (if any) and asked for these `(call_id, name)` calls.
 fn model(seq: u32, text: Option<&str>, calls: &[(&str, &str)]) -> Step {
-    let output = ModelOutput {
-        reasoning: Vec::new(),
-        message: text.map(|t| AssistantMessage {
-            item_id: format!("msg_{seq}"),
-            text: t.into(),
-            deltas: Vec::new(),
-        }),
-        tool_calls: calls.iter().map(|(id, name)| call(id, name)).collect(),
-        usage: None,
-        finish: if calls.is_empty() {
-            Finish::Stop
-        } else {
-            Finish::ToolCalls
-        },
+    let finish = if calls.is_empty() {
+        Finish::Stop
+    } else {
+        Finish::ToolCalls
     };
-    Step {
-        seq,
-        state: StepState::Succeeded,
-        body: StepBody::Model(ModelStep {
-            deployment: None,
-            output: Some(output),
-            failure: None,
-        }),
-    }
+    let tool_calls = calls.iter().map(|(id, name)| call(id, name)).collect();
+    answered_step(seq, text, tool_calls, finish)
 }
 
 /// A model call that failed for good with `message`, after streaming `partial` if it did.
@@ -75,14 +56,7 @@ fn tool(seq: u32, batch: Option<u32>, call_id: &str, outcome: Option<ToolOutcome
         Some(ToolOutcome::Error { .. }) => StepState::Failed,
         None => StepState::Running,
     };
-    tool_step(
-        seq,
-        state,
-        format!("mcp_{call_id}"),
-        call(call_id, "search"),
-        batch,
-        outcome,
-    )
+    server_call_step(seq, state, call(call_id, "search"), batch, outcome)
 }
 
 fn ok(seq: u32, batch: Option<u32>, call_id: &str) -> Step {

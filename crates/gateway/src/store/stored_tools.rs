@@ -19,25 +19,18 @@ pub struct StoredTool {
     pub strict: bool,
     #[serde(default)]
     pub policy: ToolPolicy,
-    #[serde(default)]
     pub note_on_request: Option<NoteTemplate>,
-    #[serde(default)]
     pub note_on_result: Option<NoteTemplate>,
-    #[serde(default)]
     pub hosted_type: Option<String>,
     #[serde(default)]
     pub kind: StoredToolKind,
     /// Not written any more (earlier versions wrote the source's); never read.
-    #[serde(default)]
     pub allowed_tools: Option<Vec<String>>,
     /// Not written any more (earlier versions wrote the source's); never read.
-    #[serde(default)]
     pub name_prefix: Option<String>,
     /// Its name on its MCP server.
-    #[serde(default)]
     pub mcp_tool: Option<String>,
     /// Its MCP server's `server_label`.
-    #[serde(default)]
     pub server_label: Option<String>,
     /// For a tool of a request's own server: whether the client approves each call first.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]

@@ -691,15 +691,19 @@ mod tests {
         (address, served)
     }
 
-    #[tokio::test]
-    async fn the_client_connects_to_the_checked_addresses_without_asking_dns() {
-        let (address, served) = one_shot_server().await;
-        // `.invalid` never resolves (RFC 6761): reaching the listener proves the client did not look it up.
-        let server = CheckedServer {
-            url: Url::parse(&format!("http://mcp.invalid:{}/mcp", address.port())).expect("url"),
+    /// `mcp.invalid` (a name that never resolves, RFC 6761) as checked and pinned to `address`, at `path` over
+    /// `scheme`: only the pinned resolver can reach it.
+    fn pinned_invalid_host(scheme: &str, address: SocketAddr, path: &str) -> CheckedServer {
+        CheckedServer {
+            url: Url::parse(&format!("{scheme}://mcp.invalid:{}{path}", address.port()))
+                .expect("url"),
             host: "mcp.invalid".into(),
             addresses: vec![address],
-        };
+        }
+    }
+
+    /// A GET of the server's own URL through its pinned client, which must be answered `200`.
+    async fn get_ok_through_its_client(server: &CheckedServer) -> reqwest_mcp::Response {
         let client = server.http_client(Duration::from_secs(5)).expect("client");
         let response = client
             .get(server.url().clone())
@@ -707,6 +711,15 @@ mod tests {
             .await
             .expect("the pinned address answers");
         assert_eq!(response.status(), 200);
+        response
+    }
+
+    #[tokio::test]
+    async fn the_client_connects_to_the_checked_addresses_without_asking_dns() {
+        let (address, served) = one_shot_server().await;
+        // Reaching the listener proves the client did not look the name up.
+        let server = pinned_invalid_host("http", address, "/mcp");
+        let response = get_ok_through_its_client(&server).await;
         assert_eq!(response.text().await.expect("body"), "ok");
         let head = served.await.expect("served").to_ascii_lowercase();
         assert!(head.starts_with("get /mcp http/1.1"), "{head}");
@@ -719,11 +732,7 @@ mod tests {
     #[tokio::test]
     async fn the_client_refuses_any_other_host_name() {
         let (address, served) = one_shot_server().await;
-        let server = CheckedServer {
-            url: Url::parse(&format!("http://mcp.invalid:{}/", address.port())).expect("url"),
-            host: "mcp.invalid".into(),
-            addresses: vec![address],
-        };
+        let server = pinned_invalid_host("http", address, "/");
         let client = server.http_client(Duration::from_secs(5)).expect("client");
         // `localhost` would resolve to the listener; the pinned resolver must not let it.
         let other = client
@@ -743,13 +752,7 @@ mod tests {
             .await
             .expect("allowed");
         assert_eq!(server.addresses(), &[address]);
-        let client = server.http_client(Duration::from_secs(5)).expect("client");
-        let response = client
-            .get(server.url().clone())
-            .send()
-            .await
-            .expect("answer");
-        assert_eq!(response.status(), 200);
+        get_ok_through_its_client(&server).await;
         served.await.expect("served");
     }
 
@@ -759,11 +762,7 @@ mod tests {
             .await
             .expect("bind");
         let address = listener.local_addr().expect("address");
-        let server = CheckedServer {
-            url: Url::parse(&format!("https://mcp.invalid:{}/mcp", address.port())).expect("url"),
-            host: "mcp.invalid".into(),
-            addresses: vec![address],
-        };
+        let server = pinned_invalid_host("https", address, "/mcp");
         let client = server.http_client(Duration::from_secs(5)).expect("client");
         let request = tokio::spawn(async move { client.get(server.url().clone()).send().await });
         let (mut stream, _) = listener.accept().await.expect("accept");

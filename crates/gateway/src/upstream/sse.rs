@@ -1,13 +1,18 @@
 //! Server-sent events of a streamed upstream answer, decoded by `eventsource-stream` (any line ending, multi-line
-//! `data`, comments and `event:`/`id:` fields, as the SSE specification has them).
+//! `data`, comments and `event:`/`id:` fields, as the SSE specification has them), and the reader of the typed
+//! events that Anthropic Messages and OpenAI Responses stream.
 
 use std::pin::Pin;
 
 use bytes::Bytes;
 use eventsource_stream::{Event, EventStreamError, Eventsource};
+use futures::future::BoxFuture;
 use futures::{Stream, StreamExt};
+use gateway_core::event_stream::TypedEventStream;
+use gateway_core::steps::ModelOutput;
+use serde_json::Value;
 
-use super::UpstreamError;
+use super::{Forwarder, UpstreamError};
 
 /// The events of an upstream's SSE answer as the adapters read them.
 pub(super) type Events<'a> = Pin<Box<dyn Stream<Item = Result<Event, UpstreamError>> + Send + 'a>>;
@@ -40,6 +45,46 @@ pub(super) fn events<E>(
 ) -> impl Stream<Item = Result<Event, EventStreamError<E>>> {
     body.chain(futures::stream::iter([Ok(Bytes::from_static(b"\n"))]))
         .eventsource()
+}
+
+/// Reads a body of typed events (`event: <type>` / `data: {...}`, ending with the provider's terminal event) into
+/// the provider's accumulator `S`, passing text on as it arrives, into the normalised answer.
+pub(super) fn read_typed_events<'a, S: TypedEventStream + Send + 'static>(
+    mut events: Events<'a>,
+    attempt: u32,
+    out: &'a Forwarder<'a>,
+    response_id: &'a str,
+) -> BoxFuture<'a, Result<ModelOutput, UpstreamError>> {
+    Box::pin(async move {
+        let broken = UpstreamError::broken_at(attempt);
+        let mut stream = S::default();
+        while let Some(event) = events.next().await {
+            let event = event?;
+            let data = event.data.trim();
+            if data.is_empty() || Some(data) == S::NOT_AN_EVENT {
+                continue;
+            }
+            let mut value: Value = serde_json::from_str(data)
+                .map_err(|e| UpstreamError::Parse(format!("bad event: {e}")))?;
+            // The data carries its type; a server that leaves it out still names the event.
+            if value.get("type").is_none() && !event.event.is_empty() {
+                value["type"] = Value::String(event.event.clone());
+            }
+            // The only events `push` refuses are error events: the upstream gave up mid-answer (overloaded, say).
+            for delta in stream.push(&value).map_err(|e| broken(e.0))? {
+                out.send(delta).await;
+            }
+            if stream.is_complete() {
+                break;
+            }
+        }
+        if !stream.is_complete() {
+            return Err(broken(S::CUT_SHORT.into()));
+        }
+        stream
+            .finish(&mut out.ids(response_id))
+            .map_err(|e| UpstreamError::Parse(e.0))
+    })
 }
 
 #[cfg(test)]

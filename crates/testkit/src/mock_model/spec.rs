@@ -20,15 +20,10 @@ use super::reply::{Call, Reply};
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ReplySpec {
-    #[serde(default)]
     text: Option<String>,
-    #[serde(default)]
     tool_calls: Option<Vec<CallSpec>>,
-    #[serde(default)]
     error: Option<ErrorSpec>,
-    #[serde(default)]
     finish_reason: Option<String>,
-    #[serde(default)]
     delay_ms: Option<u64>,
 }
 
@@ -39,7 +34,6 @@ pub struct CallSpec {
     name: String,
     #[serde(default = "empty_object")]
     arguments: Value,
-    #[serde(default)]
     id: Option<String>,
 }
 
