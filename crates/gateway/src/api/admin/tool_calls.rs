@@ -140,7 +140,10 @@ pub async fn response_tool_calls(
 const MAX_LIMIT: i64 = 100;
 const DEFAULT_LIMIT: i64 = 20;
 
-fn query_number(query: &HashMap<String, String>, key: &str) -> Result<Option<i64>, ApiError> {
+pub(super) fn query_number(
+    query: &HashMap<String, String>,
+    key: &str,
+) -> Result<Option<i64>, ApiError> {
     query
         .get(key)
         .map(|v| {

@@ -8,14 +8,15 @@ use axum::extract::State;
 use axum::Json;
 use serde::Serialize;
 
+use super::tool_calls::query_number;
 use crate::api::error::ApiError;
 use crate::api::extract::ApiQuery;
 use crate::api::AppState;
 use crate::clock::now;
 use crate::store::governance::{UsageBucket, UsageGroup, UsageQuery};
 
-const DEFAULT_LIMIT: u32 = 100;
-const MAX_LIMIT: u32 = 1000;
+const DEFAULT_LIMIT: i64 = 100;
+const MAX_LIMIT: i64 = 1000;
 
 /// One group of usage as the admin API shows it: the group's keys (those grouped by), then its sums.
 #[derive(Debug, Serialize, PartialEq)]
@@ -78,25 +79,6 @@ pub struct UsagePage {
     next_page: Option<String>,
 }
 
-/// A whole number from the query, or a 400 naming it.
-fn number<T: std::str::FromStr>(
-    query: &HashMap<String, String>,
-    name: &str,
-) -> Result<Option<T>, ApiError> {
-    query
-        .get(name)
-        .map(|text| {
-            text.parse().map_err(|_| {
-                ApiError::invalid(
-                    format!("'{name}' must be a whole number; got '{text}'."),
-                    Some(name),
-                    Some("invalid_value"),
-                )
-            })
-        })
-        .transpose()
-}
-
 /// `GET /usage?start=&end=&project_id=&api_key_id=&deployment=&group_by=&limit=&page=`: `[start, end)` in Unix
 /// seconds (the last 30 days by default).
 pub async fn usage(
@@ -122,8 +104,8 @@ pub async fn usage(
             Some("unknown_parameter"),
         ));
     }
-    let end = number(&query, "end")?.unwrap_or(now() + 1);
-    let start = number(&query, "start")?.unwrap_or(end - 30 * 86_400);
+    let end = query_number(&query, "end")?.unwrap_or(now() + 1);
+    let start = query_number(&query, "start")?.unwrap_or(end - 30 * 86_400);
     if start > end {
         return Err(ApiError::invalid(
             "'start' must not be after 'end'.",
@@ -146,7 +128,7 @@ pub async fn usage(
         })?;
         group_by.push(group);
     }
-    let limit = number(&query, "limit")?.unwrap_or(DEFAULT_LIMIT);
+    let limit = query_number(&query, "limit")?.unwrap_or(DEFAULT_LIMIT);
     if !(1..=MAX_LIMIT).contains(&limit) {
         return Err(ApiError::invalid(
             format!("'limit' must be between 1 and {MAX_LIMIT}; got {limit}."),
@@ -154,6 +136,7 @@ pub async fn usage(
             Some("invalid_value"),
         ));
     }
+    let limit = limit as u32;
     let offset = match query.get("page") {
         None => 0,
         Some(page) => page
