@@ -179,22 +179,56 @@ impl<'a> Admin<'a> {
                 Some(json!({"name": "bench"})),
             )
             .await?;
+        let key_id = id_of(&key)?;
         let key = key
             .get("key")
             .and_then(Value::as_str)
             .map(str::to_owned)
             .context("no key in the api_key answer")?;
+        // Governed as a team's key would be (SPEC 13), so that every create pays for its limit checks and usage:
+        // limits and budgets it never reaches. A build from before governance refuses the fields: it runs without.
+        let governed = json!({
+            "limits": {"rpm": 1_000_000_000u64, "tpm": 1_000_000_000_000u64},
+            "budget": {"usd": 1e9, "period": "month"},
+        });
+        let key_governed = self
+            .call(
+                Method::PATCH,
+                &format!("/api_keys/{key_id}"),
+                Some(governed.clone()),
+            )
+            .await
+            .is_ok();
+        if key_governed {
+            self.call(
+                Method::PATCH,
+                &format!("/projects/{project}"),
+                Some(governed),
+            )
+            .await?;
+        }
 
         // Every deployment is the mock model, over one provider kind or another.
         let create_deployment = async |name: &str, kind: &str, base_url: String| {
-            self.create(
-                "/deployments",
-                json!({
-                    "name": name,
-                    "provider": {"kind": kind, "base_url": base_url, "model": "mock-model"},
-                }),
-            )
-            .await
+            let deployment = self
+                .create(
+                    "/deployments",
+                    json!({
+                        "name": name,
+                        "provider": {"kind": kind, "base_url": base_url, "model": "mock-model"},
+                    }),
+                )
+                .await?;
+            if key_governed {
+                let pricing = json!({"pricing": {"input_per_mtok": 3.0, "output_per_mtok": 15.0}});
+                self.call(
+                    Method::PATCH,
+                    &format!("/deployments/{deployment}"),
+                    Some(pricing),
+                )
+                .await?;
+            }
+            anyhow::Ok(deployment)
         };
         for (model, group, with_tools) in [
             (PLAIN_MODEL, "bench-plain", false),
