@@ -2,16 +2,16 @@
 -- a response was created with, usage recorded once per model call and tool call, and the shared counters that
 -- hold limits across replicas.
 
-ALTER TABLE api_keys ADD COLUMN expires_at BIGINT;
-ALTER TABLE api_keys ADD COLUMN rpm_limit BIGINT;
-ALTER TABLE api_keys ADD COLUMN tpm_limit BIGINT;
-ALTER TABLE api_keys ADD COLUMN max_concurrent BIGINT;
+ALTER TABLE api_keys ADD COLUMN expires_at INTEGER;
+ALTER TABLE api_keys ADD COLUMN rpm_limit INTEGER;
+ALTER TABLE api_keys ADD COLUMN tpm_limit INTEGER;
+ALTER TABLE api_keys ADD COLUMN max_concurrent INTEGER;
 ALTER TABLE api_keys ADD COLUMN budget_usd REAL;
 ALTER TABLE api_keys ADD COLUMN budget_period TEXT CHECK (budget_period IN ('day', 'month', 'total'));
 
-ALTER TABLE projects ADD COLUMN rpm_limit BIGINT;
-ALTER TABLE projects ADD COLUMN tpm_limit BIGINT;
-ALTER TABLE projects ADD COLUMN max_concurrent BIGINT;
+ALTER TABLE projects ADD COLUMN rpm_limit INTEGER;
+ALTER TABLE projects ADD COLUMN tpm_limit INTEGER;
+ALTER TABLE projects ADD COLUMN max_concurrent INTEGER;
 ALTER TABLE projects ADD COLUMN budget_usd REAL;
 ALTER TABLE projects ADD COLUMN budget_period TEXT CHECK (budget_period IN ('day', 'month', 'total'));
 
