@@ -9,6 +9,10 @@ use serde_json::Value;
 use crate::request::InvalidRequest;
 use crate::steps::Usage;
 
+mod changes;
+
+pub use changes::{check_expires_at, Change, LimitChanges, MAX_LIMIT};
+
 /// The length of a rate-limit window, in seconds: `rpm` and `tpm` count per minute.
 pub const WINDOW_SECS: i64 = 60;
 
@@ -38,18 +42,19 @@ impl RateLimits {
         };
         let mut limits = self;
         for (field, given) in object {
-            let slot =
-                match field.as_str() {
-                    "rpm" => &mut limits.rpm,
-                    "tpm" => &mut limits.tpm,
-                    "max_concurrent" => &mut limits.max_concurrent,
-                    other => return Err(invalid(
+            let slot = match field.as_str() {
+                "rpm" => &mut limits.rpm,
+                "tpm" => &mut limits.tpm,
+                "max_concurrent" => &mut limits.max_concurrent,
+                other => {
+                    return Err(invalid(
                         format!(
                             "Unknown limit '{other}': expected 'rpm', 'tpm' or 'max_concurrent'."
                         ),
                         &format!("limits.{other}"),
-                    )),
-                };
+                    ))
+                }
+            };
             *slot = match given {
                 Value::Null => None,
                 given => Some(whole_number(given, &format!("limits.{field}"))?),
