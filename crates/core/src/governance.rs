@@ -9,6 +9,10 @@ use serde_json::Value;
 use crate::request::InvalidRequest;
 use crate::steps::Usage;
 
+mod changes;
+
+pub use changes::{check_expires_at, Change, LimitChanges, MAX_LIMIT};
+
 /// The length of a rate-limit window, in seconds: `rpm` and `tpm` count per minute.
 pub const WINDOW_SECS: i64 = 60;
 

@@ -418,11 +418,56 @@ pub struct SeedConfig {
     pub deployment_groups: BTreeMap<String, SeedGroup>,
 }
 
+/// A seeded project. Its `limits` and `budget` read as the admin API's (SPEC 13); given, they replace what is
+/// stored (`limits = {}` removes every limit); left out, what is stored is kept.
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct SeedProject {
-    /// API keys by name: the key itself (`sk-...`), stored hashed. A seeded key that was revoked stays revoked.
-    pub api_keys: BTreeMap<String, SecretString>,
+    /// API keys by name, stored hashed. A seeded key that was revoked stays revoked.
+    pub api_keys: BTreeMap<String, SeedApiKey>,
+    /// `{ rpm?, tpm?, max_concurrent? }`.
+    pub limits: Option<serde_json::Value>,
+    /// `{ usd, period = "day" | "month" | "total" }`.
+    pub budget: Option<serde_json::Value>,
+}
+
+/// A seeded API key: the key itself (`"sk-..."`), or a table with the key and what it is held to.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum SeedApiKey {
+    Key(SecretString),
+    Governed(SeedGovernedKey),
+}
+
+impl SeedApiKey {
+    /// The key itself.
+    pub fn key(&self) -> &SecretString {
+        match self {
+            SeedApiKey::Key(key) => key,
+            SeedApiKey::Governed(governed) => &governed.key,
+        }
+    }
+}
+
+impl From<String> for SeedApiKey {
+    fn from(key: String) -> SeedApiKey {
+        SeedApiKey::Key(key.into())
+    }
+}
+
+/// `{ key = "sk-...", limits?, budget?, expires_at? }`: as `SeedProject`, a field given replaces what is stored
+/// and a field left out keeps it.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SeedGovernedKey {
+    pub key: SecretString,
+    #[serde(default)]
+    pub limits: Option<serde_json::Value>,
+    #[serde(default)]
+    pub budget: Option<serde_json::Value>,
+    /// Unix seconds.
+    #[serde(default)]
+    pub expires_at: Option<i64>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -441,6 +486,10 @@ pub struct SeedDeployment {
     /// Anthropic's `max_tokens` when a request sets none.
     #[serde(default)]
     pub max_tokens: Option<u32>,
+    /// `{ input_per_mtok, cached_input_per_mtok?, output_per_mtok }` in USD per million tokens; given, it replaces
+    /// the stored prices; left out, they are kept.
+    #[serde(default)]
+    pub pricing: Option<serde_json::Value>,
 }
 
 #[derive(Debug, Clone, Deserialize)]

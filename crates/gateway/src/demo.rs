@@ -94,6 +94,7 @@ pub fn add_demo_seed(config: &mut Config, model_base_url: &str, tool_url: impl F
                 api_key: None,
                 fallbacks: Vec::new(),
                 max_tokens: None,
+                pricing: None,
             },
         );
     }

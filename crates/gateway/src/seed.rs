@@ -7,13 +7,19 @@ use gateway_core::entity::{
     check_non_empty, check_secret, EntityName, HttpUrl, ProviderKind, TimeoutMs, ToolName,
     ToolParameters,
 };
+use gateway_core::governance::{
+    check_expires_at, Budget, Governance, LimitChanges, Pricing, RateLimits,
+};
 use gateway_core::request::InvalidRequest;
 use secrecy::{ExposeSecret, SecretString};
+use serde_json::Value;
 
-use crate::config::{SeedConfig, SeedDeployment, SeedGroup, SeedProject, SeedToolSource};
+use crate::config::{
+    SeedApiKey, SeedConfig, SeedDeployment, SeedGroup, SeedProject, SeedToolSource,
+};
 use crate::store::admin::{
-    DeploymentChanges, Member, Membership, NewApiKey, NewDeployment, NewToolSource,
-    ToolSourceChanges,
+    ApiKeyChanges, DeploymentChanges, GovernanceChanges, Member, Membership, NewApiKey,
+    NewDeployment, NewToolSource, ProjectChanges, ToolSourceChanges,
 };
 use crate::store::tenancy::hash_key;
 use crate::store::tenancy::SourceKind;
@@ -51,40 +57,129 @@ pub async fn apply(store: &Store, seed: &SeedConfig) -> Result<(), SeedError> {
 }
 
 async fn seed_project(store: &Store, name: &str, project: &SeedProject) -> Result<(), SeedError> {
-    let name = EntityName::parse(name, "name").map_err(|e| invalid("project", name, e))?;
+    let reject = |e| invalid("project", name, e);
+    let project_name = EntityName::parse(name, "name").map_err(reject)?;
+    let governance =
+        seeded_governance(project.limits.as_ref(), project.budget.as_ref()).map_err(reject)?;
+    // Every key is checked before anything is written, so a bad one leaves the store as it was.
+    let keys = project
+        .api_keys
+        .iter()
+        .map(|(key_name, key)| seeded_key(key_name, key))
+        .collect::<Result<Vec<_>, _>>()?;
     let existing = store
         .list_projects()
         .await?
         .into_iter()
-        .find(|p| p.name == name.as_str());
+        .find(|p| p.name == project_name.as_str());
     let id = match existing {
-        Some(existing) => existing.id,
-        None => store.create_project(&name).await?.id,
+        Some(existing) => {
+            let changes = ProjectChanges {
+                name: None,
+                governance,
+            };
+            store.update_project(&existing.id, &changes).await?;
+            existing.id
+        }
+        None => {
+            let new = governance.applied_to(Governance::default());
+            store.create_project(&project_name, &new).await?.id
+        }
     };
-    for (key_name, key) in &project.api_keys {
-        let label = EntityName::parse(key_name.as_str(), "name")
-            .map_err(|e| invalid("api key", key_name, e))?;
-        let key = key.expose_secret();
-        if !key.starts_with("sk-") || key.len() < 20 {
-            return Err(problem(
-                "api key",
-                key_name,
-                "a key must start with 'sk-' and have at least 20 characters".into(),
-            ));
-        }
-        let new = NewApiKey {
-            project_id: &id,
-            name: &label,
-            key_hash: &hash_key(key),
-            key_prefix: &key.chars().take(9).collect::<String>(),
-        };
-        match store.create_api_key(&new).await {
-            // The key exists already (maybe revoked since: it stays as it is).
-            Ok(_) | Err(StoreError::Conflict(_)) => {}
-            Err(other) => return Err(other.into()),
-        }
+    for key in keys {
+        seed_api_key(store, &id, key).await?;
     }
     Ok(())
+}
+
+/// A seeded key, checked: its name, the key, and what it is held to.
+struct SeededKey<'a> {
+    name: EntityName,
+    key: &'a str,
+    expires_at: Option<i64>,
+    governance: GovernanceChanges,
+}
+
+fn seeded_key<'a>(name: &str, seeded: &'a SeedApiKey) -> Result<SeededKey<'a>, SeedError> {
+    let reject = |e| invalid("api key", name, e);
+    let label = EntityName::parse(name, "name").map_err(reject)?;
+    let key = seeded.key().expose_secret();
+    if !key.starts_with("sk-") || key.len() < 20 {
+        return Err(problem(
+            "api key",
+            name,
+            "a key must start with 'sk-' and have at least 20 characters".into(),
+        ));
+    }
+    let (expires_at, governance) = match seeded {
+        SeedApiKey::Key(_) => (None, GovernanceChanges::default()),
+        SeedApiKey::Governed(governed) => (
+            governed
+                .expires_at
+                .map(|at| check_expires_at(at, "expires_at"))
+                .transpose()
+                .map_err(reject)?,
+            seeded_governance(governed.limits.as_ref(), governed.budget.as_ref())
+                .map_err(reject)?,
+        ),
+    };
+    Ok(SeededKey {
+        name: label,
+        key,
+        expires_at,
+        governance,
+    })
+}
+
+/// Creates a seeded key, or brings the one given before up to date (a revoked one stays revoked).
+async fn seed_api_key(
+    store: &Store,
+    project_id: &str,
+    key: SeededKey<'_>,
+) -> Result<(), SeedError> {
+    let key_hash = hash_key(key.key);
+    let new = NewApiKey {
+        project_id,
+        name: &key.name,
+        key_hash: &key_hash,
+        key_prefix: &key.key.chars().take(9).collect::<String>(),
+        expires_at: key.expires_at,
+        governance: key.governance.applied_to(Governance::default()),
+    };
+    match store.create_api_key(&new).await {
+        Ok(_) => return Ok(()),
+        Err(StoreError::Conflict(_)) => {}
+        Err(other) => return Err(other.into()),
+    }
+    // The key exists already. In another project it is left alone, as it always was.
+    let Some(existing) = store.api_key_with_hash(project_id, &key_hash).await? else {
+        return Ok(());
+    };
+    let changes = ApiKeyChanges {
+        name: None,
+        expires_at: key.expires_at.map(Some),
+        governance: key.governance,
+    };
+    store.update_api_key(&existing.id, &changes).await?;
+    Ok(())
+}
+
+/// What a seed's `limits` and `budget` change: each given replaces what is stored, each left out keeps it. They
+/// read as the admin API's, so the errors name the same fields (`limits.rpm`, `budget.period`).
+fn seeded_governance(
+    limits: Option<&Value>,
+    budget: Option<&Value>,
+) -> Result<GovernanceChanges, InvalidRequest> {
+    let limits = match limits {
+        Some(limits) => {
+            LimitChanges::replacing(LimitChanges::parse(limits)?.applied_to(RateLimits::default()))
+        }
+        None => LimitChanges::default(),
+    };
+    Ok(GovernanceChanges {
+        limits,
+        budget: budget.map(Budget::parse).transpose()?,
+    })
 }
 
 async fn seed_deployment(
@@ -98,6 +193,13 @@ async fn seed_deployment(
     let base_url = HttpUrl::parse(deployment.base_url.as_str(), "base_url").map_err(reject)?;
     check_non_empty(&deployment.model, "model").map_err(reject)?;
     let api_key = optional_secret(deployment.api_key.as_ref(), "api_key").map_err(reject)?;
+    // Given, the prices replace the stored ones; left out, those are kept.
+    let pricing = deployment
+        .pricing
+        .as_ref()
+        .map(Pricing::parse)
+        .transpose()
+        .map_err(reject)?;
     let existing = store
         .list_deployments()
         .await?
@@ -113,6 +215,7 @@ async fn seed_deployment(
             fallbacks: Some(&deployment.fallbacks),
             unsupported_tools: None,
             max_tokens: Some(deployment.max_tokens),
+            pricing,
         };
         store.update_deployment(&existing.id, &changes).await?;
     } else {
@@ -125,6 +228,7 @@ async fn seed_deployment(
             fallbacks: &deployment.fallbacks,
             unsupported_tools: Default::default(),
             max_tokens: deployment.max_tokens,
+            pricing: pricing.flatten(),
         };
         store.create_deployment(&new).await?;
     }
@@ -260,9 +364,16 @@ fn optional_secret<'a>(
     }
 }
 
-/// A seeded field that does not parse: the parser's message says which and why.
+/// A seeded field that does not parse: the parser's message says why, and names the field where it did not
+/// already (`limits.rpms: Unknown limit 'rpms'`).
 fn invalid(entity: &'static str, name: &str, error: InvalidRequest) -> SeedError {
-    problem(entity, name, error.message)
+    let message = match error.param {
+        Some(param) if !error.message.contains(&format!("'{param}'")) => {
+            format!("{param}: {}", error.message)
+        }
+        _ => error.message,
+    };
+    problem(entity, name, message)
 }
 
 fn problem(entity: &'static str, name: &str, problem: String) -> SeedError {

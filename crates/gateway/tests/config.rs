@@ -5,6 +5,7 @@
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
+use gateway::config::SeedApiKey;
 use gateway::Config;
 use secrecy::ExposeSecret;
 
@@ -40,6 +41,13 @@ fn the_compose_file_loads_with_its_seed() {
     let config =
         Config::load(&repo_file("config/compose.toml")).expect("config/compose.toml loads");
     assert_eq!(config.seed.deployments["default"].kind, "openai_chat");
+    let SeedApiKey::Governed(limited) = &config.seed.projects["demo"].api_keys["limited"] else {
+        panic!("the limited key is a table");
+    };
+    assert_eq!(
+        limited.limits,
+        Some(serde_json::json!({"rpm": 60, "tpm": 100000, "max_concurrent": 4}))
+    );
     assert_eq!(
         config.seed.deployment_groups["default"].tool_sources,
         vec!["get_weather", "add"]
@@ -75,7 +83,7 @@ api_key = "upstream-secret"
     )
     .unwrap();
     let key = &config.seed.projects["acme"].api_keys["ci"];
-    assert_eq!(key.expose_secret(), "sk-acme-ci-000000000000000000");
+    assert_eq!(key.key().expose_secret(), "sk-acme-ci-000000000000000000");
     let printed = format!("{config:?}");
     assert!(
         !printed.contains("upstream-secret"),
@@ -85,6 +93,65 @@ api_key = "upstream-secret"
         !printed.contains("sk-acme-ci"),
         "a key was printed: {printed}"
     );
+}
+
+#[test]
+fn a_seeded_key_may_be_a_table_with_its_expiry_limits_and_budget() {
+    let config = load(
+        "governed",
+        r#"
+[seed.projects.acme]
+limits = { rpm = 600 }
+budget = { usd = 100, period = "month" }
+
+[seed.projects.acme.api_keys]
+ci = "sk-acme-ci-000000000000000000"
+batch = { key = "sk-acme-batch-00000000000000", limits = { rpm = 60, max_concurrent = 2 }, budget = { usd = 5.5, period = "day" }, expires_at = 1893456000 }
+
+[seed.deployments.gpt]
+kind = "openai_chat"
+base_url = "https://upstream.invalid/v1"
+model = "gpt-x"
+pricing = { input_per_mtok = 2.5, cached_input_per_mtok = 1.25, output_per_mtok = 10 }
+"#,
+    )
+    .unwrap();
+    let acme = &config.seed.projects["acme"];
+    assert_eq!(acme.limits, Some(serde_json::json!({"rpm": 600})));
+    assert_eq!(
+        acme.budget,
+        Some(serde_json::json!({"usd": 100, "period": "month"}))
+    );
+    let SeedApiKey::Governed(batch) = &acme.api_keys["batch"] else {
+        panic!("a table is a governed key");
+    };
+    assert_eq!(batch.key.expose_secret(), "sk-acme-batch-00000000000000");
+    assert_eq!(
+        batch.limits,
+        Some(serde_json::json!({"rpm": 60, "max_concurrent": 2}))
+    );
+    assert_eq!(batch.expires_at, Some(1_893_456_000));
+    assert!(matches!(acme.api_keys["ci"], SeedApiKey::Key(_)));
+    assert_eq!(
+        config.seed.deployments["gpt"].pricing,
+        Some(
+            serde_json::json!({"input_per_mtok": 2.5, "cached_input_per_mtok": 1.25, "output_per_mtok": 10})
+        )
+    );
+    assert!(
+        !format!("{config:?}").contains("sk-acme-batch"),
+        "a key was printed"
+    );
+
+    let error = load(
+        "governed_typo",
+        r#"
+[seed.projects.acme.api_keys]
+ci = { key = "sk-acme-ci-000000000000000000", limts = { rpm = 1 } }
+"#,
+    )
+    .unwrap_err();
+    assert!(error.contains("seed.projects.acme.api_keys.ci"), "{error}");
 }
 
 #[test]

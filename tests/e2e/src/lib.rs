@@ -18,6 +18,14 @@ use gateway_testkit::tool_server::{misbehaving_tool_definitions, tool_definition
 use reqwest::{Method, RequestBuilder, StatusCode};
 use serde_json::{json, Value};
 
+/// A fresh database of the suite's store: Postgres, or SQLite when `GATEWAY_TEST_STORE=sqlite`.
+pub async fn scratch_database() -> ScratchDatabase {
+    if std::env::var("GATEWAY_TEST_STORE").is_ok_and(|store| store == "sqlite") {
+        return ScratchDatabase::sqlite();
+    }
+    ScratchDatabase::postgres().await.expect("test database")
+}
+
 /// A running gateway with its mock upstream, tool server and database.
 pub struct TestGateway {
     pub base_url: String,
@@ -62,11 +70,7 @@ impl TestGateway {
 
     /// Starts everything, letting the test adjust the gateway's config first.
     pub async fn start_with(adjust: impl FnOnce(&mut Config)) -> TestGateway {
-        if std::env::var("GATEWAY_TEST_STORE").is_ok_and(|store| store == "sqlite") {
-            return TestGateway::start_embedded_with(adjust).await;
-        }
-        let db = ScratchDatabase::postgres().await.expect("test database");
-        TestGateway::launch(db, adjust).await
+        TestGateway::launch(scratch_database().await, adjust).await
     }
 
     /// Starts everything on the embedded store: a fresh SQLite file in a temp dir, which the gateway finds

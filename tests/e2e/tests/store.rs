@@ -5,8 +5,8 @@
 #![allow(clippy::expect_used, clippy::unwrap_used, clippy::panic)]
 
 use gateway::store::admin::{
-    DeploymentChanges, Member, Membership, NewApiKey, NewDeployment, NewToolSource,
-    ToolSourceChanges,
+    ApiKeyChanges, DeploymentChanges, Member, Membership, NewApiKey, NewDeployment, NewToolSource,
+    ProjectChanges, ToolSourceChanges,
 };
 use gateway::store::responses::{Durability, NewResponse, Order, StepWrite};
 use gateway::store::stored_tools::StoredTool;
@@ -15,6 +15,7 @@ use gateway::store::{Backend, Store, StoreError};
 use gateway_core::entity::{
     EntityName, HttpUrl, ProviderKind, TimeoutMs, ToolName, ToolParameters,
 };
+use gateway_core::governance::Governance;
 use gateway_core::request::ResponseParams;
 use gateway_core::response::{Ending, ResponseRecord, ResponseState, ResponseStatus};
 use gateway_core::steps::{Step, StepState, Usage};
@@ -108,6 +109,14 @@ fn name(name: &str) -> EntityName {
     EntityName::parse(name, "name").expect("a valid name")
 }
 
+/// Changes that rename a project and nothing else.
+fn rename_to(name: &EntityName) -> ProjectChanges<'_> {
+    ProjectChanges {
+        name: Some(name),
+        ..ProjectChanges::default()
+    }
+}
+
 fn tool_name(name: &str) -> ToolName {
     ToolName::parse(name, "name").expect("a valid tool name")
 }
@@ -126,7 +135,7 @@ fn schema(parameters: Value) -> ToolParameters {
 
 async fn project(store: &Store, project: &str) -> String {
     store
-        .create_project(&name(project))
+        .create_project(&name(project), &Governance::default())
         .await
         .expect("project")
         .id
@@ -139,6 +148,8 @@ async fn key(store: &Store, project_id: &str, key: &str) -> String {
             name: &name("test"),
             key_hash: &hash_key(key),
             key_prefix: &key[..6],
+            expires_at: None,
+            governance: Governance::default(),
         })
         .await
         .expect("key")
@@ -157,6 +168,7 @@ async fn deployment(store: &Store, deployment: &str) -> String {
             fallbacks: &[],
             unsupported_tools: Default::default(),
             max_tokens: None,
+            pricing: None,
         })
         .await
         .expect("deployment")
@@ -379,8 +391,14 @@ async fn the_store_answers_and_its_migrations_are_applied(store: Store) {
 }
 
 async fn projects_are_created_read_listed_renamed_and_deleted(store: Store) {
-    let beta = store.create_project(&name("beta")).await.expect("create");
-    let alpha = store.create_project(&name("alpha")).await.expect("create");
+    let beta = store
+        .create_project(&name("beta"), &Governance::default())
+        .await
+        .expect("create");
+    let alpha = store
+        .create_project(&name("alpha"), &Governance::default())
+        .await
+        .expect("create");
     assert!(beta.id.starts_with("proj_"), "{beta:?}");
     assert_eq!(beta.name, "beta");
     assert!(beta.created_at > 1_600_000_000);
@@ -395,21 +413,21 @@ async fn projects_are_created_read_listed_renamed_and_deleted(store: Store) {
         "listed by name"
     );
     let renamed = store
-        .update_project(&beta.id, Some(&name("gamma")))
+        .update_project(&beta.id, &rename_to(&name("gamma")))
         .await
         .expect("rename")
         .expect("exists");
     assert_eq!(renamed.name, "gamma");
     assert_eq!(renamed.created_at, beta.created_at);
     let unchanged = store
-        .update_project(&beta.id, None)
+        .update_project(&beta.id, &ProjectChanges::default())
         .await
         .expect("no change")
         .expect("exists");
     assert_eq!(unchanged, renamed);
     assert_eq!(
         store
-            .update_project("proj_missing", Some(&name("x")))
+            .update_project("proj_missing", &rename_to(&name("x")))
             .await
             .expect("update"),
         None
@@ -429,6 +447,8 @@ async fn api_keys_are_listed_renamed_and_revoked_once(store: Store) {
             name: &name("k"),
             key_hash: &hash_key("sk-nowhere"),
             key_prefix: "sk-now",
+            expires_at: None,
+            governance: Governance::default(),
         })
         .await
         .expect("create for a missing project");
@@ -460,7 +480,13 @@ async fn api_keys_are_listed_renamed_and_revoked_once(store: Store) {
     assert_eq!(first.revoked_at, None);
 
     let renamed = store
-        .update_api_key(&first_id, Some(&name("ci")))
+        .update_api_key(
+            &first_id,
+            &ApiKeyChanges {
+                name: Some(&name("ci")),
+                ..ApiKeyChanges::default()
+            },
+        )
         .await
         .expect("rename")
         .expect("exists");
@@ -493,6 +519,8 @@ async fn api_keys_are_listed_renamed_and_revoked_once(store: Store) {
             name: &name("again"),
             key_hash: &hash_key("sk-first-key"),
             key_prefix: "sk-fir",
+            expires_at: None,
+            governance: Governance::default(),
         })
         .await;
     assert!(
@@ -712,10 +740,14 @@ async fn duplicate_names_are_a_conflict_for_every_kind(store: Store) {
     }
     project(&store, "acme").await;
     let other_project = project(&store, "other").await;
-    conflict(store.create_project(&name("acme")).await);
     conflict(
         store
-            .update_project(&other_project, Some(&name("acme")))
+            .create_project(&name("acme"), &Governance::default())
+            .await,
+    );
+    conflict(
+        store
+            .update_project(&other_project, &rename_to(&name("acme")))
             .await,
     );
 
@@ -732,6 +764,7 @@ async fn duplicate_names_are_a_conflict_for_every_kind(store: Store) {
                 fallbacks: &[],
                 unsupported_tools: Default::default(),
                 max_tokens: None,
+                pricing: None,
             })
             .await,
     );
@@ -1884,7 +1917,10 @@ async fn the_embedded_store_creates_its_directory_and_keeps_its_data_across_rest
     let url = format!("sqlite:{}", root.join("nested/dir/gateway.db").display());
     let first = Store::connect(&url, 2).await.expect("connect");
     first.migrate().await.expect("migrate");
-    first.create_project(&name("kept")).await.expect("project");
+    first
+        .create_project(&name("kept"), &Governance::default())
+        .await
+        .expect("project");
     if let Backend::Sqlite(pool) = first.backend() {
         pool.close().await;
     }

@@ -9,10 +9,10 @@ use serde_json::{json, Value};
 
 /// An admin answer with its raw text, so tests can search it for secrets.
 #[derive(Debug)]
-struct Raw {
-    status: StatusCode,
-    text: String,
-    body: Value,
+pub(super) struct Raw {
+    pub(super) status: StatusCode,
+    pub(super) text: String,
+    pub(super) body: Value,
 }
 
 async fn raw(request: reqwest::RequestBuilder) -> Raw {
@@ -24,7 +24,12 @@ async fn raw(request: reqwest::RequestBuilder) -> Raw {
 }
 
 /// An authenticated admin call with an optional JSON body.
-async fn admin(gw: &TestGateway, method: Method, path: &str, body: Option<Value>) -> Raw {
+pub(super) async fn admin(
+    gw: &TestGateway,
+    method: Method,
+    path: &str,
+    body: Option<Value>,
+) -> Raw {
     let mut request = gw.admin(method, path);
     if let Some(body) = body {
         request = request.json(&body);
@@ -42,7 +47,7 @@ async fn admin_text(gw: &TestGateway, method: Method, path: &str, body: &str) ->
 }
 
 /// Asserts an OpenAI-shaped error answer with `status` and `param`.
-fn assert_error(answer: &Raw, status: u16, param: Option<&str>) {
+pub(super) fn assert_error(answer: &Raw, status: u16, param: Option<&str>) {
     assert_eq!(answer.status.as_u16(), status, "answer: {}", answer.text);
     let error = answer.body["error"]
         .as_object()
@@ -62,14 +67,14 @@ fn assert_error(answer: &Raw, status: u16, param: Option<&str>) {
     );
 }
 
-fn id_of(value: &Value) -> String {
+pub(super) fn id_of(value: &Value) -> String {
     value["id"]
         .as_str()
         .unwrap_or_else(|| panic!("no id in {value}"))
         .to_owned()
 }
 
-fn mock_deployment(gw: &TestGateway, name: &str) -> Value {
+pub(super) fn mock_deployment(gw: &TestGateway, name: &str) -> Value {
     json!({"name": name, "provider": {"kind": "openai_chat", "base_url": gw.model.base_url(), "model": "mock-model"}})
 }
 

@@ -7,6 +7,7 @@
 mod common;
 
 mod admin;
+mod admin_governance;
 mod audit;
 mod bad_input;
 mod chaining;

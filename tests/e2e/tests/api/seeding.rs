@@ -1,10 +1,13 @@
 //! Start-up seeding from the config: idempotent across restarts, and changes are applied.
 
-use gateway::config::{Config, SeedDeployment, SeedGroup, SeedProject, SeedToolSource};
+use gateway::config::{
+    Config, SeedApiKey, SeedDeployment, SeedGovernedKey, SeedGroup, SeedProject, SeedToolSource,
+};
 use gateway::store::Store;
 use gateway::Application;
-use gateway_e2e::ScratchDatabase;
-use serde_json::json;
+use gateway_core::governance::{Budget, BudgetPeriod, Governance, Pricing, RateLimits};
+use gateway_e2e::{scratch_database, ScratchDatabase};
+use serde_json::{json, Value};
 
 const KEY: &str = "sk-seeded-key-0000000000000000";
 
@@ -23,6 +26,7 @@ fn seeded_config(base_url: &str) -> Config {
             api_key: None,
             fallbacks: Vec::new(),
             max_tokens: None,
+            pricing: None,
         },
     );
     config.seed.tool_sources.insert(
@@ -63,7 +67,7 @@ async fn start(db: &ScratchDatabase, mut config: Config) -> Store {
 
 #[tokio::test]
 async fn seeding_twice_duplicates_nothing_and_applies_changes() {
-    let db = ScratchDatabase::postgres().await.unwrap();
+    let db = scratch_database().await;
     start(&db, seeded_config("http://127.0.0.1:1/v1")).await;
     let store = start(&db, seeded_config("http://127.0.0.1:2/v1")).await;
 
@@ -109,7 +113,7 @@ async fn seeding_twice_duplicates_nothing_and_applies_changes() {
 
 #[tokio::test]
 async fn a_revoked_seeded_key_stays_revoked_after_a_restart() {
-    let db = ScratchDatabase::postgres().await.unwrap();
+    let db = scratch_database().await;
     let store = start(&db, seeded_config("http://127.0.0.1:1/v1")).await;
     let project = store.project_for_key(KEY).await.unwrap().unwrap();
     let key_id = store.list_api_keys(&project).await.unwrap().unwrap()[0]
@@ -124,7 +128,7 @@ async fn a_revoked_seeded_key_stays_revoked_after_a_restart() {
 
 #[tokio::test]
 async fn a_seed_naming_a_missing_member_stops_start_up_with_a_message_naming_it() {
-    let db = ScratchDatabase::postgres().await.unwrap();
+    let db = scratch_database().await;
     let mut config = seeded_config("http://127.0.0.1:1/v1");
     config
         .seed
@@ -133,14 +137,190 @@ async fn a_seed_naming_a_missing_member_stops_start_up_with_a_message_naming_it(
         .unwrap()
         .tool_sources
         .push("nope".into());
+
+    let error = start_up_error(&db, config).await;
+
+    assert!(error.contains("nope"), "{error}");
+}
+
+/// Why a gateway on `db` with `config` does not start.
+async fn start_up_error(db: &ScratchDatabase, mut config: Config) -> String {
     config.server.bind = "127.0.0.1:0".parse().unwrap();
     config.database.url = Some(db.url().to_owned().into());
-
-    let error = Application::build(config)
+    Application::build(config)
         .await
         .err()
         .expect("start-up fails")
-        .to_string();
+        .to_string()
+}
 
-    assert!(error.contains("nope"), "{error}");
+/// `seeded_config` with the project's `limits` and `budget`, its key `ci` given as a table with `key_limits` and
+/// `expires_at`, and the deployment's `pricing`; `None` leaves each out.
+fn governed_config(
+    project_limits: Option<Value>,
+    key_limits: Option<Value>,
+    expires_at: Option<i64>,
+    pricing: Option<Value>,
+) -> Config {
+    let mut config = seeded_config("http://127.0.0.1:1/v1");
+    let project = config.seed.projects.get_mut("acme").unwrap();
+    project.limits = project_limits;
+    project.budget = Some(json!({"usd": 100, "period": "month"}));
+    project.api_keys.insert(
+        "ci".into(),
+        SeedApiKey::Governed(SeedGovernedKey {
+            key: KEY.to_owned().into(),
+            limits: key_limits,
+            budget: Some(json!({"usd": 1.5, "period": "day"})),
+            expires_at,
+        }),
+    );
+    config.seed.deployments.get_mut("mock").unwrap().pricing = pricing;
+    config
+}
+
+/// What the seeded key and its project are held to, as the gateway admits the key, and the deployment's prices.
+async fn seeded_governance(
+    store: &Store,
+) -> (Option<i64>, Governance, Governance, Option<Pricing>) {
+    let grant = store
+        .grant_for_key(KEY)
+        .await
+        .unwrap()
+        .expect("the seeded key is live");
+    let deployments = store.list_deployments().await.unwrap();
+    (
+        grant.expires_at,
+        grant.key,
+        grant.project,
+        deployments[0].pricing(),
+    )
+}
+
+fn limits(rpm: Option<u64>, tpm: Option<u64>, max_concurrent: Option<u64>) -> RateLimits {
+    RateLimits {
+        rpm,
+        tpm,
+        max_concurrent,
+    }
+}
+
+#[tokio::test]
+async fn seeded_limits_budgets_expiry_and_prices_are_applied_changed_on_restart_and_kept_when_left_out(
+) {
+    let db = scratch_database().await;
+    let store = start(
+        &db,
+        governed_config(
+            Some(json!({"rpm": 600, "tpm": 100000})),
+            Some(json!({"rpm": 60})),
+            Some(4_102_444_800),
+            Some(json!({"input_per_mtok": 2.5, "cached_input_per_mtok": 1.25, "output_per_mtok": 10})),
+        ),
+    )
+    .await;
+    let (expires_at, key, project, pricing) = seeded_governance(&store).await;
+    assert_eq!(expires_at, Some(4_102_444_800));
+    assert_eq!(key.limits, limits(Some(60), None, None));
+    assert_eq!(
+        key.budget,
+        Some(Budget {
+            usd: 1.5,
+            period: BudgetPeriod::Day
+        })
+    );
+    assert_eq!(project.limits, limits(Some(600), Some(100_000), None));
+    assert_eq!(
+        project.budget,
+        Some(Budget {
+            usd: 100.0,
+            period: BudgetPeriod::Month
+        })
+    );
+    assert_eq!(
+        pricing,
+        Some(Pricing {
+            input_per_mtok: 2.5,
+            cached_input_per_mtok: Some(1.25),
+            output_per_mtok: 10.0
+        })
+    );
+
+    // Changed values are applied; a table given replaces what is stored whole (the project's tpm is gone).
+    let store = start(
+        &db,
+        governed_config(
+            Some(json!({"rpm": 300})),
+            Some(json!({"tpm": 5000, "max_concurrent": 1})),
+            Some(4_000_000_000),
+            Some(json!({"input_per_mtok": 3, "output_per_mtok": 12})),
+        ),
+    )
+    .await;
+    let (expires_at, key, project, pricing) = seeded_governance(&store).await;
+    assert_eq!(expires_at, Some(4_000_000_000));
+    assert_eq!(key.limits, limits(None, Some(5000), Some(1)));
+    assert_eq!(project.limits, limits(Some(300), None, None));
+    assert_eq!(
+        pricing,
+        Some(Pricing {
+            input_per_mtok: 3.0,
+            cached_input_per_mtok: None,
+            output_per_mtok: 12.0
+        })
+    );
+    assert_eq!(
+        store
+            .list_api_keys(&project_id(&store).await)
+            .await
+            .unwrap()
+            .unwrap()
+            .len(),
+        1
+    );
+
+    // Left out, they are kept: what the admin API set survives a restart with the plain seed.
+    let store = start(&db, seeded_config("http://127.0.0.1:1/v1")).await;
+    assert_eq!(
+        seeded_governance(&store).await,
+        (Some(4_000_000_000), key, project, pricing)
+    );
+}
+
+async fn project_id(store: &Store) -> String {
+    store.list_projects().await.unwrap()[0].id.clone()
+}
+
+#[tokio::test]
+async fn an_invalid_seeded_limit_budget_expiry_or_price_stops_start_up_naming_the_field() {
+    let mut key_budget = governed_config(None, None, None, None);
+    let table = SeedGovernedKey {
+        key: KEY.to_owned().into(),
+        limits: None,
+        budget: Some(json!({"usd": 1, "period": "week"})),
+        expires_at: None,
+    };
+    let project = key_budget.seed.projects.get_mut("acme").unwrap();
+    project
+        .api_keys
+        .insert("ci".into(), SeedApiKey::Governed(table));
+    let project_limit = governed_config(Some(json!({"rpm": -1})), None, None, None);
+    let key_limit = governed_config(None, Some(json!({"rpms": 5})), None, None);
+    let expiry = governed_config(None, None, Some(-1), None);
+    let price = governed_config(
+        None,
+        None,
+        None,
+        Some(json!({"input_per_mtok": -2, "output_per_mtok": 1})),
+    );
+    for (config, field) in [
+        (project_limit, "limits.rpm"),
+        (key_limit, "limits.rpms"),
+        (key_budget, "budget.period"),
+        (expiry, "expires_at"),
+        (price, "pricing.input_per_mtok"),
+    ] {
+        let error = start_up_error(&scratch_database().await, config).await;
+        assert!(error.contains(field), "{field}: {error}");
+    }
 }

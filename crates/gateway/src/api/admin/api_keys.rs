@@ -1,16 +1,21 @@
 //! `/projects/{project_id}/api_keys` and `/api_keys`: issue (the only answer that shows a key), list, read,
-//! rename and revoke a project's API keys.
+//! change (name, expiry, limits, budget) and revoke a project's API keys.
 
 use axum::extract::State;
 use axum::Json;
 use gateway_core::entity::EntityName;
+use gateway_core::governance::check_expires_at;
 use rand::Rng;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
 
-use super::{found, list, parse_changed, parse_required, AdminJson, ApiPath, List, NameBody};
+use super::governed::{governance, governance_changes, GovernanceObject};
+use super::{
+    found, list, nullable, parse_changed, parse_required, present, AdminJson, ApiPath, List,
+};
 use crate::api::error::ApiError;
 use crate::api::AppState;
-use crate::store::admin::{ApiKeyRow, NewApiKey};
+use crate::store::admin::{ApiKeyChanges, ApiKeyRow, NewApiKey};
 use crate::store::tenancy::hash_key;
 
 /// Random characters after `sk-` in a new API key (6 bits each).
@@ -20,6 +25,21 @@ const KEY_RANDOM_CHARS: usize = 48;
 const KEY_PREFIX_CHARS: usize = 9;
 
 const KEY_ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+
+/// `{"name", "expires_at", "limits", "budget"}` of an API key.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ApiKeyBody {
+    #[serde(default, deserialize_with = "nullable")]
+    name: Option<Option<String>>,
+    /// Unix seconds; `null` is never.
+    #[serde(default, deserialize_with = "nullable")]
+    expires_at: Option<Option<i64>>,
+    #[serde(default, deserialize_with = "present")]
+    limits: Option<Value>,
+    #[serde(default, deserialize_with = "present")]
+    budget: Option<Value>,
+}
 
 /// An API key as the admin API shows it: the key itself only in the answer that created it.
 #[derive(Debug, Serialize)]
@@ -33,11 +53,15 @@ pub struct ApiKeyObject {
     key_prefix: String,
     created_at: i64,
     revoked_at: Option<i64>,
+    expires_at: Option<i64>,
+    #[serde(flatten)]
+    governance: GovernanceObject,
 }
 
 impl From<ApiKeyRow> for ApiKeyObject {
     fn from(row: ApiKeyRow) -> ApiKeyObject {
         ApiKeyObject {
+            governance: GovernanceObject::from(&row.governance),
             id: row.id,
             object: "api_key",
             name: row.name,
@@ -46,6 +70,7 @@ impl From<ApiKeyRow> for ApiKeyObject {
             key_prefix: row.key_prefix,
             created_at: row.created_at,
             revoked_at: row.revoked_at,
+            expires_at: row.expires_at,
         }
     }
 }
@@ -63,13 +88,20 @@ fn generate_key() -> String {
     key
 }
 
-/// `POST /projects/{project_id}/api_keys`: the only answer that ever contains the key.
+/// `POST /projects/{project_id}/api_keys`: the only answer that ever contains the key. `expires_at`, `limits`
+/// and `budget` are optional.
 pub async fn create_api_key(
     State(state): State<AppState>,
     ApiPath(project_id): ApiPath<String>,
-    AdminJson(body): AdminJson<NameBody>,
+    AdminJson(body): AdminJson<ApiKeyBody>,
 ) -> Result<Json<ApiKeyObject>, ApiError> {
     let name = parse_required(body.name, "name", EntityName::parse)?;
+    let expires_at = body
+        .expires_at
+        .flatten()
+        .map(|at| check_expires_at(at, "expires_at"))
+        .transpose()?;
+    let governance = governance(body.limits, body.budget)?;
     let key = generate_key();
     let key_prefix: String = key.chars().take(KEY_PREFIX_CHARS).collect();
     let new = NewApiKey {
@@ -77,6 +109,8 @@ pub async fn create_api_key(
         name: &name,
         key_hash: &hash_key(&key),
         key_prefix: &key_prefix,
+        expires_at,
+        governance,
     };
     let row = found(
         state.store.create_api_key(&new).await?,
@@ -108,18 +142,29 @@ get_by_id! {
     get_api_key: get_api_key -> ApiKeyObject, "API key"
 }
 
-/// `PATCH /api_keys/{key_id}`: renames the key.
+/// `PATCH /api_keys/{key_id}`: any of `name`, `expires_at` (`null`: never), `limits` (merged) and `budget`
+/// (replaced; `null` removes it), all checked before anything is written.
 pub async fn update_api_key(
     State(state): State<AppState>,
     ApiPath(id): ApiPath<String>,
-    AdminJson(body): AdminJson<NameBody>,
+    AdminJson(body): AdminJson<ApiKeyBody>,
 ) -> Result<Json<ApiKeyObject>, ApiError> {
     let name = parse_changed(body.name, "name", EntityName::parse)?;
+    let expires_at = match body.expires_at {
+        Some(Some(at)) => Some(Some(check_expires_at(at, "expires_at")?)),
+        other => other,
+    };
+    let changes = ApiKeyChanges {
+        name: name.as_ref(),
+        expires_at,
+        governance: governance_changes(body.limits, body.budget)?,
+    };
     let key = found(
-        state.store.update_api_key(&id, name.as_ref()).await?,
+        state.store.update_api_key(&id, &changes).await?,
         "API key",
         &id,
     )?;
+    tracing::info!(project.id = %key.project_id, api_key.id = %key.id, "api key updated");
     Ok(Json(key.into()))
 }
 
@@ -136,6 +181,7 @@ pub async fn revoke_api_key(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::admin::GovernanceColumns;
     use serde_json::json;
 
     #[test]
@@ -147,6 +193,14 @@ mod tests {
             key_prefix: "sk-Vq3k0a".into(),
             created_at: 1_735_689_600,
             revoked_at: None,
+            expires_at: Some(1_767_225_600),
+            governance: GovernanceColumns {
+                rpm_limit: None,
+                tpm_limit: Some(40_000),
+                max_concurrent: None,
+                budget_usd: Some(5.0),
+                budget_period: Some("day".into()),
+            },
         };
         let expected = json!({
             "id": "key_1",
@@ -156,6 +210,9 @@ mod tests {
             "key_prefix": "sk-Vq3k0a",
             "created_at": 1_735_689_600,
             "revoked_at": null,
+            "expires_at": 1_767_225_600,
+            "limits": {"rpm": null, "tpm": 40_000, "max_concurrent": null},
+            "budget": {"usd": 5.0, "period": "day"},
         });
         let shown = ApiKeyObject::from(row.clone());
         assert_eq!(serde_json::to_value(shown).unwrap(), expected);

@@ -1,13 +1,15 @@
 //! `/deployments`: create, list, read, change and delete the model names clients send, each bound to an
-//! upstream provider. The upstream key is write-only.
+//! upstream provider and priced. The upstream key is write-only.
 
 use axum::extract::State;
 use axum::Json;
 use gateway_core::entity::{check_non_empty, check_secret, EntityName, HttpUrl, ProviderKind};
+use gateway_core::governance::Pricing;
 use serde::{Deserialize, Serialize};
+use serde_json::Value;
 
 use super::{
-    found, not_null, nullable, parse_changed, parse_required, required, AdminJson, ApiPath,
+    found, not_null, nullable, parse_changed, parse_required, present, required, AdminJson, ApiPath,
 };
 use crate::api::error::ApiError;
 use crate::api::AppState;
@@ -15,7 +17,7 @@ use crate::store::admin::{DeploymentChanges, DeploymentRow, NewDeployment};
 use crate::store::tenancy::{parse_fallbacks, DEFAULT_MAX_TOKENS};
 use gateway_core::toolset::UnsupportedTools;
 
-/// `{"name","provider"}` of a deployment.
+/// `{"name", "provider", "fallbacks", "unsupported_tools", "pricing"}` of a deployment.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct DeploymentBody {
@@ -27,6 +29,9 @@ pub struct DeploymentBody {
     fallbacks: Option<Option<Vec<String>>>,
     #[serde(default, deserialize_with = "nullable")]
     unsupported_tools: Option<Option<String>>,
+    /// USD per million tokens; `null` removes the prices.
+    #[serde(default, deserialize_with = "present")]
+    pricing: Option<Value>,
 }
 
 /// `{"kind","base_url","model","api_key"}` of a deployment.
@@ -55,6 +60,7 @@ pub struct DeploymentObject {
     provider: ProviderObject,
     fallbacks: Vec<String>,
     unsupported_tools: String,
+    pricing: Option<Pricing>,
     created_at: i64,
 }
 
@@ -72,6 +78,7 @@ pub struct ProviderObject {
 impl From<DeploymentRow> for DeploymentObject {
     fn from(row: DeploymentRow) -> DeploymentObject {
         DeploymentObject {
+            pricing: row.pricing(),
             id: row.id,
             object: "deployment",
             name: row.name,
@@ -124,6 +131,7 @@ pub async fn create_deployment(
         .map(|policy| parse_unsupported_tools(&policy))
         .transpose()?
         .unwrap_or_default();
+    let pricing = parse_pricing(body.pricing)?.flatten();
     let new = NewDeployment {
         name: &name,
         provider_kind: kind,
@@ -133,6 +141,7 @@ pub async fn create_deployment(
         fallbacks: &fallbacks,
         unsupported_tools,
         max_tokens,
+        pricing,
     };
     let deployment = state.store.create_deployment(&new).await?;
     tracing::info!(deployment.id = %deployment.id, "deployment created");
@@ -147,8 +156,9 @@ list_and_get! {
     get_deployment: get_deployment;
 }
 
-/// `PATCH /deployments/{deployment_id}`: any of `name` and the provider's fields; `provider.api_key: null`
-/// removes the key.
+/// `PATCH /deployments/{deployment_id}`: any of `name`, the provider's fields, `fallbacks`,
+/// `unsupported_tools` and `pricing`; `provider.api_key: null` removes the key, `pricing: null` the prices.
+/// Everything is checked before anything is written.
 pub async fn update_deployment(
     State(state): State<AppState>,
     ApiPath(id): ApiPath<String>,
@@ -190,6 +200,7 @@ pub async fn update_deployment(
     let unsupported_tools = not_null(body.unsupported_tools, "unsupported_tools")?
         .map(|policy| parse_unsupported_tools(&policy))
         .transpose()?;
+    let pricing = parse_pricing(body.pricing)?;
     let changes = DeploymentChanges {
         name: name.as_ref(),
         provider_kind: kind,
@@ -199,6 +210,7 @@ pub async fn update_deployment(
         fallbacks: fallbacks.as_deref(),
         unsupported_tools,
         max_tokens,
+        pricing,
     };
     let deployment = found(
         state.store.update_deployment(&id, &changes).await?,
@@ -221,6 +233,13 @@ fn parse_max_tokens(n: i64) -> Result<u32, ApiError> {
         ));
     }
     Ok(n as u32)
+}
+
+/// A `pricing` field: absent keeps the prices (`None`), `null` removes them, an object replaces them.
+fn parse_pricing(pricing: Option<Value>) -> Result<Option<Option<Pricing>>, ApiError> {
+    Ok(pricing
+        .map(|pricing| Pricing::parse(&pricing))
+        .transpose()?)
 }
 
 fn parse_unsupported_tools(policy: &str) -> Result<UnsupportedTools, ApiError> {
@@ -299,9 +318,12 @@ mod tests {
             unsupported_tools: "ignore".into(),
             max_tokens: None,
             created_at: 1_735_689_600,
+            input_per_mtok: None,
+            cached_input_per_mtok: None,
+            output_per_mtok: None,
         };
         assert_eq!(
-            serde_json::to_value(DeploymentObject::from(row)).unwrap(),
+            serde_json::to_value(DeploymentObject::from(row.clone())).unwrap(),
             json!({
                 "id": "dep_1",
                 "object": "deployment",
@@ -309,8 +331,37 @@ mod tests {
                 "provider": {"kind": "openai_chat", "base_url": "https://api.example.com/v1", "model": "gpt-4o-2024-08-06", "has_api_key": true, "max_tokens": 4096},
                 "fallbacks": ["backup"],
                 "unsupported_tools": "ignore",
+                "pricing": null,
                 "created_at": 1_735_689_600,
             })
+        );
+        let priced = DeploymentRow {
+            input_per_mtok: Some(2.5),
+            output_per_mtok: Some(10.0),
+            ..row.clone()
+        };
+        assert_eq!(
+            serde_json::to_value(DeploymentObject::from(priced)).unwrap()["pricing"],
+            json!({"input_per_mtok": 2.5, "output_per_mtok": 10.0})
+        );
+        let cached = DeploymentRow {
+            input_per_mtok: Some(2.5),
+            cached_input_per_mtok: Some(1.25),
+            output_per_mtok: Some(10.0),
+            ..row.clone()
+        };
+        assert_eq!(
+            serde_json::to_value(DeploymentObject::from(cached)).unwrap()["pricing"],
+            json!({"input_per_mtok": 2.5, "cached_input_per_mtok": 1.25, "output_per_mtok": 10.0})
+        );
+        let half = DeploymentRow {
+            input_per_mtok: Some(2.5),
+            ..row
+        };
+        assert_eq!(
+            serde_json::to_value(DeploymentObject::from(half)).unwrap()["pricing"],
+            Value::Null,
+            "pricing is set only when input and output prices both are"
         );
     }
 }

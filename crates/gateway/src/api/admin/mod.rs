@@ -92,6 +92,7 @@ macro_rules! delete_by_id {
 
 mod api_keys;
 mod deployments;
+mod governed;
 mod groups;
 mod projects;
 mod tool_calls;
@@ -304,7 +305,7 @@ pub async fn method_not_allowed(method: Method, uri: Uri) -> ApiError {
 // secrets; refused for the rest). Unknown fields are refused, so a typo such as `secrets` is not silently
 // dropped.
 
-/// `{"name"}`: projects, API keys and deployment groups.
+/// `{"name"}`: deployment groups.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct NameBody {
@@ -317,6 +318,13 @@ fn nullable<'de, D: Deserializer<'de>, T: Deserialize<'de>>(
     deserializer: D,
 ) -> Result<Option<Option<T>>, D::Error> {
     Option::<T>::deserialize(deserializer).map(Some)
+}
+
+/// A present field as the JSON it is, `null` included (`Some(Value::Null)`); absent is `None` (by `default`).
+/// For fields checked by a parser that names their inner fields (`limits.rpm`), which serde's own types would
+/// not.
+fn present<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<Value>, D::Error> {
+    Value::deserialize(deserializer).map(Some)
 }
 
 // ---------------------------------------------------------------------------------------------------------

@@ -1,7 +1,8 @@
-//! Deployments: the model names clients send, bound to an upstream provider. The upstream key is written
-//! here and only read back as `has_api_key`.
+//! Deployments: the model names clients send, bound to an upstream provider, with their prices. The upstream
+//! key is written here and only read back as `has_api_key`.
 
 use gateway_core::entity::{EntityName, HttpUrl, ProviderKind};
+use gateway_core::governance::{Change, Pricing};
 use gateway_core::toolset::UnsupportedTools;
 
 use crate::clock::now;
@@ -23,6 +24,21 @@ pub struct DeploymentRow {
     pub unsupported_tools: String,
     pub max_tokens: Option<i64>,
     pub created_at: i64,
+    pub input_per_mtok: Option<f64>,
+    pub cached_input_per_mtok: Option<f64>,
+    pub output_per_mtok: Option<f64>,
+}
+
+impl DeploymentRow {
+    /// The deployment's prices: set when its input and output prices are.
+    pub fn pricing(&self) -> Option<Pricing> {
+        let (input_per_mtok, output_per_mtok) = self.input_per_mtok.zip(self.output_per_mtok)?;
+        Some(Pricing {
+            input_per_mtok,
+            cached_input_per_mtok: self.cached_input_per_mtok,
+            output_per_mtok,
+        })
+    }
 }
 
 /// A deployment to create.
@@ -36,6 +52,7 @@ pub struct NewDeployment<'a> {
     pub fallbacks: &'a [String],
     pub unsupported_tools: UnsupportedTools,
     pub max_tokens: Option<u32>,
+    pub pricing: Option<Pricing>,
 }
 
 /// Changes to a deployment; `None` leaves a field as it is.
@@ -51,13 +68,15 @@ pub struct DeploymentChanges<'a> {
     pub unsupported_tools: Option<UnsupportedTools>,
     /// `Some(None)` returns to the gateway's default.
     pub max_tokens: Option<Option<u32>>,
+    /// `Some(None)` removes the prices (calls then cost nothing), `Some(Some(p))` replaces them.
+    pub pricing: Change<Pricing>,
 }
 
 /// The columns of a `DeploymentRow`: whether there is a key, never the key.
 macro_rules! deployment_columns {
     () => {
         "id, name, provider_kind, base_url, upstream_model, (api_key IS NOT NULL) AS has_api_key, fallbacks,
-         unsupported_tools, max_tokens, created_at"
+         unsupported_tools, max_tokens, created_at, input_per_mtok, cached_input_per_mtok, output_per_mtok"
     };
 }
 
@@ -69,8 +88,9 @@ impl Store {
     ) -> Result<DeploymentRow, StoreError> {
         with_pool!(self, |pool| sqlx::query_as::<_, DeploymentRow>(concat!(
             "INSERT INTO deployments (id, name, provider_kind, base_url, upstream_model, api_key, created_at,
-                                      fallbacks, unsupported_tools, max_tokens)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
+                                      fallbacks, unsupported_tools, max_tokens, input_per_mtok,
+                                      cached_input_per_mtok, output_per_mtok)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)
              RETURNING ",
             deployment_columns!()
         ))
@@ -84,6 +104,9 @@ impl Store {
         .bind(fallbacks_json(new.fallbacks))
         .bind(new.unsupported_tools.as_str())
         .bind(new.max_tokens.map(i64::from))
+        .bind(new.pricing.map(|p| p.input_per_mtok))
+        .bind(new.pricing.and_then(|p| p.cached_input_per_mtok))
+        .bind(new.pricing.map(|p| p.output_per_mtok))
         .fetch_one(pool)
         .await)
         .map_err(|e| StoreError::from_write(e, &taken(new.name.as_str())))
@@ -118,6 +141,7 @@ impl Store {
         id: &str,
         changes: &DeploymentChanges<'_>,
     ) -> Result<Option<DeploymentRow>, StoreError> {
+        let pricing = changes.pricing.flatten();
         with_pool!(self, |pool| sqlx::query_as::<_, DeploymentRow>(concat!(
             "UPDATE deployments SET
                 name = COALESCE($2, name),
@@ -127,7 +151,10 @@ impl Store {
                 api_key = CASE WHEN $6 THEN $7 ELSE api_key END,
                 fallbacks = COALESCE($8, fallbacks),
                 unsupported_tools = COALESCE($9, unsupported_tools),
-                max_tokens = CASE WHEN $10 THEN $11 ELSE max_tokens END
+                max_tokens = CASE WHEN $10 THEN $11 ELSE max_tokens END,
+                input_per_mtok = CASE WHEN $12 THEN $13 ELSE input_per_mtok END,
+                cached_input_per_mtok = CASE WHEN $14 THEN $15 ELSE cached_input_per_mtok END,
+                output_per_mtok = CASE WHEN $16 THEN $17 ELSE output_per_mtok END
              WHERE id = $1
              RETURNING ",
             deployment_columns!()
@@ -143,6 +170,12 @@ impl Store {
         .bind(changes.unsupported_tools.map(UnsupportedTools::as_str))
         .bind(changes.max_tokens.is_some())
         .bind(changes.max_tokens.flatten().map(i64::from))
+        .bind(changes.pricing.is_some())
+        .bind(pricing.map(|p| p.input_per_mtok))
+        .bind(changes.pricing.is_some())
+        .bind(pricing.and_then(|p| p.cached_input_per_mtok))
+        .bind(changes.pricing.is_some())
+        .bind(pricing.map(|p| p.output_per_mtok))
         .fetch_optional(pool)
         .await)
         .map_err(|e| StoreError::from_write(e, &taken(changes.name.map_or("", EntityName::as_str))))

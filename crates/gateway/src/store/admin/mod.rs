@@ -5,17 +5,82 @@
 //! ever read back as `has_api_key` / `has_secret`, so no admin answer can leak them by accident. Rows derive
 //! `sqlx::FromRow`, which is generic over the row type, so one derive reads both backends.
 
+/// The governance columns of `api_keys` and `projects`, in `GovernanceColumns`' order.
+macro_rules! governance_columns {
+    () => {
+        "rpm_limit, tpm_limit, max_concurrent, budget_usd, budget_period"
+    };
+}
+
+/// Sets the governance columns from `$2` to `$11`, bound by `bind_governance_changes!`: each column a flag
+/// (change it?) and its new value.
+macro_rules! governance_set {
+    () => {
+        "rpm_limit = CASE WHEN $2 THEN $3 ELSE rpm_limit END,
+         tpm_limit = CASE WHEN $4 THEN $5 ELSE tpm_limit END,
+         max_concurrent = CASE WHEN $6 THEN $7 ELSE max_concurrent END,
+         budget_usd = CASE WHEN $8 THEN $9 ELSE budget_usd END,
+         budget_period = CASE WHEN $10 THEN $11 ELSE budget_period END"
+    };
+}
+
+/// Binds the values of `governance_columns!` from a `Governance`.
+macro_rules! bind_governance {
+    ($query:expr, $governance:expr) => {{
+        let governance: &gateway_core::governance::Governance = $governance;
+        $query
+            .bind($crate::store::admin::governed::limit_column(
+                governance.limits.rpm,
+            ))
+            .bind($crate::store::admin::governed::limit_column(
+                governance.limits.tpm,
+            ))
+            .bind($crate::store::admin::governed::limit_column(
+                governance.limits.max_concurrent,
+            ))
+            .bind(governance.budget.map(|b| b.usd))
+            .bind(governance.budget.map(|b| b.period.as_str()))
+    }};
+}
+
+/// Binds `$2` to `$11` of `governance_set!` from a `GovernanceChanges`.
+macro_rules! bind_governance_changes {
+    ($query:expr, $changes:expr) => {{
+        let changes: &$crate::store::admin::governed::GovernanceChanges = $changes;
+        let limits = changes.limits;
+        $query
+            .bind(limits.rpm.is_some())
+            .bind($crate::store::admin::governed::limit_column(
+                limits.rpm.flatten(),
+            ))
+            .bind(limits.tpm.is_some())
+            .bind($crate::store::admin::governed::limit_column(
+                limits.tpm.flatten(),
+            ))
+            .bind(limits.max_concurrent.is_some())
+            .bind($crate::store::admin::governed::limit_column(
+                limits.max_concurrent.flatten(),
+            ))
+            .bind(changes.budget.is_some())
+            .bind(changes.budget.flatten().map(|b| b.usd))
+            .bind(changes.budget.is_some())
+            .bind(changes.budget.flatten().map(|b| b.period.as_str()))
+    }};
+}
+
 mod api_keys;
 mod deployments;
+mod governed;
 mod groups;
 mod projects;
 mod tool_calls;
 mod tool_sources;
 
-pub use api_keys::{ApiKeyRow, NewApiKey};
+pub use api_keys::{ApiKeyChanges, ApiKeyRow, NewApiKey};
 pub use deployments::{DeploymentChanges, DeploymentRow, NewDeployment};
+pub use governed::{GovernanceChanges, GovernanceColumns};
 pub use groups::{GroupRow, Member, Membership};
-pub use projects::ProjectRow;
+pub use projects::{ProjectChanges, ProjectRow};
 pub use tool_calls::{AuditedResponse, StepAttempts};
 pub use tool_sources::{NewToolSource, ToolSourceChanges, ToolSourceRow};
 

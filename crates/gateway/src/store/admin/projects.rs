@@ -1,7 +1,9 @@
-//! Projects (tenants): the owners of API keys and responses.
+//! Projects (tenants): the owners of API keys and responses, with the limits and budget they are held to.
 
 use gateway_core::entity::EntityName;
+use gateway_core::governance::Governance;
 
+use super::governed::{GovernanceChanges, GovernanceColumns};
 use crate::clock::now;
 use crate::ids::new_id;
 use crate::store::{Store, StoreError};
@@ -12,17 +14,43 @@ pub struct ProjectRow {
     pub id: String,
     pub name: String,
     pub created_at: i64,
+    #[sqlx(flatten)]
+    pub governance: GovernanceColumns,
+}
+
+/// Changes to a project; the default changes nothing.
+#[derive(Debug, Clone, Default)]
+pub struct ProjectChanges<'a> {
+    pub name: Option<&'a EntityName>,
+    pub governance: GovernanceChanges,
+}
+
+/// The columns of a `ProjectRow`.
+macro_rules! project_columns {
+    () => {
+        concat!("id, name, created_at, ", governance_columns!())
+    };
 }
 
 impl Store {
-    /// Creates a project; `Conflict` when the name is taken.
-    pub async fn create_project(&self, name: &EntityName) -> Result<ProjectRow, StoreError> {
-        with_pool!(self, |pool| sqlx::query_as::<_, ProjectRow>(
-            "INSERT INTO projects (id, name, created_at) VALUES ($1, $2, $3) RETURNING id, name, created_at"
+    /// Creates a project held to `governance`; `Conflict` when the name is taken.
+    pub async fn create_project(
+        &self,
+        name: &EntityName,
+        governance: &Governance,
+    ) -> Result<ProjectRow, StoreError> {
+        with_pool!(self, |pool| bind_governance!(
+            sqlx::query_as::<_, ProjectRow>(concat!(
+                "INSERT INTO projects (id, name, created_at, ",
+                governance_columns!(),
+                ") VALUES ($1, $2, $3, $4, $5, $6, $7, $8) RETURNING ",
+                project_columns!()
+            ))
+            .bind(new_id("proj"))
+            .bind(name.as_str())
+            .bind(now()),
+            governance
         )
-        .bind(new_id("proj"))
-        .bind(name.as_str())
-        .bind(now())
         .fetch_one(pool)
         .await)
         .map_err(|e| StoreError::from_write(e, &taken(name.as_str())))
@@ -30,33 +58,48 @@ impl Store {
 
     /// Every project, by name.
     pub async fn list_projects(&self) -> Result<Vec<ProjectRow>, StoreError> {
-        self.select_all("SELECT id, name, created_at FROM projects ORDER BY name")
-            .await
+        self.select_all(concat!(
+            "SELECT ",
+            project_columns!(),
+            " FROM projects ORDER BY name"
+        ))
+        .await
     }
 
     /// One project.
     pub async fn get_project(&self, id: &str) -> Result<Option<ProjectRow>, StoreError> {
         self.select_by_id(
-            "SELECT id, name, created_at FROM projects WHERE id = $1",
+            concat!(
+                "SELECT ",
+                project_columns!(),
+                " FROM projects WHERE id = $1"
+            ),
             id,
         )
         .await
     }
 
-    /// Renames a project (`None` keeps the name); `Ok(None)` when there is no such project.
+    /// Applies changes to a project in one write; `Ok(None)` when there is no such project.
     pub async fn update_project(
         &self,
         id: &str,
-        name: Option<&EntityName>,
+        changes: &ProjectChanges<'_>,
     ) -> Result<Option<ProjectRow>, StoreError> {
-        with_pool!(self, |pool| sqlx::query_as::<_, ProjectRow>(
-            "UPDATE projects SET name = COALESCE($2, name) WHERE id = $1 RETURNING id, name, created_at"
+        let name = changes.name.map(EntityName::as_str);
+        with_pool!(self, |pool| bind_governance_changes!(
+            sqlx::query_as::<_, ProjectRow>(concat!(
+                "UPDATE projects SET ",
+                governance_set!(),
+                ", name = COALESCE($12, name) WHERE id = $1 RETURNING ",
+                project_columns!()
+            ))
+            .bind(id),
+            &changes.governance
         )
-        .bind(id)
-        .bind(name.map(EntityName::as_str))
+        .bind(name)
         .fetch_optional(pool)
         .await)
-        .map_err(|e| StoreError::from_write(e, &taken(name.map_or("", EntityName::as_str))))
+        .map_err(|e| StoreError::from_write(e, &taken(name.unwrap_or(""))))
     }
 
     /// Deletes a project with its keys, responses and group grants; `false` when there was none.
