@@ -10,9 +10,15 @@ use gateway_core::governance::{window_start, Standing, WINDOW_SECS};
 
 use crate::store::{Store, StoreError};
 
-/// The slice of a window leased at once: a twentieth of the limit, between 1 and 100 requests.
+/// The requests of a window leased at once: a twentieth of the limit, between 1 and 100.
 fn slice(limit: u64) -> u64 {
     (limit / 20).clamp(1, 100)
+}
+
+/// The tokens of a window that matter at once: counted here, they are added to the shared window without waiting
+/// for `sync`; within them of the limit, every admission reads the shared window afresh. A twentieth of the limit.
+fn token_slice(limit: u64) -> u64 {
+    (limit / 20).max(1)
 }
 
 /// What this replica knows of one window of one counter.
@@ -157,12 +163,14 @@ impl Counters {
         }
     }
 
-    /// Counts `tokens` a model call used in the window of `now`; they reach the shared window within `sync`.
-    pub(super) fn add_tokens(&self, name: &str, tokens: u64, now: i64) {
+    /// Counts `tokens` a model call used in the window of `now` against `limit`; they reach the shared window
+    /// within `sync`, or at once when they make a slice of the limit.
+    pub(super) fn add_tokens(&self, name: &str, tokens: u64, limit: u64, now: i64) {
         let start = window_start(now);
-        let schedule = self.with(name, start, |window| {
+        let (schedule, at_once) = self.with(name, start, |window| {
             window.unsynced += tokens;
-            !std::mem::replace(&mut window.flushing, true)
+            let at_once = window.unsynced >= token_slice(limit);
+            (!std::mem::replace(&mut window.flushing, true), at_once)
         });
         if !schedule {
             return;
@@ -170,7 +178,9 @@ impl Counters {
         let counters = self.clone();
         let name = name.to_owned();
         tokio::spawn(async move {
-            tokio::time::sleep(counters.sync).await;
+            if !at_once {
+                tokio::time::sleep(counters.sync).await;
+            }
             counters.with(&name, start, |window| window.flushing = false);
             if let Err(e) = counters.sync(&name, start).await {
                 tracing::warn!(counter = %name, error = %e, "could not add tokens to a shared limit");

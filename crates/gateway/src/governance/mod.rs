@@ -298,10 +298,11 @@ impl Governor {
         let now = now();
         crate::metrics::model_usage(&payer.project_id, deployment, usage, cost);
         for (scope, owner, governance) in payer.scopes() {
-            if governance.limits.tpm.is_some() {
+            if let Some(limit) = governance.limits.tpm {
                 self.counters.add_tokens(
                     &counter_name(scope, owner, "tpm"),
                     usage.total_tokens(),
+                    limit,
                     now,
                 );
             }

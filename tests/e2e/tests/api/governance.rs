@@ -58,8 +58,12 @@ async fn assert_refused(
     before: (i64, i64, i64),
     calls: usize,
 ) {
-    assert_error(answer, 429, None, Some(code));
-    assert_eq!(answer.error()["type"], kind, "{:#}", answer.body);
+    assert_eq!(answer.status, 429, "{:#}", answer.body);
+    let error = answer.error();
+    assert_eq!(error["code"], code, "{:#}", answer.body);
+    assert_eq!(error["type"], kind, "{:#}", answer.body);
+    assert!(error["param"].is_null(), "{:#}", answer.body);
+    assert!(error["message"].as_str().is_some_and(|m| !m.is_empty()));
     assert_eq!(stored_rows(gw).await, before, "nothing stored");
     assert_eq!(gw.model.requests().len(), calls, "no model call");
 }
@@ -122,12 +126,9 @@ async fn the_tighter_of_project_and_key_limits_wins_and_null_removes_a_limit() {
         )
         .await;
     let other_key = other["key"].as_str().unwrap().to_owned();
-    assert_error(
-        &hello(&gw, &other_key).await,
-        429,
-        None,
-        Some("rate_limit_exceeded"),
-    );
+    let second_key = hello(&gw, &other_key).await;
+    assert_eq!(second_key.status, 429, "{:#}", second_key.body);
+    assert_eq!(second_key.error()["code"], "rate_limit_exceeded");
 
     patch_project(&gw, &tenant, json!({"limits": {"rpm": null}})).await;
     gw.model.push(Reply::text("again"));
