@@ -67,11 +67,9 @@ async fn seed_project(store: &Store, name: &str, project: &SeedProject) -> Resul
         .iter()
         .map(|(key_name, key)| seeded_key(key_name, key))
         .collect::<Result<Vec<_>, _>>()?;
-    let existing = store
-        .list_projects()
-        .await?
-        .into_iter()
-        .find(|p| p.name == project_name.as_str());
+    let existing = named(store.list_projects().await?, project_name.as_str(), |p| {
+        &p.name
+    });
     let id = match existing {
         Some(existing) => {
             let changes = ProjectChanges {
@@ -200,11 +198,7 @@ async fn seed_deployment(
         .map(Pricing::parse)
         .transpose()
         .map_err(reject)?;
-    let existing = store
-        .list_deployments()
-        .await?
-        .into_iter()
-        .find(|d| d.name == name.as_str());
+    let existing = named(store.list_deployments().await?, name.as_str(), |d| &d.name);
     if let Some(existing) = existing {
         let changes = DeploymentChanges {
             name: None,
@@ -262,11 +256,7 @@ async fn seed_tool_source(
         None => TimeoutMs::DEFAULT,
     };
     let secret = optional_secret(tool.secret.as_ref(), "secret").map_err(reject)?;
-    let existing = store
-        .list_tool_sources()
-        .await?
-        .into_iter()
-        .find(|t| t.name == name.as_str());
+    let existing = named(store.list_tool_sources().await?, name.as_str(), |t| &t.name);
     if let Some(existing) = existing {
         let changes = ToolSourceChanges {
             name: None,
@@ -306,11 +296,7 @@ async fn seed_tool_source(
 async fn seed_group(store: &Store, name: &str, group: &SeedGroup) -> Result<(), SeedError> {
     let group_name =
         EntityName::parse(name, "name").map_err(|e| invalid("deployment group", name, e))?;
-    let existing = store
-        .list_groups()
-        .await?
-        .into_iter()
-        .find(|g| g.name == group_name.as_str());
+    let existing = named(store.list_groups().await?, group_name.as_str(), |g| &g.name);
     let group_id = match existing {
         Some(existing) => existing.id,
         None => store.create_group(&group_name).await?.id,
@@ -382,4 +368,9 @@ fn problem(entity: &'static str, name: &str, problem: String) -> SeedError {
         name: name.to_owned(),
         problem,
     }
+}
+
+/// The row among `rows` whose name (read by `name_of`) is `name`, if any.
+fn named<R>(rows: Vec<R>, name: &str, name_of: impl Fn(&R) -> &String) -> Option<R> {
+    rows.into_iter().find(|row| name_of(row) == name)
 }

@@ -45,10 +45,8 @@ async fn patch_key(cluster: &Cluster, replica: &Replica, id: &str, body: Value) 
     assert_eq!(answer["id"], id, "{answer:#}");
 }
 
-#[tokio::test]
-async fn three_replicas_admit_no_more_than_a_keys_requests_per_minute_together() {
-    const LIMIT: usize = 30;
-    const SENT: usize = 90;
+/// Three replicas on one Postgres database, configured, the cluster's key held to `limits`.
+async fn three_replicas_with(limits: Value) -> (Cluster, [Replica; 3]) {
     let mut cluster = Cluster::postgres().await;
     let replicas = [
         cluster.replica(&[]),
@@ -57,13 +55,15 @@ async fn three_replicas_admit_no_more_than_a_keys_requests_per_minute_together()
     ];
     cluster.configure(&replicas[0]).await;
     let key = key_id(&cluster, &replicas[0]).await;
-    patch_key(
-        &cluster,
-        &replicas[0],
-        &key,
-        json!({"limits": {"rpm": LIMIT}}),
-    )
-    .await;
+    patch_key(&cluster, &replicas[0], &key, json!({ "limits": limits })).await;
+    (cluster, replicas)
+}
+
+#[tokio::test]
+async fn three_replicas_admit_no_more_than_a_keys_requests_per_minute_together() {
+    const LIMIT: usize = 30;
+    const SENT: usize = 90;
+    let (cluster, replicas) = three_replicas_with(json!({"rpm": LIMIT})).await;
 
     // Every replica at once, each its share of the creates, concurrently.
     let creates = (0..SENT).map(|n| {
@@ -119,21 +119,7 @@ async fn three_replicas_hold_a_keys_tokens_per_minute_within_the_calls_in_flight
     const LIMIT: u64 = 300;
     const PER_CALL: u64 = 15;
     const PER_REPLICA: usize = 30;
-    let mut cluster = Cluster::postgres().await;
-    let replicas = [
-        cluster.replica(&[]),
-        cluster.replica(&[]),
-        cluster.replica(&[]),
-    ];
-    cluster.configure(&replicas[0]).await;
-    let key = key_id(&cluster, &replicas[0]).await;
-    patch_key(
-        &cluster,
-        &replicas[0],
-        &key,
-        json!({"limits": {"tpm": LIMIT}}),
-    )
-    .await;
+    let (cluster, replicas) = three_replicas_with(json!({"tpm": LIMIT})).await;
 
     // Each replica a client sending one create after another: three calls in flight at most.
     let client = |replica: &Replica| {

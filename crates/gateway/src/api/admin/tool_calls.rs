@@ -140,6 +140,23 @@ pub async fn response_tool_calls(
 const MAX_LIMIT: i64 = 100;
 const DEFAULT_LIMIT: i64 = 20;
 
+/// The page size `limit` of the query: `default` when absent, else between 1 and `max`, or a 400 naming it.
+pub(super) fn query_limit(
+    query: &HashMap<String, String>,
+    default: i64,
+    max: i64,
+) -> Result<i64, ApiError> {
+    let limit = query_number(query, "limit")?.unwrap_or(default);
+    if !(1..=max).contains(&limit) {
+        return Err(ApiError::invalid(
+            format!("'limit' must be between 1 and {max}; got {limit}."),
+            Some("limit"),
+            Some("invalid_value"),
+        ));
+    }
+    Ok(limit)
+}
+
 pub(super) fn query_number(
     query: &HashMap<String, String>,
     key: &str,
@@ -171,14 +188,7 @@ pub async fn project_tool_calls(
     }
     let until = query_number(&query, "until")?.unwrap_or_else(|| now() + 1);
     let since = query_number(&query, "since")?.unwrap_or(until - 86_400);
-    let limit = query_number(&query, "limit")?.unwrap_or(DEFAULT_LIMIT);
-    if !(1..=MAX_LIMIT).contains(&limit) {
-        return Err(ApiError::invalid(
-            format!("'limit' must be between 1 and {MAX_LIMIT}; got {limit}."),
-            Some("limit"),
-            Some("invalid_value"),
-        ));
-    }
+    let limit = query_limit(&query, DEFAULT_LIMIT, MAX_LIMIT)?;
     if since > until {
         return Err(ApiError::invalid(
             "'since' must not be after 'until'.",

@@ -8,7 +8,7 @@ use axum::extract::State;
 use axum::Json;
 use serde::Serialize;
 
-use super::tool_calls::query_number;
+use super::tool_calls::{query_limit, query_number};
 use crate::api::error::ApiError;
 use crate::api::extract::ApiQuery;
 use crate::api::AppState;
@@ -128,14 +128,7 @@ pub async fn usage(
         })?;
         group_by.push(group);
     }
-    let limit = query_number(&query, "limit")?.unwrap_or(DEFAULT_LIMIT);
-    if !(1..=MAX_LIMIT).contains(&limit) {
-        return Err(ApiError::invalid(
-            format!("'limit' must be between 1 and {MAX_LIMIT}; got {limit}."),
-            Some("limit"),
-            Some("invalid_value"),
-        ));
-    }
+    let limit = query_limit(&query, DEFAULT_LIMIT, MAX_LIMIT)?;
     let limit = limit as u32;
     let offset = match query.get("page") {
         None => 0,

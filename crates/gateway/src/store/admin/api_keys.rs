@@ -101,17 +101,9 @@ impl Store {
         Ok(Some(keys))
     }
 
-    /// One key.
-    pub async fn get_api_key(&self, id: &str) -> Result<Option<ApiKeyRow>, StoreError> {
-        self.select_by_id(
-            concat!(
-                "SELECT ",
-                api_key_columns!(),
-                " FROM api_keys WHERE id = $1"
-            ),
-            id,
-        )
-        .await
+    row_by_id! {
+        /// One key.
+        get_api_key -> ApiKeyRow, api_key_columns, "api_keys"
     }
 
     /// The key of a project with this hash, revoked or not: how the seed finds a key it gave before.

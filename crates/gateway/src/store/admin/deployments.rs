@@ -122,17 +122,9 @@ impl Store {
         .await
     }
 
-    /// One deployment.
-    pub async fn get_deployment(&self, id: &str) -> Result<Option<DeploymentRow>, StoreError> {
-        self.select_by_id(
-            concat!(
-                "SELECT ",
-                deployment_columns!(),
-                " FROM deployments WHERE id = $1"
-            ),
-            id,
-        )
-        .await
+    row_by_id! {
+        /// One deployment.
+        get_deployment -> DeploymentRow, deployment_columns, "deployments"
     }
 
     /// Applies changes to a deployment; `Ok(None)` when there is no such deployment.

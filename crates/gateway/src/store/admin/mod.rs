@@ -5,6 +5,20 @@
 //! ever read back as `has_api_key` / `has_secret`, so no admin answer can leak them by accident. Rows derive
 //! `sqlx::FromRow`, which is generic over the row type, so one derive reads both backends.
 
+/// `pub async fn $name(&self, id: &str)`: the row of `$table` with that id, read with `$columns!()`.
+macro_rules! row_by_id {
+    ($(#[$doc:meta])* $name:ident -> $row:ty, $columns:ident, $table:literal) => {
+        $(#[$doc])*
+        pub async fn $name(&self, id: &str) -> Result<Option<$row>, StoreError> {
+            self.select_by_id(
+                concat!("SELECT ", $columns!(), " FROM ", $table, " WHERE id = $1"),
+                id,
+            )
+            .await
+        }
+    };
+}
+
 /// The governance columns of `api_keys` and `projects`, in `GovernanceColumns`' order.
 macro_rules! governance_columns {
     () => {

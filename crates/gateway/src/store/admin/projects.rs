@@ -66,17 +66,9 @@ impl Store {
         .await
     }
 
-    /// One project.
-    pub async fn get_project(&self, id: &str) -> Result<Option<ProjectRow>, StoreError> {
-        self.select_by_id(
-            concat!(
-                "SELECT ",
-                project_columns!(),
-                " FROM projects WHERE id = $1"
-            ),
-            id,
-        )
-        .await
+    row_by_id! {
+        /// One project.
+        get_project -> ProjectRow, project_columns, "projects"
     }
 
     /// Applies changes to a project in one write; `Ok(None)` when there is no such project.

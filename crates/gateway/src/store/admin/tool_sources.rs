@@ -134,17 +134,9 @@ impl Store {
         .await
     }
 
-    /// One tool source.
-    pub async fn get_tool_source(&self, id: &str) -> Result<Option<ToolSourceRow>, StoreError> {
-        self.select_by_id(
-            concat!(
-                "SELECT ",
-                tool_source_columns!(),
-                " FROM tool_sources WHERE id = $1"
-            ),
-            id,
-        )
-        .await
+    row_by_id! {
+        /// One tool source.
+        get_tool_source -> ToolSourceRow, tool_source_columns, "tool_sources"
     }
 
     /// Applies changes to a tool source; `Ok(None)` when there is no such tool source.
