@@ -11,10 +11,10 @@ use std::collections::{HashMap, HashSet};
 use serde_json::{json, Map, Value};
 
 use crate::chat::{normalise_arguments, scrub_nul, IdSource, ParseError};
+use crate::context::ModelInput;
 use crate::event_stream::TypedEventStream;
 use crate::items::{ContentPart, Item, MessageContent, Role};
 use crate::reasoning::{self, Replay};
-use crate::request::ResponseParams;
 use crate::steps::{AssistantMessage, Finish, ModelDelta, ModelOutput, ToolCall, Usage};
 use crate::toolset::{model_tool_choice, OfferedTool, ToolInput};
 use crate::walk::{call_of, results_by_call_id};
@@ -27,10 +27,9 @@ pub const API_VERSION: &str = "2023-06-01";
 pub fn build_request(
     upstream_model: &str,
     default_max_tokens: u32,
-    params: &ResponseParams,
-    conversation: &[Item],
-    tools: &[OfferedTool],
+    input: &ModelInput<'_>,
 ) -> Value {
+    let (params, conversation, tools) = (input.params, input.conversation, input.tools);
     let mut body = Map::new();
     body.insert("model".into(), json!(upstream_model));
     body.insert(

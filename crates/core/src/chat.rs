@@ -4,19 +4,15 @@ use std::collections::HashSet;
 
 use serde_json::{json, Map, Value};
 
+use crate::context::ModelInput;
 use crate::items::{parts_text, ContentPart, Item, MessageContent, Role};
-use crate::request::ResponseParams;
 use crate::steps::{AssistantMessage, Finish, ModelOutput, ToolCall, Usage};
 use crate::toolset::{model_tool_choice, OfferedTool, ToolInput};
 use crate::walk::{call_of, results_by_call_id, Call};
 
 /// Builds the Chat Completions request body for one model call.
-pub fn build_request(
-    upstream_model: &str,
-    params: &ResponseParams,
-    conversation: &[Item],
-    tools: &[OfferedTool],
-) -> Value {
+pub fn build_request(upstream_model: &str, input: &ModelInput<'_>) -> Value {
+    let (params, conversation, tools) = (input.params, input.conversation, input.tools);
     let mut body = Map::new();
     body.insert("model".into(), json!(upstream_model));
     body.insert(

@@ -11,8 +11,18 @@ use std::collections::{HashMap, HashSet};
 use crate::items::{
     FunctionCallOutputItem, FunctionOutput, Item, MessageContent, MessageItem, Role,
 };
+use crate::request::ResponseParams;
 use crate::steps::{Step, StepBody, ToolCall};
-use crate::toolset::call_item;
+use crate::toolset::{call_item, OfferedTool};
+
+/// What one model call is given to translate, whatever the provider: the request's parameters, the conversation
+/// (calls under the flat names the model is offered), and the tools as offered.
+#[derive(Debug, Clone, Copy)]
+pub struct ModelInput<'a> {
+    pub params: &'a ResponseParams,
+    pub conversation: &'a [Item],
+    pub tools: &'a [OfferedTool],
+}
 
 /// The conversation for the next model call: the stored context, then what the steps produced.
 pub fn model_conversation(context: &[Item], steps: &[Step]) -> Vec<Item> {

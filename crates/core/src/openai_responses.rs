@@ -12,21 +12,21 @@ use std::collections::HashSet;
 use serde_json::{json, Map, Value};
 
 use crate::chat::{normalise_arguments, scrub_nul, IdSource, ParseError};
+use crate::context::ModelInput;
 use crate::event_stream::TypedEventStream;
 use crate::items::{Item, MessageItem, Role};
 use crate::reasoning::{self, Replay};
-use crate::request::ResponseParams;
 use crate::steps::{AssistantMessage, Finish, ModelDelta, ModelOutput, ToolCall, Usage};
 use crate::toolset::{model_tool_choice, OfferedTool, ToolInput};
 use crate::walk::{call_of, results_by_call_id, CallInput};
 
 /// Builds the request body for one model call.
-pub fn build_request(
-    upstream_model: &str,
-    params: &ResponseParams,
-    conversation: &[Item],
-    tools: &[OfferedTool],
-) -> Value {
+pub fn build_request(upstream_model: &str, model_input: &ModelInput<'_>) -> Value {
+    let (params, conversation, tools) = (
+        model_input.params,
+        model_input.conversation,
+        model_input.tools,
+    );
     let mut body = Map::new();
     body.insert("model".into(), json!(upstream_model));
     body.insert("input".into(), Value::Array(input(conversation)));

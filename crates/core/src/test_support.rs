@@ -97,3 +97,16 @@ pub fn answered_step(
         }),
     }
 }
+
+/// What a translator is given for one model call.
+pub fn model_input<'a>(
+    params: &'a crate::request::ResponseParams,
+    conversation: &'a [crate::items::Item],
+    tools: &'a [crate::toolset::OfferedTool],
+) -> crate::context::ModelInput<'a> {
+    crate::context::ModelInput {
+        params,
+        conversation,
+        tools,
+    }
+}

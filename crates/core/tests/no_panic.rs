@@ -150,7 +150,12 @@ fn through_the_core(body: Value) {
     let _ = pair_calls(&context, 0, &Default::default());
     let conversation = model_conversation(&context, &[]);
     let offered = offered_client_tools(&request.params.tools);
-    let sent = chat::build_request("up", &request.params, &conversation, &offered);
+    let input = gateway_core::context::ModelInput {
+        params: &request.params,
+        conversation: &conversation,
+        tools: &offered,
+    };
+    let sent = chat::build_request("up", &input);
     assert!(sent["messages"].is_array());
 }
 

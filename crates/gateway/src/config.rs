@@ -8,6 +8,7 @@ use figment::providers::{Env, Format, Serialized, Toml};
 use figment::Figment;
 use secrecy::SecretString;
 use serde::{Deserialize, Serialize};
+use smart_default::SmartDefault;
 
 /// The whole configuration, loaded once at start-up.
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -29,33 +30,26 @@ pub struct Config {
     pub seed: SeedConfig,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, SmartDefault)]
 #[serde(deny_unknown_fields, default)]
 pub struct ServerConfig {
     /// Listen address; port 0 picks a free port.
+    #[default(SocketAddr::from(([127, 0, 0, 1], 8080)))]
     pub bind: SocketAddr,
     /// Largest request body accepted, in bytes; larger bodies get 413.
+    #[default(8 * 1024 * 1024)]
     pub body_limit_bytes: usize,
     /// After SIGTERM/SIGINT, how long requests in flight may take to finish.
+    #[default(30_000)]
     pub shutdown_grace_ms: u64,
     /// Responses running at once (streams included, for as long as they stream); a create beyond it is
     /// answered 503 with `Retry-After` at once instead of queueing.
+    #[default(2048)]
     pub max_active_responses: usize,
     /// While an event stream sends nothing for this long, a `: keep-alive` comment goes out (SPEC 6: at most
     /// 15 s), so proxies and clients do not time out a stream waiting on a slow model or tool.
+    #[default(15_000)]
     pub keep_alive_ms: u64,
-}
-
-impl Default for ServerConfig {
-    fn default() -> Self {
-        ServerConfig {
-            bind: SocketAddr::from(([127, 0, 0, 1], 8080)),
-            body_limit_bytes: 8 * 1024 * 1024,
-            shutdown_grace_ms: 30_000,
-            max_active_responses: 2048,
-            keep_alive_ms: 15_000,
-        }
-    }
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -68,91 +62,73 @@ pub struct AdminConfig {
     pub metrics_token: Option<SecretString>,
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, SmartDefault)]
 #[serde(deny_unknown_fields, default)]
 pub struct DatabaseConfig {
     /// `postgres://...` selects Postgres, `sqlite:...` (or none: `data/gateway.db`) the embedded store;
     /// `DATABASE_URL` is honoured too.
     pub url: Option<SecretString>,
+    #[default(16)]
     pub max_connections: u32,
     /// Postgres: make every step boundary wait for its commit to reach the disk. By default only the writes
     /// that must do (before a tool request goes out, and a response's end) wait; the others are on disk a
     /// fraction of a second later, and are lost only if the database server itself crashes in between.
     pub flush_every_step: bool,
     /// How long a request waits for a pooled connection before it is answered 503 (overloaded).
+    #[default(5_000)]
     pub acquire_timeout_ms: u64,
 }
 
-impl Default for DatabaseConfig {
-    fn default() -> Self {
-        DatabaseConfig {
-            url: None,
-            max_connections: 16,
-            flush_every_step: false,
-            acquire_timeout_ms: 5_000,
-        }
-    }
-}
-
 /// Operator ceilings of the loop; a request may lower them, never raise them.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, SmartDefault)]
 #[serde(deny_unknown_fields, default)]
 pub struct LimitsConfig {
+    #[default(16)]
     pub max_model_calls: u32,
+    #[default(64)]
     pub max_tool_calls: u32,
+    #[default(3)]
     pub max_failing_batches: u32,
     /// Tool calls of one batch that run at the same time.
+    #[default(8)]
     pub tool_concurrency: usize,
     /// Whole-response deadline.
+    #[default(10 * 60 * 1000)]
     pub response_deadline_ms: u64,
 }
 
-impl Default for LimitsConfig {
-    fn default() -> Self {
-        LimitsConfig {
-            max_model_calls: 16,
-            max_tool_calls: 64,
-            max_failing_batches: 3,
-            tool_concurrency: 8,
-            response_deadline_ms: 10 * 60 * 1000,
-        }
-    }
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, SmartDefault)]
 #[serde(deny_unknown_fields, default)]
 pub struct UpstreamConfig {
     /// Timeout of one upstream request.
+    #[default(120_000)]
     pub timeout_ms: u64,
     /// Retries after the first attempt, for 429, 5xx and connection errors.
+    #[default(2)]
     pub max_retries: u32,
     /// Base of the backoff between retries (`retry::RetryPolicy`: exponential, equal jitter).
+    #[default(200)]
     pub backoff_ms: u64,
 }
 
-impl Default for UpstreamConfig {
-    fn default() -> Self {
-        UpstreamConfig {
-            timeout_ms: 120_000,
-            max_retries: 2,
-            backoff_ms: 200,
-        }
-    }
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, SmartDefault)]
 #[serde(deny_unknown_fields, default)]
 pub struct ToolsConfig {
     /// Timeout of a tool source that sets none.
+    #[default(30_000)]
     pub default_timeout_ms: u64,
     /// Retries of a tool request whose connection failed before anything was sent.
+    #[default(2)]
     pub max_retries: u32,
     /// Base of the backoff between those retries (`retry::RetryPolicy`: exponential, equal jitter).
+    #[default(50)]
     pub backoff_ms: u64,
     /// How long an MCP source's tool list is used before it is listed again (a `list_changed` notification
     /// makes it listed again sooner).
+    #[default(60_000)]
     pub mcp_list_ttl_ms: u64,
     /// How long opening an MCP session or listing its tools may take.
+    #[default(5_000)]
     pub mcp_connect_timeout_ms: u64,
     /// URL prefixes of the MCP servers a request may declare itself (`{"type": "mcp", "server_url": ...}`); none
     /// (the default) allows none. A plain prefix of the normalised URL (`https://`, `https://mcp.`,
@@ -165,71 +141,43 @@ pub struct ToolsConfig {
     pub mcp_allowed_private_urls: Vec<String>,
 }
 
-impl Default for ToolsConfig {
-    fn default() -> Self {
-        ToolsConfig {
-            default_timeout_ms: 30_000,
-            max_retries: 2,
-            backoff_ms: 50,
-            mcp_list_ttl_ms: 60_000,
-            mcp_connect_timeout_ms: 5_000,
-            mcp_allowed_urls: Vec::new(),
-            mcp_allowed_private_urls: Vec::new(),
-        }
-    }
-}
-
 /// The shortest lease a replica may have (milliseconds).
 pub const MIN_LEASE_MS: u64 = 300;
 
 /// How replicas share the running responses (SPEC 9): leases, takeover, waits.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, SmartDefault)]
 #[serde(deny_unknown_fields, default)]
 pub struct DurabilityConfig {
     /// How long a replica keeps its responses without beating: after that, another replica takes them over.
     /// It beats every third of this.
+    #[default(10_000)]
     pub lease_ms: u64,
     /// How often a replica looks for responses to take: queued ones nobody took, and those of a replica whose
     /// lease ran out. A notification wakes it sooner for new queued ones.
+    #[default(2_000)]
     pub sweep_interval_ms: u64,
     /// How long a create repeated with the `Idempotency-Key` of a running response waits for it to end before
     /// answering `409` (which SDKs retry); also how long a cancel waits for the response to stop.
+    #[default(10_000)]
     pub wait_ms: u64,
     /// How many re-attached streams (`GET /v1/responses/{id}?stream=true`) one replica follows at once; more
     /// are refused with `503 server_overloaded`, which SDKs retry.
+    #[default(1_000)]
     pub max_followers: usize,
 }
 
-impl Default for DurabilityConfig {
-    fn default() -> Self {
-        DurabilityConfig {
-            lease_ms: 10_000,
-            sweep_interval_ms: 2_000,
-            wait_ms: 10_000,
-            max_followers: 1_000,
-        }
-    }
-}
-
 /// The WebSocket transport of `/v1/responses` (SPEC 11).
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, SmartDefault)]
 #[serde(deny_unknown_fields, default)]
 pub struct WebSocketConfig {
     /// How long one connection may live; then it gets `websocket_connection_limit_reached` and is closed (a turn
     /// in flight finishes first).
+    #[default(60 * 60 * 1000)]
     pub max_connection_ms: u64,
     /// Connections one API key may hold open at once; one more is refused with `429`
     /// (`websocket_connection_limit_reached`) before the upgrade.
+    #[default(16)]
     pub max_connections_per_key: usize,
-}
-
-impl Default for WebSocketConfig {
-    fn default() -> Self {
-        WebSocketConfig {
-            max_connection_ms: 60 * 60 * 1000,
-            max_connections_per_key: 16,
-        }
-    }
 }
 
 /// The keys that seal compaction items (`POST /v1/responses/compact`, SPEC 11).
@@ -244,56 +192,35 @@ pub struct CompactionConfig {
 }
 
 /// How long key and model resolutions read from the store are reused.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, SmartDefault)]
 #[serde(deny_unknown_fields, default)]
 pub struct TenancyConfig {
     /// Admin writes through this gateway take effect at once; on other replicas within this time. 0 disables.
+    #[default(2_000)]
     pub cache_ttl_ms: u64,
 }
 
-impl Default for TenancyConfig {
-    fn default() -> Self {
-        TenancyConfig {
-            cache_ttl_ms: 2_000,
-        }
-    }
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, SmartDefault)]
 #[serde(deny_unknown_fields, default)]
 pub struct GovernanceConfig {
     /// How often a replica adds its tokens to the shared `tpm` counts and reads the others' back, and reads the
     /// spend of budgets; the tolerance of those limits across replicas (SPEC 13).
+    #[default(250)]
     pub sync_ms: u64,
     /// How often the usage of `store: false` responses is written, in one batch.
+    #[default(100)]
     pub usage_flush_ms: u64,
 }
 
-impl Default for GovernanceConfig {
-    fn default() -> Self {
-        GovernanceConfig {
-            sync_ms: 250,
-            usage_flush_ms: 100,
-        }
-    }
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, SmartDefault)]
 #[serde(deny_unknown_fields, default)]
 pub struct LogConfig {
     /// `pretty` or `json`.
+    #[default("pretty")]
     pub format: String,
     /// A `tracing` filter, e.g. `info,gateway=debug`.
+    #[default("info")]
     pub filter: String,
-}
-
-impl Default for LogConfig {
-    fn default() -> Self {
-        LogConfig {
-            format: "pretty".into(),
-            filter: "info".into(),
-        }
-    }
 }
 
 impl Config {

@@ -1,7 +1,8 @@
 //! Golden JSON tests for the Anthropic Messages translation, both ways.
 
 use super::*;
-use crate::test_support::{items, CountingIds as Ids};
+use crate::request::ResponseParams;
+use crate::test_support::{items, model_input, CountingIds as Ids};
 use crate::toolset::FunctionTool;
 
 fn weather() -> OfferedTool {
@@ -36,7 +37,11 @@ fn a_whole_request_has_system_max_tokens_tools_and_alternating_turns() {
         {"type": "message", "role": "user", "content": "And tomorrow?"}
     ]));
 
-    let body = build_request("claude-x", 1024, &params, &conversation, &[weather()]);
+    let body = build_request(
+        "claude-x",
+        1024,
+        &model_input(&params, &conversation, &[weather()]),
+    );
 
     assert_eq!(
         body,
@@ -73,7 +78,7 @@ fn max_tokens_comes_from_the_request_when_it_sets_one() {
         max_output_tokens: Some(77),
         ..ResponseParams::default()
     };
-    let body = build_request("m", 1024, &params, &items(json!([])), &[]);
+    let body = build_request("m", 1024, &model_input(&params, &items(json!([])), &[]));
     assert_eq!(body["max_tokens"], 77);
     assert!(body.get("system").is_none() && body.get("tools").is_none());
 }
@@ -101,7 +106,11 @@ fn tool_choice_maps_each_mode() {
             parallel_tool_calls: parallel,
             ..ResponseParams::default()
         };
-        let body = build_request("m", 10, &params, &items(json!([])), &[weather()]);
+        let body = build_request(
+            "m",
+            10,
+            &model_input(&params, &items(json!([])), &[weather()]),
+        );
         assert_eq!(body["tool_choice"], expected, "{choice}");
     }
 }
@@ -113,7 +122,11 @@ fn mcp_calls_pair_with_their_own_results_and_odd_arguments_are_wrapped() {
         {"type": "mcp_call", "id": "mcp_1", "call_id": "call_a", "server_label": "gateway", "name": "add",
          "arguments": "[1,2]", "output": "3", "status": "completed"},
     ]));
-    let body = build_request("m", 10, &ResponseParams::default(), &conversation, &[]);
+    let body = build_request(
+        "m",
+        10,
+        &model_input(&ResponseParams::default(), &conversation, &[]),
+    );
     assert_eq!(
         body["messages"],
         json!([
@@ -259,8 +272,12 @@ fn the_end_user_id_goes_as_metadata_user_id() {
         user: Some("u1".into()),
         ..ResponseParams::default()
     };
-    let sent = build_request("claude", 1024, &params, &[], &[]);
+    let sent = build_request("claude", 1024, &model_input(&params, &[], &[]));
     assert_eq!(sent["metadata"], json!({"user_id": "u-hash"}));
-    let plain = build_request("claude", 1024, &ResponseParams::default(), &[], &[]);
+    let plain = build_request(
+        "claude",
+        1024,
+        &model_input(&ResponseParams::default(), &[], &[]),
+    );
     assert!(plain.get("metadata").is_none());
 }

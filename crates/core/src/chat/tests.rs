@@ -3,9 +3,10 @@
 use super::*;
 use crate::context::model_conversation;
 use crate::items::InputItem;
+use crate::request::ResponseParams;
 use crate::request::{validate, CreateResponseBody};
 use crate::steps::{ModelStep, Step, StepBody, StepState, ToolOutcome};
-use crate::test_support::items;
+use crate::test_support::{items, model_input};
 use crate::toolset::FunctionTool;
 
 // ---- helpers -------------------------------------------------------------------------------------
@@ -39,7 +40,7 @@ fn weather_tool() -> OfferedTool {
 
 /// The `messages` of the request for this conversation, without instructions or tools.
 fn messages_of(conversation: Value) -> Value {
-    build_request("m", &params(), &items(conversation), &[])["messages"].clone()
+    build_request("m", &model_input(&params(), &items(conversation), &[]))["messages"].clone()
 }
 
 /// Ids drawn in order: `fc_1`, `msg_2`, ...; synthesised call ids name their index, and are logged.
@@ -96,7 +97,7 @@ fn instructions_lead_and_string_input_becomes_a_user_message() {
             }
         })
         .collect();
-    let body = build_request("upstream-model", &valid.params, &input, &[]);
+    let body = build_request("upstream-model", &model_input(&valid.params, &input, &[]));
     assert_eq!(
         body,
         json!({
@@ -368,7 +369,10 @@ fn steps_of_a_running_response_pair_with_their_calls_in_the_next_request() {
             },
         ),
     ];
-    let body = build_request("m", &params(), &model_conversation(&context, &steps), &[]);
+    let body = build_request(
+        "m",
+        &model_input(&params(), &model_conversation(&context, &steps), &[]),
+    );
     assert_eq!(
         body["messages"],
         json!([
@@ -400,9 +404,11 @@ fn tools_map_to_chat_functions() {
     p.parallel_tool_calls = false;
     let body = build_request(
         "m",
-        &p,
-        &items(json!([{"type": "message", "role": "user", "content": "x"}])),
-        &tools,
+        &model_input(
+            &p,
+            &items(json!([{"type": "message", "role": "user", "content": "x"}])),
+            &tools,
+        ),
     );
     assert_eq!(
         body,
@@ -425,7 +431,7 @@ fn tools_map_to_chat_functions() {
 fn without_tools_no_tool_fields_are_sent() {
     let mut p = params();
     p.tool_choice = json!("required");
-    let body = build_request("m", &p, &[Item::user_text("x")], &[]);
+    let body = build_request("m", &model_input(&p, &[Item::user_text("x")], &[]));
     for key in ["tools", "tool_choice", "parallel_tool_calls"] {
         assert!(body.get(key).is_none(), "{key} sent without tools: {body}");
     }
@@ -454,7 +460,10 @@ fn tool_choice_maps_to_its_chat_form() {
     for (choice, expected) in cases {
         let mut p = params();
         p.tool_choice = choice.clone();
-        let body = build_request("m", &p, &[Item::user_text("x")], &[weather_tool()]);
+        let body = build_request(
+            "m",
+            &model_input(&p, &[Item::user_text("x")], &[weather_tool()]),
+        );
         assert_eq!(body["tool_choice"], expected, "tool_choice {choice}");
     }
 }
@@ -486,7 +495,7 @@ fn text_format_maps_to_response_format() {
     for (text, expected) in cases {
         let mut p = params();
         p.text = text.clone();
-        let body = build_request("m", &p, &[Item::user_text("x")], &[]);
+        let body = build_request("m", &model_input(&p, &[Item::user_text("x")], &[]));
         assert_eq!(
             body.get("response_format").cloned(),
             expected,
@@ -505,7 +514,7 @@ fn sampling_and_length_options_are_carried_over() {
     p.max_tool_calls = Some(3);
     p.metadata.insert("k".into(), "v".into());
     p.user = Some("u".into());
-    let body = build_request("m", &p, &[Item::user_text("x")], &[]);
+    let body = build_request("m", &model_input(&p, &[Item::user_text("x")], &[]));
     assert_eq!(
         body,
         json!({
@@ -526,7 +535,7 @@ fn reasoning_without_a_string_effort_sends_no_reasoning_effort() {
     for reasoning in [json!({"summary": "auto"}), json!({"effort": null})] {
         let mut p = params();
         p.reasoning = Some(reasoning.clone());
-        let body = build_request("m", &p, &[Item::user_text("x")], &[]);
+        let body = build_request("m", &model_input(&p, &[Item::user_text("x")], &[]));
         assert!(
             body.get("reasoning_effort").is_none(),
             "{reasoning}: {body}"
@@ -777,7 +786,7 @@ fn provider_settings_a_client_sets_are_passed_on_in_chats_names() {
     }))
     .unwrap();
     let request = validate(body).unwrap();
-    let sent = build_request("up", &request.params, &[], &[]);
+    let sent = build_request("up", &model_input(&request.params, &[], &[]));
     assert_eq!(sent["prompt_cache_key"], "k1");
     assert_eq!(sent["safety_identifier"], "u-hash");
     assert_eq!(sent["user"], "u1");
@@ -786,7 +795,7 @@ fn provider_settings_a_client_sets_are_passed_on_in_chats_names() {
     assert_eq!(sent["logprobs"], true);
     assert_eq!(sent["top_logprobs"], 3);
 
-    let plain = build_request("up", &params(), &[], &[]);
+    let plain = build_request("up", &model_input(&params(), &[], &[]));
     for key in [
         "prompt_cache_key",
         "user",

@@ -1,7 +1,8 @@
 //! Golden JSON tests for the Responses upstream translation, both ways.
 
 use super::*;
-use crate::test_support::{items, CountingIds as Ids};
+use crate::request::ResponseParams;
+use crate::test_support::{items, model_input, CountingIds as Ids};
 use crate::toolset::FunctionTool;
 
 #[test]
@@ -28,7 +29,7 @@ fn a_request_is_stateless_with_every_item_outputs_after_their_calls_and_reasonin
         strict: None,
     });
 
-    let body = build_request("gpt-x", &params, &conversation, &[tool]);
+    let body = build_request("gpt-x", &model_input(&params, &conversation, &[tool]));
 
     assert_eq!(
         body,
@@ -61,7 +62,10 @@ fn reasoning_goes_back_under_the_upstreams_own_id() {
         {"type": "reasoning", "id": "rs_upstream", "summary": [], "encrypted_content": "gAAAA3"}]});
     let output = parse_response(&answer, &mut Ids(0)).unwrap();
     let conversation: Vec<Item> = output.reasoning.into_iter().map(Item::Reasoning).collect();
-    let body = build_request("m", &ResponseParams::default(), &conversation, &[]);
+    let body = build_request(
+        "m",
+        &model_input(&ResponseParams::default(), &conversation, &[]),
+    );
     assert_eq!(
         body["input"],
         json!([{"type": "reasoning", "id": "rs_upstream", "summary": [], "encrypted_content": "gAAAA3"}])
@@ -81,7 +85,10 @@ fn custom_tools_go_natively() {
         {"type": "custom_tool_call", "call_id": "c1", "name": "patch", "input": "diff"},
         {"type": "custom_tool_call_output", "call_id": "c1", "output": "ok"}
     ]));
-    let body = build_request("m", &ResponseParams::default(), &conversation, &[tool]);
+    let body = build_request(
+        "m",
+        &model_input(&ResponseParams::default(), &conversation, &[tool]),
+    );
     assert_eq!(
         body["tools"],
         json!([{"type": "custom", "name": "patch", "format": {"type": "grammar", "syntax": "lark", "definition": "start: /.+/"}}])
@@ -183,7 +190,7 @@ fn provider_settings_a_client_sets_are_passed_on() {
     }))
     .unwrap();
     let request = crate::request::validate(body).unwrap();
-    let sent = build_request("up", &request.params, &[], &[]);
+    let sent = build_request("up", &model_input(&request.params, &[], &[]));
     assert_eq!(sent["prompt_cache_key"], "k1");
     assert_eq!(sent["safety_identifier"], "u-hash");
     assert_eq!(sent["user"], "u1");

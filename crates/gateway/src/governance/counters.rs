@@ -32,6 +32,8 @@ struct Window {
     shared: u64,
     /// Tokens counted here and not yet added to the shared window.
     unsynced: u64,
+    /// Tokens on their way to the shared window: counted here until the write that adds them answers.
+    syncing: u64,
     synced_at: Option<Instant>,
     /// A write of the unsynced tokens is scheduled.
     flushing: bool,
@@ -140,27 +142,31 @@ impl Counters {
         }
         Ok(self.with(name, start, |window| Standing {
             limit,
-            remaining: limit.saturating_sub(window.shared + window.unsynced),
+            remaining: limit.saturating_sub(window.shared + window.unsynced + window.syncing),
             reset_secs: reset_secs(now),
         }))
     }
 
     /// Adds this replica's unsynced tokens to the shared window and reads back what it holds.
     async fn sync(&self, name: &str, start: i64) -> Result<(), StoreError> {
-        let pending = self.with(name, start, |window| std::mem::take(&mut window.unsynced));
-        match self.store.add_to_window(name, start, pending).await {
-            Ok(used) => {
-                self.with(name, start, |window| {
-                    window.shared = used;
+        let pending = self.with(name, start, |window| {
+            let pending = std::mem::take(&mut window.unsynced);
+            window.syncing += pending;
+            pending
+        });
+        let added = self.store.add_to_window(name, start, pending).await;
+        self.with(name, start, |window| {
+            window.syncing -= pending.min(window.syncing);
+            match &added {
+                // What the shared window holds now includes these tokens.
+                Ok(used) => {
+                    window.shared = window.shared.max(*used);
                     window.synced_at = Some(Instant::now());
-                });
-                Ok(())
+                }
+                Err(_) => window.unsynced += pending,
             }
-            Err(e) => {
-                self.with(name, start, |window| window.unsynced += pending);
-                Err(e)
-            }
-        }
+        });
+        added.map(drop)
     }
 
     /// Counts `tokens` a model call used in the window of `now` against `limit`; they reach the shared window

@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use futures::future::BoxFuture;
 use gateway_core::chat::{IdSource, ParseError};
+use gateway_core::context::ModelInput;
 use gateway_core::entity::ProviderKind;
 use gateway_core::reasoning::replayed_to;
 use gateway_core::request::ResponseParams;
@@ -125,6 +126,17 @@ pub struct ModelRequest<'a> {
     pub tools: &'a [OfferedTool],
 }
 
+impl ModelRequest<'_> {
+    /// What the provider's translation is given.
+    fn input(&self) -> ModelInput<'_> {
+        ModelInput {
+            params: self.params,
+            conversation: self.conversation,
+            tools: self.tools,
+        }
+    }
+}
+
 /// Where a streamed call's output goes as it arrives.
 #[derive(Debug, Clone, Copy)]
 pub struct Live<'a> {
@@ -209,13 +221,16 @@ impl Upstream {
         request: &ModelRequest<'_>,
         live: Option<Live<'_>>,
     ) -> Result<ModelOutput, UpstreamError> {
-        match target.kind {
-            ProviderKind::OpenaiChat => openai_chat::call(self, target, request, live).await,
-            ProviderKind::Anthropic => anthropic::call(self, target, request, live).await,
-            ProviderKind::OpenaiResponses => {
-                openai_responses::call(self, target, request, live).await
-            }
-        }
+        let wire = match target.kind {
+            ProviderKind::OpenaiChat => &openai_chat::WIRE,
+            ProviderKind::Anthropic => &anthropic::WIRE,
+            ProviderKind::OpenaiResponses => &openai_responses::WIRE,
+        };
+        let body = (wire.build)(target, &request.input());
+        let url = format!("{}{}", target.base_url.trim_end_matches('/'), wire.path);
+        let post = |body: &Value| (wire.headers)(self.http.post(&url).json(body), target);
+        self.call_over(target, wire, &post, body, request.response_id, live)
+            .await
     }
 
     /// Runs the attempts of one model call (`attempt` is given each one's number, from 1): a retryable failure is
@@ -273,22 +288,18 @@ impl Upstream {
         })
     }
 
-    /// One model call over `wire` with its retries, `body` built once and sent once per attempt: whole when
-    /// `live` is `None` (the JSON answer read and parsed), else streamed with its text passed on as it arrives.
+    /// One model call over `wire` with its retries, `body` built once and sent once per attempt by `post`: whole
+    /// when `live` is `None` (the JSON answer read and parsed), else streamed with its text passed on as it arrives.
     async fn call_over(
         &self,
         target: &Target,
-        wire: Wire<'_>,
+        wire: &Wire,
+        post: &(dyn Fn(&Value) -> reqwest::RequestBuilder + Sync),
         mut body: Value,
         response_id: &str,
         live: Option<Live<'_>>,
     ) -> Result<ModelOutput, UpstreamError> {
-        let Wire {
-            post,
-            parse,
-            stream_options,
-            read_stream,
-        } = wire;
+        let (parse, read_stream) = (wire.parse, wire.read_stream);
         let Some(live) = live else {
             return self
                 .with_retries(target, None, |attempt| {
@@ -304,8 +315,8 @@ impl Upstream {
                 .await;
         };
         body["stream"] = Value::Bool(true);
-        if let Some(options) = stream_options {
-            body["stream_options"] = options;
+        if wire.include_usage {
+            body["stream_options"] = serde_json::json!({"include_usage": true});
         }
         let body = &body;
         let out = &Forwarder::new(live);
@@ -338,31 +349,34 @@ impl Upstream {
         })
     }
 
-    /// A POST of `body` to `url` with `target`'s key, if any, as a bearer token (as OpenAI-compatible servers take it).
-    fn bearer_post(&self, url: &str, target: &Target, body: &Value) -> reqwest::RequestBuilder {
-        let request = self.http.post(url).json(body);
-        match &target.api_key {
-            Some(key) => request.bearer_auth(key.expose_secret()),
-            None => request,
-        }
-    }
-
     /// The whole of a non-streaming answer must arrive within this.
     fn whole_answer_timeout(&self) -> Duration {
         Duration::from_millis(self.config.timeout_ms)
     }
 }
 
-/// How one provider kind speaks: how an attempt is sent and how its answer, whole or streamed, is read.
-struct Wire<'a> {
-    /// One attempt's request carrying `body`: the provider's URL and auth headers.
-    post: &'a (dyn Fn(&Value) -> reqwest::RequestBuilder + Sync),
+/// How one provider kind speaks: where and how an attempt is sent, and how its answer, whole or streamed, is read.
+struct Wire {
+    /// Put after the deployment's base URL.
+    path: &'static str,
+    /// The request body of one call.
+    build: fn(&Target, &ModelInput<'_>) -> Value,
+    /// The provider's own headers on an attempt (its key, its version).
+    headers: fn(reqwest::RequestBuilder, &Target) -> reqwest::RequestBuilder,
     /// Turns a whole JSON answer into the normalised one.
     parse: fn(&Value, &mut dyn IdSource) -> Result<ModelOutput, ParseError>,
-    /// `stream_options` a streamed request carries besides `"stream": true`, if any.
-    stream_options: Option<Value>,
+    /// A streamed request asks for the usage (`stream_options.include_usage`), which Chat sends only when asked.
+    include_usage: bool,
     /// Reads a streamed answer's events into the normalised answer, passing text on as it arrives.
     read_stream: ReadStream,
+}
+
+/// The `Authorization: Bearer` of a deployment's key, if it has one.
+fn bearer(request: reqwest::RequestBuilder, target: &Target) -> reqwest::RequestBuilder {
+    match &target.api_key {
+        Some(key) => request.bearer_auth(key.expose_secret()),
+        None => request,
+    }
 }
 
 /// A provider's stream reader: its events, the attempt's number, where the text goes and the response's id.

@@ -6,35 +6,19 @@ use futures::StreamExt;
 use gateway_core::chat;
 use gateway_core::chat_stream::ChatStream;
 use gateway_core::steps::ModelOutput;
-use serde_json::{json, Value};
+use serde_json::Value;
 
-use super::{sse, Forwarder, Live, ModelRequest, Target, Upstream, UpstreamError, Wire};
+use super::{bearer, sse, Forwarder, UpstreamError, Wire};
 
-/// One model call.
-pub(super) async fn call(
-    upstream: &Upstream,
-    target: &Target,
-    request: &ModelRequest<'_>,
-    live: Option<Live<'_>>,
-) -> Result<ModelOutput, UpstreamError> {
-    let body = chat::build_request(
-        &target.model,
-        request.params,
-        request.conversation,
-        request.tools,
-    );
-    let url = format!("{}/chat/completions", target.base_url.trim_end_matches('/'));
-    let post = |body: &Value| upstream.bearer_post(&url, target, body);
-    let wire = Wire {
-        post: &post,
-        parse: chat::parse_response,
-        stream_options: Some(json!({"include_usage": true})),
-        read_stream,
-    };
-    upstream
-        .call_over(target, wire, body, request.response_id, live)
-        .await
-}
+/// How an OpenAI-compatible Chat Completions upstream speaks.
+pub(super) const WIRE: Wire = Wire {
+    path: "/chat/completions",
+    build: |target, input| chat::build_request(&target.model, input),
+    headers: bearer,
+    parse: chat::parse_response,
+    include_usage: true,
+    read_stream,
+};
 
 /// Reads a Chat Completions SSE body (`data: {...}` events, ending with `data: [DONE]`), passing text on as it
 /// arrives, into the normalised answer.
@@ -74,8 +58,10 @@ fn read_stream<'a>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::upstream::Live;
     use bytes::Bytes;
     use gateway_core::steps::{Finish, ModelDelta};
+    use serde_json::json;
     use tokio::sync::mpsc;
 
     /// A body as it arrives: its parts, or a transport error.

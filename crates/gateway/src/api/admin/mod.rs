@@ -118,19 +118,34 @@ pub use super::extract::ApiPath;
 use super::extract::{bearer, ApiJson};
 use super::AppState;
 
+/// The routes of an entity served by the five usual handlers of `$module`: list and create on `$collection`;
+/// read, update and delete on `$item`.
+macro_rules! entity_routes {
+    ($router:expr, $module:ident, $collection:literal, $item:literal:
+     $list:ident, $create:ident, $get:ident, $update:ident, $delete:ident) => {
+        $router
+            .route($collection, get($module::$list).post($module::$create))
+            .route(
+                $item,
+                get($module::$get)
+                    .patch($module::$update)
+                    .delete($module::$delete),
+            )
+    };
+}
+
 /// Every admin route, to be nested under `/admin/v1`.
 pub fn routes(state: AppState) -> Router<AppState> {
-    Router::new()
-        .route(
-            "/projects",
-            get(projects::list_projects).post(projects::create_project),
-        )
-        .route(
-            "/projects/{project_id}",
-            get(projects::get_project)
-                .patch(projects::update_project)
-                .delete(projects::delete_project),
-        )
+    let router = Router::new();
+    let router = entity_routes!(router, projects, "/projects", "/projects/{project_id}":
+        list_projects, create_project, get_project, update_project, delete_project);
+    let router = entity_routes!(router, deployments, "/deployments", "/deployments/{deployment_id}":
+        list_deployments, create_deployment, get_deployment, update_deployment, delete_deployment);
+    let router = entity_routes!(router, groups, "/deployment_groups", "/deployment_groups/{group_id}":
+        list_groups, create_group, get_group, update_group, delete_group);
+    let router = entity_routes!(router, tool_sources, "/tool_sources", "/tool_sources/{tool_source_id}":
+        list_tool_sources, create_tool_source, get_tool_source, update_tool_source, delete_tool_source);
+    router
         .route(
             "/projects/{project_id}/api_keys",
             get(api_keys::list_api_keys).post(api_keys::create_api_key),
@@ -140,26 +155,6 @@ pub fn routes(state: AppState) -> Router<AppState> {
             get(api_keys::get_api_key)
                 .patch(api_keys::update_api_key)
                 .delete(api_keys::revoke_api_key),
-        )
-        .route(
-            "/deployments",
-            get(deployments::list_deployments).post(deployments::create_deployment),
-        )
-        .route(
-            "/deployments/{deployment_id}",
-            get(deployments::get_deployment)
-                .patch(deployments::update_deployment)
-                .delete(deployments::delete_deployment),
-        )
-        .route(
-            "/deployment_groups",
-            get(groups::list_groups).post(groups::create_group),
-        )
-        .route(
-            "/deployment_groups/{group_id}",
-            get(groups::get_group)
-                .patch(groups::update_group)
-                .delete(groups::delete_group),
         )
         .route(
             "/deployment_groups/{group_id}/deployments/{deployment_id}",
@@ -182,16 +177,6 @@ pub fn routes(state: AppState) -> Router<AppState> {
             get(tool_calls::project_tool_calls),
         )
         .route("/usage", get(usage::usage))
-        .route(
-            "/tool_sources",
-            get(tool_sources::list_tool_sources).post(tool_sources::create_tool_source),
-        )
-        .route(
-            "/tool_sources/{tool_source_id}",
-            get(tool_sources::get_tool_source)
-                .patch(tool_sources::update_tool_source)
-                .delete(tool_sources::delete_tool_source),
-        )
         // Both apply to the routes above only, so they must stay last. The token is checked before any
         // extractor reads the path or body; an unknown route or method answers 404 or 405 without it.
         .route_layer(middleware::from_fn_with_state(state, require_admin_token))

@@ -112,19 +112,12 @@ impl Store {
         .map_err(|e| StoreError::from_write(e, &taken(new.name.as_str())))
     }
 
-    /// Every deployment, by name.
-    pub async fn list_deployments(&self) -> Result<Vec<DeploymentRow>, StoreError> {
-        self.select_all(concat!(
-            "SELECT ",
-            deployment_columns!(),
-            " FROM deployments ORDER BY name"
-        ))
-        .await
-    }
-
-    row_by_id! {
+    rows_by_name_and_id! {
+        DeploymentRow, deployment_columns, "deployments";
+        /// Every deployment, by name.
+        list_deployments;
         /// One deployment.
-        get_deployment -> DeploymentRow, deployment_columns, "deployments"
+        get_deployment
     }
 
     /// Applies changes to a deployment; `Ok(None)` when there is no such deployment.

@@ -19,6 +19,24 @@ macro_rules! row_by_id {
     };
 }
 
+/// `pub async fn $list(&self)`: every row of `$table` by name; and `$get`, as `row_by_id!`.
+macro_rules! rows_by_name_and_id {
+    ($row:ty, $columns:ident, $table:literal;
+     $(#[$list_doc:meta])* $list:ident;
+     $(#[$get_doc:meta])* $get:ident) => {
+        $(#[$list_doc])*
+        pub async fn $list(&self) -> Result<Vec<$row>, StoreError> {
+            self.select_all(concat!("SELECT ", $columns!(), " FROM ", $table, " ORDER BY name"))
+                .await
+        }
+
+        row_by_id! {
+            $(#[$get_doc])*
+            $get -> $row, $columns, $table
+        }
+    };
+}
+
 /// The governance columns of `api_keys` and `projects`, in `GovernanceColumns`' order.
 macro_rules! governance_columns {
     () => {

@@ -56,19 +56,12 @@ impl Store {
         .map_err(|e| StoreError::from_write(e, &taken(name.as_str())))
     }
 
-    /// Every project, by name.
-    pub async fn list_projects(&self) -> Result<Vec<ProjectRow>, StoreError> {
-        self.select_all(concat!(
-            "SELECT ",
-            project_columns!(),
-            " FROM projects ORDER BY name"
-        ))
-        .await
-    }
-
-    row_by_id! {
+    rows_by_name_and_id! {
+        ProjectRow, project_columns, "projects";
+        /// Every project, by name.
+        list_projects;
         /// One project.
-        get_project -> ProjectRow, project_columns, "projects"
+        get_project
     }
 
     /// Applies changes to a project in one write; `Ok(None)` when there is no such project.

@@ -124,19 +124,12 @@ impl Store {
         .map_err(|e| StoreError::from_write(e, &taken(new.name.as_str())))
     }
 
-    /// Every tool source, by name.
-    pub async fn list_tool_sources(&self) -> Result<Vec<ToolSourceRow>, StoreError> {
-        self.select_all(concat!(
-            "SELECT ",
-            tool_source_columns!(),
-            " FROM tool_sources ORDER BY name"
-        ))
-        .await
-    }
-
-    row_by_id! {
+    rows_by_name_and_id! {
+        ToolSourceRow, tool_source_columns, "tool_sources";
+        /// Every tool source, by name.
+        list_tool_sources;
         /// One tool source.
-        get_tool_source -> ToolSourceRow, tool_source_columns, "tool_sources"
+        get_tool_source
     }
 
     /// Applies changes to a tool source; `Ok(None)` when there is no such tool source.
