@@ -105,6 +105,14 @@ impl Policies {
         self.with(source_id, |state| state.breaker.admit(now))
     }
 
+    /// Whether the source's breaker is open on this replica now (cooling down, or awaiting its trial call).
+    pub fn is_open(&self, source_id: &str) -> bool {
+        let sources = self.sources.lock().unwrap_or_else(PoisonError::into_inner);
+        sources
+            .get(source_id)
+            .is_some_and(|state| state.breaker.is_open())
+    }
+
     /// Records a call's end; answers whether the breaker is open afterwards.
     pub fn record(&self, source_id: &str, policy: &ToolPolicy, now: Instant, failed: bool) -> bool {
         self.with(source_id, |state| {

@@ -8,7 +8,7 @@ use axum::extract::State;
 use axum::Json;
 use serde::Serialize;
 
-use super::tool_calls::query_number;
+use super::tool_calls::{query_limit, query_number};
 use crate::api::error::ApiError;
 use crate::api::extract::ApiQuery;
 use crate::api::AppState;
@@ -85,25 +85,19 @@ pub async fn usage(
     State(state): State<AppState>,
     ApiQuery(query): ApiQuery<HashMap<String, String>>,
 ) -> Result<Json<UsagePage>, ApiError> {
-    if let Some(unknown) = query.keys().find(|k| {
-        !matches!(
-            k.as_str(),
-            "start"
-                | "end"
-                | "project_id"
-                | "api_key_id"
-                | "deployment"
-                | "group_by"
-                | "limit"
-                | "page"
-        )
-    }) {
-        return Err(ApiError::invalid(
-            format!("Unknown query parameter '{unknown}'."),
-            Some(unknown),
-            Some("unknown_parameter"),
-        ));
-    }
+    super::only_params(
+        &query,
+        &[
+            "start",
+            "end",
+            "project_id",
+            "api_key_id",
+            "deployment",
+            "group_by",
+            "limit",
+            "page",
+        ],
+    )?;
     let end = query_number(&query, "end")?.unwrap_or(now() + 1);
     let start = query_number(&query, "start")?.unwrap_or(end - 30 * 86_400);
     if start > end {
@@ -128,14 +122,7 @@ pub async fn usage(
         })?;
         group_by.push(group);
     }
-    let limit = query_number(&query, "limit")?.unwrap_or(DEFAULT_LIMIT);
-    if !(1..=MAX_LIMIT).contains(&limit) {
-        return Err(ApiError::invalid(
-            format!("'limit' must be between 1 and {MAX_LIMIT}; got {limit}."),
-            Some("limit"),
-            Some("invalid_value"),
-        ));
-    }
+    let limit = query_limit(&query, DEFAULT_LIMIT, MAX_LIMIT)?;
     let limit = limit as u32;
     let offset = match query.get("page") {
         None => 0,
