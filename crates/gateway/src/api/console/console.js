@@ -102,10 +102,21 @@ async function responsesPage(main) {
 
 // ---- Timeline --------------------------------------------------------------------------------------------
 
-function span(step) {
-  const start = step.started_at_ms ?? step.created_at * 1000;
-  const end = Math.max(step.ended_at_ms ?? step.updated_at * 1000, start);
-  return [start, end];
+// Tool calls carry their times in milliseconds; model steps only the seconds they were written and last
+// changed, so a model call is placed after the step before it and ends where its batch of tools starts.
+function spans(steps) {
+  const out = [];
+  steps.forEach((step, i) => {
+    if (step.started_at_ms !== null && step.started_at_ms !== undefined) {
+      out.push([step.started_at_ms, Math.max(step.ended_at_ms ?? step.started_at_ms, step.started_at_ms)]);
+      return;
+    }
+    const start = Math.max(step.created_at * 1000, i ? out[i - 1][1] : 0);
+    const batch = steps.filter((s) => s.batch === step.seq && s.started_at_ms).map((s) => s.started_at_ms);
+    const end = batch.length ? Math.min(...batch) : step.updated_at * 1000;
+    out.push([start, Math.max(start, end)]);
+  });
+  return out;
 }
 
 function stepLabel(step) {
@@ -149,8 +160,7 @@ function detailOf(step) {
   return body;
 }
 
-function stepRow(step, t0, width) {
-  const [start, end] = span(step);
+function stepRow(step, [start, end], t0, width) {
   const left = width ? ((start - t0) / width) * 100 : 0;
   const size = width ? ((end - start) / width) * 100 : 100;
   const bar = el("span", {
@@ -190,25 +200,26 @@ async function timelinePage(main) {
   ]) if (value) facts.append(el("dt", {}, name), el("dd", {}, value));
   main.append(facts);
 
-  const spans = page.data.map(span);
-  const t0 = Math.min(...spans.map((s) => s[0]));
-  const width = Math.max(...spans.map((s) => s[1])) - t0;
-  main.append(el("h2", {}, `Timeline: ${page.data.length} steps over ${width} ms`));
+  const times = spans(page.data);
+  const t0 = Math.min(...times.map((s) => s[0]));
+  const width = Math.max(...times.map((s) => s[1])) - t0;
+  main.append(el("h2", {}, `Timeline: ${page.data.length} steps over ${width} ms`),
+    el("p", { class: "muted" }, "Tool calls are drawn from their own times (ms); model calls between them, from the whole seconds their steps were written."));
   const timeline = el("div", { class: "timeline" });
   let batch = null;
-  for (const step of page.data) {
+  page.data.forEach((step, i) => {
     if (step.kind === "tool" && step.batch !== null && step.batch !== undefined) {
       if (!batch || batch.dataset.batch !== String(step.batch)) {
         batch = el("div", { class: "batch", "data-batch": step.batch, role: "group", "aria-label": `Tool calls of model step ${step.batch}` },
           el("div", { class: "batch-label" }, `Tool calls of model step #${step.batch}, run together`));
         timeline.append(batch);
       }
-      batch.append(stepRow(step, t0, width));
+      batch.append(stepRow(step, times[i], t0, width));
     } else {
       batch = null;
-      timeline.append(stepRow(step, t0, width));
+      timeline.append(stepRow(step, times[i], t0, width));
     }
-  }
+  });
   main.append(timeline);
 
   const last = [...page.data].reverse().find((s) => s.kind === "model" && s.body && s.body.output);
@@ -247,14 +258,15 @@ async function toolsPage(main) {
 
 function barChart(title, rows, label, value) {
   const max = Math.max(1, ...rows.map(value));
-  const barWidth = 24, gap = 8, height = 140;
-  const chart = svg("svg", { class: "chart", viewBox: `0 0 ${Math.max(1, rows.length) * (barWidth + gap) + 40} ${height + 40}`, role: "img", "aria-label": title });
+  const plot = 560, height = 140;
+  const step = plot / Math.max(rows.length, 8);
+  const chart = svg("svg", { class: "chart", viewBox: `0 0 600 ${height + 40}`, role: "img", "aria-label": title });
   rows.forEach((row, i) => {
     const h = (value(row) / max) * height;
-    const x = 30 + i * (barWidth + gap);
-    const rect = svg("rect", { class: "bar-tokens", x, y: height - h + 10, width: barWidth, height: Math.max(h, 1) });
+    const x = 30 + i * step;
+    const rect = svg("rect", { class: "bar-tokens", x, y: height - h + 10, width: step * 0.8, height: Math.max(h, 1) });
     rect.append(svg("title", {}, `${label(row)}: ${value(row)}`));
-    chart.append(rect, svg("text", { x, y: height + 25 }, label(row)));
+    chart.append(rect, svg("text", { x, y: height + 25 }, label(row)), svg("text", { x, y: height - h + 5 }, Number.isInteger(value(row)) ? value(row) : value(row).toFixed(4)));
   });
   return chart;
 }
