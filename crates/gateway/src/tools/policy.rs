@@ -134,6 +134,19 @@ mod tests {
     const COOL: Duration = Duration::from_secs(30);
 
     #[test]
+    fn a_sources_breaker_reads_open_only_after_its_own_failures() {
+        let policies = Policies::default();
+        let policy = ToolPolicy {
+            breaker_failures: Some(1),
+            ..ToolPolicy::default()
+        };
+        assert!(!policies.is_open("tool_a"));
+        assert!(policies.record("tool_a", &policy, Instant::now(), true));
+        assert!(policies.is_open("tool_a"));
+        assert!(!policies.is_open("tool_b"));
+    }
+
+    #[test]
     fn the_breaker_opens_after_the_threshold_of_consecutive_failures_and_fails_fast_until_cooled() {
         let t0 = Instant::now();
         let mut breaker = Breaker::default();
