@@ -13,6 +13,9 @@ if ! pg_isready -h 127.0.0.1 -p 5432 -q 2>/dev/null; then
   for _ in $(seq 1 30); do pg_isready -h 127.0.0.1 -p 5432 -q && break; sleep 1; done
 fi
 
+# The console's browser test (tests/e2e/tests/browser.rs) drives headless Chromium.
+scripts/install-browser.sh
+
 if cargo nextest --version >/dev/null 2>&1; then
   cargo nextest run --workspace --no-fail-fast
   # The end-to-end suite once more, on the embedded store (SQLite) instead of Postgres.

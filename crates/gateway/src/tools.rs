@@ -77,6 +77,11 @@ impl ToolExecutor {
     }
 
     /// The MCP client of every MCP source and of the servers requests name.
+    /// Whether the source's circuit breaker is open on this replica (breakers are kept per replica, in memory).
+    pub fn breaker_open(&self, source_id: &str) -> bool {
+        self.policies.is_open(source_id)
+    }
+
     pub fn mcp(&self) -> &mcp::McpClients {
         &self.mcp
     }

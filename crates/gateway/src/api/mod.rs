@@ -1,7 +1,8 @@
-//! HTTP surface: the public Responses API, the admin API, health; routes and shared state.
+//! HTTP surface: the public Responses API, the admin API, the console, health; routes and shared state.
 
 pub mod admin;
 pub mod compact;
+pub mod console;
 pub mod error;
 pub mod extract;
 pub mod governance;
@@ -97,6 +98,7 @@ pub fn router(state: AppState, body_limit_bytes: usize) -> Router {
                 forget_cached_tenancy,
             )),
         )
+        .nest("/console", console::routes())
         .route("/healthz", get(health))
         .route("/readyz", get(ready))
         .route("/metrics", get(metrics))

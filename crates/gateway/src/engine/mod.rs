@@ -215,6 +215,11 @@ impl Engine {
         &self.governor
     }
 
+    /// Whether a tool source's circuit breaker is open on this replica.
+    pub fn tool_breaker_open(&self, source_id: &str) -> bool {
+        self.tools.breaker_open(source_id)
+    }
+
     /// This replica.
     pub fn replica(&self) -> &Replica {
         &self.replica

@@ -105,6 +105,14 @@ impl Policies {
         self.with(source_id, |state| state.breaker.admit(now))
     }
 
+    /// Whether the source's breaker is open on this replica now (cooling down, or awaiting its trial call).
+    pub fn is_open(&self, source_id: &str) -> bool {
+        let sources = self.sources.lock().unwrap_or_else(PoisonError::into_inner);
+        sources
+            .get(source_id)
+            .is_some_and(|state| state.breaker.is_open())
+    }
+
     /// Records a call's end; answers whether the breaker is open afterwards.
     pub fn record(&self, source_id: &str, policy: &ToolPolicy, now: Instant, failed: bool) -> bool {
         self.with(source_id, |state| {
@@ -124,6 +132,19 @@ mod tests {
     use super::*;
 
     const COOL: Duration = Duration::from_secs(30);
+
+    #[test]
+    fn a_sources_breaker_reads_open_only_after_its_own_failures() {
+        let policies = Policies::default();
+        let policy = ToolPolicy {
+            breaker_failures: Some(1),
+            ..ToolPolicy::default()
+        };
+        assert!(!policies.is_open("tool_a"));
+        assert!(policies.record("tool_a", &policy, Instant::now(), true));
+        assert!(policies.is_open("tool_a"));
+        assert!(!policies.is_open("tool_b"));
+    }
 
     #[test]
     fn the_breaker_opens_after_the_threshold_of_consecutive_failures_and_fails_fast_until_cooled() {

@@ -12,6 +12,7 @@ mod audit;
 mod bad_input;
 mod chaining;
 mod compaction;
+mod console;
 mod durability;
 mod embedded;
 mod governance;

@@ -91,11 +91,13 @@ macro_rules! delete_by_id {
 }
 
 mod api_keys;
+mod browse;
 mod deployments;
 mod governed;
 mod groups;
 mod projects;
 mod tool_calls;
+mod tool_health;
 mod tool_sources;
 mod usage;
 
@@ -168,6 +170,11 @@ pub fn routes(state: AppState) -> Router<AppState> {
             "/deployment_groups/{group_id}/tool_sources/{tool_source_id}",
             put(groups::attach_tool_source).delete(groups::detach_tool_source),
         )
+        .route("/responses", get(browse::list_responses))
+        .route(
+            "/responses/{response_id}/steps",
+            get(browse::response_steps),
+        )
         .route(
             "/responses/{response_id}/tool_calls",
             get(tool_calls::response_tool_calls),
@@ -177,6 +184,7 @@ pub fn routes(state: AppState) -> Router<AppState> {
             get(tool_calls::project_tool_calls),
         )
         .route("/usage", get(usage::usage))
+        .route("/tool_sources/health", get(tool_health::tool_source_health))
         // Both apply to the routes above only, so they must stay last. The token is checked before any
         // extractor reads the path or body; an unknown route or method answers 404 or 405 without it.
         .route_layer(middleware::from_fn_with_state(state, require_admin_token))
@@ -186,8 +194,9 @@ pub fn routes(state: AppState) -> Router<AppState> {
 // ---------------------------------------------------------------------------------------------------------
 // Authentication
 
-/// Lets a request through only with the admin token (`Authorization: Bearer <admin token>`). Without a
-/// configured token every admin request is refused: the admin API is disabled.
+/// Lets a request through only with the admin token (`Authorization: Bearer <admin token>`), or, for a `GET`,
+/// with the console's session cookie (the console reads, never writes). Without a configured token every admin
+/// request is refused: the admin API is disabled.
 async fn require_admin_token(
     State(state): State<AppState>,
     request: Request,
@@ -200,6 +209,15 @@ async fn require_admin_token(
         ));
     };
     let Some(given) = bearer(request.headers()) else {
+        if request.method() == Method::GET
+            && super::console::session::signed_in(
+                request.headers(),
+                Some(expected),
+                crate::clock::now(),
+            )
+        {
+            return Ok(next.run(request).await);
+        }
         return Err(ApiError::unauthorized(
             "You didn't provide the admin token. Send it as 'Authorization: Bearer <admin token>'.",
             None,
@@ -325,6 +343,21 @@ fn missing(param: &str) -> ApiError {
 
 fn invalid_value(message: String, param: &str) -> ApiError {
     ApiError::invalid(message, Some(param), Some("invalid_value"))
+}
+
+/// Refuses a query naming a parameter not in `known`: a 400 naming it, so a typo is not silently ignored.
+fn only_params(
+    query: &std::collections::HashMap<String, String>,
+    known: &[&str],
+) -> Result<(), ApiError> {
+    match query.keys().find(|k| !known.contains(&k.as_str())) {
+        Some(unknown) => Err(ApiError::invalid(
+            format!("Unknown query parameter '{unknown}'."),
+            Some(unknown),
+            Some("unknown_parameter"),
+        )),
+        None => Ok(()),
+    }
 }
 
 /// A field that must be present and not `null`.

@@ -85,25 +85,19 @@ pub async fn usage(
     State(state): State<AppState>,
     ApiQuery(query): ApiQuery<HashMap<String, String>>,
 ) -> Result<Json<UsagePage>, ApiError> {
-    if let Some(unknown) = query.keys().find(|k| {
-        !matches!(
-            k.as_str(),
-            "start"
-                | "end"
-                | "project_id"
-                | "api_key_id"
-                | "deployment"
-                | "group_by"
-                | "limit"
-                | "page"
-        )
-    }) {
-        return Err(ApiError::invalid(
-            format!("Unknown query parameter '{unknown}'."),
-            Some(unknown),
-            Some("unknown_parameter"),
-        ));
-    }
+    super::only_params(
+        &query,
+        &[
+            "start",
+            "end",
+            "project_id",
+            "api_key_id",
+            "deployment",
+            "group_by",
+            "limit",
+            "page",
+        ],
+    )?;
     let end = query_number(&query, "end")?.unwrap_or(now() + 1);
     let start = query_number(&query, "start")?.unwrap_or(end - 30 * 86_400);
     if start > end {

@@ -1,5 +1,5 @@
 //! Admin persistence, one module per entity: projects, API keys, deployments, deployment groups (with the
-//! memberships that decide what a project may use) and tool sources.
+//! memberships that decide what a project may use) and tool sources; and what the console browses.
 //!
 //! Row structs never carry a secret: deployment API keys and tool-source secrets are written here but only
 //! ever read back as `has_api_key` / `has_secret`, so no admin answer can leak them by accident. Rows derive
@@ -101,6 +101,7 @@ macro_rules! bind_governance_changes {
 }
 
 mod api_keys;
+mod browse;
 mod deployments;
 mod governed;
 mod groups;
@@ -109,6 +110,7 @@ mod tool_calls;
 mod tool_sources;
 
 pub use api_keys::{ApiKeyChanges, ApiKeyRow, NewApiKey};
+pub use browse::{ResponseFilter, ResponseSummary, StepLedger, ToolCallSample};
 pub use deployments::{DeploymentChanges, DeploymentRow, NewDeployment};
 pub use governed::{GovernanceChanges, GovernanceColumns};
 pub use groups::{GroupRow, Member, Membership};

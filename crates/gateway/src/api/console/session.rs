@@ -1,0 +1,127 @@
+//! The console's session cookie: a random id and an expiry, signed with an HMAC keyed by a hash of the admin
+//! token. It never holds the token; any replica with the same token accepts it, and it stops working when the
+//! token changes or the expiry passes.
+
+use axum::http::HeaderMap;
+use hmac::{Hmac, Mac};
+use secrecy::{ExposeSecret, SecretString};
+use sha2::{Digest, Sha256};
+
+/// The cookie's name.
+pub const COOKIE: &str = "gateway_console";
+
+/// How long a session lasts (seconds).
+pub const LIFETIME_SECS: i64 = 12 * 3600;
+
+/// What keys the HMAC: the admin token hashed with a label of its own, so the key is no other hash of the token.
+fn signing_key(admin_token: &SecretString) -> [u8; 32] {
+    let mut hasher = Sha256::new();
+    hasher.update(b"gateway console session v1\0");
+    hasher.update(admin_token.expose_secret().as_bytes());
+    hasher.finalize().into()
+}
+
+fn mac(admin_token: &SecretString, payload: &str) -> Option<Hmac<Sha256>> {
+    let mut mac = Hmac::<Sha256>::new_from_slice(&signing_key(admin_token)).ok()?;
+    mac.update(payload.as_bytes());
+    Some(mac)
+}
+
+/// A new session's cookie value, `<id>.<expires>.<signature>` (hex), expiring `LIFETIME_SECS` after `now`.
+pub fn issue(admin_token: &SecretString, now: i64) -> Option<String> {
+    let id = hex::encode(rand::random::<[u8; 16]>());
+    let payload = format!("{id}.{}", now + LIFETIME_SECS);
+    let signature = hex::encode(mac(admin_token, &payload)?.finalize().into_bytes());
+    Some(format!("{payload}.{signature}"))
+}
+
+/// Whether `value` is a cookie `issue` made with this admin token that has not expired at `now`.
+pub fn verify(admin_token: &SecretString, value: &str, now: i64) -> bool {
+    let Some((payload, signature)) = value.rsplit_once('.') else {
+        return false;
+    };
+    let Some(expires) = payload
+        .split_once('.')
+        .and_then(|(_, expires)| expires.parse::<i64>().ok())
+    else {
+        return false;
+    };
+    let Ok(signature) = hex::decode(signature) else {
+        return false;
+    };
+    // `verify_slice` compares in constant time.
+    expires > now
+        && mac(admin_token, payload).is_some_and(|mac| mac.verify_slice(&signature).is_ok())
+}
+
+/// The session cookie's value among a request's cookies, if it sent one.
+pub fn cookie(headers: &HeaderMap) -> Option<&str> {
+    headers
+        .get_all(axum::http::header::COOKIE)
+        .iter()
+        .filter_map(|value| value.to_str().ok())
+        .flat_map(|value| value.split(';'))
+        .find_map(|pair| pair.trim().strip_prefix(COOKIE)?.strip_prefix('='))
+}
+
+/// Whether the request carries a valid session for this admin token.
+pub fn signed_in(headers: &HeaderMap, admin_token: Option<&SecretString>, now: i64) -> bool {
+    match (admin_token, cookie(headers)) {
+        (Some(token), Some(value)) => verify(token, value, now),
+        _ => false,
+    }
+}
+
+/// The `Set-Cookie` value that starts a session.
+pub fn set_cookie(value: &str) -> String {
+    format!("{COOKIE}={value}; HttpOnly; SameSite=Strict; Path=/; Max-Age={LIFETIME_SECS}")
+}
+
+/// The `Set-Cookie` value that ends one.
+pub fn clear_cookie() -> String {
+    format!("{COOKIE}=; HttpOnly; SameSite=Strict; Path=/; Max-Age=0")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn token(text: &str) -> SecretString {
+        SecretString::from(text.to_owned())
+    }
+
+    #[test]
+    fn an_issued_session_verifies_until_it_expires_and_only_with_its_token() {
+        let value = issue(&token("admin"), 1000).unwrap();
+        assert!(!value.contains("admin"));
+        assert!(verify(&token("admin"), &value, 1000));
+        assert!(!verify(&token("admin"), &value, 1000 + LIFETIME_SECS));
+        assert!(!verify(&token("other"), &value, 1000));
+    }
+
+    #[test]
+    fn a_tampered_or_malformed_cookie_is_refused() {
+        let value = issue(&token("admin"), 1000).unwrap();
+        let (payload, signature) = value.rsplit_once('.').unwrap();
+        let (id, _) = payload.split_once('.').unwrap();
+        let longer = format!("{id}.{}.{signature}", 1000 + 10 * LIFETIME_SECS);
+        for bad in [longer.as_str(), "", "x", "a.b", "a.1.zz", "..", "a.1."] {
+            assert!(!verify(&token("admin"), bad, 1000), "{bad}");
+        }
+    }
+
+    #[test]
+    fn the_cookie_is_found_among_others() {
+        let mut headers = HeaderMap::new();
+        headers.insert(
+            axum::http::header::COOKIE,
+            "a=1; gateway_console=abc; b=2".parse().unwrap(),
+        );
+        assert_eq!(cookie(&headers), Some("abc"));
+        headers.insert(
+            axum::http::header::COOKIE,
+            "gateway_consolex=1".parse().unwrap(),
+        );
+        assert_eq!(cookie(&headers), None);
+    }
+}
