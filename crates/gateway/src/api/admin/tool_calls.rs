@@ -175,23 +175,6 @@ pub(super) fn query_number(
         .transpose()
 }
 
-/// The query's `limit`: `default` when absent, else an integer in `1..=max`, or a 400 naming it.
-pub(super) fn query_limit(
-    query: &HashMap<String, String>,
-    default: i64,
-    max: i64,
-) -> Result<i64, ApiError> {
-    let limit = query_number(query, "limit")?.unwrap_or(default);
-    if !(1..=max).contains(&limit) {
-        return Err(ApiError::invalid(
-            format!("'limit' must be between 1 and {max}; got {limit}."),
-            Some("limit"),
-            Some("invalid_value"),
-        ));
-    }
-    Ok(limit)
-}
-
 /// `GET /projects/{project_id}/tool_calls?since=&until=&limit=&after=`: the records of the project's responses
 /// created in `[since, until)` (Unix seconds; the last day by default), oldest first; `limit` responses per page
 /// (1..100, 20 by default); `after` is the previous page's `next_after`.
