@@ -98,32 +98,22 @@ async fn timeline(
 
 /// `GET /console/tools`: tool sources with their health.
 async fn tools(State(state): State<AppState>, headers: HeaderMap) -> Response {
-    if !signed_in(&state, &headers) {
-        return to_sign_in();
-    }
-    html(
-        StatusCode::OK,
-        &page(
-            "Tool sources",
-            "tools",
-            r#"<main id="page" data-page="tools"></main>"#,
-        ),
-    )
+    section(&state, &headers, "Tool sources", "tools")
 }
 
 /// `GET /console/usage`: usage per project, key and day.
 async fn usage(State(state): State<AppState>, headers: HeaderMap) -> Response {
-    if !signed_in(&state, &headers) {
+    section(&state, &headers, "Usage", "usage")
+}
+
+/// A section of the console that its script fills (`data-page`), for a signed-in operator; else the way to
+/// sign in.
+fn section(state: &AppState, headers: &HeaderMap, title: &str, name: &str) -> Response {
+    if !signed_in(state, headers) {
         return to_sign_in();
     }
-    html(
-        StatusCode::OK,
-        &page(
-            "Usage",
-            "usage",
-            r#"<main id="page" data-page="usage"></main>"#,
-        ),
-    )
+    let main = format!(r#"<main id="page" data-page="{name}"></main>"#);
+    html(StatusCode::OK, &page(title, name, &main))
 }
 
 async fn css() -> Response {
