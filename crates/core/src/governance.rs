@@ -102,6 +102,9 @@ pub enum BudgetPeriod {
 }
 
 impl BudgetPeriod {
+    pub const ALL: [BudgetPeriod; 3] =
+        [BudgetPeriod::Day, BudgetPeriod::Month, BudgetPeriod::Total];
+
     pub fn parse(name: &str) -> Option<BudgetPeriod> {
         match name {
             "day" => Some(BudgetPeriod::Day),

@@ -35,8 +35,10 @@ struct Window {
     /// Tokens on their way to the shared window: counted here until the write that adds them answers.
     syncing: u64,
     synced_at: Option<Instant>,
-    /// A write of the unsynced tokens is scheduled.
+    /// A write of the unsynced part is scheduled.
     flushing: bool,
+    /// A read of the shared window is on its way.
+    reading: bool,
 }
 
 impl Window {
@@ -125,29 +127,48 @@ impl Counters {
         }))
     }
 
-    /// The standing of `limit` tokens in the window of `now`, read from the shared window when the last read is
-    /// older than `sync` (this replica's unsynced tokens are added to it on the way).
+    /// The standing of `limit` tokens in the minute of `now` (see [`Counters::total`]).
     pub(super) async fn tokens(
         &self,
         name: &str,
         limit: u64,
         now: i64,
     ) -> Result<Standing, StoreError> {
-        let start = window_start(now);
-        let stale = self.with(name, start, |window| {
-            window.synced_at.is_none_or(|at| at.elapsed() >= self.sync)
-        });
-        if stale {
-            self.sync(name, start).await?;
-        }
-        Ok(self.with(name, start, |window| Standing {
+        let used = self.total(name, window_start(now), limit).await?;
+        Ok(Standing {
             limit,
-            remaining: limit.saturating_sub(window.shared + window.unsynced + window.syncing),
+            remaining: limit.saturating_sub(used),
             reset_secs: reset_secs(now),
+        })
+    }
+
+    /// What the counter `name` holds in the window that starts at `start`, every replica's part included: read
+    /// from the shared window when the last read is older than `sync` or the count is within a slice of `limit`
+    /// (this replica's unsynced part added to it on the way). One read at a time: while one is on its way,
+    /// others use what is known.
+    pub(super) async fn total(
+        &self,
+        name: &str,
+        start: i64,
+        limit: u64,
+    ) -> Result<u64, StoreError> {
+        let read_now = self.with(name, start, |window| {
+            let used = window.shared + window.unsynced + window.syncing;
+            let stale = limit.saturating_sub(used) < token_slice(limit)
+                || window.synced_at.is_none_or(|at| at.elapsed() >= self.sync);
+            stale && !std::mem::replace(&mut window.reading, true)
+        });
+        if read_now {
+            let read = self.sync(name, start).await;
+            self.with(name, start, |window| window.reading = false);
+            read?;
+        }
+        Ok(self.with(name, start, |window| {
+            window.shared + window.unsynced + window.syncing
         }))
     }
 
-    /// Adds this replica's unsynced tokens to the shared window and reads back what it holds.
+    /// Adds this replica's unsynced part to the shared window and reads back what it holds.
     async fn sync(&self, name: &str, start: i64) -> Result<(), StoreError> {
         let pending = self.with(name, start, |window| {
             let pending = std::mem::take(&mut window.unsynced);
@@ -158,7 +179,7 @@ impl Counters {
         self.with(name, start, |window| {
             window.syncing -= pending.min(window.syncing);
             match &added {
-                // What the shared window holds now includes these tokens.
+                // What the shared window holds now includes this part.
                 Ok(used) => {
                     window.shared = window.shared.max(*used);
                     window.synced_at = Some(Instant::now());
@@ -169,12 +190,16 @@ impl Counters {
         added.map(drop)
     }
 
-    /// Counts `tokens` a model call used in the window of `now` against `limit`; they reach the shared window
-    /// within `sync`, or at once when they make a slice of the limit.
+    /// Counts `tokens` a model call used in the minute of `now` against `limit` (see [`Counters::add`]).
     pub(super) fn add_tokens(&self, name: &str, tokens: u64, limit: u64, now: i64) {
-        let start = window_start(now);
+        self.add(name, tokens, limit, window_start(now));
+    }
+
+    /// Counts `amount` in the window of counter `name` that starts at `start`: it reaches the shared window within
+    /// `sync`, or at once when this replica's unsynced part makes a slice of `limit`.
+    pub(super) fn add(&self, name: &str, amount: u64, limit: u64, start: i64) {
         let (schedule, at_once) = self.with(name, start, |window| {
-            window.unsynced += tokens;
+            window.unsynced += amount;
             let at_once = window.unsynced >= token_slice(limit);
             (!std::mem::replace(&mut window.flushing, true), at_once)
         });
@@ -189,7 +214,7 @@ impl Counters {
             }
             counters.with(&name, start, |window| window.flushing = false);
             if let Err(e) = counters.sync(&name, start).await {
-                tracing::warn!(counter = %name, error = %e, "could not add tokens to a shared limit");
+                tracing::warn!(counter = %name, error = %e, "could not add to a shared count");
             }
         });
     }

@@ -9,28 +9,27 @@
 //! * `tpm`: each replica adds the tokens its model calls used to a shared counter, and reads the others' back, at
 //!   most every `governance.sync_ms`; a replica does not see the last `sync_ms` of the others' tokens.
 //! * `max_concurrent`: one shared count per scope, taken and given back in one statement each.
-//! * budgets: the spend of the period is summed from the usage records at most every `governance.sync_ms`, plus
-//!   what this replica spent since.
+//! * budgets: each replica adds what its model calls cost (in nano-dollars) to shared counters per key and project
+//!   and per period (day, month, all time), and reads the others' back, as for `tpm`; the usage records stay
+//!   the account of who spent what.
 
 mod counters;
 mod running;
-mod spend;
 mod usage;
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use gateway_core::governance::{Budget, Governance, Pricing, Standing};
+use gateway_core::governance::{Budget, BudgetPeriod, Governance, Pricing, Standing};
 use gateway_core::steps::Usage;
 
 pub use running::RunningPlace;
 pub use usage::UsageWriter;
 
 use crate::clock::now;
-use crate::store::governance::{KeyGrant, Spender, UsageRecord};
+use crate::store::governance::{KeyGrant, UsageRecord};
 use crate::store::{Store, StoreError};
 use counters::Counters;
-use spend::Spends;
 
 /// Which of a key's scopes a limit or budget belongs to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -147,11 +146,14 @@ fn counter_name(scope: Scope, owner: &str, what: &str) -> String {
     format!("{prefix}:{owner}:{what}")
 }
 
-fn spender(scope: Scope, owner: &str) -> Spender<'_> {
-    match scope {
-        Scope::Key => Spender::Key(owner),
-        Scope::Project => Spender::Project(owner),
-    }
+/// The counter of what `owner` spent per `period`, in nano-dollars.
+fn spend_counter(scope: Scope, owner: &str, period: BudgetPeriod) -> String {
+    counter_name(scope, owner, &format!("spend:{}", period.as_str()))
+}
+
+/// An amount in USD as the counters hold it: whole nano-dollars.
+fn nanos(usd: f64) -> u64 {
+    (usd * 1e9).round() as u64
 }
 
 /// The gateway's governance: admission, the shared counts, and usage; cheap to share.
@@ -159,7 +161,6 @@ pub struct Governor {
     store: Store,
     replica_id: String,
     counters: Counters,
-    spends: Spends,
     unstored: UsageWriter,
 }
 
@@ -177,7 +178,6 @@ impl Governor {
     pub fn new(store: Store, replica_id: String, sync: Duration, flush: Duration) -> Arc<Governor> {
         Arc::new(Governor {
             counters: Counters::new(store.clone(), sync),
-            spends: Spends::new(store.clone(), sync),
             unstored: UsageWriter::start(store.clone(), flush),
             store,
             replica_id,
@@ -194,11 +194,7 @@ impl Governor {
         let now = now();
         for (scope, owner, governance) in payer.scopes() {
             if let Some(budget) = governance.budget {
-                let spent = self
-                    .spends
-                    .spent(spender(scope, owner), budget.period, now)
-                    .await?;
-                if spent >= budget.usd {
+                if self.spent(scope, owner, budget, now).await? {
                     return Err(Refusal::BudgetSpent {
                         scope,
                         owner: owner.to_owned(),
@@ -278,19 +274,32 @@ impl Governor {
         let now = now();
         for (scope, owner, governance) in payer.scopes() {
             if let Some(budget) = governance.budget {
-                match self
-                    .spends
-                    .spent(spender(scope, owner), budget.period, now)
-                    .await
-                {
-                    Ok(spent) if spent >= budget.usd => return true,
-                    Ok(_) => {}
+                match self.spent(scope, owner, budget, now).await {
+                    Ok(true) => return true,
+                    Ok(false) => {}
                     // A store that does not answer does not stop a running response: the next check may.
                     Err(e) => tracing::warn!(error = %e, "could not read a budget's spend"),
                 }
             }
         }
         false
+    }
+
+    /// Whether `owner` has spent `budget` in the period that holds `now`.
+    async fn spent(
+        &self,
+        scope: Scope,
+        owner: &str,
+        budget: Budget,
+        now: i64,
+    ) -> Result<bool, StoreError> {
+        let limit = nanos(budget.usd);
+        let name = spend_counter(scope, owner, budget.period);
+        let spent = self
+            .counters
+            .total(&name, budget.period.start(now), limit)
+            .await?;
+        Ok(spent >= limit)
     }
 
     /// Counts a model call's usage and cost against `payer`'s limits and budgets, and in the metrics.
@@ -306,8 +315,17 @@ impl Governor {
                     now,
                 );
             }
-            if governance.budget.is_some() {
-                self.spends.add(spender(scope, owner), cost);
+            if cost > 0.0 {
+                // Every period is counted, so that a budget set later, or of another period, finds its spend.
+                for period in BudgetPeriod::ALL {
+                    let limit = match governance.budget {
+                        Some(budget) if budget.period == period => nanos(budget.usd),
+                        _ => u64::MAX,
+                    };
+                    let name = spend_counter(scope, owner, period);
+                    self.counters
+                        .add(&name, nanos(cost), limit, period.start(now));
+                }
             }
         }
     }

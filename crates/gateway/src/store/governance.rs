@@ -56,13 +56,6 @@ pub struct Lease {
     pub used: u64,
 }
 
-/// Whose spend a budget sums.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Spender<'a> {
-    Key(&'a str),
-    Project(&'a str),
-}
-
 /// Reads a limit column: writers keep it at zero or more; anything else reads as no limit.
 fn limit(column: Option<i64>) -> Option<u64> {
     column.and_then(|n| u64::try_from(n).ok())
@@ -401,27 +394,6 @@ impl Store {
                 Ok(forgotten)
             }
         }
-    }
-
-    /// What `spender` spent since `since` (Unix seconds), in USD.
-    pub async fn spend_since(&self, spender: Spender<'_>, since: i64) -> Result<f64, StoreError> {
-        let _timer = self.timed("spend_since");
-        let (sql, id) = match spender {
-            Spender::Key(id) => (
-                "SELECT COALESCE(SUM(cost_usd), 0.0) FROM usage_records WHERE api_key_id = $1 AND created_at >= $2",
-                id,
-            ),
-            Spender::Project(id) => (
-                "SELECT COALESCE(SUM(cost_usd), 0.0) FROM usage_records WHERE project_id = $1 AND created_at >= $2",
-                id,
-            ),
-        };
-        let spent: f64 = with_pool!(self, |pool| sqlx::query_scalar(sql)
-            .bind(id)
-            .bind(since)
-            .fetch_one(pool)
-            .await)?;
-        Ok(spent)
     }
 
     /// Records usage outside a step's write (the usage of `store: false` responses, in batches); a record
