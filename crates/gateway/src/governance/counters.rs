@@ -1,6 +1,6 @@
-//! The per-minute counts of `rpm` and `tpm`, kept per replica between trips to the store: requests are taken from
-//! slices leased from a shared window that never passes its limit; tokens are added to a shared window and the
-//! other replicas' read back, at most every `sync`.
+//! The shared counts of `rpm`, `tpm` and budgets, kept per replica between trips to the store: requests are taken
+//! from slices leased from a shared minute that never passes its limit; tokens (per minute) and spend (per budget
+//! period, in nano-dollars) are added to a shared window and the other replicas' read back, at most every `sync`.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
