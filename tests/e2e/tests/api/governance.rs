@@ -367,6 +367,16 @@ async fn usage_sums_equal_the_responses_usage_and_cost_is_tokens_times_price() {
 #[tokio::test]
 async fn bad_usage_queries_name_their_parameter() {
     let (gw, _) = gateway().await;
+    // Extreme numbers are read, not overflowed.
+    for query in [
+        "end=-9223372036854775808",
+        "page=page_4294967295&limit=1000",
+    ] {
+        let answer = gw
+            .call(gw.admin(Method::GET, &format!("/usage?{query}")))
+            .await;
+        assert_eq!(answer.status, 200, "{query}: {:#}", answer.body);
+    }
     for (query, param) in [
         ("group_by=week", "group_by"),
         ("start=yesterday", "start"),

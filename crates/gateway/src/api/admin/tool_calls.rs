@@ -187,7 +187,7 @@ pub async fn project_tool_calls(
         return Err(not_found("project", &project_id));
     }
     let until = query_number(&query, "until")?.unwrap_or_else(|| now() + 1);
-    let since = query_number(&query, "since")?.unwrap_or(until - 86_400);
+    let since = query_number(&query, "since")?.unwrap_or(until.saturating_sub(86_400));
     let limit = query_limit(&query, DEFAULT_LIMIT, MAX_LIMIT)?;
     if since > until {
         return Err(ApiError::invalid(

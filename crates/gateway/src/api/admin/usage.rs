@@ -99,7 +99,7 @@ pub async fn usage(
         ],
     )?;
     let end = query_number(&query, "end")?.unwrap_or(now() + 1);
-    let start = query_number(&query, "start")?.unwrap_or(end - 30 * 86_400);
+    let start = query_number(&query, "start")?.unwrap_or(end.saturating_sub(30 * 86_400));
     if start > end {
         return Err(ApiError::invalid(
             "'start' must not be after 'end'.",
@@ -159,6 +159,6 @@ pub async fn usage(
             .map(|bucket| usage_object(bucket, &group_by))
             .collect(),
         has_more,
-        next_page: has_more.then(|| format!("page_{}", offset + limit)),
+        next_page: has_more.then(|| format!("page_{}", offset.saturating_add(limit))),
     }))
 }
