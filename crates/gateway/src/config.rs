@@ -26,6 +26,7 @@ pub struct Config {
     pub websocket: WebSocketConfig,
     pub compaction: CompactionConfig,
     pub governance: GovernanceConfig,
+    pub telemetry: TelemetryConfig,
     /// Entities created or updated at start-up, idempotently.
     pub seed: SeedConfig,
 }
@@ -212,6 +213,30 @@ pub struct GovernanceConfig {
     pub usage_flush_ms: u64,
 }
 
+/// OpenTelemetry traces (SPEC 14): off unless an endpoint is set.
+#[derive(Debug, Clone, Serialize, Deserialize, SmartDefault)]
+#[serde(deny_unknown_fields, default)]
+pub struct TelemetryConfig {
+    /// Base URL of an OTLP/HTTP receiver (a collector, Jaeger, Tempo, Honeycomb...), e.g.
+    /// `http://localhost:4318`; spans go to `{endpoint}/v1/traces` as protobuf. Unset: no spans are made.
+    pub otlp_endpoint: Option<String>,
+    /// Headers sent with every export, e.g. `x-honeycomb-team`.
+    #[serde(skip_serializing)]
+    pub otlp_headers: BTreeMap<String, SecretString>,
+    /// The share of new traces kept, from 0 to 1; a request whose `traceparent` is sampled is always kept, one
+    /// whose `traceparent` is not sampled never.
+    #[default(1.0)]
+    pub sampling_ratio: f64,
+    /// Put prompts, outputs and tool arguments and results on the spans (`gen_ai.input.messages`, ...).
+    pub capture_content: bool,
+    /// How long finished spans wait to be exported together, in milliseconds.
+    #[default(5000)]
+    pub export_delay_ms: u64,
+    /// The `service.name` of the spans.
+    #[default("gateway")]
+    pub service_name: String,
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize, SmartDefault)]
 #[serde(deny_unknown_fields, default)]
 pub struct LogConfig {
@@ -298,6 +323,17 @@ impl Config {
             .map_err(|problem| format!("tools.mcp_allowed_urls: {problem}"))?;
         crate::tools::remote::RemoteServers::new(&[], &self.tools.mcp_allowed_private_urls)
             .map_err(|problem| format!("tools.mcp_allowed_private_urls: {problem}"))?;
+        if !(0.0..=1.0).contains(&self.telemetry.sampling_ratio) {
+            return Err("telemetry.sampling_ratio must be between 0 and 1".to_owned());
+        }
+        if let Some(endpoint) = &self.telemetry.otlp_endpoint {
+            let scheme = url::Url::parse(endpoint).map(|u| u.scheme().to_owned());
+            if !matches!(scheme.as_deref(), Ok("http" | "https")) {
+                return Err(format!(
+                    "telemetry.otlp_endpoint must be an http(s) URL, not '{endpoint}'"
+                ));
+            }
+        }
         if self.server.max_active_responses > tokio::sync::Semaphore::MAX_PERMITS {
             return Err(format!(
                 "server.max_active_responses must be at most {}",
@@ -331,6 +367,7 @@ struct DefaultsShim {
     tools: ToolsConfig,
     log: LogConfig,
     websocket: WebSocketConfig,
+    telemetry: TelemetryConfig,
 }
 
 /// What start-up creates or brings up to date, each entity keyed by its name. Maps (not lists) so that one

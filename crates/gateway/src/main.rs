@@ -38,8 +38,14 @@ async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     let config = Config::load(&config_file(cli.config)?)
         .map_err(|e| anyhow::anyhow!("invalid configuration: {e}"))?;
-    gateway::telemetry::init(&config.log);
-    match cli.command {
+    let telemetry = gateway::telemetry::init(&config.log, &config.telemetry)?;
+    let ran = run(cli.command, config).await;
+    telemetry.shutdown();
+    ran
+}
+
+async fn run(command: Command, config: Config) -> anyhow::Result<()> {
+    match command {
         Command::Serve => {
             let app = Application::build(config).await?;
             tracing::info!(address = %app.local_addr()?, replica.id = %app.replica_id(), "gateway listening");

@@ -1,32 +1,162 @@
-//! Logging set-up and the per-request span (with a request id) that every log line of a request carries.
+//! Logging and traces: the global subscriber (log lines, and OpenTelemetry spans over OTLP when configured,
+//! SPEC 14), the per-request span with its request id, and the W3C trace context taken in and sent on.
 
-use axum::http::{HeaderName, Request};
+use std::collections::HashMap;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use axum::extract::MatchedPath;
+use axum::http::{HeaderMap, HeaderName, Request};
 use axum::Router;
+use opentelemetry::propagation::{Extractor, TextMapPropagator};
+use opentelemetry::trace::TracerProvider as _;
+use opentelemetry_otlp::{WithExportConfig, WithHttpConfig};
+use opentelemetry_sdk::propagation::TraceContextPropagator;
+use opentelemetry_sdk::trace::{
+    BatchConfigBuilder, BatchSpanProcessor, Sampler, SdkTracerProvider,
+};
+use opentelemetry_sdk::Resource;
+use secrecy::ExposeSecret;
 use tower_http::request_id::{
     MakeRequestUuid, PropagateRequestIdLayer, RequestId, SetRequestIdLayer,
 };
 use tower_http::trace::TraceLayer;
-use tracing_subscriber::EnvFilter;
+use tracing_opentelemetry::OpenTelemetrySpanExt;
+use tracing_subscriber::filter::{filter_fn, EnvFilter};
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::util::SubscriberInitExt;
+use tracing_subscriber::Layer;
 
-use crate::config::LogConfig;
+use crate::config::{LogConfig, TelemetryConfig};
+
+/// Set once traces are exported: what the spans may hold.
+static TRACES: OnceLock<TraceSettings> = OnceLock::new();
+
+struct TraceSettings {
+    capture_content: bool,
+}
+
+/// Whether spans are exported: without it no span of a model or tool call is made and no `traceparent` sent.
+pub fn traces_on() -> bool {
+    TRACES.get().is_some()
+}
+
+/// Whether prompts, outputs and tool arguments and results go on spans (`telemetry.capture_content`).
+pub fn capture_content() -> bool {
+    TRACES.get().is_some_and(|t| t.capture_content)
+}
+
+/// Holds the span exporter; [`Telemetry::shutdown`] exports the spans still waiting.
+#[must_use = "spans still waiting are exported by `shutdown`"]
+pub struct Telemetry {
+    provider: Option<SdkTracerProvider>,
+}
+
+impl Telemetry {
+    /// Exports the spans still waiting (bounded by the exporter's timeout) and stops the exporter.
+    pub fn shutdown(self) {
+        if let Some(provider) = self.provider {
+            // The batch processor's thread does the export; this waits for it, off any async worker.
+            let stopped = std::thread::spawn(move || provider.shutdown()).join();
+            if !matches!(stopped, Ok(Ok(()))) {
+                eprintln!("could not export the last spans");
+            }
+        }
+    }
+}
 
 /// Installs the global subscriber: pretty or JSON lines, filtered by `RUST_LOG` when it is set (the variable
-/// every Rust service honours), else by the config's `log.filter` (`GATEWAY__LOG__FILTER`).
-pub fn init(config: &LogConfig) {
+/// every Rust service honours), else by the config's `log.filter` (`GATEWAY__LOG__FILTER`); and, when
+/// `telemetry.otlp_endpoint` is set, the gateway's spans exported over OTLP/HTTP, whatever the log filter.
+pub fn init(log: &LogConfig, telemetry: &TelemetryConfig) -> anyhow::Result<Telemetry> {
     let directives = std::env::var("RUST_LOG")
         .ok()
         .filter(|v| !v.trim().is_empty())
-        .unwrap_or_else(|| config.filter.clone());
+        .unwrap_or_else(|| log.filter.clone());
     let filter = log_filter(&directives).unwrap_or_else(|e| {
         eprintln!("invalid log filter '{directives}' ({e}); logging at info");
         log_filter("info").unwrap_or_else(|_| EnvFilter::new("info"))
     });
-    let builder = tracing_subscriber::fmt().with_env_filter(filter);
-    let _ = if config.format == "json" {
-        builder.json().try_init()
-    } else {
-        builder.try_init()
+    // Concrete layers (no boxing): per-layer filters only work when the subscriber can see them.
+    let json = log.format == "json";
+    let json_lines = json.then(|| {
+        tracing_subscriber::fmt::layer()
+            .json()
+            .with_filter(filter.clone())
+    });
+    let pretty_lines = (!json).then(|| tracing_subscriber::fmt::layer().with_filter(filter));
+    let (spans, provider) = match &telemetry.otlp_endpoint {
+        Some(endpoint) => {
+            let provider = tracer_provider(endpoint, telemetry)?;
+            let tracer = provider.tracer("gateway");
+            // Only the gateway's own spans are exported; log events stay log lines.
+            let layer = tracing_opentelemetry::layer()
+                .with_tracer(tracer)
+                .with_location(false)
+                .with_threads(false)
+                .with_tracked_inactivity(false)
+                .with_target(false)
+                .with_filter(filter_fn(|meta| {
+                    meta.is_span() && meta.target().starts_with("gateway")
+                }));
+            (Some(layer), Some(provider))
+        }
+        None => (None, None),
     };
+    let installed = tracing_subscriber::registry()
+        .with(json_lines)
+        .with(pretty_lines)
+        .with(spans)
+        .try_init();
+    if installed.is_ok() && provider.is_some() {
+        let _ = TRACES.set(TraceSettings {
+            capture_content: telemetry.capture_content,
+        });
+    }
+    Ok(Telemetry { provider })
+}
+
+/// The exporter: batches of spans to `{endpoint}/v1/traces`, sampled by ratio unless the parent decided.
+fn tracer_provider(
+    endpoint: &str,
+    telemetry: &TelemetryConfig,
+) -> anyhow::Result<SdkTracerProvider> {
+    let headers: HashMap<String, String> = telemetry
+        .otlp_headers
+        .iter()
+        .map(|(name, value)| (name.clone(), value.expose_secret().to_owned()))
+        .collect();
+    // The blocking client runs a runtime of its own: it is made (and dropped) off the async workers.
+    let client = std::thread::spawn(crate::tools::remote::blocking_http_client)
+        .join()
+        .map_err(|_| anyhow::anyhow!("could not build the OTLP client"))??;
+    let exporter = opentelemetry_otlp::SpanExporter::builder()
+        .with_http()
+        .with_http_client(client)
+        .with_endpoint(format!("{}/v1/traces", endpoint.trim_end_matches('/')))
+        .with_headers(headers)
+        .with_timeout(Duration::from_secs(10))
+        .build()?;
+    let batches = BatchConfigBuilder::default()
+        .with_scheduled_delay(Duration::from_millis(telemetry.export_delay_ms))
+        .build();
+    let processor = BatchSpanProcessor::builder(exporter)
+        .with_batch_config(batches)
+        .build();
+    let resource = Resource::builder()
+        .with_service_name(telemetry.service_name.clone())
+        .with_attribute(opentelemetry::KeyValue::new(
+            "service.version",
+            env!("CARGO_PKG_VERSION"),
+        ))
+        .build();
+    Ok(SdkTracerProvider::builder()
+        .with_span_processor(processor)
+        .with_sampler(Sampler::ParentBased(Box::new(Sampler::TraceIdRatioBased(
+            telemetry.sampling_ratio,
+        ))))
+        .with_resource(resource)
+        .build())
 }
 
 /// The filter of `directives`, with rmcp's transport worker silenced: it logs its fatal errors with the whole URL
@@ -37,25 +167,103 @@ pub fn log_filter(directives: &str) -> Result<EnvFilter, tracing_subscriber::fil
 }
 
 /// Gives every request an `x-request-id` (the client's, or a new UUID), returns it in the answer, and opens a
-/// span carrying it, with the method and path; bodies and headers are never logged.
+/// span carrying it, with the method and path; bodies and headers are never logged. With traces on, the span is
+/// the request's server span, a child of the client's `traceparent` when it sent one.
 pub fn with_request_ids(router: Router) -> Router {
     let header = HeaderName::from_static("x-request-id");
-    let trace = TraceLayer::new_for_http().make_span_with(|request: &Request<axum::body::Body>| {
-        let id = request
-            .extensions()
-            .get::<RequestId>()
-            .and_then(|id| id.header_value().to_str().ok())
-            .unwrap_or_default();
-        tracing::info_span!(
-            "request",
-            request.id = %id,
-            http.method = %request.method(),
-            http.path = %request.uri().path(),
-        )
-    });
+    let trace = TraceLayer::new_for_http()
+        .make_span_with(|request: &Request<axum::body::Body>| {
+            let id = request
+                .extensions()
+                .get::<RequestId>()
+                .and_then(|id| id.header_value().to_str().ok())
+                .unwrap_or_default();
+            let span = tracing::info_span!(
+                "request",
+                request.id = %id,
+                http.method = %request.method(),
+                http.path = %request.uri().path(),
+                otel.name = tracing::field::Empty,
+                otel.kind = tracing::field::Empty,
+                http.route = tracing::field::Empty,
+                http.response.status_code = tracing::field::Empty,
+            );
+            if traces_on() {
+                let route = request
+                    .extensions()
+                    .get::<MatchedPath>()
+                    .map_or_else(|| request.uri().path(), MatchedPath::as_str);
+                span.record("otel.name", format!("{} {route}", request.method()));
+                span.record("otel.kind", "server");
+                span.record("http.route", route);
+                let _ = span.set_parent(context_of(request.headers()));
+            }
+            span
+        })
+        .on_response(
+            |response: &axum::http::Response<axum::body::Body>,
+             _latency: Duration,
+             span: &tracing::Span| {
+                if traces_on() {
+                    span.record(
+                        "http.response.status_code",
+                        i64::from(response.status().as_u16()),
+                    );
+                }
+            },
+        );
     // The last layer added runs first: set the id, then trace, and copy the id to the answer.
     router
         .layer(trace)
         .layer(PropagateRequestIdLayer::new(header.clone()))
         .layer(SetRequestIdLayer::new(header, MakeRequestUuid))
+}
+
+/// The trace context a client sent (`traceparent`, `tracestate`).
+fn context_of(headers: &HeaderMap) -> opentelemetry::Context {
+    TraceContextPropagator::new().extract(&Headers(headers))
+}
+
+struct Headers<'a>(&'a HeaderMap);
+
+impl Extractor for Headers<'_> {
+    fn get(&self, key: &str) -> Option<&str> {
+        self.0.get(key).and_then(|v| v.to_str().ok())
+    }
+
+    fn keys(&self) -> Vec<&str> {
+        self.0.keys().map(HeaderName::as_str).collect()
+    }
+}
+
+/// The W3C trace context of the current span (`traceparent` and, if any, `tracestate`), when traces are on.
+pub fn current_trace_headers() -> Vec<(String, String)> {
+    if !traces_on() {
+        return Vec::new();
+    }
+    let mut carrier = HashMap::new();
+    TraceContextPropagator::new().inject_context(&tracing::Span::current().context(), &mut carrier);
+    carrier.into_iter().collect()
+}
+
+/// The `traceparent` of the current span, when traces are on: stored with a response so that whoever resumes
+/// it continues its trace.
+pub fn current_traceparent() -> Option<String> {
+    current_trace_headers()
+        .into_iter()
+        .find_map(|(name, value)| (name == "traceparent").then_some(value))
+}
+
+/// `request` with the current span's trace context in its headers (SPEC 14), when traces are on.
+pub fn with_trace_headers(mut request: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
+    for (name, value) in current_trace_headers() {
+        request = request.header(name, value);
+    }
+    request
+}
+
+/// The context a stored `traceparent` names, to parent a resumed run's spans.
+pub fn context_from_traceparent(traceparent: &str) -> opentelemetry::Context {
+    let carrier = HashMap::from([("traceparent".to_owned(), traceparent.to_owned())]);
+    TraceContextPropagator::new().extract(&carrier)
 }

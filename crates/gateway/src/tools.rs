@@ -290,7 +290,7 @@ impl ToolExecutor {
                     if let Some(secret) = &endpoint.secret {
                         request = request.bearer_auth(secret.expose_secret());
                     }
-                    request.send()
+                    crate::telemetry::with_trace_headers(request).send()
                 },
                 // A refused connection sent nothing, so trying again cannot run the tool twice.
                 reqwest::Error::is_connect,

@@ -2,6 +2,7 @@
 //!
 //! * [`mock_model`] — a scripted mock of the OpenAI Chat Completions API ([`MockModel`]).
 //! * [`tool_server`] — an example tool server with deterministic tools ([`ToolServer`]).
+//! * [`otlp_receiver`] — an OTLP/HTTP trace receiver that keeps the spans it is sent ([`OtlpReceiver`]).
 //! * [`fault_proxy`] — a TCP proxy that cuts connections at random moments, for fault injection ([`FaultProxy`]).
 //! * `scratch` (feature `scratch`) — a fresh database per test, Postgres or an embedded-store file.
 //!
@@ -15,6 +16,7 @@
 pub mod fault_proxy;
 pub mod mcp_server;
 pub mod mock_model;
+pub mod otlp_receiver;
 #[cfg(feature = "scratch")]
 pub mod scratch;
 mod server;
@@ -23,6 +25,7 @@ pub mod tool_server;
 pub use fault_proxy::FaultProxy;
 pub use mcp_server::McpServer;
 pub use mock_model::{Call, MockModel, Reply, ReplySpec, StreamMode};
+pub use otlp_receiver::{OtlpReceiver, ReceivedSpan};
 pub use tool_server::{
     misbehaving_tool_definitions, tool_definitions, RecordedCall, ToolDefinition, ToolServer,
 };

@@ -338,6 +338,7 @@ async fn create(
                 deadline_in_ms: Some(60_000),
                 api_key_id: None,
                 usage: &[],
+                trace_context: None,
             },
             Durability::Flush,
         )
@@ -1065,6 +1066,7 @@ async fn a_response_written_when_it_ended_loads_back_ended_with_its_steps(store:
                 deadline_in_ms: None,
                 api_key_id: None,
                 usage: &[],
+                trace_context: None,
             },
             Durability::Flush,
         )

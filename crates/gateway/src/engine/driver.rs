@@ -45,7 +45,11 @@ impl Engine {
         mut sink: S,
     ) -> Result<Finished, EngineError> {
         sink.follow_with(std::sync::Arc::clone(&run.registration.hub));
-        let source = match self.drive(&mut run, &mut sink).await {
+        let span = super::spans::run_span(&run, &self.replica.id);
+        let driven =
+            tracing::Instrument::instrument(self.drive(&mut run, &mut sink), span.clone()).await;
+        super::spans::run_ended(&span, run.record.status().as_str());
+        let source = match driven {
             Ok(finished) => return Ok(finished),
             Err(Interrupted::GivenUp) => return Err(self.given_up(&run).await),
             Err(Interrupted::Store(source))

@@ -312,6 +312,7 @@ impl Engine {
                         deadline_in_ms: Some(remaining_ms(run.deadline)),
                         api_key_id: run.payer.key_id.as_deref(),
                         usage: &run.unrecorded_usage,
+                        trace_context: run.trace_context.as_deref(),
                     },
                     durability,
                 )

@@ -24,6 +24,7 @@ mod replica;
 mod resume;
 mod runs;
 mod server_tools;
+mod spans;
 mod tool_batch;
 mod worker;
 
@@ -123,6 +124,13 @@ pub struct Run {
     unrecorded_usage: Vec<UsageRecord>,
     /// Its places under `max_concurrent` limits; given back when the run ends.
     _running: Option<RunningPlace>,
+    /// The W3C `traceparent` of the trace it was created in (SPEC 14): its run's spans continue that trace.
+    trace_context: Option<String>,
+}
+
+/// Whether `run` goes on after the request that started it was answered: a background response.
+fn run_outlives_request(run: &Run) -> bool {
+    run.record.background
 }
 
 impl Run {
@@ -262,9 +270,17 @@ impl Engine {
     /// Starts `run` on its own task, reporting to `sink`; its end is not awaited.
     pub fn spawn<S: ProgressSink + 'static>(&self, run: Run, sink: S) {
         let engine = self.clone();
-        tokio::spawn(tracing::Instrument::in_current_span(async move {
+        // A background run outlives its request: with traces on, it must not hold the request's span open (a
+        // span is exported when it closes); its own span joins the trace through the stored trace context.
+        let detached = run_outlives_request(&run) && crate::telemetry::traces_on();
+        let task = async move {
             // Errors are recorded with the response and logged where they happened.
             let _ = engine.run(run, sink).await;
-        }));
+        };
+        if detached {
+            tokio::spawn(task);
+        } else {
+            tokio::spawn(tracing::Instrument::in_current_span(task));
+        }
     }
 }

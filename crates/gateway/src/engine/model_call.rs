@@ -129,6 +129,24 @@ impl Engine {
         sink: &mut S,
         shown: &mut Shown,
     ) -> Result<ModelOutput, UpstreamError> {
+        let span = super::spans::model_call(deployment, request);
+        let result = tracing::Instrument::instrument(
+            self.call_deployment_traced(deployment, request, sink, shown),
+            span.clone(),
+        )
+        .await;
+        super::spans::model_answered(&span, deployment, &result);
+        result
+    }
+
+    /// [`Engine::call_deployment`] within its span.
+    async fn call_deployment_traced<S: ProgressSink>(
+        &self,
+        deployment: &Deployment,
+        request: &ModelRequest<'_>,
+        sink: &mut S,
+        shown: &mut Shown,
+    ) -> Result<ModelOutput, UpstreamError> {
         if !sink.wants_text_deltas() {
             return self.upstream.call(&target(deployment), request, None).await;
         }

@@ -283,6 +283,7 @@ impl Engine {
                 deadline_in_ms: (!background).then(|| self.deadline_ms()),
                 api_key_id: plan.governed.payer.key_id.as_deref(),
                 usage: &[],
+                trace_context: crate::telemetry::current_traceparent().as_deref(),
             },
             // A background response is answered `queued` at once: it must outlive a crash of the database
             // server from then on. The others run on, and their next writes make this one durable before
@@ -338,6 +339,7 @@ impl Engine {
             payer: plan.governed.payer,
             unrecorded_usage: Vec::new(),
             _running: plan.governed.running,
+            trace_context: crate::telemetry::current_traceparent(),
         })
     }
 

@@ -103,6 +103,7 @@ impl Engine {
             payer,
             unrecorded_usage: Vec::new(),
             _running: None,
+            trace_context: stored.trace_context,
         };
         self.spawn(run, sink);
         Ok(())

@@ -38,7 +38,12 @@ impl Engine {
                                 response_id,
                                 idempotency_key: &key,
                             };
-                            self.tools.execute(tool, &call, at).await
+                            let span = super::spans::tool_call(tool, &call);
+                            let execution = self.tools.execute(tool, &call, at);
+                            let outcome =
+                                tracing::Instrument::instrument(execution, span.clone()).await;
+                            super::spans::tool_ended(&span, &outcome);
+                            outcome
                         }
                         None => ToolOutcome::error(format!(
                             "Tool '{}' is no longer available.",

@@ -37,6 +37,8 @@ pub struct NewResponse<'a> {
     pub api_key_id: Option<&'a str>,
     /// Usage of the calls among `steps` (SPEC 13), recorded with them.
     pub usage: &'a [UsageRecord],
+    /// The W3C `traceparent` of the trace it was created in (SPEC 14), when traces are on.
+    pub trace_context: Option<&'a str>,
 }
 
 /// A stored response and what is needed to continue or show it.
@@ -61,6 +63,8 @@ pub struct StoredRun {
     pub keyed: bool,
     /// The API key it was created with (`None` for responses stored before keys were recorded).
     pub api_key_id: Option<String>,
+    /// The W3C `traceparent` of the trace it was created in: a resumed run continues that trace.
+    pub trace_context: Option<String>,
     pub context: Vec<Item>,
     pub steps: Vec<Step>,
 }
@@ -189,12 +193,13 @@ impl Store {
         let sql = with_clock!(
             self,
             "SELECT server_tools, deadline_at - ",
-            ", idempotency_key IS NOT NULL, api_key_id FROM responses WHERE id = $1"
+            ", idempotency_key IS NOT NULL, api_key_id, trace_context FROM responses WHERE id = $1"
         );
-        let (server_tools, deadline_in_ms, keyed, api_key_id): (
+        let (server_tools, deadline_in_ms, keyed, api_key_id, trace_context): (
             Value,
             Option<i64>,
             bool,
+            Option<String>,
             Option<String>,
         ) = with_pool!(self, |pool| sqlx::query_as(sql)
             .bind(id)
@@ -210,6 +215,7 @@ impl Store {
             deadline_in_ms,
             keyed,
             api_key_id,
+            trace_context,
             context: self.load_context(project_id, id).await?,
             steps: self.load_steps(project_id, id).await?,
         }))

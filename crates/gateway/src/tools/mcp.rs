@@ -453,7 +453,8 @@ impl McpClients {
 }
 
 /// The `tools/call` of `tool`, carrying the tool step's idempotency key as `_meta.idempotencyKey` (SPEC 7): the
-/// same string an HTTP source gets as `Idempotency-Key`, so a server can tell a re-sent step from a new one.
+/// same string an HTTP source gets as `Idempotency-Key`, so a server can tell a re-sent step from a new one; and,
+/// with traces on, `_meta.traceparent`.
 fn call_request(tool: &str, arguments: &Value, idempotency_key: &str) -> CallToolRequestParams {
     let arguments = match arguments {
         Value::Object(map) => map.clone(),
@@ -464,6 +465,10 @@ fn call_request(tool: &str, arguments: &Value, idempotency_key: &str) -> CallToo
         "idempotencyKey".to_owned(),
         Value::String(idempotency_key.to_owned()),
     );
+    // With traces on, the server gets the tool call's span as its parent, where MCP carries it (SPEC 14).
+    for (name, value) in crate::telemetry::current_trace_headers() {
+        meta.insert(name, Value::String(value));
+    }
     let mut request = CallToolRequestParams::new(tool.to_owned()).with_arguments(arguments);
     request.meta = Some(meta);
     request

@@ -235,6 +235,17 @@ impl CheckedServer {
     }
 }
 
+/// The blocking client that exports spans over OTLP (SPEC 14): the same TLS as the MCP clients, no redirects.
+/// It runs a runtime of its own: build and drop it off the async workers.
+pub fn blocking_http_client() -> Result<reqwest_mcp::blocking::Client, RemoteClientError> {
+    let tls = TLS_CONFIG.clone().map_err(RemoteClientError::Tls)?;
+    reqwest_mcp::blocking::Client::builder()
+        .redirect(reqwest_mcp::redirect::Policy::none())
+        .tls_backend_preconfigured(tls)
+        .build()
+        .map_err(RemoteClientError::Build)
+}
+
 /// `text` (an error's message, say) with every mention of `url` cut to its origin, `scheme://host[:port]`, and any
 /// other mention of its path and query replaced: a server's URL often holds a token in its path or query, and
 /// neither may reach a log or an error message (SPEC 12). HTTP client errors name the whole URL they tried.

@@ -228,7 +228,11 @@ impl Upstream {
         };
         let body = (wire.build)(target, &request.input());
         let url = format!("{}{}", target.base_url.trim_end_matches('/'), wire.path);
-        let post = |body: &Value| (wire.headers)(self.http.post(&url).json(body), target);
+        // With traces on, the provider gets the model call's span as its parent (SPEC 14).
+        let post = |body: &Value| {
+            let request = crate::telemetry::with_trace_headers(self.http.post(&url).json(body));
+            (wire.headers)(request, target)
+        };
         self.call_over(target, wire, &post, body, request.response_id, live)
             .await
     }

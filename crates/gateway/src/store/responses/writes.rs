@@ -100,22 +100,24 @@ macro_rules! bind_step_columns {
 }
 
 /// The response row's insert, shared by both backends (`$now` the database clock in milliseconds): parameters
-/// `$1`..`$21` in the order `bind_response_row!` binds them. A deployment deleted while the response ran is
+/// `$1`..`$21` in the order `bind_response_row!` binds them, and `$trace` the response's trace context. A deployment deleted while the response ran is
 /// recorded as none, as `ON DELETE SET NULL` does for rows written earlier; `updated_at` is the ending time of a
 /// response written when it ended; the deadline runs from the database's clock. Response ids are random, so a row
 /// already there under the same id is this very write, made again because its reply was lost: it is written
 /// over while the same replica still owns it at the first epoch, and is otherwise left alone.
 macro_rules! insert_response_row {
-    ($now:expr) => {
+    ($now:expr, $trace:literal) => {
         concat!(
             "INSERT INTO responses (id, project_id, deployment_id, model, status, params, server_tools,
             previous_response_id, store, background, created_at, updated_at, idempotency_key,
             usage, handed_back, error_code, error_message, incomplete_reason, completed_at, owner, deadline_at,
-            api_key_id)
+            api_key_id, trace_context)
          VALUES ($1, $2, (SELECT id FROM deployments WHERE id = $3), $4, $5, $6, $7, $8, $9, $10, $11,
             COALESCE($18, $11), $12, $13, $14, $15, $16, $17, $18, $19, ",
             $now,
-            " + $20, $21)
+            " + $20, $21, ",
+            $trace,
+            ")
          ON CONFLICT (id) DO UPDATE SET status = excluded.status, usage = excluded.usage,
             handed_back = excluded.handed_back, error_code = excluded.error_code,
             error_message = excluded.error_message, incomplete_reason = excluded.incomplete_reason,
@@ -161,7 +163,7 @@ macro_rules! bind_response_row {
 /// response row exists.
 const PG_CREATE_RESPONSE: &str = concat!(
     "WITH response AS (",
-    insert_response_row!(pg_now_ms!()),
+    insert_response_row!(pg_now_ms!(), "$33"),
     "), items AS (
     INSERT INTO response_input_items (response_id, position, item_id, item)
     SELECT $1, * FROM UNNEST($22::int4[], $23::text[], $24::jsonb[])
@@ -271,6 +273,7 @@ impl Store {
                 bind_step_columns!(query, columns)
                     .bind(durability.synchronous_commit())
                     .bind(usage_json(new.usage))
+                    .bind(new.trace_context)
                     .execute(pool)
                     .await
                     .map_err(conflict)?;
@@ -279,12 +282,13 @@ impl Store {
                 let written: Result<(), sqlx::Error> = async {
                     let mut tx = pool.begin().await?;
                     bind_response_row!(
-                        sqlx::query(insert_response_row!(sqlite_now_ms!())),
+                        sqlx::query(insert_response_row!(sqlite_now_ms!(), "$22")),
                         new,
                         &params,
                         &tools,
                         &usage
                     )
+                    .bind(new.trace_context)
                     .execute(&mut *tx)
                     .await?;
                     for ((position, id), item) in positions.iter().zip(&ids).zip(&items) {
