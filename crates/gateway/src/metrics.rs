@@ -152,3 +152,9 @@ impl crate::store::StoreObserver for StoreMetrics {
             .record(elapsed.as_secs_f64());
     }
 }
+
+/// A server tool call in flight when its response was cancelled (`outcome="cancelled"`).
+pub fn tool_call_cancelled(tool: String) {
+    metrics::counter!("gateway_tool_calls_total", "tool" => tool, "outcome" => "cancelled")
+        .increment(1);
+}

@@ -2,6 +2,7 @@
 //! source, a request's own MCP server; SPEC sections 7 and 12), within the source's policy (calls in flight,
 //! circuit breaker, output cap; see [`policy`]).
 
+pub mod failure;
 pub mod mcp;
 pub mod policy;
 pub mod remote;
@@ -17,6 +18,7 @@ use serde_json::Value;
 
 use crate::config::ToolsConfig;
 use crate::retry::RetryPolicy;
+use failure::{Failure, FailureKind};
 pub use server_tool::{
     Endpoint, McpSource, McpTool, NoteTemplates, RemoteTool, ServerTool, ServerTools, Source,
     Target,
@@ -130,7 +132,8 @@ impl ToolExecutor {
         tools
     }
 
-    /// Runs `call` on `tool`. Never fails: errors are outcomes.
+    /// Runs `call` on `tool`. Never fails: errors are outcomes. A failed call is counted by its kind and logged
+    /// once, at `WARN`, with the response, the tool, its source, and the status or cause.
     pub async fn execute(
         &self,
         tool: &ServerTool,
@@ -138,24 +141,38 @@ impl ToolExecutor {
         at: CallRef<'_>,
     ) -> ToolOutcome {
         let started = Instant::now();
-        let (outcome, result) = self.run(tool, call, at).await;
-        metrics::counter!("gateway_tool_calls_total", "tool" => tool.metric_label(), "outcome" => result).increment(1);
+        let (outcome, failure) = self.run(tool, call, at).await;
+        let label = failure.as_ref().map_or("ok", |f| f.kind.as_str());
+        metrics::counter!("gateway_tool_calls_total", "tool" => tool.metric_label(), "outcome" => label).increment(1);
         metrics::histogram!("gateway_tool_call_duration_seconds", "tool" => tool.metric_label())
             .record(started.elapsed().as_secs_f64());
+        if let Some(failure) = failure {
+            tracing::warn!(
+                response.id = %at.response_id,
+                tool.name = %tool.name,
+                tool_source.name = %tool.source_name(),
+                tool.origin = %tool.origin(),
+                outcome = failure.kind.as_str(),
+                cause = %failure.cause,
+                "tool call failed"
+            );
+        }
         outcome
     }
 
-    /// The outcome, and how it is counted: `ok`, `error` (the tool failed), `invalid` (the arguments were
-    /// refused before any call), `rejected` (the breaker was open) or `waited` (no slot freed in time).
+    /// The outcome, and why it failed when it did (see [`FailureKind`]).
     async fn run(
         &self,
         tool: &ServerTool,
         call: &ToolCall,
         at: CallRef<'_>,
-    ) -> (ToolOutcome, &'static str) {
+    ) -> (ToolOutcome, Option<Failure>) {
         let arguments = match self.parse_arguments(tool, &call.arguments) {
             Ok(arguments) => arguments,
-            Err(message) => return (ToolOutcome::error(message), "invalid"),
+            Err(message) => {
+                let failure = Failure::new(FailureKind::InvalidArguments, message.clone());
+                return (ToolOutcome::error(message), Some(failure));
+            }
         };
         let timeout_ms = match tool.timeout_ms() {
             0 => self.config.default_timeout_ms,
@@ -178,15 +195,17 @@ impl ToolExecutor {
                 match acquired {
                     Ok(Ok(slot)) => Some(slot),
                     _ => {
-                        return (
-                            ToolOutcome::error(format!(
-                                "Tool '{}' had all of its {} slots busy for the whole timeout of {timeout_ms} ms; \
-                                 the call was not made.",
-                                tool.name,
-                                policy.max_in_flight.unwrap_or(0)
-                            )),
-                            "waited",
-                        )
+                        let message = format!(
+                            "Tool '{}' had all of its {} slots busy for the whole timeout of {timeout_ms} ms; \
+                             the call was not made.",
+                            tool.name,
+                            policy.max_in_flight.unwrap_or(0)
+                        );
+                        let failure = Failure::new(
+                            FailureKind::Timeout,
+                            "every slot of the source stayed busy (max_in_flight)",
+                        );
+                        return (ToolOutcome::error(message), Some(failure));
                     }
                 }
             }
@@ -196,21 +215,23 @@ impl ToolExecutor {
         if let Some(policy::Admission::Refuse { retry_in }) =
             guarded.map(|id| self.policies.admit(id, Instant::now()))
         {
-            return (
-                ToolOutcome::error(format!(
-                    "Tool '{}' is failing: after {} consecutive failed calls the gateway stopped calling it \
-                     for a while (circuit breaker open); try again in about {} s.",
-                    tool.name,
-                    policy.breaker_failures(),
-                    retry_in.as_secs().max(1)
-                )),
-                "rejected",
+            let message = format!(
+                "Tool '{}' is failing: after {} consecutive failed calls the gateway stopped calling it \
+                 for a while (circuit breaker open); try again in about {} s.",
+                tool.name,
+                policy.breaker_failures(),
+                retry_in.as_secs().max(1)
             );
+            let failure = Failure::new(
+                FailureKind::BreakerOpen,
+                "the source's circuit breaker is open",
+            );
+            return (ToolOutcome::error(message), Some(failure));
         }
         let remaining = deadline
             .saturating_duration_since(Instant::now())
             .max(Duration::from_millis(1));
-        let outcome = match &tool.target {
+        let (outcome, failure) = match &tool.target {
             Target::Http(endpoint) => {
                 let sent = Sent {
                     endpoint,
@@ -221,45 +242,72 @@ impl ToolExecutor {
                 self.send(tool, call, at, sent).await
             }
             Target::Mcp(mcp) => {
-                let outcome = self
+                let (outcome, failure) = self
                     .mcp
                     .call(&tool.name, mcp, &arguments, remaining, at.idempotency_key)
                     .await;
-                cap_output(outcome, policy.max_output_bytes())
+                (cap_output(outcome, policy.max_output_bytes()), failure)
             }
             Target::Remote(RemoteTool {
                 tool: name,
                 access: Some(access),
                 ..
             }) => {
-                let outcome = self
+                let (outcome, failure) = self
                     .mcp
                     .call_remote(access, name, &arguments, remaining, at.idempotency_key)
                     .await;
-                cap_output(outcome, policy.max_output_bytes())
+                (cap_output(outcome, policy.max_output_bytes()), failure)
             }
             // A request's server is reached only through its checked address.
-            Target::Remote(RemoteTool { access: None, .. }) => ToolOutcome::error(format!(
-                "Tool '{}': its MCP server is not declared in this request.",
-                tool.name
-            )),
-        };
-        // A 4xx is the tool refusing this call (arguments, say), not the tool being down.
-        let failed = match &outcome {
-            ToolOutcome::Output { .. } => false,
-            ToolOutcome::Error { http_status, .. } => {
-                !http_status.is_some_and(|s| (400..500).contains(&s))
+            Target::Remote(RemoteTool { access: None, .. }) => {
+                let message = format!(
+                    "Tool '{}': its MCP server is not declared in this request.",
+                    tool.name
+                );
+                let failure = Failure::new(FailureKind::Unreachable, message.clone());
+                (ToolOutcome::error(message), Some(failure))
             }
         };
-        let open =
-            guarded.is_some_and(|id| self.policies.record(id, &policy, Instant::now(), failed));
+        // A 4xx is the tool refusing this call (arguments, say), not the tool being down.
+        let failed = failure
+            .as_ref()
+            .is_some_and(|f| f.kind != FailureKind::Http4xx);
+        if let Some(id) = guarded {
+            self.record_for_breaker(tool, id, &policy, failed);
+        }
+        (outcome, failure)
+    }
+
+    /// Feeds the source's breaker one call's result; logs when the breaker opens or closes.
+    fn record_for_breaker(
+        &self,
+        tool: &ServerTool,
+        source_id: &str,
+        policy: &gateway_core::entity::ToolPolicy,
+        failed: bool,
+    ) {
+        let was_open = self.policies.is_open(source_id);
+        let open = self
+            .policies
+            .record(source_id, policy, Instant::now(), failed);
         metrics::gauge!("gateway_tool_breaker_open", "tool" => tool.metric_label()).set(if open {
             1.0
         } else {
             0.0
         });
-        let result = if outcome.is_error() { "error" } else { "ok" };
-        (outcome, result)
+        match (was_open, open) {
+            (false, true) => tracing::warn!(
+                tool_source.name = %tool.source_name(),
+                failures = policy.breaker_failures(),
+                "circuit breaker opened: the source's calls are refused for a while"
+            ),
+            (true, false) => tracing::info!(
+                tool_source.name = %tool.source_name(),
+                "circuit breaker closed: the source answered again"
+            ),
+            _ => {}
+        }
     }
 
     async fn send(
@@ -273,7 +321,7 @@ impl ToolExecutor {
             timeout,
             timeout_ms,
         }: Sent<'_>,
-    ) -> ToolOutcome {
+    ) -> (ToolOutcome, Option<Failure>) {
         let sent = self
             .retry
             .run(
@@ -302,13 +350,14 @@ impl ToolExecutor {
                 let cap = usize::try_from(endpoint.policy.max_output_bytes()).unwrap_or(usize::MAX);
                 read_answer(&tool.name, response, cap).await
             }
-            Err(e) if e.is_timeout() => ToolOutcome::error(format!(
-                "Tool '{}' timed out after {timeout_ms} ms.",
-                tool.name
-            )),
             Err(e) => {
-                tracing::warn!(tool.name = %tool.name, error = %e, "tool request failed");
-                ToolOutcome::error(format!("Tool '{}' could not be reached.", tool.name))
+                let failure = failure::of_send_error(&e);
+                let message = if failure.kind == FailureKind::Timeout {
+                    format!("Tool '{}' timed out after {timeout_ms} ms.", tool.name)
+                } else {
+                    format!("Tool '{}' could not be reached.", tool.name)
+                };
+                (ToolOutcome::error(message), Some(failure))
             }
         }
     }
@@ -380,7 +429,35 @@ impl ToolExecutor {
     }
 }
 
-async fn read_answer(tool: &str, mut response: reqwest::Response, cap: usize) -> ToolOutcome {
+/// A tool's HTTP answer as its outcome, and why it failed when it did.
+async fn read_answer(
+    tool: &str,
+    response: reqwest::Response,
+    cap: usize,
+) -> (ToolOutcome, Option<Failure>) {
+    let outcome = read_body(tool, response, cap).await;
+    let failure = match &outcome {
+        ToolOutcome::Output { .. } => None,
+        ToolOutcome::Error {
+            http_status: Some(status),
+            ..
+        } => Some(Failure::new(
+            FailureKind::of_status(*status),
+            format!("HTTP {status}"),
+        )),
+        ToolOutcome::Error { message, .. } => {
+            let kind = if message.contains("timed out") {
+                FailureKind::Timeout
+            } else {
+                FailureKind::Unreachable
+            };
+            Some(Failure::new(kind, message.clone()))
+        }
+    };
+    (outcome, failure)
+}
+
+async fn read_body(tool: &str, mut response: reqwest::Response, cap: usize) -> ToolOutcome {
     let status = response.status();
     if status.is_redirection() {
         let location = response

@@ -24,6 +24,7 @@ use secrecy::ExposeSecret;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
+use super::failure::{Failure, FailureKind};
 use super::remote::redact_url;
 use super::server_tool::{Endpoint, McpSource, McpTool, ServerTool, Target};
 
@@ -305,25 +306,30 @@ impl McpClients {
         arguments: &Value,
         timeout: Duration,
         idempotency_key: &str,
-    ) -> ToolOutcome {
+    ) -> (ToolOutcome, Option<Failure>) {
         let (source, tool) = (&target.server, target.tool.as_str());
         let label = &source.source_name;
         let session = match self.session(source, offered).await {
             Ok(session) => session,
-            Err(message) => return ToolOutcome::error(message),
+            Err(message) => {
+                let failure = Failure::new(FailureKind::Unreachable, message.clone());
+                return (ToolOutcome::error(message), Some(failure));
+            }
         };
         let request = call_request(tool, arguments, idempotency_key);
         match tokio::time::timeout(timeout, session.service.call_tool(request)).await {
-            Ok(Ok(result)) => outcome_of(&result),
+            Ok(Ok(result)) => outcome_with_failure(&result),
             Ok(Err(e)) => {
-                tracing::warn!(tool_source.name = %label, tool.name = %tool,
-                    error = %redact_url(&e.to_string(), &source.url), "MCP tools/call failed");
+                let cause = redact_url(&e.to_string(), &source.url);
                 self.forget(source).await;
-                ToolOutcome::error(format!(
-                    "Tool '{offered}' (MCP server '{label}') could not be called."
-                ))
+                let message =
+                    format!("Tool '{offered}' (MCP server '{label}') could not be called.");
+                (
+                    ToolOutcome::error(message),
+                    Some(Failure::new(FailureKind::Unreachable, cause)),
+                )
             }
-            Err(_) => ToolOutcome::error(format!(
+            Err(_) => timed_out(format!(
                 "Tool '{offered}' timed out after {} ms.",
                 timeout.as_millis()
             )),
@@ -426,25 +432,29 @@ impl McpClients {
         arguments: &Value,
         timeout: Duration,
         idempotency_key: &str,
-    ) -> ToolOutcome {
+    ) -> (ToolOutcome, Option<Failure>) {
         let label = &access.server_label;
         let service = match self.open_remote(access).await {
             Ok(service) => service,
-            Err(message) => return ToolOutcome::error(message),
+            Err(message) => {
+                let failure = Failure::new(FailureKind::Unreachable, message.clone());
+                return (ToolOutcome::error(message), Some(failure));
+            }
         };
         let request = call_request(tool, arguments, idempotency_key);
         let called = tokio::time::timeout(timeout, service.call_tool(request)).await;
         let _ = service.cancel().await;
         match called {
-            Ok(Ok(result)) => outcome_of(&result),
+            Ok(Ok(result)) => outcome_with_failure(&result),
             Ok(Err(e)) => {
-                tracing::info!(mcp.server_label = %label, tool.name = %tool,
-                    error = %access.server.redact(&e.to_string()), "remote MCP tools/call failed");
-                ToolOutcome::error(format!(
-                    "Tool '{tool}' (MCP server '{label}') could not be called."
-                ))
+                let cause = access.server.redact(&e.to_string());
+                let message = format!("Tool '{tool}' (MCP server '{label}') could not be called.");
+                (
+                    ToolOutcome::error(message),
+                    Some(Failure::new(FailureKind::Unreachable, cause)),
+                )
             }
-            Err(_) => ToolOutcome::error(format!(
+            Err(_) => timed_out(format!(
                 "Tool '{tool}' (MCP server '{label}') timed out after {} ms.",
                 timeout.as_millis()
             )),
@@ -487,6 +497,25 @@ pub fn listed_tool_json(tool: &Tool) -> Value {
 }
 
 /// The outcome of an MCP result: its structured content as JSON, else its text blocks; `isError` an error.
+/// A call's result as its outcome, with an `isError` answer counted as the tool's own error.
+fn outcome_with_failure(result: &CallToolResult) -> (ToolOutcome, Option<Failure>) {
+    let outcome = outcome_of(result);
+    let failure = match &outcome {
+        ToolOutcome::Error { message, .. } => Some(Failure::new(
+            FailureKind::ToolError,
+            message.chars().take(200).collect::<String>(),
+        )),
+        ToolOutcome::Output { .. } => None,
+    };
+    (outcome, failure)
+}
+
+/// A call whose timeout passed.
+fn timed_out(message: String) -> (ToolOutcome, Option<Failure>) {
+    let failure = Failure::new(FailureKind::Timeout, "the call's timeout passed");
+    (ToolOutcome::error(message), Some(failure))
+}
+
 fn outcome_of(result: &CallToolResult) -> ToolOutcome {
     let text = match &result.structured_content {
         Some(value) if result.is_error != Some(true) => value.to_string(),

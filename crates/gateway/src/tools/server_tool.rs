@@ -28,6 +28,16 @@ pub struct ServerTool {
 }
 
 impl ServerTool {
+    /// Where its calls go, as a log line may name it: `scheme://host[:port]` of an operator's source; the
+    /// `server_label` of a request's own server (whose address is the client's).
+    pub fn origin(&self) -> String {
+        match &self.target {
+            Target::Http(endpoint) => super::failure::origin(&endpoint.url),
+            Target::Mcp(tool) => super::failure::origin(&tool.server.url),
+            Target::Remote(tool) => format!("mcp:{}", tool.server_label),
+        }
+    }
+
     /// The name of the source that serves it, as usage counts its calls: an operator's source by its name, a
     /// request's own MCP server as `mcp:<server_label>`.
     pub fn source_name(&self) -> String {

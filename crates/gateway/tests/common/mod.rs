@@ -57,6 +57,11 @@ impl Logs {
         self.added.notify_waiters();
     }
 
+    /// Every line written so far.
+    pub fn lines(&self) -> Vec<Value> {
+        self.lines.lock().unwrap().clone()
+    }
+
     /// Whether a line with this message was written.
     pub fn has(&self, message: &str) -> bool {
         self.lines
@@ -64,6 +69,22 @@ impl Logs {
             .unwrap()
             .iter()
             .any(|entry| entry["fields"]["message"] == message)
+    }
+
+    /// Waits (at most `PATIENCE`) until the lines written satisfy `done`.
+    pub async fn wait_until(&self, what: &str, done: impl Fn(&[Value]) -> bool) {
+        let waiting = async {
+            loop {
+                let added = self.added.notified();
+                if done(&self.lines.lock().unwrap()) {
+                    return;
+                }
+                added.await;
+            }
+        };
+        tokio::time::timeout(PATIENCE, waiting)
+            .await
+            .unwrap_or_else(|_| panic!("never logged: {what}"));
     }
 
     /// Waits (at most `PATIENCE`) for a line with this message.

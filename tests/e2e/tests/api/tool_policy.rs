@@ -350,7 +350,7 @@ async fn after_consecutive_failures_the_breaker_fails_calls_fast_without_calling
         sample(
             &text,
             "gateway_tool_calls_total",
-            &["tool=\"fail\"", "outcome=\"rejected\""]
+            &["tool=\"fail\"", "outcome=\"breaker_open\""]
         ),
         1.0
     );

@@ -1,0 +1,169 @@
+//! What an operator sees when tools fail, tried with the real binary: one `WARN` line per failed call naming the
+//! response, the tool, its source and the cause, and `gateway_tool_calls_total` split by why the call failed.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use common::{Cluster, Replica};
+use serde_json::{json, Value};
+
+/// Adds an HTTP tool source named `name` at `url` to the cluster's group.
+async fn add_source(cluster: &Cluster, replica: &Replica, name: &str, url: &str) {
+    let admin = |path: &str| format!("{}/admin/v1{path}", replica.base_url);
+    let source = common::json(
+        cluster
+            .http
+            .post(admin("/tool_sources"))
+            .bearer_auth(&cluster.admin_token)
+            .json(&json!({"name": name, "description": "a tool", "url": url,
+                          "parameters": {"type": "object", "properties": {"n": {"type": "integer"}}}}))
+            .send()
+            .await,
+    )
+    .await;
+    let groups = common::json(
+        cluster
+            .http
+            .get(admin("/deployment_groups"))
+            .bearer_auth(&cluster.admin_token)
+            .send()
+            .await,
+    )
+    .await;
+    let group = groups["data"][0]["id"].as_str().expect("group id");
+    let source = source["id"].as_str().expect("source id");
+    common::ok(
+        cluster
+            .http
+            .put(admin(&format!(
+                "/deployment_groups/{group}/tool_sources/{source}"
+            )))
+            .bearer_auth(&cluster.admin_token)
+            .send()
+            .await,
+    );
+}
+
+/// The `tool call failed` line of response `id`.
+fn failure_line(replica: &Replica, id: &str) -> Value {
+    replica
+        .logs
+        .lines()
+        .into_iter()
+        .find(|l| l["fields"]["message"] == "tool call failed" && l["fields"]["response.id"] == id)
+        .unwrap_or_else(|| panic!("no 'tool call failed' line for {id}"))
+}
+
+/// The value of the sample of `name` whose labels include all of `labels` (0 when absent).
+fn sample(text: &str, name: &str, labels: &[&str]) -> f64 {
+    text.lines()
+        .filter(|l| l.starts_with(name) && labels.iter().all(|want| l.contains(want)))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+#[tokio::test]
+async fn each_failed_tool_call_is_one_warn_line_with_its_cause_and_is_counted_by_kind() {
+    let mut cluster = Cluster::postgres().await;
+    let replica = cluster.replica(&[]);
+    cluster.configure(&replica).await;
+    // A 500, a 404, a port nothing listens on.
+    add_source(&cluster, &replica, "explodes", &cluster.tools.url("fail")).await;
+    add_source(
+        &cluster,
+        &replica,
+        "missing",
+        &cluster.tools.url("no_such_tool"),
+    )
+    .await;
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let dead = format!(
+        "http://{}/tools/secret-path?token=abc",
+        closed.local_addr().expect("addr")
+    );
+    drop(closed);
+    add_source(&cluster, &replica, "dead", &dead).await;
+
+    let mut ids = Vec::new();
+    for input in [
+        "!call explodes {}",
+        "!call missing {}",
+        "!call dead {}",
+        "!call explodes {\"n\": \"not a number\"}",
+    ] {
+        let response = cluster
+            .create(&replica, json!({"model": "mock", "input": input}))
+            .await;
+        assert_eq!(response["status"], "completed", "{response:#}");
+        ids.push(response["id"].as_str().expect("id").to_owned());
+    }
+    replica
+        .logs
+        .wait_until("a failure line per response", |lines| {
+            ids.iter().all(|id| {
+                lines.iter().any(|l| {
+                    l["fields"]["message"] == "tool call failed"
+                        && l["fields"]["response.id"] == id.as_str()
+                })
+            })
+        })
+        .await;
+
+    let explodes = failure_line(&replica, &ids[0]);
+    assert_eq!(explodes["level"], "WARN");
+    assert_eq!(explodes["fields"]["tool.name"], "explodes");
+    assert_eq!(explodes["fields"]["tool_source.name"], "explodes");
+    assert_eq!(explodes["fields"]["outcome"], "http_5xx");
+    assert_eq!(explodes["fields"]["cause"], "HTTP 500");
+    let missing = failure_line(&replica, &ids[1]);
+    assert_eq!(missing["fields"]["outcome"], "http_4xx");
+    assert_eq!(missing["fields"]["cause"], "HTTP 404");
+    let unreachable = failure_line(&replica, &ids[2]);
+    assert_eq!(unreachable["fields"]["outcome"], "unreachable");
+    let cause = unreachable["fields"]["cause"].as_str().unwrap_or_default();
+    assert!(
+        cause.to_lowercase().contains("refused"),
+        "the root cause is named: {unreachable}"
+    );
+    let origin = unreachable["fields"]["tool.origin"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(origin.starts_with("http://127.0.0.1:"), "{unreachable}");
+    assert!(
+        !unreachable.to_string().contains("secret-path")
+            && !unreachable.to_string().contains("token=abc"),
+        "no path or query of the tool's URL is logged: {unreachable}"
+    );
+    let invalid = failure_line(&replica, &ids[3]);
+    assert_eq!(invalid["fields"]["outcome"], "invalid_arguments");
+
+    let metrics = cluster
+        .http
+        .get(format!("{}/metrics", replica.base_url))
+        .send()
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("text");
+    let counted = |tool: &str, outcome: &str| {
+        sample(
+            &metrics,
+            "gateway_tool_calls_total",
+            &[
+                &format!("tool=\"{tool}\""),
+                &format!("outcome=\"{outcome}\""),
+            ],
+        )
+    };
+    assert_eq!(counted("explodes", "http_5xx"), 1.0, "{metrics}");
+    assert_eq!(counted("explodes", "invalid_arguments"), 1.0, "{metrics}");
+    assert_eq!(counted("missing", "http_4xx"), 1.0, "{metrics}");
+    assert!(counted("dead", "unreachable") >= 1.0, "{metrics}");
+    assert_eq!(
+        counted("explodes", "error"),
+        0.0,
+        "no catch-all outcome: {metrics}"
+    );
+}
