@@ -47,8 +47,33 @@ async fn main() -> anyhow::Result<()> {
 async fn run(command: Command, config: Config) -> anyhow::Result<()> {
     match command {
         Command::Serve => {
+            warn_of_misnamed_variables(&config);
+            let admin_api = if config.admin.token.is_some() {
+                "on"
+            } else {
+                "off"
+            };
+            let metrics_auth = if config.admin.metrics_token.is_some() {
+                "bearer token"
+            } else {
+                "open"
+            };
+            let traces = config.telemetry.otlp_endpoint.is_some();
             let app = Application::build(config).await?;
-            tracing::info!(address = %app.local_addr()?, replica.id = %app.replica_id(), "gateway listening");
+            let store = match app.store().backend() {
+                gateway::store::Backend::Postgres(_) => "postgres",
+                gateway::store::Backend::Sqlite(_) => "embedded (sqlite)",
+            };
+            tracing::info!(
+                version = env!("CARGO_PKG_VERSION"),
+                address = %app.local_addr()?,
+                replica.id = %app.replica_id(),
+                store,
+                admin_api,
+                metrics_auth,
+                traces,
+                "gateway listening"
+            );
             app.run_until(shutdown_signal()).await?;
             tracing::info!("gateway stopped");
         }
@@ -87,6 +112,45 @@ async fn shutdown_signal() {
     tokio::select! {
         () = ctrl_c => {},
         () = terminate => {},
+    }
+}
+
+/// Warns of variables that look like settings but are not read: `GATEWAY_ADMIN_TOKEN` (docker compose's name)
+/// instead of `GATEWAY__ADMIN__TOKEN`, and any `GATEWAY_X` where `GATEWAY__X` was meant.
+fn warn_of_misnamed_variables(config: &Config) {
+    const SECTIONS: [&str; 14] = [
+        "SERVER",
+        "ADMIN",
+        "DATABASE",
+        "LIMITS",
+        "UPSTREAM",
+        "TOOLS",
+        "LOG",
+        "TENANCY",
+        "DURABILITY",
+        "WEBSOCKET",
+        "COMPACTION",
+        "GOVERNANCE",
+        "TELEMETRY",
+        "SEED",
+    ];
+    for (name, _) in std::env::vars_os() {
+        let Some(rest) = name.to_str().and_then(|n| n.strip_prefix("GATEWAY_")) else {
+            continue;
+        };
+        let Some((section, key)) = rest.split_once('_') else {
+            continue;
+        };
+        if SECTIONS.contains(&section) && !key.is_empty() && !key.starts_with('_') {
+            tracing::warn!(
+                variable = %name.to_string_lossy(),
+                meant = %format!("GATEWAY__{section}__{key}"),
+                "this variable is not read: settings take a double underscore after GATEWAY and between section and key"
+            );
+        }
+    }
+    if config.admin.token.is_none() {
+        tracing::info!("admin API off: set GATEWAY__ADMIN__TOKEN (or admin.token) to turn it on");
     }
 }
 

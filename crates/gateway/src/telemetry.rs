@@ -84,7 +84,13 @@ pub fn init(log: &LogConfig, telemetry: &TelemetryConfig) -> anyhow::Result<Tele
             .json()
             .with_filter(filter.clone())
     });
-    let pretty_lines = (!json).then(|| tracing_subscriber::fmt::layer().with_filter(filter));
+    // Colours only for a terminal: a redirected file gets plain text.
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stdout());
+    let pretty_lines = (!json).then(|| {
+        tracing_subscriber::fmt::layer()
+            .with_ansi(ansi)
+            .with_filter(filter)
+    });
     let (spans, provider) = match &telemetry.otlp_endpoint {
         Some(endpoint) => {
             let provider = tracer_provider(endpoint, telemetry)?;
@@ -159,11 +165,15 @@ fn tracer_provider(
         .build())
 }
 
-/// The filter of `directives`, with rmcp's transport worker silenced: it logs its fatal errors with the whole URL
+/// The filter of `directives`, with libraries' chatter lowered and rmcp's transport worker silenced: it logs its fatal errors with the whole URL
 /// of the MCP server, whose path and query may hold a token (SPEC 12). The gateway logs each such failure itself,
 /// with the URL cut to `scheme://host[:port]`.
 pub fn log_filter(directives: &str) -> Result<EnvFilter, tracing_subscriber::filter::ParseError> {
-    Ok(EnvFilter::try_new(directives)?.add_directive("rmcp::transport::worker=off".parse()?))
+    // Libraries' chatter stays below `info` unless asked for by name: rmcp's peer dumps, and the notices Postgres
+    // sends back (`relation "_sqlx_migrations" already exists, skipping` on every start). A directive of the
+    // operator's for the same target comes later and wins.
+    let quiet = format!("rmcp=warn,sqlx::postgres::notice=warn,{directives}");
+    Ok(EnvFilter::try_new(quiet)?.add_directive("rmcp::transport::worker=off".parse()?))
 }
 
 /// Gives every request an `x-request-id` (the client's, or a new UUID), returns it in the answer, and opens a

@@ -167,3 +167,34 @@ async fn each_failed_tool_call_is_one_warn_line_with_its_cause_and_is_counted_by
         "no catch-all outcome: {metrics}"
     );
 }
+
+#[tokio::test]
+async fn start_up_says_what_runs_and_names_a_variable_that_is_not_read() {
+    let cluster = Cluster::postgres().await;
+    let _first = cluster.replica(&[]);
+    // The second start finds the migrations applied: Postgres answers `CREATE TABLE IF NOT EXISTS` with a notice.
+    let replica = cluster.replica(&[("GATEWAY_ADMIN_TOKEN", "misnamed")]);
+
+    let lines = replica.logs.lines();
+    let listening = lines
+        .iter()
+        .find(|l| l["fields"]["message"] == "gateway listening")
+        .expect("the start-up line");
+    assert_eq!(listening["fields"]["version"], env!("CARGO_PKG_VERSION"));
+    assert_eq!(listening["fields"]["store"], "postgres");
+    assert_eq!(listening["fields"]["admin_api"], "on");
+    assert_eq!(listening["fields"]["metrics_auth"], "open");
+    assert!(listening["fields"]["address"].is_string());
+    let misnamed = lines
+        .iter()
+        .find(|l| l["fields"]["variable"] == "GATEWAY_ADMIN_TOKEN")
+        .expect("a warning naming the variable");
+    assert_eq!(misnamed["level"], "WARN");
+    assert_eq!(misnamed["fields"]["meant"], "GATEWAY__ADMIN__TOKEN");
+    assert!(
+        !lines
+            .iter()
+            .any(|l| l.to_string().contains("_sqlx_migrations")),
+        "no notice of Postgres at info: {lines:#?}"
+    );
+}

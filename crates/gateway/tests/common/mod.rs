@@ -200,6 +200,7 @@ impl Cluster {
         let mut child = self.serve_command(settings).spawn().expect("start gateway");
         let stdout = child.stdout.take().expect("stdout");
         let mut lines = BufReader::new(stdout).lines();
+        let logs = std::sync::Arc::new(Logs::default());
         let base_url = loop {
             let line = lines
                 .next()
@@ -208,15 +209,18 @@ impl Cluster {
             let Ok(entry) = serde_json::from_str::<Value>(&line) else {
                 continue;
             };
-            if entry["fields"]["message"] == "gateway listening" {
-                break format!(
+            let listening = (entry["fields"]["message"] == "gateway listening").then(|| {
+                format!(
                     "http://{}",
                     entry["fields"]["address"].as_str().expect("address")
-                );
+                )
+            });
+            logs.push(entry);
+            if let Some(base_url) = listening {
+                break base_url;
             }
         };
         // Keep reading, so that the process never blocks on a full pipe; the lines are kept for the test.
-        let logs = std::sync::Arc::new(Logs::default());
         let kept = std::sync::Arc::clone(&logs);
         std::thread::spawn(move || {
             for line in lines.map_while(Result::ok) {
