@@ -2,7 +2,8 @@
 //!
 //! Names (all prefixed `gateway_`): `http_requests_total{route,method,status}`,
 //! `http_request_duration_seconds{route}`, `upstream_calls_total{deployment,outcome}`,
-//! `upstream_call_duration_seconds{deployment}`, `tool_calls_total{tool,outcome}`,
+//! `upstream_call_duration_seconds{deployment}`, `upstream_fallbacks_total{deployment,fallback}`,
+//! `tool_calls_total{tool,outcome}`,
 //! `tool_call_duration_seconds{tool}`, `tool_breaker_open{tool}`, `tool_calls_waiting{tool}`, `loop_model_calls{status}` (model calls per response),
 //! `responses_total{status}`, `active_streams`, `store_duration_seconds{op}`, `responses_refused_total{reason}`,
 //! `responses_resumed_total{reason}`, `leases_taken_over_total`, `queue_depth`, `queue_oldest_age_seconds`.
@@ -157,4 +158,14 @@ impl crate::store::StoreObserver for StoreMetrics {
 pub fn tool_call_cancelled(tool: String) {
     metrics::counter!("gateway_tool_calls_total", "tool" => tool, "outcome" => "cancelled")
         .increment(1);
+}
+
+/// A model call that `deployment` failed, tried again on its fallback `fallback`.
+pub fn fallback_tried(deployment: &str, fallback: &str) {
+    metrics::counter!(
+        "gateway_upstream_fallbacks_total",
+        "deployment" => deployment.to_owned(),
+        "fallback" => fallback.to_owned()
+    )
+    .increment(1);
 }

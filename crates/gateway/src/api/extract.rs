@@ -157,12 +157,21 @@ impl<T: DeserializeOwned, S: Send + Sync> FromRequestParts<S> for ApiQuery<T> {
             }
             check_value(name, value)?;
         }
-        serde_urlencoded::from_str(query)
+        let fields = serde_urlencoded::Deserializer::new(url::form_urlencoded::parse(query.as_bytes()));
+        serde_path_to_error::deserialize(fields)
             .map(ApiQuery)
             .map_err(|e| {
+                let field = e.path().to_string();
+                if field.is_empty() || field == "." {
+                    return ApiError::invalid(
+                        format!("Invalid query string: {}.", e.inner()),
+                        None,
+                        Some("invalid_query"),
+                    );
+                }
                 ApiError::invalid(
-                    format!("Invalid query string: {e}."),
-                    None,
+                    format!("Invalid query parameter '{field}': {}.", e.inner()),
+                    Some(&field),
                     Some("invalid_query"),
                 )
             })

@@ -46,7 +46,6 @@ impl Engine {
             conversation: &conversation,
             tools: &tools,
         };
-        let started = Instant::now();
         // The text a reader was shown while the call ran, as it was cut.
         let mut shown = Shown {
             item_id: item_id("msg", &run.record.id),
@@ -59,8 +58,6 @@ impl Engine {
         };
         match answer {
             Some((result, fallback)) => {
-                let answered_by = fallback.as_ref().unwrap_or(&run.deployment);
-                crate::metrics::upstream_call(&answered_by.name, started, result.is_ok());
                 let result = result.map(|mut output| {
                     // Upstreams that number calls per answer reuse ids; pairing by call_id needs them unique.
                     make_call_ids_unique(&mut output.tool_calls, &conversation, || new_id("call"));
@@ -103,7 +100,11 @@ impl Engine {
             }
             let fallback = match self.store.deployment_by_name(name).await {
                 Ok(Some(fallback)) => fallback,
-                Ok(None) => continue,
+                Ok(None) => {
+                    tracing::warn!(response.id = %request.response_id, deployment = %primary.name, fallback = %name,
+                        "a fallback deployment named by this deployment does not exist; skipped");
+                    continue;
+                }
                 Err(e) => {
                     tracing::warn!(deployment = %name, error = %e, "could not load a fallback deployment");
                     continue;
@@ -112,6 +113,7 @@ impl Engine {
             if let Err(e) = &result {
                 tracing::warn!(response.id = %request.response_id, deployment = %primary.name, fallback = %fallback.name, error = %e, "model call failed; trying a fallback");
             }
+            crate::metrics::fallback_tried(&primary.name, &fallback.name);
             result = self.call_deployment(&fallback, request, sink, shown).await;
             if result.is_ok() {
                 answered_by = Some(fallback);
@@ -130,12 +132,15 @@ impl Engine {
         shown: &mut Shown,
     ) -> Result<ModelOutput, UpstreamError> {
         let span = super::spans::model_call(deployment, request);
+        let started = Instant::now();
         let result = tracing::Instrument::instrument(
             self.call_deployment_traced(deployment, request, sink, shown),
             span.clone(),
         )
         .await;
         super::spans::model_answered(&span, deployment, &result);
+        // Each deployment tried is counted as itself: a fallback's success is the fallback's.
+        crate::metrics::upstream_call(&deployment.name, started, result.is_ok());
         result
     }
 

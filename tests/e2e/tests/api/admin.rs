@@ -614,10 +614,31 @@ async fn deployment_groups_can_be_created_read_listed_renamed_and_deleted() {
     assert_eq!(renamed.body["name"], "gold");
     assert_eq!(renamed.body["deployment_ids"], json!([deployment]));
 
-    let deleted = admin(
+    // A group that still holds members is deleted only when forced.
+    let refused = admin(
         &gw,
         Method::DELETE,
         &format!("/deployment_groups/{id}"),
+        None,
+    )
+    .await;
+    assert_error(&refused, 409, None);
+    assert_eq!(refused.body["error"]["code"], "in_use");
+    let message = refused.body["error"]["message"]
+        .as_str()
+        .unwrap_or_default();
+    for member in [
+        "project 'acme'",
+        "deployment 'mock'",
+        "tool source 'add'",
+        "force=true",
+    ] {
+        assert!(message.contains(member), "{message}");
+    }
+    let deleted = admin(
+        &gw,
+        Method::DELETE,
+        &format!("/deployment_groups/{id}?force=true"),
         None,
     )
     .await;
@@ -1488,4 +1509,123 @@ async fn unsupported_methods_and_routes_answer_in_openai_shape() {
     assert_error(&answer, 405, None);
     let answer = admin(&gw, Method::GET, "/no_such_thing", None).await;
     assert_error(&answer, 404, None);
+}
+
+#[tokio::test]
+async fn a_deployment_named_as_a_fallback_or_held_by_a_group_is_deleted_only_when_forced_and_leaves_nothing_dangling(
+) {
+    let gw = TestGateway::start().await;
+    let tenant = gw.tenant("acme").await;
+    let backup = id_of(
+        &admin(
+            &gw,
+            Method::POST,
+            "/deployments",
+            Some(mock_deployment(&gw, "backup")),
+        )
+        .await
+        .body,
+    );
+    let patched = admin(
+        &gw,
+        Method::PATCH,
+        &format!("/deployments/{}", tenant.deployment_id),
+        Some(json!({"fallbacks": ["backup"]})),
+    )
+    .await;
+    assert_eq!(patched.status, StatusCode::OK, "{}", patched.text);
+    gw.admin_ok(
+        Method::PUT,
+        &format!(
+            "/deployment_groups/{}/deployments/{backup}",
+            tenant.group_id
+        ),
+        None,
+    )
+    .await;
+
+    let refused = admin(&gw, Method::DELETE, &format!("/deployments/{backup}"), None).await;
+    assert_error(&refused, 409, None);
+    assert_eq!(refused.body["error"]["code"], "in_use");
+    let message = refused.body["error"]["message"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(
+        message.contains("deployment 'mock' (fallbacks)"),
+        "{message}"
+    );
+    assert!(message.contains("group '"), "{message}");
+    // Nothing changed.
+    assert_eq!(
+        admin(&gw, Method::GET, &format!("/deployments/{backup}"), None)
+            .await
+            .status,
+        StatusCode::OK
+    );
+    let bad = admin(
+        &gw,
+        Method::DELETE,
+        &format!("/deployments/{backup}?force=maybe"),
+        None,
+    )
+    .await;
+    assert_error(&bad, 400, Some("force"));
+
+    let deleted = admin(
+        &gw,
+        Method::DELETE,
+        &format!("/deployments/{backup}?force=true"),
+        None,
+    )
+    .await;
+    assert_eq!(deleted.status, StatusCode::OK, "{}", deleted.text);
+    let primary = admin(
+        &gw,
+        Method::GET,
+        &format!("/deployments/{}", tenant.deployment_id),
+        None,
+    )
+    .await;
+    assert_eq!(primary.body["fallbacks"], json!([]), "{}", primary.text);
+    let group = admin(
+        &gw,
+        Method::GET,
+        &format!("/deployment_groups/{}", tenant.group_id),
+        None,
+    )
+    .await;
+    assert_eq!(
+        group.body["deployment_ids"],
+        json!([tenant.deployment_id]),
+        "{}",
+        group.text
+    );
+    // A tool source a group holds is refused the same way.
+    let source = id_of(
+        &admin(
+            &gw,
+            Method::POST,
+            "/tool_sources",
+            Some(add_tool_source(&gw, "adder")),
+        )
+        .await
+        .body,
+    );
+    gw.admin_ok(
+        Method::PUT,
+        &format!(
+            "/deployment_groups/{}/tool_sources/{source}",
+            tenant.group_id
+        ),
+        None,
+    )
+    .await;
+    let refused = admin(
+        &gw,
+        Method::DELETE,
+        &format!("/tool_sources/{source}"),
+        None,
+    )
+    .await;
+    assert_error(&refused, 409, None);
 }

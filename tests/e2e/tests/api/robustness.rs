@@ -91,7 +91,7 @@ async fn a_deployment_deleted_while_its_response_runs_leaves_the_response_whole(
         .expect("the model call starts");
     gw.admin_ok(
         Method::DELETE,
-        &format!("/deployments/{}", tenant.deployment_id),
+        &format!("/deployments/{}?force=true", tenant.deployment_id),
         None,
     )
     .await;

@@ -296,8 +296,10 @@ async fn check_fallbacks(
 }
 
 delete_by_id! {
-    /// `DELETE /deployments/{deployment_id}`: also removes it from every group.
-    delete_deployment: delete_deployment, "deployment", "deployment", deployment.id
+    /// `DELETE /deployments/{deployment_id}`: refused while a deployment names it as a fallback or a group holds
+    /// it, unless forced; forced, it leaves their fallbacks and groups.
+    delete_deployment: delete_deployment, "deployment", "deployment", deployment.id,
+    referred to by deployment_referrers
 }
 
 #[cfg(test)]

@@ -88,6 +88,46 @@ macro_rules! delete_by_id {
             Ok(super::deleted(id, $object))
         }
     };
+    // With what refers to it (`$referrers` names it): refused with `409` while anything does, unless
+    // `?force=true`, which detaches them.
+    ($(#[$doc:meta])* $handler:ident: $remove:ident, $what:literal, $object:literal, $($field:ident).+,
+     referred to by $referrers:ident) => {
+        $(#[$doc])*
+        pub async fn $handler(
+            axum::extract::State(state): axum::extract::State<crate::api::AppState>,
+            super::ApiPath(id): super::ApiPath<String>,
+            crate::api::extract::ApiQuery(force): crate::api::extract::ApiQuery<super::Force>,
+        ) -> Result<axum::Json<super::Deleted>, crate::api::error::ApiError> {
+            let referrers = state.store.$referrers(&id).await?;
+            if !referrers.is_empty() && !force.force {
+                return Err(super::in_use($what, &id, &referrers));
+            }
+            if !state.store.$remove(&id).await? {
+                return Err(super::not_found($what, &id));
+            }
+            tracing::info!($($field).+ = %id, detached = ?referrers, "{} deleted", $what);
+            Ok(super::deleted(id, $object))
+        }
+    };
+}
+
+/// `?force=true` on a delete: detach what refers to the entity, then delete it.
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Force {
+    #[serde(default)]
+    force: bool,
+}
+
+/// A delete refused because `referrers` still refer to the entity.
+fn in_use(what: &str, id: &str, referrers: &[String]) -> crate::api::error::ApiError {
+    let mut error = crate::api::error::ApiError::conflict(format!(
+        "The {what} '{id}' is referred to by {}; detach it first, or delete it with '?force=true', which detaches \
+         it from them.",
+        referrers.join(", ")
+    ));
+    error.code = Some("in_use".into());
+    error
 }
 
 mod api_keys;

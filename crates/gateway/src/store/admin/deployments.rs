@@ -165,12 +165,6 @@ impl Store {
         .await)
         .map_err(|e| StoreError::from_write(e, &taken(changes.name.map_or("", EntityName::as_str))))
     }
-
-    /// Deletes a deployment and its group memberships; `false` when there was none.
-    pub async fn delete_deployment(&self, id: &str) -> Result<bool, StoreError> {
-        self.delete_by_id("DELETE FROM deployments WHERE id = $1", id)
-            .await
-    }
 }
 
 fn fallbacks_json(names: &[String]) -> String {

@@ -106,6 +106,7 @@ mod deployments;
 mod governed;
 mod groups;
 mod projects;
+mod references;
 mod tool_calls;
 mod tool_sources;
 

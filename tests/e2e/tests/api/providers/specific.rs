@@ -242,8 +242,38 @@ async fn a_fallback_takes_over_when_the_deployment_fails_after_its_retries() {
         gw.model.push(Reply::error(529, "Overloaded"));
     }
     gw.model.push(Reply::text("from the fallback"));
+    let before = metrics_text(&gw).await;
 
     let body = create_ok(&gw, &tenant.key, json!({"model": "claude", "input": "hi"})).await;
+
+    // Each deployment is counted as itself: the primary's failure, the fallback's success, the fallback taken.
+    let after = metrics_text(&gw).await;
+    let moved =
+        |name: &str, labels: &[&str]| sample(&after, name, labels) - sample(&before, name, labels);
+    let calls = "gateway_upstream_calls_total";
+    assert_eq!(
+        moved(calls, &["deployment=\"claude\"", "outcome=\"error\""]),
+        1.0,
+        "{after}"
+    );
+    assert_eq!(
+        moved(calls, &["deployment=\"claude\"", "outcome=\"ok\""]),
+        0.0,
+        "{after}"
+    );
+    assert_eq!(
+        moved(calls, &["deployment=\"mock\"", "outcome=\"ok\""]),
+        1.0,
+        "{after}"
+    );
+    assert_eq!(
+        moved(
+            "gateway_upstream_fallbacks_total",
+            &["deployment=\"claude\"", "fallback=\"mock\""]
+        ),
+        1.0,
+        "{after}"
+    );
 
     assert_eq!(body["status"], "completed", "{body:#}");
     assert_eq!(body["output_text"], "from the fallback");
