@@ -157,7 +157,8 @@ impl<T: DeserializeOwned, S: Send + Sync> FromRequestParts<S> for ApiQuery<T> {
             }
             check_value(name, value)?;
         }
-        let fields = serde_urlencoded::Deserializer::new(url::form_urlencoded::parse(query.as_bytes()));
+        let fields =
+            serde_urlencoded::Deserializer::new(url::form_urlencoded::parse(query.as_bytes()));
         serde_path_to_error::deserialize(fields)
             .map(ApiQuery)
             .map_err(|e| {

@@ -12,6 +12,7 @@
 //!   its stored steps.
 
 mod accounting;
+mod check;
 mod compact;
 mod driver;
 mod error;
@@ -37,6 +38,7 @@ use gateway_core::{Item, Limits, Step};
 use serde_json::Value;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
+pub use check::DeploymentCheck;
 pub use compact::Compacted;
 pub use error::{EngineError, StartError};
 pub use progress::{EventSink, ProgressSink, Silent};

@@ -1629,3 +1629,73 @@ async fn a_deployment_named_as_a_fallback_or_held_by_a_group_is_deleted_only_whe
     .await;
     assert_error(&refused, 409, None);
 }
+
+#[tokio::test]
+async fn checking_a_deployment_calls_its_upstream_and_catches_a_base_url_without_v1() {
+    let gw = TestGateway::start().await;
+    let good = id_of(
+        &admin(
+            &gw,
+            Method::POST,
+            "/deployments",
+            Some(mock_deployment(&gw, "good")),
+        )
+        .await
+        .body,
+    );
+    let root = gw.model.base_url().trim_end_matches("/v1").to_owned();
+    let unversioned = id_of(
+        &admin(
+            &gw,
+            Method::POST,
+            "/deployments",
+            Some(json!({"name": "no-v1", "provider": {"kind": "openai_chat", "base_url": root, "model": "mock-model"}})),
+        )
+        .await
+        .body,
+    );
+    gw.model.push(Reply::text("ok"));
+
+    let checked = admin(
+        &gw,
+        Method::POST,
+        &format!("/deployments/{good}/check"),
+        None,
+    )
+    .await;
+    assert_eq!(checked.status, StatusCode::OK, "{}", checked.text);
+    assert_eq!(checked.body["object"], "deployment.check");
+    assert_eq!(checked.body["ok"], true, "{}", checked.text);
+    assert_eq!(checked.body["output_text"], "ok");
+    assert!(checked.body["latency_ms"].is_u64());
+    let sent = gw.model.requests();
+    assert_eq!(sent.len(), 1, "one call");
+    assert_eq!(sent[0]["model"], "mock-model");
+
+    let caught = admin(
+        &gw,
+        Method::POST,
+        &format!("/deployments/{unversioned}/check"),
+        None,
+    )
+    .await;
+    assert_eq!(caught.status, StatusCode::OK, "{}", caught.text);
+    assert_eq!(caught.body["ok"], false, "{}", caught.text);
+    assert_eq!(caught.body["failure"], "rejected", "{}", caught.text);
+    assert_eq!(caught.body["status"], 404, "{}", caught.text);
+    assert!(
+        caught.body["hint"]
+            .as_str()
+            .is_some_and(|h| h.contains("/v1")),
+        "{}",
+        caught.text
+    );
+    assert!(
+        caught.body["message"].is_string(),
+        "the provider's words: {}",
+        caught.text
+    );
+
+    let missing = admin(&gw, Method::POST, "/deployments/dep_missing/check", None).await;
+    assert_error(&missing, 404, None);
+}

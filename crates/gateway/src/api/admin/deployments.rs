@@ -295,6 +295,21 @@ async fn check_fallbacks(
     Ok(names)
 }
 
+/// `POST /deployments/{deployment_id}/check`: one small call to its upstream, made as a response's would be;
+/// answers whether the model answered, the latency, and the provider's own words (and a hint) when it did not.
+pub async fn check_deployment(
+    State(state): State<AppState>,
+    super::ApiPath(id): super::ApiPath<String>,
+) -> Result<Json<crate::engine::DeploymentCheck>, ApiError> {
+    let Some(deployment) = state.store.deployment_by_id(&id).await? else {
+        return Err(super::not_found("deployment", &id));
+    };
+    let check = state.engine.check_deployment(&deployment).await;
+    tracing::info!(deployment.id = %id, ok = check.ok, latency_ms = check.latency_ms,
+        failure = check.failure.unwrap_or("none"), "deployment checked");
+    Ok(Json(check))
+}
+
 delete_by_id! {
     /// `DELETE /deployments/{deployment_id}`: refused while a deployment names it as a fallback or a group holds
     /// it, unless forced; forced, it leaves their fallbacks and groups.

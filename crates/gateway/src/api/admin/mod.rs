@@ -210,6 +210,10 @@ pub fn routes(state: AppState) -> Router<AppState> {
             "/deployment_groups/{group_id}/tool_sources/{tool_source_id}",
             put(groups::attach_tool_source).delete(groups::detach_tool_source),
         )
+        .route(
+            "/deployments/{deployment_id}/check",
+            axum::routing::post(deployments::check_deployment),
+        )
         .route("/responses", get(browse::list_responses))
         .route(
             "/responses/{response_id}/steps",
