@@ -190,6 +190,13 @@ impl Engine {
         names
     }
 
+    /// The server tools `source` offers now (an MCP source: its server's tools as listed, filtered and prefixed).
+    pub async fn source_tools(&self, source: ToolSource) -> Vec<crate::tools::ServerTool> {
+        self.tools
+            .expand(vec![server_tools::source_of(source)])
+            .await
+    }
+
     /// An engine on `store`, with the upstream, tool, tenancy and durability settings of `config`.
     pub fn new(store: Store, config: &Config) -> Result<Engine, StartError> {
         let replica = Arc::new(Replica::new(&config.durability));

@@ -1699,3 +1699,139 @@ async fn checking_a_deployment_calls_its_upstream_and_catches_a_base_url_without
     let missing = admin(&gw, Method::POST, "/deployments/dep_missing/check", None).await;
     assert_error(&missing, 404, None);
 }
+
+#[tokio::test]
+async fn a_projects_resolution_names_the_deployment_and_every_tool_a_create_is_then_offered() {
+    let gw = TestGateway::start().await;
+    let tenant = gw.tenant("acme").await;
+    let mcp = gateway_testkit::McpServer::start()
+        .await
+        .expect("mcp server");
+    let add = id_of(
+        &admin(
+            &gw,
+            Method::POST,
+            "/tool_sources",
+            Some(add_tool_source(&gw, "add")),
+        )
+        .await
+        .body,
+    );
+    let calc = id_of(
+        &admin(
+            &gw,
+            Method::POST,
+            "/tool_sources",
+            Some(json!({"kind": "mcp", "name": "calc", "url": mcp.url(), "name_prefix": "calc_"})),
+        )
+        .await
+        .body,
+    );
+    for source in [&add, &calc] {
+        gw.admin_ok(
+            Method::PUT,
+            &format!(
+                "/deployment_groups/{}/tool_sources/{source}",
+                tenant.group_id
+            ),
+            None,
+        )
+        .await;
+    }
+
+    let resolution = admin(
+        &gw,
+        Method::GET,
+        &format!("/projects/{}/resolution?model=mock", tenant.project_id),
+        None,
+    )
+    .await;
+    assert_eq!(resolution.status, StatusCode::OK, "{}", resolution.text);
+    assert_eq!(resolution.body["object"], "project.resolution");
+    assert_eq!(
+        resolution.body["deployment"]["id"],
+        tenant.deployment_id.as_str()
+    );
+    assert_eq!(resolution.body["deployment"]["kind"], "openai_chat");
+    let tools = resolution.body["tools"].as_array().expect("tools");
+    let calc_add = tools
+        .iter()
+        .find(|t| t["name"] == "calc_add")
+        .expect("the MCP source's tool, listed from its server");
+    assert_eq!(calc_add["tool_source"], "calc");
+    assert_eq!(calc_add["kind"], "mcp");
+    assert!(
+        calc_add["groups"].as_array().is_some_and(|g| g.len() == 1),
+        "{calc_add}"
+    );
+    let mut resolved: Vec<String> = tools
+        .iter()
+        .map(|t| t["name"].as_str().unwrap_or_default().to_owned())
+        .collect();
+    resolved.sort();
+
+    gw.model.push(Reply::text("hi"));
+    let body =
+        crate::common::create_ok(&gw, &tenant.key, json!({"model": "mock", "input": "hi"})).await;
+    assert_eq!(body["status"], "completed");
+    let mut offered: Vec<String> = gw.model.requests()[0]["tools"]
+        .as_array()
+        .expect("tools offered")
+        .iter()
+        .map(|t| {
+            t["function"]["name"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned()
+        })
+        .collect();
+    offered.sort();
+    assert_eq!(
+        resolved, offered,
+        "what the resolution says is what a create offers"
+    );
+
+    // The MCP source's own tools, and the errors.
+    let listed = admin(
+        &gw,
+        Method::GET,
+        &format!("/tool_sources/{calc}/tools"),
+        None,
+    )
+    .await;
+    assert_eq!(listed.status, StatusCode::OK, "{}", listed.text);
+    assert!(
+        listed.body["data"].as_array().is_some_and(|d| d
+            .iter()
+            .any(|t| t["name"] == "calc_add" && t["parameters"].is_object())),
+        "{}",
+        listed.text
+    );
+    let unknown_model = admin(
+        &gw,
+        Method::GET,
+        &format!("/projects/{}/resolution?model=nope", tenant.project_id),
+        None,
+    )
+    .await;
+    assert_error(&unknown_model, 404, Some("model"));
+    let no_model = admin(
+        &gw,
+        Method::GET,
+        &format!("/projects/{}/resolution", tenant.project_id),
+        None,
+    )
+    .await;
+    assert_error(&no_model, 400, None);
+    assert_error(
+        &admin(
+            &gw,
+            Method::GET,
+            "/projects/proj_missing/resolution?model=mock",
+            None,
+        )
+        .await,
+        404,
+        None,
+    );
+}

@@ -136,6 +136,7 @@ mod deployments;
 mod governed;
 mod groups;
 mod projects;
+mod resolution;
 mod tool_calls;
 mod tool_health;
 mod tool_sources;
@@ -213,6 +214,14 @@ pub fn routes(state: AppState) -> Router<AppState> {
         .route(
             "/deployments/{deployment_id}/check",
             axum::routing::post(deployments::check_deployment),
+        )
+        .route(
+            "/projects/{project_id}/resolution",
+            get(resolution::project_resolution),
+        )
+        .route(
+            "/tool_sources/{tool_source_id}/tools",
+            get(resolution::source_tools),
         )
         .route("/responses", get(browse::list_responses))
         .route(

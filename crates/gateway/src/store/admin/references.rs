@@ -73,6 +73,28 @@ impl Store {
             .await
     }
 
+    /// The names of the groups through which project `project_id` gets tool source `source_id` with deployment
+    /// `deployment_id`.
+    pub async fn groups_granting(
+        &self,
+        project_id: &str,
+        deployment_id: &str,
+        source_id: &str,
+    ) -> Result<Vec<String>, StoreError> {
+        Ok(with_pool!(self, |pool| sqlx::query_scalar(
+            "SELECT g.name FROM deployment_groups g
+             JOIN group_tool_sources gt ON gt.group_id = g.id AND gt.tool_source_id = $3
+             JOIN group_deployments gd ON gd.group_id = g.id AND gd.deployment_id = $2
+             JOIN group_projects gp ON gp.group_id = g.id AND gp.project_id = $1
+             ORDER BY g.name"
+        )
+        .bind(project_id)
+        .bind(deployment_id)
+        .bind(source_id)
+        .fetch_all(pool)
+        .await?))
+    }
+
     async fn deployment_name(&self, id: &str) -> Result<Option<String>, StoreError> {
         Ok(with_pool!(self, |pool| sqlx::query_scalar(
             "SELECT name FROM deployments WHERE id = $1"
