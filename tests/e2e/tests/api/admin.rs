@@ -465,7 +465,8 @@ async fn deployments_can_be_created_read_listed_patched_and_deleted() {
     assert_eq!(created.body["object"], "deployment");
     assert_eq!(
         created.body["provider"],
-        json!({"kind": "openai_chat", "base_url": "https://api.example.com/v1", "model": "gpt-4o", "has_api_key": true, "max_tokens": 4096})
+        json!({"kind": "openai_chat", "base_url": "https://api.example.com/v1", "model": "gpt-4o", "has_api_key": true}),
+        "max_tokens is shown for Anthropic deployments only"
     );
     assert!(created.body["created_at"].is_i64());
 
@@ -1789,6 +1790,66 @@ async fn a_projects_resolution_names_the_deployment_and_every_tool_a_create_is_t
     assert_eq!(
         resolved, offered,
         "what the resolution says is what a create offers"
+    );
+
+    // Each source names the groups that hold it, and shows only the fields its kind uses.
+    let calc_source = admin(&gw, Method::GET, &format!("/tool_sources/{calc}"), None).await;
+    assert_eq!(
+        calc_source.body["groups"][0]["id"],
+        tenant.group_id.as_str(),
+        "{}",
+        calc_source.text
+    );
+    assert!(calc_source.body["groups"][0]["name"].is_string());
+    assert!(
+        calc_source.body.get("parameters").is_none(),
+        "{}",
+        calc_source.text
+    );
+    assert!(
+        calc_source.body.get("strict").is_none(),
+        "{}",
+        calc_source.text
+    );
+    assert_eq!(calc_source.body["name_prefix"], "calc_");
+    let add_source = admin(&gw, Method::GET, &format!("/tool_sources/{add}"), None).await;
+    assert!(
+        add_source.body["parameters"].is_object(),
+        "{}",
+        add_source.text
+    );
+    assert!(
+        add_source.body.get("name_prefix").is_none(),
+        "{}",
+        add_source.text
+    );
+    let listed_sources = admin(&gw, Method::GET, "/tool_sources", None).await;
+    assert!(
+        listed_sources.body["data"].as_array().is_some_and(|d| d
+            .iter()
+            .all(|s| s["groups"].as_array().is_some_and(|g| g.len() == 1))),
+        "{}",
+        listed_sources.text
+    );
+    // A group names its members.
+    let group = admin(
+        &gw,
+        Method::GET,
+        &format!("/deployment_groups/{}", tenant.group_id),
+        None,
+    )
+    .await;
+    assert_eq!(
+        group.body["deployments"],
+        json!([{"id": tenant.deployment_id, "name": "mock"}]),
+        "{}",
+        group.text
+    );
+    assert_eq!(
+        group.body["projects"],
+        json!([{"id": tenant.project_id, "name": "acme"}]),
+        "{}",
+        group.text
     );
 
     // The MCP source's own tools, and the errors.

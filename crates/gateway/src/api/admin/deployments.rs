@@ -71,8 +71,9 @@ pub struct ProviderObject {
     base_url: String,
     model: String,
     has_api_key: bool,
-    /// What an Anthropic call sends as `max_tokens` when the request sets none.
-    max_tokens: u32,
+    /// What an Anthropic call sends as `max_tokens` when the request sets none (Anthropic deployments only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    max_tokens: Option<u32>,
 }
 
 impl From<DeploymentRow> for DeploymentObject {
@@ -87,10 +88,11 @@ impl From<DeploymentRow> for DeploymentObject {
                 base_url: row.base_url,
                 model: row.upstream_model,
                 has_api_key: row.has_api_key,
-                max_tokens: row
-                    .max_tokens
-                    .and_then(|n| u32::try_from(n).ok())
-                    .unwrap_or(DEFAULT_MAX_TOKENS),
+                max_tokens: (row.provider_kind == ProviderKind::Anthropic).then(|| {
+                    row.max_tokens
+                        .and_then(|n| u32::try_from(n).ok())
+                        .unwrap_or(DEFAULT_MAX_TOKENS)
+                }),
             },
             fallbacks: parse_fallbacks(&row.fallbacks),
             unsupported_tools: row.unsupported_tools,
@@ -345,7 +347,7 @@ mod tests {
                 "id": "dep_1",
                 "object": "deployment",
                 "name": "gpt-4o",
-                "provider": {"kind": "openai_chat", "base_url": "https://api.example.com/v1", "model": "gpt-4o-2024-08-06", "has_api_key": true, "max_tokens": 4096},
+                "provider": {"kind": "openai_chat", "base_url": "https://api.example.com/v1", "model": "gpt-4o-2024-08-06", "has_api_key": true},
                 "fallbacks": ["backup"],
                 "unsupported_tools": "ignore",
                 "pricing": null,

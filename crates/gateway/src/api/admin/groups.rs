@@ -11,7 +11,7 @@ use crate::api::AppState;
 use crate::store::admin::{GroupRow, Member, Membership};
 use crate::store::StoreError;
 
-/// A deployment group as the admin API shows it, with its members' ids.
+/// A deployment group as the admin API shows it, with its members' ids, and each member with its name.
 #[derive(Debug, Serialize)]
 pub struct GroupObject {
     id: String,
@@ -20,12 +20,40 @@ pub struct GroupObject {
     deployment_ids: Vec<String>,
     project_ids: Vec<String>,
     tool_source_ids: Vec<String>,
+    deployments: Vec<NamedMember>,
+    projects: Vec<NamedMember>,
+    tool_sources: Vec<NamedMember>,
     created_at: i64,
+}
+
+/// A member of a group (or a group), by id and name.
+#[derive(Debug, Serialize)]
+pub struct NamedMember {
+    id: String,
+    name: String,
+}
+
+impl NamedMember {
+    pub fn new(id: String, name: String) -> NamedMember {
+        NamedMember { id, name }
+    }
+}
+
+/// Ids and names read in the same order, paired.
+fn named(ids: &[String], names: Vec<String>) -> Vec<NamedMember> {
+    ids.iter()
+        .cloned()
+        .zip(names)
+        .map(|(id, name)| NamedMember { id, name })
+        .collect()
 }
 
 impl From<GroupRow> for GroupObject {
     fn from(row: GroupRow) -> GroupObject {
         GroupObject {
+            deployments: named(&row.deployment_ids, row.deployment_names),
+            projects: named(&row.project_ids, row.project_names),
+            tool_sources: named(&row.tool_source_ids, row.tool_source_names),
             id: row.id,
             object: "deployment_group",
             name: row.name,
@@ -202,6 +230,9 @@ mod tests {
             deployment_ids: vec!["dep_1".into()],
             project_ids: vec!["proj_1".into(), "proj_2".into()],
             tool_source_ids: Vec::new(),
+            deployment_names: vec!["gpt".into()],
+            project_names: vec!["acme".into(), "beta".into()],
+            tool_source_names: Vec::new(),
         };
         assert_eq!(
             serde_json::to_value(GroupObject::from(row)).unwrap(),
@@ -212,6 +243,9 @@ mod tests {
                 "deployment_ids": ["dep_1"],
                 "project_ids": ["proj_1", "proj_2"],
                 "tool_source_ids": [],
+                "deployments": [{"id": "dep_1", "name": "gpt"}],
+                "projects": [{"id": "proj_1", "name": "acme"}, {"id": "proj_2", "name": "beta"}],
+                "tool_sources": [],
                 "created_at": 1_735_689_600,
             })
         );

@@ -175,17 +175,21 @@ impl Extras {
     }
 }
 
-/// A tool source as the admin API shows it: whether it has a secret, never the secret.
+/// A tool source as the admin API shows it: whether it has a secret, never the secret; the groups that hold it;
+/// and only the fields its kind uses (an MCP source's tools bring their own `parameters` and `strict`; an HTTP
+/// source has no `allowed_tools` or `name_prefix`).
 #[derive(Debug, Serialize)]
 pub struct ToolSourceObject {
     id: String,
     object: &'static str,
     name: String,
     description: String,
-    parameters: Value,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    parameters: Option<Value>,
     url: String,
     timeout_ms: i64,
-    strict: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    strict: Option<bool>,
     has_secret: bool,
     created_at: i64,
     /// `null`: no bound.
@@ -199,21 +203,46 @@ pub struct ToolSourceObject {
     hosted_type: Option<String>,
     /// `http` or `mcp`.
     kind: String,
-    allowed_tools: Option<Value>,
-    name_prefix: Option<String>,
+    /// MCP sources only (`null`: every tool).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    allowed_tools: Option<Option<Value>>,
+    /// MCP sources only.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    name_prefix: Option<Option<String>>,
+    /// The groups that hold it.
+    groups: Vec<super::groups::NamedMember>,
+}
+
+impl ToolSourceObject {
+    /// With the groups that hold each of `sources`.
+    async fn with_groups(
+        state: &AppState,
+        mut sources: Vec<ToolSourceObject>,
+    ) -> Result<Vec<ToolSourceObject>, ApiError> {
+        let memberships = state.store.tool_source_groups().await?;
+        for source in &mut sources {
+            source.groups = memberships
+                .iter()
+                .filter(|(source_id, _, _)| *source_id == source.id)
+                .map(|(_, id, name)| super::groups::NamedMember::new(id.clone(), name.clone()))
+                .collect();
+        }
+        Ok(sources)
+    }
 }
 
 impl From<ToolSourceRow> for ToolSourceObject {
     fn from(row: ToolSourceRow) -> ToolSourceObject {
+        let http = row.kind != "mcp";
         ToolSourceObject {
             id: row.id,
             object: "tool_source",
             name: row.name,
             description: row.description,
-            parameters: row.parameters,
+            parameters: http.then_some(row.parameters),
             url: row.url,
             timeout_ms: row.timeout_ms,
-            strict: row.strict,
+            strict: http.then_some(row.strict),
             has_secret: row.has_secret,
             created_at: row.created_at,
             max_in_flight: row.max_in_flight,
@@ -229,9 +258,10 @@ impl From<ToolSourceRow> for ToolSourceObject {
             note_on_request: row.note_on_request,
             note_on_result: row.note_on_result,
             hosted_type: row.hosted_type,
+            allowed_tools: (!http).then_some(row.allowed_tools),
+            name_prefix: (!http).then_some(row.name_prefix),
             kind: row.kind,
-            allowed_tools: row.allowed_tools,
-            name_prefix: row.name_prefix,
+            groups: Vec::new(),
         }
     }
 }
@@ -308,12 +338,28 @@ pub async fn create_tool_source(
     Ok(Json(source.into()))
 }
 
-list_and_get! {
-    ToolSourceObject, "tool source";
-    /// `GET /tool_sources`.
-    list_tool_sources: list_tool_sources;
-    /// `GET /tool_sources/{tool_source_id}`.
-    get_tool_source: get_tool_source;
+/// `GET /tool_sources`.
+pub async fn list_tool_sources(
+    State(state): State<AppState>,
+) -> Result<Json<super::List<ToolSourceObject>>, ApiError> {
+    let sources = state.store.list_tool_sources().await?;
+    let sources =
+        ToolSourceObject::with_groups(&state, sources.into_iter().map(Into::into).collect())
+            .await?;
+    Ok(super::list(sources))
+}
+
+/// `GET /tool_sources/{tool_source_id}`.
+pub async fn get_tool_source(
+    State(state): State<AppState>,
+    ApiPath(id): ApiPath<String>,
+) -> Result<Json<ToolSourceObject>, ApiError> {
+    let source = found(state.store.get_tool_source(&id).await?, "tool source", &id)?;
+    let mut sources = ToolSourceObject::with_groups(&state, vec![source.into()]).await?;
+    sources
+        .pop()
+        .map(Json)
+        .ok_or_else(|| super::not_found("tool source", &id))
 }
 
 /// `PATCH /tool_sources/{tool_source_id}`: any field; `secret: null` removes the secret, `description: null`
@@ -365,7 +411,11 @@ pub async fn update_tool_source(
         &id,
     )?;
     tracing::info!(tool_source.id = %source.id, tool.name = %source.name, "tool source updated");
-    Ok(Json(source.into()))
+    let mut sources = ToolSourceObject::with_groups(&state, vec![source.into()]).await?;
+    sources
+        .pop()
+        .map(Json)
+        .ok_or_else(|| super::not_found("tool source", &id))
 }
 
 delete_by_id! {
@@ -424,8 +474,7 @@ mod tests {
                 "note_on_result": null,
                 "hosted_type": null,
                 "kind": "http",
-                "allowed_tools": null,
-                "name_prefix": null,
+                "groups": [],
             })
         );
     }

@@ -20,6 +20,13 @@ pub struct GroupRow {
     pub project_ids: Vec<String>,
     #[sqlx(json, default)]
     pub tool_source_ids: Vec<String>,
+    /// The members' names, in the order of their ids.
+    #[sqlx(json, default)]
+    pub deployment_names: Vec<String>,
+    #[sqlx(json, default)]
+    pub project_names: Vec<String>,
+    #[sqlx(json, default)]
+    pub tool_source_names: Vec<String>,
 }
 
 /// Groups with their members, all (`$1` null) or one (`$1` its id), by name. The aggregate that builds a
@@ -27,13 +34,19 @@ pub struct GroupRow {
 const POSTGRES_GROUPS: &str = "SELECT g.id, g.name, g.created_at,
     (SELECT COALESCE(jsonb_agg(deployment_id ORDER BY deployment_id), '[]') FROM group_deployments WHERE group_id = g.id) AS deployment_ids,
     (SELECT COALESCE(jsonb_agg(project_id ORDER BY project_id), '[]') FROM group_projects WHERE group_id = g.id) AS project_ids,
-    (SELECT COALESCE(jsonb_agg(tool_source_id ORDER BY tool_source_id), '[]') FROM group_tool_sources WHERE group_id = g.id) AS tool_source_ids
+    (SELECT COALESCE(jsonb_agg(tool_source_id ORDER BY tool_source_id), '[]') FROM group_tool_sources WHERE group_id = g.id) AS tool_source_ids,
+    (SELECT COALESCE(jsonb_agg(d.name ORDER BY d.id), '[]') FROM group_deployments m JOIN deployments d ON d.id = m.deployment_id WHERE m.group_id = g.id) AS deployment_names,
+    (SELECT COALESCE(jsonb_agg(p.name ORDER BY p.id), '[]') FROM group_projects m JOIN projects p ON p.id = m.project_id WHERE m.group_id = g.id) AS project_names,
+    (SELECT COALESCE(jsonb_agg(t.name ORDER BY t.id), '[]') FROM group_tool_sources m JOIN tool_sources t ON t.id = m.tool_source_id WHERE m.group_id = g.id) AS tool_source_names
  FROM deployment_groups g WHERE $1::text IS NULL OR g.id = $1 ORDER BY g.name";
 
 const SQLITE_GROUPS: &str = "SELECT g.id, g.name, g.created_at,
     (SELECT json_group_array(deployment_id ORDER BY deployment_id) FROM group_deployments WHERE group_id = g.id) AS deployment_ids,
     (SELECT json_group_array(project_id ORDER BY project_id) FROM group_projects WHERE group_id = g.id) AS project_ids,
-    (SELECT json_group_array(tool_source_id ORDER BY tool_source_id) FROM group_tool_sources WHERE group_id = g.id) AS tool_source_ids
+    (SELECT json_group_array(tool_source_id ORDER BY tool_source_id) FROM group_tool_sources WHERE group_id = g.id) AS tool_source_ids,
+    (SELECT json_group_array(d.name ORDER BY d.id) FROM group_deployments m JOIN deployments d ON d.id = m.deployment_id WHERE m.group_id = g.id) AS deployment_names,
+    (SELECT json_group_array(p.name ORDER BY p.id) FROM group_projects m JOIN projects p ON p.id = m.project_id WHERE m.group_id = g.id) AS project_names,
+    (SELECT json_group_array(t.name ORDER BY t.id) FROM group_tool_sources m JOIN tool_sources t ON t.id = m.tool_source_id WHERE m.group_id = g.id) AS tool_source_names
  FROM deployment_groups g WHERE $1 IS NULL OR g.id = $1 ORDER BY g.name";
 
 /// What can be a member of a deployment group.

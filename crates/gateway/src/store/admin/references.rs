@@ -95,6 +95,16 @@ impl Store {
         .await?))
     }
 
+    /// Every group membership of a tool source: `(tool source id, group id, group name)`, by group name.
+    pub async fn tool_source_groups(&self) -> Result<Vec<(String, String, String)>, StoreError> {
+        Ok(with_pool!(self, |pool| sqlx::query_as(
+            "SELECT m.tool_source_id, g.id, g.name FROM group_tool_sources m
+             JOIN deployment_groups g ON g.id = m.group_id ORDER BY g.name"
+        )
+        .fetch_all(pool)
+        .await?))
+    }
+
     async fn deployment_name(&self, id: &str) -> Result<Option<String>, StoreError> {
         Ok(with_pool!(self, |pool| sqlx::query_scalar(
             "SELECT name FROM deployments WHERE id = $1"
