@@ -19,6 +19,8 @@ const MAX_ENTRIES: u64 = 100_000;
 #[derive(Clone)]
 pub struct Resolver {
     store: Store,
+    /// Keys whose use was written within `LAST_USED_EVERY`.
+    recently_used: moka::sync::Cache<String, ()>,
     /// `None` when caching is disabled (`cache_ttl_ms = 0`).
     caches: Option<Caches>,
 }
@@ -32,6 +34,9 @@ struct Caches {
     /// Bumped by every invalidation: an answer read before one is not cached after it.
     epoch: Arc<AtomicU64>,
 }
+
+/// How often a replica writes a key's `last_used_at`, at most.
+const LAST_USED_EVERY: Duration = Duration::from_secs(60);
 
 impl std::fmt::Debug for Resolver {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -54,11 +59,35 @@ impl Resolver {
                 .build(),
             epoch: Arc::new(AtomicU64::new(0)),
         });
-        Resolver { store, caches }
+        let recently_used = moka::sync::Cache::builder()
+            .max_capacity(MAX_ENTRIES)
+            .time_to_live(LAST_USED_EVERY)
+            .build();
+        Resolver {
+            store,
+            recently_used,
+            caches,
+        }
     }
 
-    /// The grant of a live (unrevoked) key, expired or not: the caller compares its expiry with the clock, so a
-    /// cached grant expires on time.
+    /// Notes that key `key_id` was just used: its `last_used_at` is written, off the request's path, at most once
+    /// every `LAST_USED_EVERY` per replica.
+    pub fn note_used(&self, key_id: &str) {
+        if self.recently_used.contains_key(key_id) {
+            return;
+        }
+        self.recently_used.insert(key_id.to_owned(), ());
+        let store = self.store.clone();
+        let key_id = key_id.to_owned();
+        tokio::spawn(async move {
+            if let Err(e) = store.touch_api_key(&key_id, crate::clock::now()).await {
+                tracing::debug!(api_key.id = %key_id, error = %e, "could not note the key's last use");
+            }
+        });
+    }
+
+    /// The grant of a key, revoked or expired or not: the caller refuses a revoked one and compares its expiry with
+    /// the clock, so a cached grant expires on time.
     pub async fn grant_for_key(&self, key: &str) -> Result<Option<Arc<KeyGrant>>, StoreError> {
         let Some(caches) = &self.caches else {
             return Ok(self.store.grant_for_key(key).await?.map(Arc::new));

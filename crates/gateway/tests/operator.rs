@@ -198,3 +198,89 @@ async fn start_up_says_what_runs_and_names_a_variable_that_is_not_read() {
         "no notice of Postgres at info: {lines:#?}"
     );
 }
+
+#[tokio::test]
+async fn a_keys_last_use_is_shown_and_a_revoked_keys_refusal_names_its_id() {
+    let mut cluster = Cluster::postgres().await;
+    let replica = cluster.replica(&[]);
+    cluster.configure(&replica).await;
+    let admin = |path: &str| format!("{}/admin/v1{path}", replica.base_url);
+    let get = |path: String| {
+        cluster
+            .http
+            .get(admin(&path))
+            .bearer_auth(&cluster.admin_token)
+            .send()
+    };
+    let projects = common::json(get("/projects".into()).await).await;
+    let project = projects["data"][0]["id"]
+        .as_str()
+        .expect("project")
+        .to_owned();
+    let keys = common::json(get(format!("/projects/{project}/api_keys")).await).await;
+    let key_id = keys["data"][0]["id"].as_str().expect("key id").to_owned();
+    assert_eq!(
+        keys["data"][0]["last_used_at"],
+        Value::Null,
+        "never used yet"
+    );
+
+    let before = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_secs() as i64;
+    let answer = cluster
+        .create(&replica, json!({"model": "mock", "input": "hi"}))
+        .await;
+    assert_eq!(answer["status"], "completed", "{answer:#}");
+    // The use is written off the request's path: poll the admin read until it shows.
+    let mut last_used = Value::Null;
+    for _ in 0..500 {
+        last_used =
+            common::json(get(format!("/api_keys/{key_id}")).await).await["last_used_at"].clone();
+        if !last_used.is_null() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    assert!(
+        last_used.as_i64().is_some_and(|at| at >= before - 1),
+        "last_used_at: {last_used}"
+    );
+
+    common::ok(
+        cluster
+            .http
+            .delete(admin(&format!("/api_keys/{key_id}")))
+            .bearer_auth(&cluster.admin_token)
+            .send()
+            .await,
+    );
+    let refused = cluster
+        .http
+        .post(format!("{}/v1/responses", replica.base_url))
+        .bearer_auth(&cluster.key)
+        .json(&json!({"model": "mock", "input": "hi"}))
+        .send()
+        .await
+        .expect("answer");
+    assert_eq!(refused.status(), 401);
+    replica
+        .logs
+        .wait_until("the refusal of the revoked key", |lines| {
+            lines.iter().any(|l| {
+                l["fields"]["message"] == "api key refused"
+                    && l["fields"]["api_key.id"] == key_id.as_str()
+                    && l["fields"]["reason"] == "revoked"
+            })
+        })
+        .await;
+    assert!(
+        !replica
+            .logs
+            .lines()
+            .iter()
+            .any(|l| l.to_string().contains(&cluster.key)),
+        "the key itself is never logged"
+    );
+}

@@ -213,12 +213,14 @@ impl FromRequestParts<AppState> for ProjectKey {
             ));
         };
         match state.grant_for_key(key).await? {
-            Some(grant) if !grant.expired(crate::clock::now()) => {
+            Some(grant) if !grant.revoked && !grant.expired(crate::clock::now()) => {
+                state.engine.note_key_used(&grant.key_id);
                 Ok(ProjectKey(grant.project_id.clone(), grant))
             }
             found => {
                 if let Some(grant) = found {
-                    tracing::info!(api_key.id = %grant.key_id, project.id = %grant.project_id, "expired api key refused");
+                    let why = if grant.revoked { "revoked" } else { "expired" };
+                    tracing::info!(api_key.id = %grant.key_id, project.id = %grant.project_id, reason = why, "api key refused");
                 }
                 Err(ApiError::unauthorized(
                     "Incorrect API key provided.",

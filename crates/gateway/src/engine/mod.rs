@@ -250,6 +250,11 @@ impl Engine {
         self.resolver.grant_for_key(key).await
     }
 
+    /// Notes that API key `key_id` was just used (its `last_used_at`, written at most once a minute).
+    pub fn note_key_used(&self, key_id: &str) {
+        self.resolver.note_used(key_id);
+    }
+
     /// Forgets cached key and model resolutions (after an admin write), here and on every other replica.
     pub async fn forget_cached_tenancy(&self) {
         self.tell_all(Notification::Tenancy).await;

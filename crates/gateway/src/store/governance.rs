@@ -16,6 +16,8 @@ pub use usage::{UsageBucket, UsageGroup, UsageQuery};
 pub struct KeyGrant {
     pub key_id: String,
     pub project_id: String,
+    /// A revoked key is refused like an unknown one; its grant is read so that the refusal names the key's id.
+    pub revoked: bool,
     /// Unix seconds; the key is refused from then on.
     pub expires_at: Option<i64>,
     pub key: Governance,
@@ -86,6 +88,7 @@ pub fn governance(
 struct GrantRow {
     key_id: String,
     project_id: String,
+    revoked: bool,
     expires_at: Option<i64>,
     k_rpm: Option<i64>,
     k_tpm: Option<i64>,
@@ -118,6 +121,7 @@ impl From<GrantRow> for KeyGrant {
             ),
             key_id: row.key_id,
             project_id: row.project_id,
+            revoked: row.revoked,
             expires_at: row.expires_at,
         }
     }
@@ -127,7 +131,7 @@ impl From<GrantRow> for KeyGrant {
 macro_rules! grant_select {
     ($where:literal) => {
         concat!(
-            "SELECT k.id AS key_id, k.project_id, k.expires_at,
+            "SELECT k.id AS key_id, k.project_id, k.revoked_at IS NOT NULL AS revoked, k.expires_at,
                 k.rpm_limit AS k_rpm, k.tpm_limit AS k_tpm, k.max_concurrent AS k_concurrent,
                 k.budget_usd AS k_usd, k.budget_period AS k_period,
                 p.rpm_limit AS p_rpm, p.tpm_limit AS p_tpm, p.max_concurrent AS p_concurrent,
@@ -160,11 +164,12 @@ UPDATE rate_windows SET used = used - 1
 WHERE scope = $1 AND window_start = 0 AND used > 0 AND EXISTS (SELECT 1 FROM mine)";
 
 impl Store {
-    /// The grant of a live (unrevoked) key, expired or not: the caller compares `expires_at` with its clock.
+    /// The grant of a key, revoked or expired or not: the caller refuses a revoked one and compares `expires_at`
+    /// with its clock.
     pub async fn grant_for_key(&self, key: &str) -> Result<Option<KeyGrant>, StoreError> {
         let _timer = self.timed("project_for_key");
         let row = with_pool!(self, |pool| sqlx::query_as::<_, GrantRow>(grant_select!(
-            "k.key_hash = $1 AND k.revoked_at IS NULL"
+            "k.key_hash = $1"
         ))
         .bind(hash_key(key))
         .fetch_optional(pool)
@@ -174,7 +179,24 @@ impl Store {
 
     /// The project of a live (unrevoked) key, expired or not.
     pub async fn project_for_key(&self, key: &str) -> Result<Option<String>, StoreError> {
-        Ok(self.grant_for_key(key).await?.map(|grant| grant.project_id))
+        Ok(self
+            .grant_for_key(key)
+            .await?
+            .filter(|grant| !grant.revoked)
+            .map(|grant| grant.project_id))
+    }
+
+    /// Notes that key `key_id` was used at `now` (Unix seconds).
+    pub async fn touch_api_key(&self, key_id: &str, now: i64) -> Result<(), StoreError> {
+        with_pool!(self, |pool| sqlx::query(
+            "UPDATE api_keys SET last_used_at = $2 WHERE id = $1"
+        )
+        .bind(key_id)
+        .bind(now)
+        .execute(pool)
+        .await
+        .map(drop))?;
+        Ok(())
     }
 
     /// The grant of a key by id, revoked or not: what a response resumed on another replica is held to.

@@ -54,6 +54,8 @@ pub struct ApiKeyObject {
     created_at: i64,
     revoked_at: Option<i64>,
     expires_at: Option<i64>,
+    /// When it was last used (Unix seconds, to within a minute); `null` when never.
+    last_used_at: Option<i64>,
     #[serde(flatten)]
     governance: GovernanceObject,
 }
@@ -71,6 +73,7 @@ impl From<ApiKeyRow> for ApiKeyObject {
             created_at: row.created_at,
             revoked_at: row.revoked_at,
             expires_at: row.expires_at,
+            last_used_at: row.last_used_at,
         }
     }
 }
@@ -194,6 +197,7 @@ mod tests {
             created_at: 1_735_689_600,
             revoked_at: None,
             expires_at: Some(1_767_225_600),
+            last_used_at: Some(1_735_700_000),
             governance: GovernanceColumns {
                 rpm_limit: None,
                 tpm_limit: Some(40_000),
@@ -210,6 +214,7 @@ mod tests {
             "key_prefix": "sk-Vq3k0a",
             "created_at": 1_735_689_600,
             "revoked_at": null,
+            "last_used_at": 1_735_700_000,
             "expires_at": 1_767_225_600,
             "limits": {"rpm": null, "tpm": 40_000, "max_concurrent": null},
             "budget": {"usd": 5.0, "period": "day"},

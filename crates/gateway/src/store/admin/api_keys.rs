@@ -20,6 +20,8 @@ pub struct ApiKeyRow {
     pub revoked_at: Option<i64>,
     /// Unix seconds; the key is refused from then on.
     pub expires_at: Option<i64>,
+    /// Unix seconds; written at most once a minute per replica.
+    pub last_used_at: Option<i64>,
     #[sqlx(flatten)]
     pub governance: GovernanceColumns,
 }
@@ -48,7 +50,7 @@ pub struct ApiKeyChanges<'a> {
 macro_rules! api_key_columns {
     () => {
         concat!(
-            "id, project_id, name, key_prefix, created_at, revoked_at, expires_at, ",
+            "id, project_id, name, key_prefix, created_at, revoked_at, expires_at, last_used_at, ",
             governance_columns!()
         )
     };

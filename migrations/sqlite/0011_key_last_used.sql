@@ -1,0 +1,2 @@
+-- When each API key was last used (Unix seconds), written at most once a minute per key and replica.
+ALTER TABLE api_keys ADD COLUMN last_used_at INTEGER;
