@@ -127,7 +127,11 @@ impl ApiError {
 
     /// The body of this error: `{"error": {"message", "type", "param", "code"}}`.
     pub fn body(&self) -> serde_json::Value {
-        json!({"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}})
+        let code = self
+            .code
+            .as_deref()
+            .unwrap_or_else(|| default_code(self.status));
+        json!({"error": {"message": self.message, "type": self.kind, "param": self.param, "code": code}})
     }
 
     /// A fault of ours or of the upstream; the detail is logged where it happened, never returned.
@@ -309,6 +313,21 @@ impl From<EngineError> for ApiError {
             EngineError::Store(e) => e.into(),
             EngineError::TaskFailed => ApiError::server("The response's task failed."),
         }
+    }
+}
+
+/// The code of an error that names none of its own: every error has one, so that a client can branch on it.
+fn default_code(status: StatusCode) -> &'static str {
+    match status.as_u16() {
+        401 => "unauthorized",
+        403 => "forbidden",
+        404 => "not_found",
+        405 => "method_not_allowed",
+        409 => "conflict",
+        413 => "request_too_large",
+        429 => "rate_limit_exceeded",
+        500..=599 => "server_error",
+        _ => "invalid_request",
     }
 }
 

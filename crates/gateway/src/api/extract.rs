@@ -209,7 +209,7 @@ impl FromRequestParts<AppState> for ProjectKey {
         let Some(key) = bearer(&parts.headers) else {
             return Err(ApiError::unauthorized(
                 "You didn't provide an API key. Send it as 'Authorization: Bearer sk-...'.",
-                None,
+                Some("missing_api_key"),
             ));
         };
         match state.grant_for_key(key).await? {

@@ -327,7 +327,7 @@ pub async fn cancel_response(
         return Err(ApiError::invalid(
             format!("Only background responses can be cancelled; response '{id}' was created without 'background': true."),
             None,
-            None,
+            Some("not_background"),
         ));
     }
     let stored = if stored.record.ending().is_some() {

@@ -754,7 +754,8 @@ fn public_path_cases() -> Vec<Case> {
             "/v1/responses/{R}/cancel",
             Auth::Key,
             Body::None,
-        ),
+        )
+        .code("not_background"),
         get(
             "input_items of an unknown response",
             "/v1/responses/resp_nope/input_items",
@@ -1076,6 +1077,10 @@ fn check(case: &Case, status: u16, retry: Option<&str>, body: &Value) -> Option<
                 if error["code"] != code {
                     problems.push(format!("code {}, expected {code}", error["code"]));
                 }
+            }
+            // Every error has a code a client can branch on.
+            if error["code"].as_str().is_none_or(str::is_empty) {
+                problems.push(format!("no code: {}", error["code"]));
             }
         }
     }

@@ -483,7 +483,7 @@ async fn a_socket_without_a_valid_key_is_refused_before_the_upgrade() {
     let (gw, tenant) = gateway().await;
 
     for (key, code) in [
-        (None, Value::Null),
+        (None, json!("missing_api_key")),
         (Some("sk-wrong"), json!("invalid_api_key")),
     ] {
         let refused = try_connect(&gw, key).await.err().expect("refused");
