@@ -3,8 +3,8 @@
 //! Names (all prefixed `gateway_`): `http_requests_total{route,method,status}`,
 //! `http_request_duration_seconds{route}`, `upstream_calls_total{deployment,outcome}`,
 //! `upstream_call_duration_seconds{deployment}`, `upstream_fallbacks_total{deployment,fallback}`,
-//! `tool_calls_total{tool,outcome}`,
-//! `tool_call_duration_seconds{tool}`, `tool_breaker_open{tool}`, `tool_calls_waiting{tool}`, `loop_model_calls{status}` (model calls per response),
+//! `tool_calls_total{tool,source,outcome}`,
+//! `tool_call_duration_seconds{tool,source}`, `tool_breaker_open{tool}`, `tool_calls_waiting{tool}`, `loop_model_calls{status}` (model calls per response),
 //! `responses_total{status}`, `active_streams`, `store_duration_seconds{op}`, `responses_refused_total{reason}`,
 //! `responses_resumed_total{reason}`, `leases_taken_over_total`, `queue_depth`, `queue_oldest_age_seconds`.
 
@@ -155,8 +155,8 @@ impl crate::store::StoreObserver for StoreMetrics {
 }
 
 /// A server tool call in flight when its response was cancelled (`outcome="cancelled"`).
-pub fn tool_call_cancelled(tool: String) {
-    metrics::counter!("gateway_tool_calls_total", "tool" => tool, "outcome" => "cancelled")
+pub fn tool_call_cancelled(tool: String, source: String) {
+    metrics::counter!("gateway_tool_calls_total", "tool" => tool, "source" => source, "outcome" => "cancelled")
         .increment(1);
 }
 

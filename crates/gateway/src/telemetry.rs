@@ -193,6 +193,7 @@ pub fn with_request_ids(router: Router) -> Router {
                 request.id = %id,
                 http.method = %request.method(),
                 http.path = %request.uri().path(),
+                response.id = tracing::field::Empty,
                 otel.name = tracing::field::Empty,
                 otel.kind = tracing::field::Empty,
                 http.route = tracing::field::Empty,

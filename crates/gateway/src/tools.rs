@@ -143,8 +143,10 @@ impl ToolExecutor {
         let started = Instant::now();
         let (outcome, failure) = self.run(tool, call, at).await;
         let label = failure.as_ref().map_or("ok", |f| f.kind.as_str());
-        metrics::counter!("gateway_tool_calls_total", "tool" => tool.metric_label(), "outcome" => label).increment(1);
-        metrics::histogram!("gateway_tool_call_duration_seconds", "tool" => tool.metric_label())
+        let source = tool.metric_source();
+        metrics::counter!("gateway_tool_calls_total", "tool" => tool.metric_label(), "source" => source.clone(), "outcome" => label)
+            .increment(1);
+        metrics::histogram!("gateway_tool_call_duration_seconds", "tool" => tool.metric_label(), "source" => source)
             .record(started.elapsed().as_secs_f64());
         if let Some(failure) = failure {
             tracing::warn!(

@@ -116,6 +116,11 @@ async fn each_failed_tool_call_is_one_warn_line_with_its_cause_and_is_counted_by
     assert_eq!(explodes["fields"]["tool_source.name"], "explodes");
     assert_eq!(explodes["fields"]["outcome"], "http_5xx");
     assert_eq!(explodes["fields"]["cause"], "HTTP 500");
+    assert_eq!(
+        explodes["span"]["response.id"],
+        ids[0].as_str(),
+        "the request's span names its response: {explodes}"
+    );
     let missing = failure_line(&replica, &ids[1]);
     assert_eq!(missing["fields"]["outcome"], "http_4xx");
     assert_eq!(missing["fields"]["cause"], "HTTP 404");
@@ -160,6 +165,10 @@ async fn each_failed_tool_call_is_one_warn_line_with_its_cause_and_is_counted_by
     assert_eq!(counted("explodes", "http_5xx"), 1.0, "{metrics}");
     assert_eq!(counted("explodes", "invalid_arguments"), 1.0, "{metrics}");
     assert_eq!(counted("missing", "http_4xx"), 1.0, "{metrics}");
+    assert!(
+        metrics.contains("source=\"explodes\""),
+        "labelled by source: {metrics}"
+    );
     assert!(counted("dead", "unreachable") >= 1.0, "{metrics}");
     assert_eq!(
         counted("explodes", "error"),

@@ -128,6 +128,8 @@ impl Engine {
         let resolution = self.resolution(project_id, &request.model).await?;
         let mut server_tools = self.tools_for(&resolution, &mut request).await?;
         let response_id = new_id("resp");
+        // From here on, every line the request logs names its response.
+        tracing::Span::current().record("response.id", response_id.as_str());
         let input = std::mem::take(&mut request.input);
         let (context, first_new) = self
             .starting_context(

@@ -218,7 +218,10 @@ async fn record_cancelled<S: ProgressSink>(
     step.state = StepState::Failed;
     if let StepBody::Tool(tool) = &mut step.body {
         if let Some(server_tool) = run.server_tools.get(&tool.call.name) {
-            crate::metrics::tool_call_cancelled(server_tool.metric_label());
+            crate::metrics::tool_call_cancelled(
+                server_tool.metric_label(),
+                server_tool.metric_source(),
+            );
         }
         tool.outcome = Some(ToolOutcome::error(CANCELLED));
         tool.ended_rank = Some(*next_rank);

@@ -122,6 +122,15 @@ impl ServerTool {
         matches!(&self.target, Target::Remote(remote) if remote.approval_required)
     }
 
+    /// The `source` label of its metrics: its source's name, or `remote_mcp` for a server a request names.
+    pub fn metric_source(&self) -> String {
+        match &self.target {
+            Target::Http(endpoint) => endpoint.source_name.clone(),
+            Target::Mcp(tool) => tool.server.source_name.clone(),
+            Target::Remote(_) => "remote_mcp".into(),
+        }
+    }
+
     /// The `tool` label of its metrics: its name, or `remote_mcp` for any tool of a server a request names
     /// (whose names are the client's, and would grow the metrics without bound).
     pub fn metric_label(&self) -> String {
