@@ -16,6 +16,11 @@ fi
 # The console's browser test (tests/e2e/tests/browser.rs) drives headless Chromium.
 scripts/install-browser.sh
 
+# The operator quick start (docs/operator-quickstart.md) is run as written by a test: it needs curl and jq.
+if ! command -v jq >/dev/null 2>&1 || ! command -v curl >/dev/null 2>&1; then
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq jq curl >/dev/null
+fi
+
 if cargo nextest --version >/dev/null 2>&1; then
   cargo nextest run --workspace --no-fail-fast
   # The end-to-end suite once more, on the embedded store (SQLite) instead of Postgres.
