@@ -22,6 +22,8 @@ pub(crate) struct Harness {
     pub(crate) gateway_pid: Option<u32>,
     pub(crate) database: Option<Database>,
     pub(crate) baseline: Option<Baseline>,
+    /// With `--traces`: the OTLP receiver the measured gateway exports its spans to.
+    pub(crate) _traces: Option<gateway_testkit::OtlpReceiver>,
 }
 
 /// The gateway compared with (`--baseline-bin-dir`): its process, its database, its URL and key.
@@ -63,6 +65,7 @@ impl Harness {
                 gateway_pid: args.gateway_pid,
                 database: None,
                 baseline: None,
+                _traces: None,
             });
         }
         let bin_dir = args.start.bin_dir()?;
@@ -79,8 +82,28 @@ impl Harness {
             let _ = database.drop_database().await;
             return Err(e);
         }
-        let mut harness = match Harness::start_processes(&bin_dir, database, http).await {
-            Ok(harness) => harness,
+        // `--traces`: only the measured gateway exports spans (the baseline, if any, runs with traces off).
+        let traces = if args.traces {
+            Some(gateway_testkit::OtlpReceiver::start().await?)
+        } else {
+            None
+        };
+        let endpoint = traces.as_ref().map(gateway_testkit::OtlpReceiver::endpoint);
+        let settings: Vec<(&str, &str)> = endpoint
+            .as_deref()
+            .map(|e| {
+                vec![
+                    ("GATEWAY__TELEMETRY__OTLP_ENDPOINT", e),
+                    ("GATEWAY__TELEMETRY__EXPORT_DELAY_MS", "1000"),
+                ]
+            })
+            .unwrap_or_default();
+        let mut harness = match Harness::start_processes(&bin_dir, database, http, &settings).await
+        {
+            Ok(harness) => Harness {
+                _traces: traces,
+                ..harness
+            },
             Err((e, database)) => {
                 if let Err(drop_error) = database.drop_database().await {
                     eprintln!("could not drop the bench database: {drop_error:#}");
@@ -138,12 +161,13 @@ impl Harness {
         bin_dir: &std::path::Path,
         database: Database,
         http: &Client,
+        settings: &[(&str, &str)],
     ) -> Result<Harness, (anyhow::Error, Database)> {
         let started = async {
             let mock = procs::start_testkit(bin_dir, "mock-model")?;
             let tools = procs::start_testkit(bin_dir, "example-tools")?;
             let token = format!("bench-admin-{}", uuid::Uuid::new_v4().simple());
-            let gateway = procs::start_gateway(bin_dir, &database.url, &token, &[])?;
+            let gateway = procs::start_gateway(bin_dir, &database.url, &token, settings)?;
             let key = Admin::new(http, &gateway.url, &token)
                 .configure(&mock.url, &tools.url)
                 .await?;
@@ -164,6 +188,7 @@ impl Harness {
                 tools: Some(tools),
                 database: Some(database),
                 baseline: None,
+                _traces: None,
             }),
             Err(e) => Err((e, database)),
         }

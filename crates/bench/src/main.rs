@@ -84,6 +84,11 @@ struct Args {
     /// first), so that the ratio between the two gateways is taken under the same machine conditions.
     #[arg(long, conflicts_with = "gateway_url")]
     baseline_bin_dir: Option<PathBuf>,
+    /// The measured gateway exports OpenTelemetry spans (every request sampled) to an OTLP receiver in this
+    /// process; a baseline runs with traces off. With `--baseline-bin-dir` set to the same build, the ratio is
+    /// what traces cost.
+    #[arg(long, conflicts_with = "gateway_url")]
+    traces: bool,
 }
 
 struct Bench<'a> {
@@ -349,9 +354,14 @@ async fn main() -> anyhow::Result<()> {
         started: utc_now(),
         machine: machine(),
         settings: format!(
-            "{} s per target after {} s warm-up, gateway{} and direct alternating {}, {}{}",
+            "{} s per target after {} s warm-up, gateway{}{} and direct alternating {}, {}{}",
             args.duration,
             args.warmup,
+            if args.traces {
+                " (traces on, every request sampled)"
+            } else {
+                ""
+            },
             args.baseline_bin_dir
                 .as_ref()
                 .map_or_else(String::new, |dir| format!(", baseline ({})", dir.display())),

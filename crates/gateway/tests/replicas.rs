@@ -205,6 +205,9 @@ async fn a_stream_re_attached_after_a_disconnect_and_after_its_replica_died_goes
         }
     });
     // ... then the owner dies: the other replica takes the response over, and the stream follows it there.
+    // The event says the call is under way once it is recorded, before its request reaches the tool: wait for
+    // the tool to have it, or a kill in between would leave one call in all, not a call sent again.
+    cluster.gate_calls(1).await;
     owner.kill();
     cluster.gate_calls(2).await;
     cluster.tools.open_gate();
