@@ -2,11 +2,11 @@
 //! usage and every server tool call, counted against the payer's limits and budgets at once, and written with the
 //! step it belongs to (a `store: false` response's, by the batch writer).
 
-use gateway_core::steps::{StepBody, StepState};
+use gateway_core::steps::{StepBody, StepState, Usage};
 
 use super::{Engine, Run};
 use crate::clock::now;
-use crate::governance::cost;
+use crate::governance::{cost, Payer};
 use crate::store::governance::UsageRecord;
 use crate::store::tenancy::Deployment;
 
@@ -82,6 +82,36 @@ impl Engine {
             cost_usd: 0.0,
             created_at: now(),
         }
+    }
+
+    /// Accounts for the summary call of compaction `id` like a model call of an unstored response: counted
+    /// against the payer's `tpm` and budgets and in the metrics, and recorded under the compaction's id (seq 0) by
+    /// the batch writer.
+    pub(super) fn account_compaction(
+        &self,
+        payer: &Payer,
+        deployment: &Deployment,
+        id: &str,
+        usage: &Usage,
+    ) {
+        let cost = cost(deployment.pricing.as_ref(), usage);
+        self.governor
+            .count_model_call(payer, &deployment.name, usage, cost);
+        self.governor.record_unstored(vec![UsageRecord {
+            response_id: id.to_owned(),
+            seq: 0,
+            project_id: payer.project_id.clone(),
+            api_key_id: payer.key_id.clone(),
+            deployment: deployment.name.clone(),
+            provider_kind: deployment.provider_kind.as_str().to_owned(),
+            tool_source: None,
+            input_tokens: clamp(usage.input_tokens),
+            cached_tokens: clamp(usage.cached_tokens),
+            output_tokens: clamp(usage.output_tokens),
+            reasoning_tokens: clamp(usage.reasoning_tokens),
+            cost_usd: cost,
+            created_at: now(),
+        }]);
     }
 
     /// A stored run writes its records with its next step write; an unstored one hands them to the batch writer.

@@ -30,13 +30,14 @@ pub struct Compacted {
 }
 
 impl Engine {
-    /// Compacts the window of `request` (its previous response's context and output, then its input) for
-    /// `project_id`. Nothing is stored.
+    /// Compacts the window of `request` (its previous response's context and output, then its input) for the
+    /// payer's project, whose limits and budgets the summary call counts against. Nothing is stored but its usage.
     pub async fn compact(
         &self,
-        project_id: &str,
+        payer: &crate::governance::Payer,
         request: ValidRequest,
     ) -> Result<Compacted, EngineError> {
+        let project_id = payer.project_id.as_str();
         let resolution = self.resolution(project_id, &request.model).await?;
         let id = new_id("resp");
         let (window, _) = self
@@ -75,6 +76,8 @@ impl Engine {
                     message: error.public_message(),
                 }
             })?;
+        let usage = answer.usage.unwrap_or_default();
+        self.account_compaction(payer, &resolution.deployment, &id, &usage);
         let summary = answer
             .message
             .map(|message| message.text)
@@ -109,7 +112,7 @@ impl Engine {
             id,
             created_at: now(),
             output,
-            usage: answer.usage.unwrap_or_default(),
+            usage,
         })
     }
 

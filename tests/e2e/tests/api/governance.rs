@@ -391,3 +391,57 @@ async fn bad_usage_queries_name_their_parameter() {
         assert_error(&answer, 400, Some(param), None);
     }
 }
+
+#[tokio::test]
+async fn a_compaction_is_admitted_and_counted_like_a_create() {
+    let (gw, tenant) = gateway().await;
+    price_mock(&gw, &tenant).await;
+    patch_key(&gw, &tenant, json!({"limits": {"rpm": 1}})).await;
+    gw.model.push(Reply::text("a summary"));
+    let compact = || {
+        gw.call(
+            gw.public(Method::POST, "/responses/compact", &tenant.key)
+                .json(&json!({"model": "mock", "input": "Hi there"})),
+        )
+    };
+    let first = compact().await;
+    assert_eq!(first.status, 200, "{:#}", first.body);
+    assert_eq!(header(&first, "x-ratelimit-limit-requests"), "1");
+    assert_eq!(header(&first, "x-ratelimit-remaining-requests"), "0");
+    let second = compact().await;
+    assert_eq!(second.status, 429, "{:#}", second.body);
+    assert_eq!(second.error()["code"], "rate_limit_exceeded");
+    assert_eq!(
+        gw.model.requests().len(),
+        1,
+        "the refused compaction called no model"
+    );
+
+    // Its summary call is in the usage, under the compaction's id, at the deployment's prices.
+    let id = first.body["id"].as_str().expect("id").to_owned();
+    let input = first.body["usage"]["input_tokens"]
+        .as_i64()
+        .expect("input tokens");
+    let output = first.body["usage"]["output_tokens"]
+        .as_i64()
+        .expect("output tokens");
+    let mut report = Value::Null;
+    for _ in 0..500 {
+        report = gw
+            .admin_ok(Method::GET, "/usage?group_by=api_key", None)
+            .await;
+        if report["data"][0]["model_calls"] == 1 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    let bucket = &report["data"][0];
+    assert_eq!(bucket["model_calls"], 1, "{report:#}");
+    assert_eq!(bucket["api_key_id"], tenant.key_id.as_str());
+    assert_eq!(bucket["input_tokens"], input);
+    assert_eq!(bucket["output_tokens"], output);
+    let expected = (input as f64 * 1.0 + output as f64 * 2.0) / 1_000_000.0;
+    let cost = bucket["cost_usd"].as_f64().expect("cost");
+    assert!((cost - expected).abs() < 1e-12, "{cost} vs {expected}");
+    assert!(id.starts_with("resp_"), "{id}");
+}
