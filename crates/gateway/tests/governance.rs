@@ -216,3 +216,87 @@ async fn a_response_taken_over_after_a_kill_records_each_model_call_once() {
     assert_eq!(input, response["usage"]["input_tokens"].as_i64().unwrap());
     assert_eq!(output, response["usage"]["output_tokens"].as_i64().unwrap());
 }
+
+/// The places `replica_id` holds under `max_concurrent` limits, as the store counts them.
+async fn places_held(cluster: &Cluster, replica_id: &str) -> i64 {
+    let store = gateway::store::Store::connect(cluster.db.url(), 1)
+        .await
+        .expect("store");
+    let gateway::store::Backend::Postgres(pool) = store.backend() else {
+        panic!("a Postgres cluster");
+    };
+    sqlx::query_scalar(
+        "SELECT COALESCE(SUM(running), 0)::bigint FROM running_counts WHERE replica_id = $1",
+    )
+    .bind(replica_id)
+    .fetch_one(pool)
+    .await
+    .expect("places")
+}
+
+/// `replica`'s id, from its start-up line.
+fn replica_id(replica: &Replica) -> String {
+    replica
+        .logs
+        .lines()
+        .iter()
+        .find(|l| l["fields"]["message"] == "gateway listening")
+        .and_then(|l| l["fields"]["replica.id"].as_str())
+        .expect("the start-up line names the replica")
+        .to_owned()
+}
+
+#[tokio::test]
+async fn a_response_taken_over_after_a_kill_keeps_its_place_under_max_concurrent() {
+    let mut cluster = Cluster::postgres().await;
+    let mut doomed = cluster.replica(&[]);
+    let survivor = cluster.replica(&[]);
+    cluster.configure(&doomed).await;
+    let key = key_id(&cluster, &doomed).await;
+    patch_key(
+        &cluster,
+        &doomed,
+        &key,
+        json!({"limits": {"max_concurrent": 1}}),
+    )
+    .await;
+    let id = cluster.background_gate_call(&doomed).await;
+    cluster.gate_calls(1).await;
+    let doomed_id = replica_id(&doomed);
+    assert_eq!(places_held(&cluster, &doomed_id).await, 1);
+
+    doomed.kill();
+    cluster.gate_calls(2).await;
+    // The dead replica's place is taken back once its lease lapsed (as the survivor claimed its response).
+    let mut held = 1;
+    for _ in 0..1000 {
+        held = places_held(&cluster, &doomed_id).await;
+        if held == 0 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    assert_eq!(held, 0, "the dead replica's place was taken back");
+    assert_eq!(
+        places_held(&cluster, &replica_id(&survivor)).await,
+        1,
+        "the resumed response holds the key's one place on the survivor"
+    );
+    let refused = cluster
+        .http
+        .post(format!("{}/v1/responses", survivor.base_url))
+        .bearer_auth(&cluster.key)
+        .json(&json!({"model": "mock", "input": "Hi"}))
+        .send()
+        .await
+        .expect("answer");
+    assert_eq!(
+        refused.status(),
+        429,
+        "the one place is the resumed response's"
+    );
+
+    cluster.tools.open_gate();
+    let response = cluster.ended(&survivor, &id).await;
+    assert_gate_round(&response);
+}

@@ -85,6 +85,8 @@ impl Engine {
         let remaining_ms = stored.deadline_in_ms.map_or(0, |left| left.max(0));
         let sink = EventSink::for_followers(&stored.record, &stored.steps);
         let payer = self.payer_of(&stored).await?;
+        // It was admitted when it was created: it runs whatever the counts say, and counts while it runs.
+        let running = self.governor.hold_running(&payer).await;
         let run = Run {
             limits: self.limits_for(stored.record.params.max_tool_calls),
             project_id: stored.project_id,
@@ -102,7 +104,7 @@ impl Engine {
             _admitted: admitted,
             payer,
             unrecorded_usage: Vec::new(),
-            _running: None,
+            _running: running,
             trace_context: stored.trace_context,
         };
         self.spawn(run, sink);

@@ -269,6 +269,23 @@ impl Governor {
         })
     }
 
+    /// Places for a response admitted before that now runs here (resumed after its replica stopped, or a queued
+    /// background response started): taken whatever the counts stand at, since it was admitted already, so that
+    /// the counts keep saying how many run and new creates wait for it. `None` when no `max_concurrent` applies;
+    /// a store that does not answer leaves the response running without a place (logged).
+    pub async fn hold_running(&self, payer: &Payer) -> Option<RunningPlace> {
+        let mut running = RunningPlace::new(self.store.clone(), self.replica_id.clone());
+        for (scope, owner, governance) in payer.scopes() {
+            if governance.limits.max_concurrent.is_some() {
+                let name = counter_name(scope, owner, "running");
+                if let Err(e) = running.take(name, i64::MAX as u64).await {
+                    tracing::warn!(error = %e, "could not take a running place for a resumed response");
+                }
+            }
+        }
+        running.holds_any().then_some(running)
+    }
+
     /// Whether `payer`'s key or project has spent its budget: a running response makes no further model call.
     pub async fn budget_spent(&self, payer: &Payer) -> bool {
         let now = now();
