@@ -348,3 +348,137 @@ async fn running_responses_that_cannot_be_resumed_end_failed_with_a_code_instead
     assert_eq!(status, 200);
     assert_eq!(body["error"]["code"], "deployment_gone", "{body:#}");
 }
+
+/// Every `max_concurrent` place the store counts, all replicas together.
+async fn places_held(url: &str) -> i64 {
+    let store = gateway::store::Store::connect(url, 1).await.expect("store");
+    let gateway::store::Backend::Postgres(pool) = store.backend() else {
+        panic!("a Postgres cluster");
+    };
+    sqlx::query_scalar("SELECT COALESCE(SUM(running), 0)::bigint FROM running_counts")
+        .fetch_one(pool)
+        .await
+        .expect("places")
+}
+
+// The proxy must forward while the test starts the replicas (which blocks its thread reading their output).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn database_connections_cut_during_admission_leave_no_place_taken_and_answer_in_openais_shape(
+) {
+    let mut cluster = Cluster::postgres().await;
+    let database: url::Url = cluster.db.url().parse().expect("database URL");
+    let target = format!(
+        "{}:{}",
+        database.host_str().expect("host"),
+        database.port().unwrap_or(5432)
+    );
+    let target = tokio::net::lookup_host(target)
+        .await
+        .expect("resolve")
+        .find(std::net::SocketAddr::is_ipv4)
+        .expect("an IPv4 address");
+    let proxy = FaultProxy::start(target, 40, 0x90ed).await.expect("proxy");
+    let mut through_proxy = database.clone();
+    through_proxy.set_host(Some("127.0.0.1")).expect("host");
+    through_proxy
+        .set_port(Some(proxy.addr().port()))
+        .expect("port");
+    let through_proxy = through_proxy.to_string();
+    let settings = [
+        ("DATABASE_URL", through_proxy.as_str()),
+        ("GATEWAY__DATABASE__ACQUIRE_TIMEOUT_MS", "1000"),
+        ("GATEWAY__GOVERNANCE__SYNC_MS", "50"),
+    ];
+    let first = cluster.replica(&settings);
+    let second = cluster.replica(&settings);
+    cluster.configure(&first).await;
+    // Every check of admission runs: limits far off, a budget far off, two places at once.
+    let admin = |path: &str| format!("{}/admin/v1{path}", first.base_url);
+    let projects = json(
+        cluster
+            .http
+            .get(admin("/projects"))
+            .bearer_auth(&cluster.admin_token)
+            .send()
+            .await,
+    )
+    .await;
+    let project = projects["data"][0]["id"]
+        .as_str()
+        .expect("project")
+        .to_owned();
+    let keys = json(
+        cluster
+            .http
+            .get(admin(&format!("/projects/{project}/api_keys")))
+            .bearer_auth(&cluster.admin_token)
+            .send()
+            .await,
+    )
+    .await;
+    let key_id = keys["data"][0]["id"].as_str().expect("key").to_owned();
+    let patched = json(
+        cluster
+            .http
+            .patch(admin(&format!("/api_keys/{key_id}")))
+            .bearer_auth(&cluster.admin_token)
+            .json(
+                &json!({"limits": {"rpm": 100000, "tpm": 100000000, "max_concurrent": 2},
+                          "budget": {"usd": 1000, "period": "day"}}),
+            )
+            .send()
+            .await,
+    )
+    .await;
+    assert_eq!(patched["id"], key_id.as_str(), "{patched:#}");
+
+    proxy.cut();
+    let mut statuses: BTreeMap<u16, usize> = BTreeMap::new();
+    for n in 0..60 {
+        let replica = if n % 2 == 0 { &first } else { &second };
+        let answer = cluster
+            .http
+            .post(format!("{}/v1/responses", replica.base_url))
+            .bearer_auth(&cluster.key)
+            .json(&json!({"model": "mock", "input": format!("hello {n}")}))
+            .send()
+            .await
+            .expect("an answer, whatever was cut");
+        let status = answer.status().as_u16();
+        let body: serde_json::Value = answer.json().await.expect("a JSON body");
+        if status == 200 {
+            assert_eq!(body["status"], "completed", "{body:#}");
+        } else {
+            // A cut is the gateway's trouble, never the client's mistake, and keeps OpenAI's shape.
+            assert!(status == 429 || status >= 500, "status {status}: {body:#}");
+            let error = &body["error"];
+            assert!(
+                error["code"].is_string() && error["message"].is_string(),
+                "{body:#}"
+            );
+        }
+        *statuses.entry(status).or_default() += 1;
+    }
+    proxy.heal();
+    assert!(proxy.cuts() > 0, "the proxy cut nothing");
+    assert!(statuses.get(&200).copied().unwrap_or(0) > 0, "{statuses:?}");
+
+    // No place is left taken: each given back (again, once the store answers) when its response ended.
+    let mut held = -1;
+    for _ in 0..1000 {
+        held = places_held(cluster.db.url()).await;
+        if held == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(held, 0, "places leaked by cut connections ({statuses:?})");
+    // And the key is not held back by them.
+    for replica in [&first, &second] {
+        let answer = cluster
+            .create(replica, json!({"model": "mock", "input": "after the cuts"}))
+            .await;
+        assert_eq!(answer["status"], "completed", "{answer:#}");
+    }
+    eprintln!("statuses: {statuses:?}; cuts: {}", proxy.cuts());
+}

@@ -161,6 +161,7 @@ pub struct Governor {
     store: Store,
     replica_id: String,
     counters: Counters,
+    places: running::Places,
     unstored: UsageWriter,
 }
 
@@ -178,6 +179,7 @@ impl Governor {
     pub fn new(store: Store, replica_id: String, sync: Duration, flush: Duration) -> Arc<Governor> {
         Arc::new(Governor {
             counters: Counters::new(store.clone(), sync),
+            places: running::Places::start(store.clone(), replica_id.clone(), sync),
             unstored: UsageWriter::start(store.clone(), flush),
             store,
             replica_id,
@@ -247,7 +249,7 @@ impl Governor {
                 }
             }
         }
-        let mut running = RunningPlace::new(self.store.clone(), self.replica_id.clone());
+        let mut running = self.places.place();
         for (scope, owner, governance) in payer.scopes() {
             if let Some(limit) = governance.limits.max_concurrent {
                 let name = counter_name(scope, owner, "running");
@@ -274,7 +276,7 @@ impl Governor {
     /// the counts keep saying how many run and new creates wait for it. `None` when no `max_concurrent` applies;
     /// a store that does not answer leaves the response running without a place (logged).
     pub async fn hold_running(&self, payer: &Payer) -> Option<RunningPlace> {
-        let mut running = RunningPlace::new(self.store.clone(), self.replica_id.clone());
+        let mut running = self.places.place();
         for (scope, owner, governance) in payer.scopes() {
             if governance.limits.max_concurrent.is_some() {
                 let name = counter_name(scope, owner, "running");

@@ -1,32 +1,131 @@
 //! A response's places among those running under `max_concurrent` limits: taken at admission, given back when
-//! the place is dropped (the run ended, or the create failed before it ran).
+//! the place is dropped (the run ended, or the create failed before it ran). What the store counts for this
+//! replica is kept true by [`Places`]: a take whose answer was lost (taken or not?) or a give-back the store did
+//! not get leaves its count in doubt, and the replica then writes its part of that count afresh, from the places
+//! it holds, until the store takes it.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use crate::store::{Store, StoreError};
+
+/// How long a replica waits before it writes a count in doubt again, at least.
+const MIN_RECONCILE: Duration = Duration::from_millis(200);
+
+/// This replica's places, per count: how many it holds now, how many takes and give-backs are on their way to
+/// the store, and whether the store's part may differ.
+#[derive(Debug, Default)]
+struct Part {
+    held: u64,
+    pending: u64,
+    in_doubt: bool,
+}
+
+/// The places this replica holds in each `max_concurrent` count; cheap to clone.
+#[derive(Debug, Clone)]
+pub(super) struct Places {
+    store: Store,
+    replica_id: String,
+    parts: Arc<Mutex<HashMap<String, Part>>>,
+}
+
+impl Places {
+    /// The places of `replica_id`, with a task that writes the counts in doubt every `every` (at least
+    /// `MIN_RECONCILE`) until the store takes them.
+    pub(super) fn start(store: Store, replica_id: String, every: Duration) -> Places {
+        let places = Places {
+            store,
+            replica_id,
+            parts: Arc::default(),
+        };
+        let reconciler = places.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(every.max(MIN_RECONCILE));
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                reconciler.reconcile().await;
+            }
+        });
+        places
+    }
+
+    fn with<T>(&self, count: &str, f: impl FnOnce(&mut Part) -> T) -> T {
+        let mut parts = self.parts.lock().unwrap_or_else(|e| e.into_inner());
+        match parts.get_mut(count) {
+            Some(part) => f(part),
+            None => f(parts.entry(count.to_owned()).or_default()),
+        }
+    }
+
+    /// Writes this replica's part of every count in doubt as the places it holds say.
+    async fn reconcile(&self) {
+        let doubtful: Vec<(String, u64)> = {
+            let parts = self.parts.lock().unwrap_or_else(|e| e.into_inner());
+            parts
+                .iter()
+                // A take or give-back on its way would land after the part written and undo it: wait for it.
+                .filter(|(_, part)| part.in_doubt && part.pending == 0)
+                .map(|(count, part)| (count.clone(), part.held))
+                .collect()
+        };
+        for (count, held) in doubtful {
+            match self
+                .store
+                .set_running_part(&count, &self.replica_id, held)
+                .await
+            {
+                // A take or give-back that started meanwhile may land before or after the part written: the count
+                // stays in doubt, and is written again, unless nothing moved.
+                Ok(()) => self.with(&count, |part| {
+                    if part.held == held && part.pending == 0 {
+                        part.in_doubt = false;
+                    }
+                }),
+                Err(e) => {
+                    tracing::debug!(count = %count, error = %e, "could not write a running count yet")
+                }
+            }
+        }
+    }
+
+    /// A place of this replica's, none taken yet.
+    pub(super) fn place(&self) -> RunningPlace {
+        RunningPlace {
+            places: self.clone(),
+            counts: Vec::new(),
+        }
+    }
+}
 
 /// The `max_concurrent` counts a response holds a place in.
 #[derive(Debug)]
 pub struct RunningPlace {
-    store: Store,
-    replica_id: String,
+    places: Places,
     counts: Vec<String>,
 }
 
 impl RunningPlace {
-    pub(super) fn new(store: Store, replica_id: String) -> RunningPlace {
-        RunningPlace {
-            store,
-            replica_id,
-            counts: Vec::new(),
-        }
-    }
-
     /// Takes a place in `count` if fewer than `limit` run: `false` when it is full (places taken so far are
-    /// given back when this is dropped).
+    /// given back when this is dropped). A store that did not answer may have taken it: the count is then in
+    /// doubt until this replica writes its part again.
     pub(super) async fn take(&mut self, count: String, limit: u64) -> Result<bool, StoreError> {
-        let taken = self
+        let places = &self.places;
+        places.with(&count, |part| part.pending += 1);
+        let taken = places
             .store
-            .acquire_running(&count, &self.replica_id, limit)
-            .await?;
+            .acquire_running(&count, &places.replica_id, limit)
+            .await;
+        places.with(&count, |part| {
+            part.pending -= 1;
+            match taken {
+                Ok(true) => part.held += 1,
+                Ok(false) => {}
+                Err(_) => part.in_doubt = true,
+            }
+        });
+        let taken = taken?;
         if taken {
             self.counts.push(count);
         }
@@ -44,18 +143,31 @@ impl Drop for RunningPlace {
             return;
         }
         let counts = std::mem::take(&mut self.counts);
-        let store = self.store.clone();
-        let replica_id = std::mem::take(&mut self.replica_id);
-        let give_back = async move {
-            for count in counts {
-                // A place not given back is taken back once this replica's lease lapses, or at its next start.
-                if let Err(e) = store.release_running(&count, &replica_id).await {
-                    tracing::warn!(count = %count, error = %e, "could not give back a running place");
-                }
-            }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
         };
-        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            runtime.spawn(give_back);
+        for count in &counts {
+            self.places.with(count, |part| {
+                part.held = part.held.saturating_sub(1);
+                part.pending += 1;
+            });
         }
+        let places = self.places.clone();
+        runtime.spawn(async move {
+            for count in counts {
+                let given = places
+                    .store
+                    .release_running(&count, &places.replica_id)
+                    .await;
+                if let Err(e) = &given {
+                    // Written again, from the places held, once the store answers.
+                    tracing::warn!(count = %count, error = %e, "could not give back a running place; its count will be written again");
+                }
+                places.with(&count, |part| {
+                    part.pending -= 1;
+                    part.in_doubt |= given.is_err();
+                });
+            }
+        });
     }
 }

@@ -163,6 +163,18 @@ WITH mine AS (
 UPDATE rate_windows SET used = used - 1
 WHERE scope = $1 AND window_start = 0 AND used > 0 AND EXISTS (SELECT 1 FROM mine)";
 
+/// Postgres: sets a replica's part of a `max_concurrent` count (`$3` places), moving the count by the difference
+/// from the part it had (read under the row's lock).
+const PG_SET_RUNNING_PART: &str = "
+WITH old AS (
+    SELECT COALESCE((SELECT running FROM running_counts WHERE scope = $1 AND replica_id = $2 FOR UPDATE), 0) AS n
+), mine AS (
+    INSERT INTO running_counts (scope, replica_id, running) VALUES ($1, $2, $3)
+    ON CONFLICT (scope, replica_id) DO UPDATE SET running = excluded.running
+)
+UPDATE rate_windows SET used = GREATEST(0, used + $3 - (SELECT n FROM old))
+WHERE scope = $1 AND window_start = 0";
+
 impl Store {
     /// The grant of a key, revoked or expired or not: the caller refuses a revoked one and compares `expires_at`
     /// with its clock.
@@ -356,6 +368,55 @@ impl Store {
                     .execute(&mut *tx)
                     .await?;
                 }
+                tx.commit().await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Sets replica `replica`'s part of count `scope` to `held` places, and moves the count by the difference:
+    /// how a replica repairs a count it is in doubt about (a take whose answer was lost, a give-back that failed).
+    pub async fn set_running_part(
+        &self,
+        scope: &str,
+        replica: &str,
+        held: u64,
+    ) -> Result<(), StoreError> {
+        let held = i64::try_from(held).unwrap_or(i64::MAX);
+        match &self.backend {
+            Backend::Postgres(pool) => {
+                sqlx::query(PG_SET_RUNNING_PART)
+                    .bind(scope)
+                    .bind(replica)
+                    .bind(held)
+                    .execute(pool)
+                    .await?;
+            }
+            Backend::Sqlite(pool) => {
+                let mut tx = pool.begin().await?;
+                let old: Option<i64> = sqlx::query_scalar(
+                    "SELECT running FROM running_counts WHERE scope = $1 AND replica_id = $2",
+                )
+                .bind(scope)
+                .bind(replica)
+                .fetch_optional(&mut *tx)
+                .await?;
+                sqlx::query(
+                    "INSERT INTO running_counts (scope, replica_id, running) VALUES ($1, $2, $3)
+                     ON CONFLICT (scope, replica_id) DO UPDATE SET running = excluded.running",
+                )
+                .bind(scope)
+                .bind(replica)
+                .bind(held)
+                .execute(&mut *tx)
+                .await?;
+                sqlx::query(
+                    "UPDATE rate_windows SET used = MAX(0, used + $2) WHERE scope = $1 AND window_start = 0",
+                )
+                .bind(scope)
+                .bind(held - old.unwrap_or(0))
+                .execute(&mut *tx)
+                .await?;
                 tx.commit().await?;
             }
         }
