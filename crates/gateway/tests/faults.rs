@@ -97,24 +97,7 @@ async fn a_paused_replica_whose_response_was_taken_over_calls_and_writes_nothing
 async fn database_connections_cut_at_random_moments_leave_no_response_unfinished_and_no_step_under_two_keys(
 ) {
     let mut cluster = Cluster::postgres().await;
-    let database: url::Url = cluster.db.url().parse().expect("database URL");
-    let target = format!(
-        "{}:{}",
-        database.host_str().expect("host"),
-        database.port().unwrap_or(5432)
-    );
-    let target = tokio::net::lookup_host(target)
-        .await
-        .expect("resolve")
-        .find(std::net::SocketAddr::is_ipv4)
-        .expect("an IPv4 address");
-    let proxy = FaultProxy::start(target, 40, 0x5eed).await.expect("proxy");
-    let mut through_proxy = database.clone();
-    through_proxy.set_host(Some("127.0.0.1")).expect("host");
-    through_proxy
-        .set_port(Some(proxy.addr().port()))
-        .expect("port");
-    let through_proxy = through_proxy.to_string();
+    let (proxy, through_proxy) = through_fault_proxy(&cluster, 0x5eed).await;
     let settings = [
         ("DATABASE_URL", through_proxy.as_str()),
         ("GATEWAY__LIMITS__RESPONSE_DEADLINE_MS", "20000"),
@@ -349,6 +332,29 @@ async fn running_responses_that_cannot_be_resumed_end_failed_with_a_code_instead
     assert_eq!(body["error"]["code"], "deployment_gone", "{body:#}");
 }
 
+/// A fault proxy in front of the cluster's database, cutting connections (once told to) at random from `seed`,
+/// and the database URL that goes through it.
+async fn through_fault_proxy(cluster: &Cluster, seed: u64) -> (FaultProxy, String) {
+    let database: url::Url = cluster.db.url().parse().expect("database URL");
+    let target = format!(
+        "{}:{}",
+        database.host_str().expect("host"),
+        database.port().unwrap_or(5432)
+    );
+    let target = tokio::net::lookup_host(target)
+        .await
+        .expect("resolve")
+        .find(std::net::SocketAddr::is_ipv4)
+        .expect("an IPv4 address");
+    let proxy = FaultProxy::start(target, 40, seed).await.expect("proxy");
+    let mut through_proxy = database.clone();
+    through_proxy.set_host(Some("127.0.0.1")).expect("host");
+    through_proxy
+        .set_port(Some(proxy.addr().port()))
+        .expect("port");
+    (proxy, through_proxy.to_string())
+}
+
 /// Every `max_concurrent` place the store counts, all replicas together.
 async fn places_held(url: &str) -> i64 {
     let store = gateway::store::Store::connect(url, 1).await.expect("store");
@@ -366,24 +372,7 @@ async fn places_held(url: &str) -> i64 {
 async fn database_connections_cut_during_admission_leave_no_place_taken_and_answer_in_openais_shape(
 ) {
     let mut cluster = Cluster::postgres().await;
-    let database: url::Url = cluster.db.url().parse().expect("database URL");
-    let target = format!(
-        "{}:{}",
-        database.host_str().expect("host"),
-        database.port().unwrap_or(5432)
-    );
-    let target = tokio::net::lookup_host(target)
-        .await
-        .expect("resolve")
-        .find(std::net::SocketAddr::is_ipv4)
-        .expect("an IPv4 address");
-    let proxy = FaultProxy::start(target, 40, 0x90ed).await.expect("proxy");
-    let mut through_proxy = database.clone();
-    through_proxy.set_host(Some("127.0.0.1")).expect("host");
-    through_proxy
-        .set_port(Some(proxy.addr().port()))
-        .expect("port");
-    let through_proxy = through_proxy.to_string();
+    let (proxy, through_proxy) = through_fault_proxy(&cluster, 0x90ed).await;
     let settings = [
         ("DATABASE_URL", through_proxy.as_str()),
         ("GATEWAY__DATABASE__ACQUIRE_TIMEOUT_MS", "1000"),
@@ -393,43 +382,33 @@ async fn database_connections_cut_during_admission_leave_no_place_taken_and_answ
     let second = cluster.replica(&settings);
     cluster.configure(&first).await;
     // Every check of admission runs: limits far off, a budget far off, two places at once.
-    let admin = |path: &str| format!("{}/admin/v1{path}", first.base_url);
-    let projects = json(
-        cluster
-            .http
-            .get(admin("/projects"))
-            .bearer_auth(&cluster.admin_token)
-            .send()
-            .await,
-    )
-    .await;
+    let projects = cluster
+        .admin(&first, reqwest::Method::GET, "/projects", None)
+        .await;
     let project = projects["data"][0]["id"]
         .as_str()
         .expect("project")
         .to_owned();
-    let keys = json(
-        cluster
-            .http
-            .get(admin(&format!("/projects/{project}/api_keys")))
-            .bearer_auth(&cluster.admin_token)
-            .send()
-            .await,
-    )
-    .await;
+    let keys = cluster
+        .admin(
+            &first,
+            reqwest::Method::GET,
+            &format!("/projects/{project}/api_keys"),
+            None,
+        )
+        .await;
     let key_id = keys["data"][0]["id"].as_str().expect("key").to_owned();
-    let patched = json(
-        cluster
-            .http
-            .patch(admin(&format!("/api_keys/{key_id}")))
-            .bearer_auth(&cluster.admin_token)
-            .json(
-                &json!({"limits": {"rpm": 100000, "tpm": 100000000, "max_concurrent": 2},
-                          "budget": {"usd": 1000, "period": "day"}}),
-            )
-            .send()
-            .await,
-    )
-    .await;
+    let patched = cluster
+        .admin(
+            &first,
+            reqwest::Method::PATCH,
+            &format!("/api_keys/{key_id}"),
+            Some(
+                json!({"limits": {"rpm": 100000, "tpm": 100000000, "max_concurrent": 2},
+                        "budget": {"usd": 1000, "period": "day"}}),
+            ),
+        )
+        .await;
     assert_eq!(patched["id"], key_id.as_str(), "{patched:#}");
 
     proxy.cut();

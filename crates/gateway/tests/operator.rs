@@ -10,39 +10,13 @@ use serde_json::{json, Value};
 
 /// Adds an HTTP tool source named `name` at `url` to the cluster's group.
 async fn add_source(cluster: &Cluster, replica: &Replica, name: &str, url: &str) {
-    let admin = |path: &str| format!("{}/admin/v1{path}", replica.base_url);
-    let source = common::json(
-        cluster
-            .http
-            .post(admin("/tool_sources"))
-            .bearer_auth(&cluster.admin_token)
-            .json(&json!({"name": name, "description": "a tool", "url": url,
-                          "parameters": {"type": "object", "properties": {"n": {"type": "integer"}}}}))
-            .send()
-            .await,
-    )
-    .await;
-    let groups = common::json(
-        cluster
-            .http
-            .get(admin("/deployment_groups"))
-            .bearer_auth(&cluster.admin_token)
-            .send()
-            .await,
-    )
-    .await;
-    let group = groups["data"][0]["id"].as_str().expect("group id");
-    let source = source["id"].as_str().expect("source id");
-    common::ok(
-        cluster
-            .http
-            .put(admin(&format!(
-                "/deployment_groups/{group}/tool_sources/{source}"
-            )))
-            .bearer_auth(&cluster.admin_token)
-            .send()
-            .await,
-    );
+    cluster
+        .attach_tool_source(
+            replica,
+            json!({"name": name, "description": "a tool", "url": url,
+                   "parameters": {"type": "object", "properties": {"n": {"type": "integer"}}}}),
+        )
+        .await;
 }
 
 /// The `tool call failed` line of response `id`.

@@ -372,40 +372,12 @@ async fn an_mcp_server_gets_the_tool_calls_trace_context_in_the_calls_meta() {
     let mut cluster = Cluster::postgres().await;
     let replica = traced(&cluster, &receiver, &[]);
     cluster.configure(&replica).await;
-    let admin = |path: &str| format!("{}/admin/v1{path}", replica.base_url);
-    let source = common::json(
-        cluster
-            .http
-            .post(admin("/tool_sources"))
-            .bearer_auth(&cluster.admin_token)
-            .json(&json!({"kind": "mcp", "name": "calc", "url": mcp.url(), "name_prefix": "calc_"}))
-            .send()
-            .await,
-    )
-    .await;
-    let groups = common::json(
-        cluster
-            .http
-            .get(admin("/deployment_groups"))
-            .bearer_auth(&cluster.admin_token)
-            .send()
-            .await,
-    )
-    .await;
-    let group = groups["data"][0]["id"].as_str().expect("group id");
-    let attached = common::json(
-        cluster
-            .http
-            .put(admin(&format!(
-                "/deployment_groups/{group}/tool_sources/{}",
-                source["id"].as_str().expect("source id")
-            )))
-            .bearer_auth(&cluster.admin_token)
-            .send()
-            .await,
-    )
-    .await;
-    assert!(attached.get("error").is_none(), "{attached:#}");
+    cluster
+        .attach_tool_source(
+            &replica,
+            json!({"kind": "mcp", "name": "calc", "url": mcp.url(), "name_prefix": "calc_"}),
+        )
+        .await;
 
     let traceparent = format!("00-{CLIENT_TRACE}-{CLIENT_SPAN}-01");
     let response = create(

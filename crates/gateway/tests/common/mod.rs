@@ -341,6 +341,46 @@ impl Cluster {
         self.ask(reqwest::Method::DELETE, replica, &path).await
     }
 
+    /// An admin call through `replica`, as JSON (an error answer too).
+    pub async fn admin(
+        &self,
+        replica: &Replica,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<Value>,
+    ) -> Value {
+        let mut request = self
+            .http
+            .request(method, format!("{}/admin/v1{path}", replica.base_url))
+            .bearer_auth(&self.admin_token);
+        if let Some(body) = body {
+            request = request.json(&body);
+        }
+        json(request.send().await).await
+    }
+
+    /// Creates a tool source from `body` through `replica` and attaches it to the cluster's group; its id.
+    pub async fn attach_tool_source(&self, replica: &Replica, body: Value) -> String {
+        let source = self
+            .admin(replica, reqwest::Method::POST, "/tool_sources", Some(body))
+            .await;
+        let source = source["id"].as_str().expect("source id").to_owned();
+        let groups = self
+            .admin(replica, reqwest::Method::GET, "/deployment_groups", None)
+            .await;
+        let group = groups["data"][0]["id"].as_str().expect("group id");
+        let attached = self
+            .admin(
+                replica,
+                reqwest::Method::PUT,
+                &format!("/deployment_groups/{group}/tool_sources/{source}"),
+                None,
+            )
+            .await;
+        assert!(attached.get("error").is_none(), "{attached:#}");
+        source
+    }
+
     /// `POST /v1/responses` on `replica`, as JSON.
     pub async fn create(&self, replica: &Replica, body: Value) -> Value {
         json(
