@@ -461,3 +461,82 @@ async fn database_connections_cut_during_admission_leave_no_place_taken_and_answ
     }
     eprintln!("statuses: {statuses:?}; cuts: {}", proxy.cuts());
 }
+
+#[tokio::test]
+async fn a_full_pool_during_admission_answers_503_and_leaves_no_place_taken() {
+    let mut cluster = Cluster::postgres().await;
+    // Two connections for everything, a short wait for one: a burst of creates finds the pool full.
+    let replica = cluster.replica(&[
+        ("GATEWAY__DATABASE__MAX_CONNECTIONS", "2"),
+        ("GATEWAY__DATABASE__ACQUIRE_TIMEOUT_MS", "50"),
+    ]);
+    cluster.configure(&replica).await;
+    let projects = cluster
+        .admin(&replica, reqwest::Method::GET, "/projects", None)
+        .await;
+    let project = projects["data"][0]["id"]
+        .as_str()
+        .expect("project")
+        .to_owned();
+    let keys = cluster
+        .admin(
+            &replica,
+            reqwest::Method::GET,
+            &format!("/projects/{project}/api_keys"),
+            None,
+        )
+        .await;
+    let key_id = keys["data"][0]["id"].as_str().expect("key").to_owned();
+    let patched = cluster
+        .admin(
+            &replica,
+            reqwest::Method::PATCH,
+            &format!("/api_keys/{key_id}"),
+            Some(json!({"limits": {"max_concurrent": 1000}})),
+        )
+        .await;
+    assert_eq!(patched["id"], key_id.as_str(), "{patched:#}");
+
+    let burst = (0..64).map(|n| {
+        cluster
+            .http
+            .post(format!("{}/v1/responses", replica.base_url))
+            .bearer_auth(&cluster.key)
+            .json(&json!({"model": "mock", "input": format!("burst {n}")}))
+            .send()
+    });
+    let mut statuses: BTreeMap<u16, usize> = BTreeMap::new();
+    for answer in futures::future::join_all(burst).await {
+        let answer = answer.expect("an answer");
+        let status = answer.status().as_u16();
+        let retry = answer
+            .headers()
+            .get("x-should-retry")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
+        let body: serde_json::Value = answer.json().await.expect("JSON");
+        match status {
+            200 => assert_eq!(body["status"], "completed", "{body:#}"),
+            // A full pool before anything was stored: the client may send it again.
+            _ => {
+                assert!(status >= 500, "status {status}: {body:#}");
+                assert_eq!(retry.as_deref(), Some("true"), "{body:#}");
+                assert!(body["error"]["code"].is_string(), "{body:#}");
+            }
+        }
+        *statuses.entry(status).or_default() += 1;
+    }
+    assert!(statuses.get(&200).copied().unwrap_or(0) > 0, "{statuses:?}");
+
+    // Every place is given back, including those whose take or give-back met the full pool.
+    let mut held = -1;
+    for _ in 0..1000 {
+        held = places_held(cluster.db.url()).await;
+        if held == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(held, 0, "places left taken ({statuses:?})");
+    eprintln!("statuses: {statuses:?}");
+}
