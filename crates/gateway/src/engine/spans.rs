@@ -63,7 +63,6 @@ pub(super) fn model_call(deployment: &Deployment, request: &ModelRequest<'_>) ->
         gen_ai.request.model = %deployment.upstream_model,
         gen_ai.response.model = Empty,
         gen_ai.response.id = %request.response_id,
-        gen_ai.response.finish_reasons = Empty,
         gen_ai.usage.input_tokens = Empty,
         gen_ai.usage.output_tokens = Empty,
         gen_ai.usage.cached_input_tokens = Empty,
@@ -92,9 +91,13 @@ pub(super) fn model_answered(
     match result {
         Ok(output) => {
             span.record("gen_ai.response.model", deployment.upstream_model.as_str());
-            span.record(
+            // An array, as the conventions have it: set on the span itself (a `tracing` field holds no arrays).
+            span.set_attribute(
                 "gen_ai.response.finish_reasons",
-                tracing::field::debug([finish_reason(output.finish)]),
+                opentelemetry::Value::Array(opentelemetry::Array::String(vec![finish_reason(
+                    output.finish,
+                )
+                .into()])),
             );
             if let Some(usage) = &output.usage {
                 span.record("gen_ai.usage.input_tokens", as_i64(usage.input_tokens));
