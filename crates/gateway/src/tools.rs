@@ -172,7 +172,11 @@ impl ToolExecutor {
         let arguments = match self.parse_arguments(tool, &call.arguments) {
             Ok(arguments) => arguments,
             Err(message) => {
-                let failure = Failure::new(FailureKind::InvalidArguments, message.clone());
+                // Not the message: it may quote the arguments, which are never logged.
+                let failure = Failure::new(
+                    FailureKind::InvalidArguments,
+                    "the arguments were refused before the call (not JSON, or not as the tool's schema says)",
+                );
                 return (ToolOutcome::error(message), Some(failure));
             }
         };
@@ -437,29 +441,39 @@ async fn read_answer(
     response: reqwest::Response,
     cap: usize,
 ) -> (ToolOutcome, Option<Failure>) {
-    let outcome = read_body(tool, response, cap).await;
-    let failure = match &outcome {
-        ToolOutcome::Output { .. } => None,
-        ToolOutcome::Error {
-            http_status: Some(status),
-            ..
-        } => Some(Failure::new(
-            FailureKind::of_status(*status),
-            format!("HTTP {status}"),
-        )),
-        ToolOutcome::Error { message, .. } => {
-            let kind = if message.contains("timed out") {
-                FailureKind::Timeout
+    match read_body(tool, response, cap).await {
+        // The body broke off: classified as a request that got no answer.
+        Err(e) => {
+            let failure = failure::of_send_error(&e);
+            let message = if failure.kind == FailureKind::Timeout {
+                format!("Tool '{tool}' timed out while answering.")
             } else {
-                FailureKind::Unreachable
+                format!("Tool '{tool}' broke off its answer.")
             };
-            Some(Failure::new(kind, message.clone()))
+            (ToolOutcome::error(message), Some(failure))
         }
-    };
-    (outcome, failure)
+        Ok(
+            outcome @ ToolOutcome::Error {
+                http_status: Some(status),
+                ..
+            },
+        ) => (
+            outcome,
+            Some(Failure::new(
+                FailureKind::of_status(status),
+                format!("HTTP {status}"),
+            )),
+        ),
+        Ok(outcome) => (outcome, None),
+    }
 }
 
-async fn read_body(tool: &str, mut response: reqwest::Response, cap: usize) -> ToolOutcome {
+/// The answer as an outcome (an error for a status other than 2xx), or the error that broke its body off.
+async fn read_body(
+    tool: &str,
+    mut response: reqwest::Response,
+    cap: usize,
+) -> Result<ToolOutcome, reqwest::Error> {
     let status = response.status();
     if status.is_redirection() {
         let location = response
@@ -468,13 +482,13 @@ async fn read_body(tool: &str, mut response: reqwest::Response, cap: usize) -> T
             .and_then(|v| v.to_str().ok())
             .unwrap_or("");
         let detail: String = location.chars().take(200).collect();
-        return ToolOutcome::Error {
+        return Ok(ToolOutcome::Error {
             message: format!(
                 "Tool '{tool}' answered HTTP {} (a redirect to '{detail}'); the gateway does not follow redirects.",
                 status.as_u16()
             ),
             http_status: Some(status.as_u16()),
-        };
+        });
     }
     let is_json = response
         .headers()
@@ -484,19 +498,10 @@ async fn read_body(tool: &str, mut response: reqwest::Response, cap: usize) -> T
     // Only the first `cap` bytes are kept; the rest is counted, so the marker can say how large it was.
     let mut kept: Vec<u8> = Vec::new();
     let mut total: usize = 0;
-    loop {
-        match response.chunk().await {
-            Ok(Some(chunk)) => {
-                total = total.saturating_add(chunk.len());
-                let room = cap.saturating_sub(kept.len());
-                kept.extend_from_slice(&chunk[..chunk.len().min(room)]);
-            }
-            Ok(None) => break,
-            Err(e) if e.is_timeout() => {
-                return ToolOutcome::error(format!("Tool '{tool}' timed out while answering."))
-            }
-            Err(_) => return ToolOutcome::error(format!("Tool '{tool}' broke off its answer.")),
-        }
+    while let Some(chunk) = response.chunk().await? {
+        total = total.saturating_add(chunk.len());
+        let room = cap.saturating_sub(kept.len());
+        kept.extend_from_slice(&chunk[..chunk.len().min(room)]);
     }
     let text = gateway_core::chat::scrub_nul(String::from_utf8_lossy(&kept).into_owned());
     if !status.is_success() {
@@ -509,27 +514,22 @@ async fn read_body(tool: &str, mut response: reqwest::Response, cap: usize) -> T
         } else {
             text
         };
-        return ToolOutcome::Error {
+        return Ok(ToolOutcome::Error {
             message: head + &detail,
             http_status: Some(status.as_u16()),
-        };
+        });
     }
     if total > cap {
-        return ToolOutcome::Output {
+        return Ok(ToolOutcome::Output {
             text: truncated(&text, total, cap),
-        };
+        });
     }
-    if is_json {
-        // Compact, valid JSON text; a body that claims JSON but is not passes through as text.
-        match serde_json::from_str::<Value>(&text) {
-            Ok(value) => ToolOutcome::Output {
-                text: value.to_string(),
-            },
-            Err(_) => ToolOutcome::Output { text },
-        }
-    } else {
-        ToolOutcome::Output { text }
-    }
+    // Compact, valid JSON text; a body that claims JSON but is not passes through as text.
+    let text = match is_json.then(|| serde_json::from_str::<Value>(&text)) {
+        Some(Ok(value)) => value.to_string(),
+        _ => text,
+    };
+    Ok(ToolOutcome::Output { text })
 }
 
 /// An MCP outcome cut to the source's cap, as an HTTP answer is: its output, or its error (`isError`) text.

@@ -116,6 +116,10 @@ async fn each_failed_tool_call_is_one_warn_line_with_its_cause_and_is_counted_by
     );
     let invalid = failure_line(&replica, &ids[3]);
     assert_eq!(invalid["fields"]["outcome"], "invalid_arguments");
+    assert!(
+        !invalid.to_string().contains("not a number"),
+        "the model's arguments are never logged: {invalid}"
+    );
 
     let metrics = cluster
         .http

@@ -503,7 +503,11 @@ fn outcome_with_failure(result: &CallToolResult) -> (ToolOutcome, Option<Failure
     let failure = match &outcome {
         ToolOutcome::Error { message, .. } => Some(Failure::new(
             FailureKind::ToolError,
-            message.chars().take(200).collect::<String>(),
+            // Not its text: that is the tool's output, which is never logged.
+            format!(
+                "the MCP tool answered isError ({} characters)",
+                message.chars().count()
+            ),
         )),
         ToolOutcome::Output { .. } => None,
     };
