@@ -355,6 +355,32 @@ async fn through_fault_proxy(cluster: &Cluster, seed: u64) -> (FaultProxy, Strin
     (proxy, through_proxy.to_string())
 }
 
+/// Holds the cluster's only key to `governance` (`limits`, `budget`), through `replica`'s admin API.
+async fn govern_key(cluster: &Cluster, replica: &Replica, governance: serde_json::Value) {
+    let projects = cluster
+        .admin(replica, reqwest::Method::GET, "/projects", None)
+        .await;
+    let project = projects["data"][0]["id"].as_str().expect("project");
+    let keys = cluster
+        .admin(
+            replica,
+            reqwest::Method::GET,
+            &format!("/projects/{project}/api_keys"),
+            None,
+        )
+        .await;
+    let key_id = keys["data"][0]["id"].as_str().expect("key");
+    let patched = cluster
+        .admin(
+            replica,
+            reqwest::Method::PATCH,
+            &format!("/api_keys/{key_id}"),
+            Some(governance),
+        )
+        .await;
+    assert_eq!(patched["id"], key_id, "{patched:#}");
+}
+
 /// Every `max_concurrent` place the store counts, all replicas together.
 async fn places_held(url: &str) -> i64 {
     let store = gateway::store::Store::connect(url, 1).await.expect("store");
@@ -382,34 +408,9 @@ async fn database_connections_cut_during_admission_leave_no_place_taken_and_answ
     let second = cluster.replica(&settings);
     cluster.configure(&first).await;
     // Every check of admission runs: limits far off, a budget far off, two places at once.
-    let projects = cluster
-        .admin(&first, reqwest::Method::GET, "/projects", None)
-        .await;
-    let project = projects["data"][0]["id"]
-        .as_str()
-        .expect("project")
-        .to_owned();
-    let keys = cluster
-        .admin(
-            &first,
-            reqwest::Method::GET,
-            &format!("/projects/{project}/api_keys"),
-            None,
-        )
-        .await;
-    let key_id = keys["data"][0]["id"].as_str().expect("key").to_owned();
-    let patched = cluster
-        .admin(
-            &first,
-            reqwest::Method::PATCH,
-            &format!("/api_keys/{key_id}"),
-            Some(
-                json!({"limits": {"rpm": 100000, "tpm": 100000000, "max_concurrent": 2},
-                        "budget": {"usd": 1000, "period": "day"}}),
-            ),
-        )
-        .await;
-    assert_eq!(patched["id"], key_id.as_str(), "{patched:#}");
+    let governance = json!({"limits": {"rpm": 100000, "tpm": 100000000, "max_concurrent": 2},
+                            "budget": {"usd": 1000, "period": "day"}});
+    govern_key(&cluster, &first, governance).await;
 
     proxy.cut();
     let mut statuses: BTreeMap<u16, usize> = BTreeMap::new();
@@ -471,31 +472,12 @@ async fn a_full_pool_during_admission_answers_503_and_leaves_no_place_taken() {
         ("GATEWAY__DATABASE__ACQUIRE_TIMEOUT_MS", "50"),
     ]);
     cluster.configure(&replica).await;
-    let projects = cluster
-        .admin(&replica, reqwest::Method::GET, "/projects", None)
-        .await;
-    let project = projects["data"][0]["id"]
-        .as_str()
-        .expect("project")
-        .to_owned();
-    let keys = cluster
-        .admin(
-            &replica,
-            reqwest::Method::GET,
-            &format!("/projects/{project}/api_keys"),
-            None,
-        )
-        .await;
-    let key_id = keys["data"][0]["id"].as_str().expect("key").to_owned();
-    let patched = cluster
-        .admin(
-            &replica,
-            reqwest::Method::PATCH,
-            &format!("/api_keys/{key_id}"),
-            Some(json!({"limits": {"max_concurrent": 1000}})),
-        )
-        .await;
-    assert_eq!(patched["id"], key_id.as_str(), "{patched:#}");
+    govern_key(
+        &cluster,
+        &replica,
+        json!({"limits": {"max_concurrent": 1000}}),
+    )
+    .await;
 
     let burst = (0..64).map(|n| {
         cluster
