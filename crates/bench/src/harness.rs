@@ -139,7 +139,7 @@ impl Harness {
             let token = format!("bench-admin-{}", uuid::Uuid::new_v4().simple());
             let process = procs::start_gateway(dir, &database.url, &token, &[])?;
             let key = Admin::new(http, &process.url, &token)
-                .configure(&endpoints.mock, &endpoints.tools)
+                .configure(&endpoints.mock, &endpoints.tools, !args.baseline_ungoverned)
                 .await?;
             anyhow::Ok((process, key))
         }
@@ -169,7 +169,7 @@ impl Harness {
             let token = format!("bench-admin-{}", uuid::Uuid::new_v4().simple());
             let gateway = procs::start_gateway(bin_dir, &database.url, &token, settings)?;
             let key = Admin::new(http, &gateway.url, &token)
-                .configure(&mock.url, &tools.url)
+                .configure(&mock.url, &tools.url, true)
                 .await?;
             anyhow::Ok((mock, tools, gateway, key))
         }

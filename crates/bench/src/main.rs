@@ -89,6 +89,11 @@ struct Args {
     /// what traces cost.
     #[arg(long, conflicts_with = "gateway_url")]
     traces: bool,
+    /// The baseline gateway's key, project and deployments are set up without limits, budgets or prices, so that
+    /// it admits every create without counting it; with `--baseline-bin-dir` set to the same build, the ratio is
+    /// what governance costs.
+    #[arg(long, requires = "baseline_bin_dir")]
+    baseline_ungoverned: bool,
 }
 
 struct Bench<'a> {
@@ -364,7 +369,14 @@ async fn main() -> anyhow::Result<()> {
             },
             args.baseline_bin_dir
                 .as_ref()
-                .map_or_else(String::new, |dir| format!(", baseline ({})", dir.display())),
+                .map_or_else(String::new, |dir| {
+                    let ungoverned = if args.baseline_ungoverned {
+                        ", without limits, budgets or prices"
+                    } else {
+                        ""
+                    };
+                    format!(", baseline ({}{ungoverned})", dir.display())
+                }),
             if args.slice == 0 {
                 "once".to_owned()
             } else {

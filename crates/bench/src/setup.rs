@@ -170,7 +170,12 @@ impl<'a> Admin<'a> {
 
     /// Configures a project with a key, a deployment [`PLAIN_MODEL`] without tools and a deployment
     /// [`TOOLS_MODEL`] with the [`SERVER_TOOLS`], both on the mock model; answers the key.
-    pub async fn configure(self, mock_url: &str, tools_url: &str) -> anyhow::Result<String> {
+    pub async fn configure(
+        self,
+        mock_url: &str,
+        tools_url: &str,
+        govern: bool,
+    ) -> anyhow::Result<String> {
         let project = self.create("/projects", json!({"name": "bench"})).await?;
         let key = self
             .call(
@@ -191,14 +196,15 @@ impl<'a> Admin<'a> {
             "limits": {"rpm": 1_000_000_000u64, "tpm": 1_000_000_000_000u64},
             "budget": {"usd": 1e9, "period": "month"},
         });
-        let key_governed = self
-            .call(
-                Method::PATCH,
-                &format!("/api_keys/{key_id}"),
-                Some(governed.clone()),
-            )
-            .await
-            .is_ok();
+        let key_governed = govern
+            && self
+                .call(
+                    Method::PATCH,
+                    &format!("/api_keys/{key_id}"),
+                    Some(governed.clone()),
+                )
+                .await
+                .is_ok();
         if key_governed {
             self.call(
                 Method::PATCH,

@@ -82,17 +82,75 @@ pub fn upstream_call(deployment: &str, started: Instant, ok: bool) {
 /// `gateway_cost_usd_total` by project and deployment (a gauge that only grows: Prometheus counters of this
 /// exporter count whole numbers).
 pub fn model_usage(project: &str, deployment: &str, usage: &gateway_core::steps::Usage, cost: f64) {
-    for (kind, tokens) in [
-        ("input", usage.input_tokens),
-        ("cached_input", usage.cached_tokens),
-        ("output", usage.output_tokens),
-        ("reasoning", usage.reasoning_tokens),
-    ] {
-        metrics::counter!("gateway_tokens_total", "project" => project.to_owned(), "deployment" => deployment.to_owned(), "kind" => kind)
-            .increment(tokens);
+    let handles = usage_handles(project, deployment);
+    for (counter, tokens) in handles.tokens.iter().zip([
+        usage.input_tokens,
+        usage.cached_tokens,
+        usage.output_tokens,
+        usage.reasoning_tokens,
+    ]) {
+        counter.increment(tokens);
     }
-    metrics::gauge!("gateway_cost_usd_total", "project" => project.to_owned(), "deployment" => deployment.to_owned())
-        .increment(cost);
+    handles.cost.increment(cost);
+}
+
+/// The usage metrics of one project and deployment.
+struct UsageHandles {
+    /// `gateway_tokens_total` of kind input, cached_input, output, reasoning.
+    tokens: [metrics::Counter; 4],
+    cost: metrics::Gauge,
+}
+
+/// Usage handles by project, then deployment: looked up without building labels once made (the registry's own
+/// lookup hashes every label on each use).
+type UsageBook = std::collections::HashMap<
+    String,
+    std::collections::HashMap<String, std::sync::Arc<UsageHandles>>,
+>;
+
+static USAGE_HANDLES: std::sync::Mutex<Option<UsageBook>> = std::sync::Mutex::new(None);
+
+/// Pairs kept at the most; past it the book starts again.
+const MAX_USAGE_PAIRS: usize = 10_000;
+
+fn usage_handles(project: &str, deployment: &str) -> std::sync::Arc<UsageHandles> {
+    let make = || {
+        let kind = |kind: &'static str| metrics::counter!("gateway_tokens_total", "project" => project.to_owned(), "deployment" => deployment.to_owned(), "kind" => kind);
+        std::sync::Arc::new(UsageHandles {
+            tokens: [
+                kind("input"),
+                kind("cached_input"),
+                kind("output"),
+                kind("reasoning"),
+            ],
+            cost: metrics::gauge!("gateway_cost_usd_total", "project" => project.to_owned(), "deployment" => deployment.to_owned()),
+        })
+    };
+    // Handles made before the recorder is installed would count nowhere: only keep those made after.
+    if !matches!(HANDLE.get(), Some(Some(_))) {
+        return make();
+    }
+    let mut book = USAGE_HANDLES.lock().unwrap_or_else(|e| e.into_inner());
+    let book = book.get_or_insert_with(UsageBook::new);
+    if let Some(handles) = book
+        .get(project)
+        .and_then(|deployments| deployments.get(deployment))
+    {
+        return std::sync::Arc::clone(handles);
+    }
+    if book
+        .values()
+        .map(std::collections::HashMap::len)
+        .sum::<usize>()
+        >= MAX_USAGE_PAIRS
+    {
+        book.clear();
+    }
+    let handles = make();
+    book.entry(project.to_owned())
+        .or_default()
+        .insert(deployment.to_owned(), std::sync::Arc::clone(&handles));
+    handles
 }
 
 /// A response ended with `status` after these steps.

@@ -166,7 +166,7 @@ async fn run(
         replicas.slots.push(replica);
     }
     let admin = Admin::new(http, &replicas.slots[0].url, &replicas.admin_token);
-    let key = admin.configure(&mock.url, &tools.url).await?;
+    let key = admin.configure(&mock.url, &tools.url, true).await?;
     admin.attach_mcp(&format!("{}/mcp", mcp.url)).await?;
     eprintln!(
         "[chaos] {} replicas, {} background responses over {} s, a kill every ~{} ms, lease {} ms",

@@ -287,7 +287,7 @@ async fn measure(
 ) -> anyhow::Result<String> {
     let http = Client::builder().timeout(Duration::from_secs(30)).build()?;
     let key = Admin::new(&http, gateway, admin_token)
-        .configure(mock, tools)
+        .configure(mock, tools, true)
         .await?;
     let socket = connect(gateway, &key).await?;
     let mut client = Bench {

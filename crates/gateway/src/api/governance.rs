@@ -46,23 +46,39 @@ pub fn with_rate_headers(mut response: Response, standings: &RateHeaders) -> Res
 /// OpenAI's `x-ratelimit-{limit,remaining,reset}-{requests,tokens}` headers of the limits that apply.
 pub fn rate_headers(standings: &RateHeaders) -> Vec<(HeaderName, HeaderValue)> {
     let mut headers = Vec::new();
-    let mut add = |kind: &str, standing: Option<Standing>| {
+    let mut add = |names: [&'static str; 3], standing: Option<Standing>| {
         let Some(standing) = standing else {
             return;
         };
-        for (what, value) in [
-            ("limit", standing.limit.to_string()),
-            ("remaining", standing.remaining.to_string()),
-            ("reset", reset_duration(standing.reset_secs)),
+        let [limit, remaining, reset] = names;
+        for (name, value) in [
+            (limit, HeaderValue::from(standing.limit)),
+            (remaining, HeaderValue::from(standing.remaining)),
+            (
+                reset,
+                HeaderValue::from_str(&reset_duration(standing.reset_secs))
+                    .unwrap_or(HeaderValue::from_static("0s")),
+            ),
         ] {
-            let name = HeaderName::try_from(format!("x-ratelimit-{what}-{kind}"));
-            if let (Ok(name), Ok(value)) = (name, HeaderValue::try_from(value)) {
-                headers.push((name, value));
-            }
+            headers.push((HeaderName::from_static(name), value));
         }
     };
-    add("requests", standings.requests);
-    add("tokens", standings.tokens);
+    add(
+        [
+            "x-ratelimit-limit-requests",
+            "x-ratelimit-remaining-requests",
+            "x-ratelimit-reset-requests",
+        ],
+        standings.requests,
+    );
+    add(
+        [
+            "x-ratelimit-limit-tokens",
+            "x-ratelimit-remaining-tokens",
+            "x-ratelimit-reset-tokens",
+        ],
+        standings.tokens,
+    );
     headers
 }
 

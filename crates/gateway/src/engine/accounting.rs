@@ -81,12 +81,13 @@ impl Engine {
             reasoning_tokens: 0,
             cost_usd: 0.0,
             created_at: now(),
+            calls: 1,
         }
     }
 
     /// Accounts for the summary call of compaction `id` like a model call of an unstored response: counted
-    /// against the payer's `tpm` and budgets and in the metrics, and recorded under the compaction's id (seq 0) by
-    /// the batch writer.
+    /// against the payer's `tpm` and budgets and in the metrics, and recorded by the batch writer, summed with the
+    /// usage of unstored responses.
     pub(super) fn account_compaction(
         &self,
         payer: &Payer,
@@ -111,6 +112,7 @@ impl Engine {
             reasoning_tokens: clamp(usage.reasoning_tokens),
             cost_usd: cost,
             created_at: now(),
+            calls: 1,
         }]);
     }
 

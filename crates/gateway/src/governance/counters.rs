@@ -79,7 +79,12 @@ impl Counters {
     /// (a trip to the store that began before the minute turned) is a throwaway: its results no longer count.
     fn with<T>(&self, name: &str, start: i64, f: impl FnOnce(&mut Window) -> T) -> T {
         let mut windows = self.windows.lock().unwrap_or_else(|e| e.into_inner());
-        let window = windows.entry(name.to_owned()).or_default();
+        if !windows.contains_key(name) {
+            windows.insert(name.to_owned(), Window::default());
+        }
+        let Some(window) = windows.get_mut(name) else {
+            unreachable!("inserted above");
+        };
         if window.start > start {
             return f(&mut Window {
                 start,

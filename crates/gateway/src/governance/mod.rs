@@ -17,7 +17,8 @@ mod counters;
 mod running;
 mod usage;
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use gateway_core::governance::{Budget, BudgetPeriod, Governance, Pricing, Standing};
@@ -137,19 +138,51 @@ impl Payer {
     }
 }
 
-/// The name of a counter: `key:<id>:rpm`, `project:<id>:running`.
-fn counter_name(scope: Scope, owner: &str, what: &str) -> String {
-    let prefix = match scope {
-        Scope::Key => "key",
-        Scope::Project => "project",
-    };
-    format!("{prefix}:{owner}:{what}")
+/// The names of one owner's counters (`key:<id>:rpm`, `project:<id>:spend:month`), made once per owner and
+/// replica rather than on every create.
+#[derive(Debug)]
+struct CounterNames {
+    tpm: String,
+    rpm: String,
+    running: String,
+    /// What was spent per budget period, in nano-dollars: day, month, total.
+    spend: [String; 3],
 }
 
-/// The counter of what `owner` spent per `period`, in nano-dollars.
-fn spend_counter(scope: Scope, owner: &str, period: BudgetPeriod) -> String {
-    counter_name(scope, owner, &format!("spend:{}", period.as_str()))
+impl CounterNames {
+    fn of(scope: Scope, owner: &str) -> CounterNames {
+        let prefix = match scope {
+            Scope::Key => "key",
+            Scope::Project => "project",
+        };
+        let name = |what: &str| format!("{prefix}:{owner}:{what}");
+        CounterNames {
+            tpm: name("tpm"),
+            rpm: name("rpm"),
+            running: name("running"),
+            spend: BudgetPeriod::ALL.map(|period| name(&format!("spend:{}", period.as_str()))),
+        }
+    }
+
+    fn spend(&self, period: BudgetPeriod) -> &str {
+        let index = match period {
+            BudgetPeriod::Day => 0,
+            BudgetPeriod::Month => 1,
+            BudgetPeriod::Total => 2,
+        };
+        &self.spend[index]
+    }
 }
+
+/// The counter names of every owner seen, by scope and owner id.
+#[derive(Default)]
+struct NameBook {
+    keys: HashMap<String, Arc<CounterNames>>,
+    projects: HashMap<String, Arc<CounterNames>>,
+}
+
+/// Owners whose names are kept at the most; past it the book starts again.
+const MAX_NAMED_OWNERS: usize = 100_000;
 
 /// An amount in USD as the counters hold it: whole nano-dollars.
 fn nanos(usd: f64) -> u64 {
@@ -163,6 +196,7 @@ pub struct Governor {
     counters: Counters,
     places: running::Places,
     unstored: UsageWriter,
+    names: Mutex<NameBook>,
 }
 
 impl std::fmt::Debug for Governor {
@@ -181,9 +215,28 @@ impl Governor {
             counters: Counters::new(store.clone(), sync),
             places: running::Places::start(store.clone(), replica_id.clone(), sync),
             unstored: UsageWriter::start(store.clone(), flush),
+            names: Mutex::default(),
             store,
             replica_id,
         })
+    }
+
+    /// The names of `owner`'s counters.
+    fn names(&self, scope: Scope, owner: &str) -> Arc<CounterNames> {
+        let mut book = self.names.lock().unwrap_or_else(|e| e.into_inner());
+        let owners = match scope {
+            Scope::Key => &mut book.keys,
+            Scope::Project => &mut book.projects,
+        };
+        if let Some(names) = owners.get(owner) {
+            return Arc::clone(names);
+        }
+        if owners.len() >= MAX_NAMED_OWNERS {
+            owners.clear();
+        }
+        let names = Arc::new(CounterNames::of(scope, owner));
+        owners.insert(owner.to_owned(), Arc::clone(&names));
+        names
     }
 
     /// Admits a create of `payer`'s, or says why not: budgets first, then tokens per minute, requests per minute
@@ -211,7 +264,7 @@ impl Governor {
             if let Some(limit) = governance.limits.tpm {
                 let standing = self
                     .counters
-                    .tokens(&counter_name(scope, owner, "tpm"), limit, now)
+                    .tokens(&self.names(scope, owner).tpm, limit, now)
                     .await?;
                 tokens.push((scope, owner, limit, standing));
                 headers.tokens = Standing::tighter(headers.tokens, Some(standing));
@@ -233,7 +286,7 @@ impl Governor {
             if let Some(limit) = governance.limits.rpm {
                 let standing = self
                     .counters
-                    .request(&counter_name(scope, owner, "rpm"), limit, now)
+                    .request(&self.names(scope, owner).rpm, limit, now)
                     .await?;
                 headers.requests = Standing::tighter(headers.requests, standing.ok());
                 if let Err(standing) = standing {
@@ -252,7 +305,7 @@ impl Governor {
         let mut running = self.places.place();
         for (scope, owner, governance) in payer.scopes() {
             if let Some(limit) = governance.limits.max_concurrent {
-                let name = counter_name(scope, owner, "running");
+                let name = self.names(scope, owner).running.clone();
                 if !running.take(name, limit).await? {
                     return Err(Refusal::Limited {
                         kind: LimitKind::Concurrent,
@@ -279,7 +332,7 @@ impl Governor {
         let mut running = self.places.place();
         for (scope, owner, governance) in payer.scopes() {
             if governance.limits.max_concurrent.is_some() {
-                let name = counter_name(scope, owner, "running");
+                let name = self.names(scope, owner).running.clone();
                 if let Err(e) = running.take(name, i64::MAX as u64).await {
                     tracing::warn!(error = %e, "could not take a running place for a resumed response");
                 }
@@ -313,10 +366,10 @@ impl Governor {
         now: i64,
     ) -> Result<bool, StoreError> {
         let limit = nanos(budget.usd);
-        let name = spend_counter(scope, owner, budget.period);
+        let names = self.names(scope, owner);
         let spent = self
             .counters
-            .total(&name, budget.period.start(now), limit)
+            .total(names.spend(budget.period), budget.period.start(now), limit)
             .await?;
         Ok(spent >= limit)
     }
@@ -326,13 +379,10 @@ impl Governor {
         let now = now();
         crate::metrics::model_usage(&payer.project_id, deployment, usage, cost);
         for (scope, owner, governance) in payer.scopes() {
+            let names = self.names(scope, owner);
             if let Some(limit) = governance.limits.tpm {
-                self.counters.add_tokens(
-                    &counter_name(scope, owner, "tpm"),
-                    usage.total_tokens(),
-                    limit,
-                    now,
-                );
+                self.counters
+                    .add_tokens(&names.tpm, usage.total_tokens(), limit, now);
             }
             if cost > 0.0 {
                 // Every period is counted, so that a budget set later, or of another period, finds its spend.
@@ -341,9 +391,8 @@ impl Governor {
                         Some(budget) if budget.period == period => nanos(budget.usd),
                         _ => u64::MAX,
                     };
-                    let name = spend_counter(scope, owner, period);
                     self.counters
-                        .add(&name, nanos(cost), limit, period.start(now));
+                        .add(names.spend(period), nanos(cost), limit, period.start(now));
                 }
             }
         }

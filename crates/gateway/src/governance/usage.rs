@@ -1,6 +1,8 @@
 //! The usage of unstored responses, recorded in batches: runs hand their records to a channel, and one task
-//! writes what gathered every `flush` in one statement. A crash loses at most the last `flush` of them.
+//! writes what gathered every `flush`, summed per project, key, deployment and tool source, in one statement. A
+//! crash loses at most the last `flush` of them.
 
+use std::collections::HashMap;
 use std::time::Duration;
 
 use tokio::sync::mpsc;
@@ -22,24 +24,27 @@ impl UsageWriter {
     pub fn start(store: Store, flush: Duration) -> UsageWriter {
         let (sender, mut receiver) = mpsc::channel::<Vec<UsageRecord>>(MAX_QUEUED);
         tokio::spawn(async move {
-            let mut batch = Vec::new();
+            // Rows whose write failed: written again as they are (same ids), so that a write whose answer was
+            // lost is not counted twice.
+            let mut unwritten: Vec<UsageRecord> = Vec::new();
             loop {
                 let Some(first) = receiver.recv().await else {
                     return;
                 };
-                batch.extend(first);
+                let mut batch = first;
                 tokio::time::sleep(flush).await;
                 while let Ok(more) = receiver.try_recv() {
                     batch.extend(more);
                 }
-                if let Err(e) = store.record_usage(&batch).await {
-                    tracing::warn!(records = batch.len(), error = %e, "could not record the usage of unstored responses; trying again with the next batch");
-                    if batch.len() > MAX_QUEUED {
-                        batch.clear();
+                unwritten.extend(summed(batch));
+                if let Err(e) = store.record_usage(&unwritten).await {
+                    tracing::warn!(rows = unwritten.len(), error = %e, "could not record the usage of unstored responses; trying again with the next batch");
+                    if unwritten.len() > MAX_QUEUED {
+                        unwritten.clear();
                     }
                     continue;
                 }
-                batch.clear();
+                unwritten.clear();
             }
         });
         UsageWriter { sender }
@@ -52,5 +57,111 @@ impl UsageWriter {
         if let Err(e) = self.sender.try_send(records) {
             tracing::warn!(error = %e, "the usage writer is behind; usage of an unstored response was not recorded");
         }
+    }
+}
+
+/// `records` summed into one row per project, key, deployment, provider kind and tool source, each under an id of
+/// its own (`usage_…`, seq 0) and the time of its latest record.
+fn summed(records: Vec<UsageRecord>) -> Vec<UsageRecord> {
+    type Group = (String, Option<String>, String, String, Option<String>);
+    let mut sums: HashMap<Group, UsageRecord> = HashMap::new();
+    for record in records {
+        let group = (
+            record.project_id.clone(),
+            record.api_key_id.clone(),
+            record.deployment.clone(),
+            record.provider_kind.clone(),
+            record.tool_source.clone(),
+        );
+        match sums.get_mut(&group) {
+            Some(sum) => {
+                sum.input_tokens = sum.input_tokens.saturating_add(record.input_tokens);
+                sum.cached_tokens = sum.cached_tokens.saturating_add(record.cached_tokens);
+                sum.output_tokens = sum.output_tokens.saturating_add(record.output_tokens);
+                sum.reasoning_tokens = sum.reasoning_tokens.saturating_add(record.reasoning_tokens);
+                sum.cost_usd += record.cost_usd;
+                sum.created_at = sum.created_at.max(record.created_at);
+                sum.calls = sum.calls.saturating_add(record.calls);
+            }
+            None => {
+                sums.insert(
+                    group,
+                    UsageRecord {
+                        response_id: crate::ids::new_id("usage"),
+                        seq: 0,
+                        ..record
+                    },
+                );
+            }
+        }
+    }
+    sums.into_values().collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(
+        response: &str,
+        key: Option<&str>,
+        tool_source: Option<&str>,
+        tokens: i64,
+    ) -> UsageRecord {
+        UsageRecord {
+            response_id: response.to_owned(),
+            seq: 1,
+            project_id: "proj_1".to_owned(),
+            api_key_id: key.map(str::to_owned),
+            deployment: "d".to_owned(),
+            provider_kind: "openai_chat".to_owned(),
+            tool_source: tool_source.map(str::to_owned),
+            input_tokens: tokens,
+            cached_tokens: 1,
+            output_tokens: 2 * tokens,
+            reasoning_tokens: 0,
+            cost_usd: 0.5,
+            created_at: tokens,
+            calls: 1,
+        }
+    }
+
+    #[test]
+    fn records_are_summed_per_payer_deployment_and_source() {
+        let mut rows = summed(vec![
+            record("resp_a", Some("k1"), None, 10),
+            record("resp_b", Some("k1"), None, 20),
+            record("resp_b", Some("k1"), Some("tools"), 0),
+            record("resp_c", Some("k2"), None, 5),
+        ]);
+        rows.sort_by_key(|row| (row.api_key_id.clone(), row.tool_source.clone()));
+        let shape: Vec<_> = rows
+            .iter()
+            .map(|row| {
+                (
+                    row.api_key_id.as_deref(),
+                    row.tool_source.as_deref(),
+                    row.input_tokens,
+                    row.output_tokens,
+                    row.cached_tokens,
+                    row.calls,
+                    row.cost_usd,
+                    row.created_at,
+                )
+            })
+            .collect();
+        assert_eq!(
+            shape,
+            vec![
+                (Some("k1"), None, 30, 60, 2, 2, 1.0, 20),
+                (Some("k1"), Some("tools"), 0, 0, 1, 1, 0.5, 0),
+                (Some("k2"), None, 5, 10, 1, 1, 0.5, 5),
+            ]
+        );
+        assert!(rows
+            .iter()
+            .all(|row| row.response_id.starts_with("usage_") && row.seq == 0));
+        let ids: std::collections::HashSet<_> = rows.iter().map(|row| &row.response_id).collect();
+        assert_eq!(ids.len(), 3, "each row has an id of its own");
     }
 }

@@ -48,6 +48,8 @@ pub struct UsageRecord {
     pub reasoning_tokens: i64,
     pub cost_usd: f64,
     pub created_at: i64,
+    /// The calls this record sums: 1, or more for a batch of unstored responses' usage summed into one row.
+    pub calls: i64,
 }
 
 /// What a lease of a counted window gave.

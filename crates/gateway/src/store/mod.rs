@@ -61,7 +61,7 @@ macro_rules! usage_recordset {
             $param,
             ") AS u(response_id text, seq int, project_id text, api_key_id text, deployment text,
                 provider_kind text, tool_source text, input_tokens bigint, cached_tokens bigint,
-                output_tokens bigint, reasoning_tokens bigint, cost_usd float8, created_at bigint)"
+                output_tokens bigint, reasoning_tokens bigint, cost_usd float8, created_at bigint, calls bigint)"
         )
     };
 }
@@ -72,8 +72,8 @@ macro_rules! insert_usage_rows {
         for record in $records {
             sqlx::query(
                 "INSERT INTO usage_records (response_id, seq, project_id, api_key_id, deployment, provider_kind,
-                    tool_source, input_tokens, cached_tokens, output_tokens, reasoning_tokens, cost_usd, created_at)
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13) ON CONFLICT DO NOTHING",
+                    tool_source, input_tokens, cached_tokens, output_tokens, reasoning_tokens, cost_usd, created_at, calls)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14) ON CONFLICT DO NOTHING",
             )
             .bind(&record.response_id)
             .bind(record.seq)
@@ -88,6 +88,7 @@ macro_rules! insert_usage_rows {
             .bind(record.reasoning_tokens)
             .bind(record.cost_usd)
             .bind(record.created_at)
+            .bind(record.calls)
             .execute(&mut *$tx)
             .await?;
         }

@@ -104,8 +104,8 @@ fn usage_sql(groups: &[UsageGroup]) -> String {
             CAST(COALESCE(SUM(cached_tokens), 0) AS BIGINT) AS cached_tokens,
             CAST(COALESCE(SUM(output_tokens), 0) AS BIGINT) AS output_tokens,
             CAST(COALESCE(SUM(reasoning_tokens), 0) AS BIGINT) AS reasoning_tokens,
-            CAST(COALESCE(SUM(CASE WHEN tool_source IS NULL THEN 1 ELSE 0 END), 0) AS BIGINT) AS model_calls,
-            CAST(COUNT(tool_source) AS BIGINT) AS tool_calls,
+            CAST(COALESCE(SUM(CASE WHEN tool_source IS NULL THEN calls ELSE 0 END), 0) AS BIGINT) AS model_calls,
+            CAST(COALESCE(SUM(CASE WHEN tool_source IS NULL THEN 0 ELSE calls END), 0) AS BIGINT) AS tool_calls,
             CAST(COALESCE(SUM(cost_usd), 0.0) AS DOUBLE PRECISION) AS cost_usd
          FROM usage_records
          WHERE created_at >= $1 AND created_at < $2
