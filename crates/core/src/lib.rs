@@ -8,6 +8,7 @@ pub mod anthropic;
 pub mod chat;
 pub mod chat_stream;
 pub mod context;
+pub mod conversation;
 pub mod decide;
 pub mod entity;
 pub mod event_stream;

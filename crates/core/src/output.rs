@@ -202,6 +202,13 @@ pub fn response_object(record: &ResponseRecord, output: &[Item]) -> Value {
         ResponseState::Queued | ResponseState::InProgress => None,
     };
     object.insert("completed_at".into(), json!(completed_at));
+    object.insert(
+        "conversation".into(),
+        params
+            .conversation
+            .as_ref()
+            .map_or(Value::Null, |id| json!({"id": id})),
+    );
     object.insert("status".into(), json!(record.status().as_str()));
     object.insert("background".into(), json!(record.background));
     object.insert(

@@ -90,6 +90,9 @@ pub struct ResponseParams {
     /// Log probabilities per output token (0..=20); forwarded where the provider has them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub top_logprobs: Option<u32>,
+    /// The conversation the response starts from and adds its input and output to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub conversation: Option<String>,
 }
 
 impl Default for ResponseParams {
@@ -114,6 +117,7 @@ impl Default for ResponseParams {
             service_tier: None,
             include: None,
             top_logprobs: None,
+            conversation: None,
         }
     }
 }
@@ -143,14 +147,16 @@ pub fn validate(body: CreateResponseBody) -> Result<ValidRequest, InvalidRequest
             )
         }
     };
-    if body.conversation.is_some() {
-        let message = if body.previous_response_id.is_some() {
-            "'previous_response_id' cannot be used together with 'conversation'."
-        } else {
-            "'conversation' is not supported by this gateway; use 'previous_response_id'."
-        };
-        return Err(InvalidRequest::new(message, "conversation"));
-    }
+    let conversation = match &body.conversation {
+        None | Some(Value::Null) => None,
+        Some(_) if body.previous_response_id.is_some() => {
+            return Err(InvalidRequest::new(
+                "'previous_response_id' cannot be used together with 'conversation'.",
+                "conversation",
+            ))
+        }
+        Some(value) => Some(crate::conversation::conversation_id(value)?),
+    };
     if body.prompt.as_ref().is_some_and(|p| !p.is_null()) {
         return Err(InvalidRequest::new(
             "'prompt' (a prompt template stored at OpenAI) is not supported by this gateway; send the prompt's text as 'instructions' or 'input'.",
@@ -158,7 +164,7 @@ pub fn validate(body: CreateResponseBody) -> Result<ValidRequest, InvalidRequest
         ));
     }
     let input = parse_input(body.input)?;
-    if input.is_empty() && body.previous_response_id.is_none() {
+    if input.is_empty() && body.previous_response_id.is_none() && conversation.is_none() {
         return Err(InvalidRequest::new("'input' must not be empty.", "input"));
     }
     if let Some(t) = body.temperature {
@@ -257,6 +263,7 @@ pub fn validate(body: CreateResponseBody) -> Result<ValidRequest, InvalidRequest
             service_tier: body.service_tier,
             include: body.include,
             top_logprobs: body.top_logprobs.map(|n| n as u32),
+            conversation,
         },
         previous_response_id: body.previous_response_id,
         store,
@@ -337,7 +344,8 @@ fn validate_text(text: &Value) -> Result<(), InvalidRequest> {
     }
 }
 
-fn validate_metadata(metadata: &BTreeMap<String, String>) -> Result<(), InvalidRequest> {
+/// OpenAI's bounds on `metadata`: at most 16 keys of at most 64 characters, values of at most 512.
+pub fn validate_metadata(metadata: &BTreeMap<String, String>) -> Result<(), InvalidRequest> {
     if metadata.len() > 16 {
         return Err(InvalidRequest::new(
             "Invalid 'metadata': at most 16 keys are allowed.",
@@ -464,7 +472,11 @@ mod tests {
                 "previous_response_id",
             ),
             (
-                json!({"model": "m", "input": "x", "conversation": "conv_1"}),
+                json!({"model": "m", "input": "x", "conversation": "conv_1", "previous_response_id": "resp_1"}),
+                "conversation",
+            ),
+            (
+                json!({"model": "m", "input": "x", "conversation": {"id": 3}}),
                 "conversation",
             ),
             (

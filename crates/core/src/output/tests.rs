@@ -334,7 +334,7 @@ fn a_minimal_response_has_every_key_with_its_default() {
     assert_eq!(
         response_object(&record(), &output),
         json!({
-            "id": "resp_1", "object": "response", "created_at": 1_741_476_777, "completed_at": 1_741_476_778,
+            "id": "resp_1", "object": "response", "created_at": 1_741_476_777, "completed_at": 1_741_476_778, "conversation": null,
             "status": "completed", "background": false, "error": null, "incomplete_details": null,
             "instructions": null, "max_output_tokens": null, "max_tool_calls": null, "model": "m",
             "output": [message_json("msg_0", "Hi")], "output_text": "Hi",
@@ -390,10 +390,12 @@ fn every_request_parameter_is_echoed() {
         service_tier: Some("flex".into()),
         include: None,
         top_logprobs: Some(2),
+        conversation: Some("conv_1".into()),
     };
     let object = response_object(&r, &[]);
     let expected = [
         ("status", json!("in_progress")),
+        ("conversation", json!({"id": "conv_1"})),
         ("completed_at", Value::Null),
         ("background", json!(true)),
         ("previous_response_id", json!("resp_0")),

@@ -54,6 +54,15 @@ impl ApiError {
         ApiError::not_found(format!("Response with id '{id}' not found."))
     }
 
+    /// No conversation `id` in the caller's project; `param` names where the request gave it.
+    pub fn conversation_not_found(id: &str, param: &str) -> ApiError {
+        ApiError {
+            param: Some(param.to_owned()),
+            code: Some("conversation_not_found".to_owned()),
+            ..ApiError::not_found(format!("Conversation with id '{id}' not found."))
+        }
+    }
+
     pub fn unauthorized(message: impl Into<String>, code: Option<&str>) -> ApiError {
         ApiError {
             status: StatusCode::UNAUTHORIZED,
@@ -284,6 +293,7 @@ impl From<EngineError> for ApiError {
                 retryable: true,
                 ..ApiError::server(message)
             },
+            EngineError::ConversationNotFound { id } => ApiError::conversation_not_found(&id, "conversation"),
             EngineError::PreviousNotFound { id } => ApiError::invalid(
                 format!("Previous response with id '{id}' not found."),
                 Some("previous_response_id"),

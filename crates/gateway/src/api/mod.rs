@@ -3,6 +3,7 @@
 pub mod admin;
 pub mod compact;
 pub mod console;
+pub mod conversations;
 pub mod error;
 pub mod extract;
 pub mod governance;
@@ -90,6 +91,24 @@ pub fn router(state: AppState, body_limit_bytes: usize) -> Router {
         .route(
             "/v1/responses/{response_id}/cancel",
             post(responses::cancel_response),
+        )
+        .route(
+            "/v1/conversations",
+            post(conversations::create_conversation),
+        )
+        .route(
+            "/v1/conversations/{conversation_id}",
+            get(conversations::get_conversation)
+                .post(conversations::update_conversation)
+                .delete(conversations::delete_conversation),
+        )
+        .route(
+            "/v1/conversations/{conversation_id}/items",
+            get(conversations::list_items).post(conversations::add_items),
+        )
+        .route(
+            "/v1/conversations/{conversation_id}/items/{item_id}",
+            get(conversations::get_item).delete(conversations::delete_item),
         )
         .nest(
             "/admin/v1",

@@ -367,12 +367,56 @@ pub async fn delete_response(
     ))
 }
 
-/// Query of `GET /v1/responses/{id}/input_items`.
+/// Query of a listing paginated as OpenAI paginates (`input_items`, a conversation's items).
 #[derive(Debug, Deserialize)]
 pub struct ListQuery {
     limit: Option<String>,
     order: Option<String>,
-    after: Option<String>,
+    pub(super) after: Option<String>,
+}
+
+impl ListQuery {
+    /// The page size (1 to 100, 20 when not given) and the order (`desc` when not given).
+    pub(super) fn page(&self) -> Result<(i64, Order), ApiError> {
+        let limit = match self.limit.as_deref() {
+            None => 20,
+            Some(text) => match text.parse::<i64>() {
+                Ok(n) if (1..=100).contains(&n) => n,
+                _ => {
+                    return Err(ApiError::invalid(
+                        format!(
+                            "Invalid 'limit': expected an integer between 1 and 100, got '{text}'."
+                        ),
+                        Some("limit"),
+                        None,
+                    ))
+                }
+            },
+        };
+        let order = match self.order.as_deref() {
+            None | Some("desc") => Order::Desc,
+            Some("asc") => Order::Asc,
+            Some(other) => {
+                return Err(ApiError::invalid(
+                    format!("Invalid 'order': expected 'asc' or 'desc', got '{other}'."),
+                    Some("order"),
+                    None,
+                ))
+            }
+        };
+        Ok((limit, order))
+    }
+}
+
+/// A page of a listing in OpenAI's shape: `{"object": "list", "data", "first_id", "last_id", "has_more"}`.
+pub(super) fn list_page(data: Vec<Value>, has_more: bool) -> Value {
+    let id_of = |item: Option<&Value>| {
+        item.and_then(|i| i.get("id"))
+            .cloned()
+            .unwrap_or(Value::Null)
+    };
+    let (first_id, last_id) = (id_of(data.first()), id_of(data.last()));
+    json!({"object": "list", "data": data, "first_id": first_id, "last_id": last_id, "has_more": has_more})
 }
 
 /// `GET /v1/responses/{id}/input_items`: the full context the response saw, paginated as OpenAI does.
@@ -382,32 +426,7 @@ pub async fn list_input_items(
     ApiPath(id): ApiPath<String>,
     ApiQuery(query): ApiQuery<ListQuery>,
 ) -> Result<Json<Value>, ApiError> {
-    let limit = match query.limit.as_deref() {
-        None => 20,
-        Some(text) => match text.parse::<i64>() {
-            Ok(n) if (1..=100).contains(&n) => n,
-            _ => {
-                return Err(ApiError::invalid(
-                    format!(
-                        "Invalid 'limit': expected an integer between 1 and 100, got '{text}'."
-                    ),
-                    Some("limit"),
-                    None,
-                ))
-            }
-        },
-    };
-    let order = match query.order.as_deref() {
-        None | Some("desc") => Order::Desc,
-        Some("asc") => Order::Asc,
-        Some(other) => {
-            return Err(ApiError::invalid(
-                format!("Invalid 'order': expected 'asc' or 'desc', got '{other}'."),
-                Some("order"),
-                None,
-            ))
-        }
-    };
+    let (limit, order) = query.page()?;
     find_response(&state, &project, &id).await?;
     let (data, has_more) = state
         .store
@@ -424,17 +443,5 @@ pub async fn list_input_items(
             )
         })?;
     let data: Vec<Value> = data.into_iter().map(listed_input_item).collect();
-    let first_id = data
-        .first()
-        .and_then(|i| i.get("id"))
-        .cloned()
-        .unwrap_or(Value::Null);
-    let last_id = data
-        .last()
-        .and_then(|i| i.get("id"))
-        .cloned()
-        .unwrap_or(Value::Null);
-    Ok(Json(
-        json!({"object": "list", "data": data, "first_id": first_id, "last_id": last_id, "has_more": has_more}),
-    ))
+    Ok(Json(list_page(data, has_more)))
 }

@@ -9,6 +9,7 @@ use gateway_core::steps::Usage;
 use gateway_core::Item;
 
 use super::model_call::target;
+use super::prepare::Start;
 use super::{Engine, EngineError};
 use crate::clock::now;
 use crate::compaction::OpenError;
@@ -35,19 +36,14 @@ impl Engine {
     pub async fn compact(
         &self,
         payer: &crate::governance::Payer,
-        request: ValidRequest,
+        mut request: ValidRequest,
     ) -> Result<Compacted, EngineError> {
         let project_id = payer.project_id.as_str();
         let resolution = self.resolution(project_id, &request.model).await?;
         let id = new_id("resp");
+        let input = std::mem::take(&mut request.input);
         let (window, _) = self
-            .starting_context(
-                project_id,
-                request.input,
-                request.previous_response_id.as_deref(),
-                None,
-                &id,
-            )
+            .starting_context(project_id, input, Start::of(&request, None), &id)
             .await?;
 
         let mut conversation = model_conversation(&window, &[]);

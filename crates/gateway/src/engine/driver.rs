@@ -308,7 +308,13 @@ impl Engine {
             }
         }
         let handed_back = ending.handed_back();
+        let keeps_turn = matches!(ending, Ending::Completed { .. } | Ending::Incomplete { .. });
         run.record.end(ending, total_usage(&run.steps), now());
+        if keeps_turn {
+            // Before the ending is written: should this replica stop in between, the run resumed elsewhere
+            // appends again, and what is there already is skipped.
+            self.append_to_conversation(run, handed_back).await?;
+        }
         // Clients see this ending: it waits for the disk, and so makes every earlier write durable too.
         self.write(run, Durability::Flush).await?;
         let finished = Finished {

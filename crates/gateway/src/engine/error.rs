@@ -54,6 +54,9 @@ pub enum EngineError {
     /// The model did not give a summary for a compaction; `message` says why, for the client.
     #[error("the compaction's summary failed: {message}")]
     SummaryFailed { message: String },
+    /// `conversation` names no conversation of this project.
+    #[error("conversation '{id}' not found")]
+    ConversationNotFound { id: String },
     /// `previous_response_id` names no response of this project.
     #[error("previous response '{id}' not found")]
     PreviousNotFound { id: String },

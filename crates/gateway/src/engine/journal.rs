@@ -26,7 +26,7 @@ use crate::store::{Store, StoreError};
 pub(super) const WRITE_LINGER: Duration = Duration::from_millis(5);
 
 /// The first wait before a write that must land is tried again, after the store failed for a moment.
-const STORE_RETRY_BASE_MS: u64 = 100;
+pub(super) const STORE_RETRY_BASE_MS: u64 = 100;
 
 /// What of a run is in the store.
 #[derive(Debug)]

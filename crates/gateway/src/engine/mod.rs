@@ -14,6 +14,7 @@
 mod accounting;
 mod check;
 mod compact;
+mod conversation;
 mod driver;
 mod error;
 mod journal;

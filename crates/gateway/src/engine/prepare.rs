@@ -135,8 +135,7 @@ impl Engine {
             .starting_context(
                 project_id,
                 input,
-                request.previous_response_id.as_deref(),
-                known_previous,
+                Start::of(&request, known_previous),
                 &response_id,
             )
             .await?;
@@ -227,20 +226,23 @@ impl Engine {
     }
 
     /// The context a response starts from, and where its input starts in it: the previous response's context and
-    /// output (`known` when the caller holds it), then the input, references resolved and compactions opened.
+    /// output (`known` when the caller holds it) or the conversation's items, then the input, references
+    /// resolved and compactions opened.
     pub(super) async fn starting_context(
         &self,
         project_id: &str,
         input: Vec<InputItem>,
-        previous_id: Option<&str>,
-        known: Option<Vec<Item>>,
+        start: Start<'_>,
         response_id: &str,
     ) -> Result<(Vec<Item>, usize), EngineError> {
         let input = self.resolve_references(project_id, input).await?;
-        let mut context = match (previous_id, known) {
-            (Some(_), Some(known)) => known,
-            (Some(previous_id), None) => self.previous_context(project_id, previous_id).await?,
-            (None, _) => Vec::new(),
+        let mut context = match start {
+            Start::Previous {
+                known: Some(known), ..
+            } => known,
+            Start::Previous { id, known: None } => self.previous_context(project_id, id).await?,
+            Start::Conversation(id) => self.conversation_context(project_id, id).await?,
+            Start::Fresh => Vec::new(),
         };
         let first_new = context.len();
         add_input(&mut context, input, response_id);
@@ -361,6 +363,28 @@ impl Engine {
         i64::try_from(self.limits.response_deadline_ms).unwrap_or(i64::MAX)
     }
 
+    /// The items of a conversation of `project_id`, as a response that names it starts from.
+    pub(super) async fn conversation_context(
+        &self,
+        project_id: &str,
+        conversation_id: &str,
+    ) -> Result<Vec<Item>, EngineError> {
+        let items = self
+            .store
+            .conversation_items(project_id, conversation_id)
+            .await?
+            .ok_or_else(|| EngineError::ConversationNotFound {
+                id: conversation_id.to_owned(),
+            })?;
+        items
+            .into_iter()
+            .map(|item| {
+                serde_json::from_value(item)
+                    .map_err(|e| EngineError::Store(StoreError::Corrupt(e.to_string())))
+            })
+            .collect()
+    }
+
     /// The context a chained response starts from: the previous response's context, then its output.
     pub(super) async fn previous_context(
         &self,
@@ -387,7 +411,7 @@ impl Engine {
     }
 
     /// The input with each `item_reference` replaced by the stored item it names (SPEC 5).
-    pub(super) async fn resolve_references(
+    pub async fn resolve_references(
         &self,
         project_id: &str,
         input: Vec<InputItem>,
@@ -399,6 +423,29 @@ impl Engine {
             }
         }
         Ok(resolve_input(input, &found)?)
+    }
+}
+
+/// What a response's context starts from, before its input.
+pub(super) enum Start<'a> {
+    /// A new context.
+    Fresh,
+    /// The previous response's context and output (`known` when the caller holds them).
+    Previous {
+        id: &'a str,
+        known: Option<Vec<Item>>,
+    },
+    /// The items of a conversation.
+    Conversation(&'a str),
+}
+
+impl<'a> Start<'a> {
+    pub(super) fn of(request: &'a ValidRequest, known: Option<Vec<Item>>) -> Start<'a> {
+        match (&request.previous_response_id, &request.params.conversation) {
+            (Some(id), _) => Start::Previous { id, known },
+            (None, Some(conversation)) => Start::Conversation(conversation),
+            (None, None) => Start::Fresh,
+        }
     }
 }
 

@@ -98,6 +98,7 @@ macro_rules! insert_usage_rows {
 pub mod admin;
 mod backend;
 mod compaction;
+pub mod conversations;
 pub mod governance;
 pub mod notify;
 pub mod observe;

@@ -263,7 +263,17 @@ fn create_cases() -> Vec<Case> {
         create("stream a string", with(json!({"stream": "yes"}))).param("stream"),
         create("background a string", with(json!({"background": "x"}))).param("background"),
         create("background without store", with(json!({"background": true, "store": false}))).param("store"),
-        create("conversation", with(json!({"conversation": "conv_1"}))).param("conversation"),
+        create("unknown conversation", with(json!({"conversation": "conv_1"})))
+            .status(404)
+            .param("conversation")
+            .code("conversation_not_found"),
+        create(
+            "conversation with previous_response_id",
+            with(json!({"conversation": "conv_1", "previous_response_id": "{R}"})),
+        )
+        .param("conversation"),
+        create("conversation a number", with(json!({"conversation": 7}))).param("conversation"),
+        create("conversation without id", with(json!({"conversation": {}}))).param("conversation"),
         create("prompt template", with(json!({"prompt": {"id": "pmpt_1"}}))).param("prompt"),
         // tools
         create("tools a string", with(json!({"tools": "x"}))).param("tools"),
@@ -849,6 +859,98 @@ fn public_path_cases() -> Vec<Case> {
     ]
 }
 
+/// The Conversations API: bodies, ids and pages.
+fn conversation_cases() -> Vec<Case> {
+    let post =
+        |name, path: &str, body: Value| case(name, Method::POST, path, Auth::Key, Body::Json(body));
+    vec![
+        case(
+            "conversation no key",
+            Method::POST,
+            "/v1/conversations",
+            Auth::Nothing,
+            Body::None,
+        )
+        .status(401),
+        case(
+            "conversation malformed body",
+            Method::POST,
+            "/v1/conversations",
+            Auth::Key,
+            Body::Raw("{\"items\": [".to_owned()),
+        ),
+        post(
+            "conversation items a string",
+            "/v1/conversations",
+            json!({"items": "x"}),
+        )
+        .param("items"),
+        post(
+            "conversation item without type",
+            "/v1/conversations",
+            json!({"items": [{"content": "x", "extra": 1}]}),
+        )
+        .param("items[0]"),
+        post(
+            "conversation 21 items",
+            "/v1/conversations",
+            json!({"items": vec![json!({"role": "user", "content": "x"}); 21]}),
+        )
+        .param("items"),
+        post(
+            "conversation metadata a list",
+            "/v1/conversations",
+            json!({"metadata": ["x"]}),
+        )
+        .param("metadata"),
+        post(
+            "conversation metadata long key",
+            "/v1/conversations",
+            json!({"metadata": {"k".repeat(65): "v"}}),
+        )
+        .param("metadata"),
+        get("unknown conversation", "/v1/conversations/conv_nope")
+            .status(404)
+            .param("conversation_id")
+            .code("conversation_not_found"),
+        post(
+            "update unknown conversation",
+            "/v1/conversations/conv_nope",
+            json!({"metadata": {}}),
+        )
+        .status(404)
+        .param("conversation_id"),
+        get(
+            "items of unknown conversation",
+            "/v1/conversations/conv_nope/items",
+        )
+        .status(404)
+        .param("conversation_id"),
+        post(
+            "add to unknown conversation",
+            "/v1/conversations/conv_nope/items",
+            json!({"items": []}),
+        )
+        .status(404)
+        .param("conversation_id"),
+        case(
+            "delete unknown conversation",
+            Method::DELETE,
+            "/v1/conversations/conv_nope",
+            Auth::Key,
+            Body::None,
+        )
+        .status(404)
+        .param("conversation_id"),
+        get(
+            "item of unknown conversation",
+            "/v1/conversations/conv_nope/items/msg_1",
+        )
+        .status(404)
+        .param("conversation_id"),
+    ]
+}
+
 fn admin_cases() -> Vec<Case> {
     let long = "p".repeat(300);
     let raw = |s: &str| Body::Raw(s.to_owned());
@@ -1038,6 +1140,9 @@ async fn all_rows(gw: &TestGateway) -> Vec<i64> {
         "group_deployments",
         "group_projects",
         "group_tool_sources",
+        "conversations",
+        "conversation_items",
+        "usage_records",
     ] {
         rows.push(gw.fetch_i64(&format!("SELECT count(*) FROM {table}")).await);
     }
@@ -1123,6 +1228,7 @@ async fn every_bad_input_is_a_precise_openai_error_and_stores_nothing() {
         create_cases(),
         auth_cases(),
         public_path_cases(),
+        conversation_cases(),
         admin_cases(),
     ]
     .into_iter()

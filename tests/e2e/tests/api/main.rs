@@ -13,6 +13,7 @@ mod bad_input;
 mod chaining;
 mod compaction;
 mod console;
+mod conversations;
 mod durability;
 mod embedded;
 mod governance;
