@@ -110,3 +110,15 @@ def test_an_agent_run_on_a_server_side_conversation_id_keeps_its_turns(client: o
     ]
     items = list(client.conversations.items.list(conversation.id, order="asc"))
     assert [item.role for item in items] == ["user", "assistant", "user", "assistant"]
+
+
+def test_the_sdk_counts_input_tokens_without_calling_a_model(client: openai.OpenAI, stack: Stack) -> None:
+    short = client.responses.input_tokens.count(model="mock", input="Hello.")
+    longer = client.responses.input_tokens.count(
+        model="mock",
+        instructions="Answer in one word.",
+        input="Hello there, how are you today? Tell me everything about the weather in Paris.",
+    )
+    assert short.object == "response.input_tokens"
+    assert 0 < short.input_tokens < longer.input_tokens
+    assert stack.model_requests() == []

@@ -137,6 +137,22 @@ pub struct ValidRequest {
 
 /// Validates a parsed body; every error names the offending `param`.
 pub fn validate(body: CreateResponseBody) -> Result<ValidRequest, InvalidRequest> {
+    validate_with(body, true)
+}
+
+/// Validates the body of `POST /v1/responses/input_tokens`: a create's, whose `input` may be left out (the
+/// instructions, tools or context alone are counted) and whose `stream`, `store` and `background` mean nothing.
+pub fn validate_count(mut body: CreateResponseBody) -> Result<ValidRequest, InvalidRequest> {
+    body.stream = None;
+    body.store = None;
+    body.background = None;
+    validate_with(body, false)
+}
+
+fn validate_with(
+    body: CreateResponseBody,
+    input_required: bool,
+) -> Result<ValidRequest, InvalidRequest> {
     let model = match body.model {
         Some(model) if !model.trim().is_empty() => model,
         Some(_) => return Err(InvalidRequest::new("'model' must not be empty.", "model")),
@@ -164,7 +180,11 @@ pub fn validate(body: CreateResponseBody) -> Result<ValidRequest, InvalidRequest
         ));
     }
     let input = parse_input(body.input)?;
-    if input.is_empty() && body.previous_response_id.is_none() && conversation.is_none() {
+    if input_required
+        && input.is_empty()
+        && body.previous_response_id.is_none()
+        && conversation.is_none()
+    {
         return Err(InvalidRequest::new("'input' must not be empty.", "input"));
     }
     if let Some(t) = body.temperature {

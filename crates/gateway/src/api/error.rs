@@ -293,6 +293,11 @@ impl From<EngineError> for ApiError {
                 retryable: true,
                 ..ApiError::server(message)
             },
+            EngineError::CountFailed { message, rejected: true } => ApiError::invalid(message, None, Some("upstream_rejected")),
+            EngineError::CountFailed { message, rejected: false } => ApiError {
+                retryable: true,
+                ..ApiError::server(message)
+            },
             EngineError::ConversationNotFound { id } => ApiError::conversation_not_found(&id, "conversation"),
             EngineError::PreviousNotFound { id } => ApiError::invalid(
                 format!("Previous response with id '{id}' not found."),

@@ -7,6 +7,7 @@ pub mod conversations;
 pub mod error;
 pub mod extract;
 pub mod governance;
+pub mod input_tokens;
 pub mod responses;
 pub mod shared_reads;
 pub mod stream;
@@ -80,6 +81,10 @@ pub fn router(state: AppState, body_limit_bytes: usize) -> Router {
             post(responses::create_response).get(ws::open_socket),
         )
         .route("/v1/responses/compact", post(compact::compact_response))
+        .route(
+            "/v1/responses/input_tokens",
+            post(input_tokens::count_input_tokens),
+        )
         .route(
             "/v1/responses/{response_id}",
             get(responses::get_response).delete(responses::delete_response),

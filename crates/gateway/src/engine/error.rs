@@ -54,6 +54,10 @@ pub enum EngineError {
     /// The model did not give a summary for a compaction; `message` says why, for the client.
     #[error("the compaction's summary failed: {message}")]
     SummaryFailed { message: String },
+    /// The provider could not count a request's input tokens: it refused the request (`rejected`, with its
+    /// words), or failed.
+    #[error("the token count failed: {message}")]
+    CountFailed { message: String, rejected: bool },
     /// `conversation` names no conversation of this project.
     #[error("conversation '{id}' not found")]
     ConversationNotFound { id: String },

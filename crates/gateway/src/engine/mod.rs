@@ -15,6 +15,7 @@ mod accounting;
 mod check;
 mod compact;
 mod conversation;
+mod count;
 mod driver;
 mod error;
 mod journal;

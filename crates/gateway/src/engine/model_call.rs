@@ -39,7 +39,7 @@ impl Engine {
     ) {
         let mut conversation = model_conversation(&run.context, &run.steps[..index]);
         flatten_namespaces(&mut conversation);
-        let tools = offered_tools(run);
+        let tools = offered_tools(&run.record.params.tools, &run.server_tools);
         let request = ModelRequest {
             response_id: &run.record.id,
             params: &run.record.params,
@@ -191,9 +191,12 @@ impl Engine {
 }
 
 /// What the model is offered: the client's tools, then the server tools.
-fn offered_tools(run: &Run) -> Vec<OfferedTool> {
-    let mut tools = offered_client_tools(&run.record.params.tools);
-    tools.extend(run.server_tools.iter().map(|t| OfferedTool {
+pub(super) fn offered_tools(
+    client_tools: &[gateway_core::toolset::DeclaredTool],
+    server_tools: &ServerTools,
+) -> Vec<OfferedTool> {
+    let mut tools = offered_client_tools(client_tools);
+    tools.extend(server_tools.iter().map(|t| OfferedTool {
         name: t.name.clone(),
         description: Some(t.description.clone()),
         input: ToolInput::Json {

@@ -210,7 +210,7 @@ impl Engine {
     /// The server tools the request may use: MCP sources become the tools their servers list now (cached per
     /// source), sources bound to a hosted type serve it only when the request declares it, and declared tools
     /// nothing serves go as the deployment's policy says.
-    async fn tools_for(
+    pub(super) async fn tools_for(
         &self,
         resolution: &Resolution,
         request: &mut ValidRequest,

@@ -2,6 +2,7 @@
 //! retry rule they all share.
 
 mod anthropic;
+pub mod count;
 mod openai_chat;
 mod openai_responses;
 mod sse;
@@ -215,17 +216,77 @@ impl Upstream {
         Ok(output)
     }
 
+    /// The input tokens `request` would cost at `target`, and who counted them: the provider where it has a
+    /// counting endpoint (the call's body sent there, reduced to the fields it takes), this gateway otherwise.
+    pub async fn count_input_tokens(
+        &self,
+        target: &Target,
+        request: &ModelRequest<'_>,
+    ) -> Result<(u64, count::CountedBy), UpstreamError> {
+        let kept: Vec<Item> = request
+            .conversation
+            .iter()
+            .filter(|i| replayed_to(i, target.kind))
+            .cloned()
+            .collect();
+        let request = ModelRequest {
+            conversation: &kept,
+            ..*request
+        };
+        let wire = wire_of(target.kind);
+        let body = (wire.build)(target, &request.input());
+        let (counted_by, endpoint) = count::counting(target.kind, &target.model);
+        let Some((path, fields)) = endpoint else {
+            let count::CountedBy::Local(encoding) = counted_by else {
+                return Ok((0, counted_by));
+            };
+            return Ok((count::count_chat_request(&body, encoding), counted_by));
+        };
+        let body = count::only(body, fields);
+        let url = format!("{}{path}", target.base_url.trim_end_matches('/'));
+        let answer: Value = self
+            .retry
+            .run(
+                |attempt| {
+                    let post = (wire.headers)(
+                        crate::telemetry::with_trace_headers(self.http.post(&url).json(&body)),
+                        target,
+                    )
+                    .timeout(self.whole_answer_timeout());
+                    async move {
+                        let response = self.send(target, post, attempt).await?;
+                        response.json::<Value>().await.map_err(|e| UpstreamError::Transport {
+                            attempts: attempt,
+                            detail: format!("the count's answer is not JSON: {e}"),
+                        })
+                    }
+                },
+                UpstreamError::is_retryable,
+                |attempt, failure, wait| {
+                    tracing::warn!(attempt, deployment = %target.name, error = %failure, wait_ms = wait.as_millis() as u64, "token count failed; retrying");
+                },
+            )
+            .await?;
+        let tokens = answer
+            .get("input_tokens")
+            .and_then(Value::as_u64)
+            .ok_or_else(|| UpstreamError::Transport {
+                attempts: 1,
+                detail: format!(
+                    "the count's answer has no input_tokens: {}",
+                    truncate(&answer.to_string())
+                ),
+            })?;
+        Ok((tokens, counted_by))
+    }
+
     async fn call_provider(
         &self,
         target: &Target,
         request: &ModelRequest<'_>,
         live: Option<Live<'_>>,
     ) -> Result<ModelOutput, UpstreamError> {
-        let wire = match target.kind {
-            ProviderKind::OpenaiChat => &openai_chat::WIRE,
-            ProviderKind::Anthropic => &anthropic::WIRE,
-            ProviderKind::OpenaiResponses => &openai_responses::WIRE,
-        };
+        let wire = wire_of(target.kind);
         let body = (wire.build)(target, &request.input());
         let url = format!("{}{}", target.base_url.trim_end_matches('/'), wire.path);
         // With traces on, the provider gets the model call's span as its parent (SPEC 14).
@@ -373,6 +434,15 @@ struct Wire {
     include_usage: bool,
     /// Reads a streamed answer's events into the normalised answer, passing text on as it arrives.
     read_stream: ReadStream,
+}
+
+/// How `kind` speaks.
+fn wire_of(kind: ProviderKind) -> &'static Wire {
+    match kind {
+        ProviderKind::OpenaiChat => &openai_chat::WIRE,
+        ProviderKind::Anthropic => &anthropic::WIRE,
+        ProviderKind::OpenaiResponses => &openai_responses::WIRE,
+    }
 }
 
 /// The `Authorization: Bearer` of a deployment's key, if it has one.

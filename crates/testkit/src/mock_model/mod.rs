@@ -66,6 +66,8 @@ struct Shared {
     script: Mutex<VecDeque<Reply>>,
     /// Every request received: body (Null if not JSON) and headers.
     received: Mutex<Vec<(Value, Headers)>>,
+    /// Every token-counting request received (Anthropic's `count_tokens`, Responses' `input_tokens`).
+    counted: Mutex<Vec<Value>>,
     /// Woken by every request received.
     arrived: tokio::sync::Notify,
     next_call: AtomicU64,
@@ -76,6 +78,7 @@ impl Shared {
     fn reset(&self) {
         lock(&self.script).clear();
         lock(&self.received).clear();
+        lock(&self.counted).clear();
     }
 }
 
@@ -102,6 +105,8 @@ impl MockModel {
             .route("/v1/chat/completions", answer_in(Api::Chat))
             .route("/v1/messages", answer_in(Api::Anthropic))
             .route("/v1/responses", answer_in(Api::Responses))
+            .route("/v1/messages/count_tokens", count_in(Api::Anthropic))
+            .route("/v1/responses/input_tokens", count_in(Api::Responses))
             .route("/v1/models", get(models))
             .route("/health", get(health))
             .route("/_mock/script", post(push_script))
@@ -146,6 +151,11 @@ impl MockModel {
             .iter()
             .map(|(body, _)| body.clone())
             .collect()
+    }
+
+    /// Every token-counting request body received, in order.
+    pub fn count_requests(&self) -> Vec<Value> {
+        lock(&self.shared.counted).clone()
     }
 
     /// Waits until at least `n` chat completion requests have been received (recorded before they are
@@ -205,6 +215,48 @@ fn answer_in(api: Api) -> MethodRouter<Arc<Shared>> {
             serve(&shared, headers, body, api).await
         },
     )
+}
+
+fn count_in(api: Api) -> MethodRouter<Arc<Shared>> {
+    post(
+        move |State(shared): State<Arc<Shared>>, body: Bytes| async move {
+            let Some(request) = serde_json::from_slice::<Value>(&body)
+                .ok()
+                .filter(Value::is_object)
+            else {
+                return api_error(api, 400, "request body must be a JSON object");
+            };
+            lock(&shared.counted).push(request.clone());
+            let tokens = mock_input_tokens(&request, api == Api::Anthropic);
+            match api {
+                Api::Anthropic => Json(json!({"input_tokens": tokens})).into_response(),
+                _ => Json(json!({"object": "response.input_tokens", "input_tokens": tokens}))
+                    .into_response(),
+            }
+        },
+    )
+}
+
+/// What the mock answers a token count of `request` (an Anthropic Messages body, else a Responses one) with.
+pub fn mock_input_tokens(request: &Value, anthropic: bool) -> u64 {
+    let chat = if anthropic {
+        anthropic::as_chat_request(request)
+    } else {
+        responses::as_chat_request(request)
+    };
+    mock_token_count(&chat)
+}
+
+/// The mock's own token count of a request in Chat's shape: a quarter of the characters of its messages and tools
+/// as JSON, rounded up, plus 3 per message. Deterministic, and changed by every part a model would read.
+fn mock_token_count(chat: &Value) -> u64 {
+    let messages = chat
+        .get("messages")
+        .and_then(Value::as_array)
+        .map_or(&[][..], Vec::as_slice);
+    let tools = chat.get("tools").cloned().unwrap_or(Value::Null);
+    let text = serde_json::to_string(&json!([messages, tools])).unwrap_or_default();
+    (text.len() as u64).div_ceil(4) + 3 * messages.len() as u64
 }
 
 fn api_error(api: Api, status: u16, message: &str) -> Response {

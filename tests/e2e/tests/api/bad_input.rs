@@ -909,6 +909,34 @@ fn conversation_cases() -> Vec<Case> {
             json!({"metadata": {"k".repeat(65): "v"}}),
         )
         .param("metadata"),
+        post(
+            "count without model",
+            "/v1/responses/input_tokens",
+            json!({"input": "x"}),
+        )
+        .param("model")
+        .code("missing_required_parameter"),
+        post(
+            "count a bad input item",
+            "/v1/responses/input_tokens",
+            json!({"model": "mock", "input": [7]}),
+        )
+        .param("input[0]"),
+        post(
+            "count on an unknown conversation",
+            "/v1/responses/input_tokens",
+            json!({"model": "mock", "conversation": "conv_nope"}),
+        )
+        .status(404)
+        .param("conversation"),
+        case(
+            "count no key",
+            Method::POST,
+            "/v1/responses/input_tokens",
+            Auth::Nothing,
+            Body::None,
+        )
+        .status(401),
         get("unknown conversation", "/v1/conversations/conv_nope")
             .status(404)
             .param("conversation_id")

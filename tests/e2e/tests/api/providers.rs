@@ -95,6 +95,86 @@ fn header<'a>(headers: &'a [(String, String)], name: &str) -> Option<&'a str> {
         .map(|(_, v)| v.as_str())
 }
 
+/// `POST /v1/responses/input_tokens` counts what the first model call of the same create sends (instructions,
+/// server and client tools, the chained turn, the input): asked of the provider where it counts (the count
+/// request is the call's body cut to the counting endpoint's fields), counted locally for Chat. Nothing is
+/// stored and no model is called by the count.
+async fn input_tokens_count_what_the_first_call_sends(kind: Kind) {
+    let (gw, tenant) = gateway_of(kind).await;
+    let first = create_ok(
+        &gw,
+        &tenant.key,
+        json!({"model": kind.name(), "instructions": "Be brief.", "input": "Hi"}),
+    )
+    .await;
+    let body = json!({"model": kind.name(), "instructions": "Be brief.", "input": "And now?",
+        "previous_response_id": id_of(&first), "tools": [lookup_tool()]});
+    let (calls, rows) = (gw.model.requests().len(), stored_rows(&gw).await);
+
+    let answer = gw
+        .call(
+            gw.public(Method::POST, "/responses/input_tokens", &tenant.key)
+                .json(&body),
+        )
+        .await;
+    assert_eq!(answer.status.as_u16(), 200, "{:#}", answer.body);
+    assert_eq!(answer.body["object"], "response.input_tokens");
+    let counted = answer.body["input_tokens"].as_u64().expect("input_tokens");
+    let counted_by = answer
+        .headers
+        .get("x-gateway-tokens-counted-by")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_owned();
+    assert_eq!(gw.model.requests().len(), calls, "no model call");
+    assert_eq!(stored_rows(&gw).await, rows, "nothing stored");
+
+    // The create the count stands for: its first model call's body.
+    create_ok(&gw, &tenant.key, body).await;
+    let call = gw.model.requests().last().cloned().expect("the call");
+    match kind {
+        Kind::OpenaiChat => {
+            assert_eq!(counted_by, "local:o200k_base");
+            let local = gateway::upstream::count::count_chat_request(
+                &call,
+                gateway::upstream::count::Encoding::O200kBase,
+            );
+            assert_eq!(counted, local);
+            assert!(counted > 20, "{counted}");
+        }
+        Kind::Anthropic | Kind::OpenaiResponses => {
+            assert_eq!(counted_by, "provider");
+            let [count_request] = gw
+                .model
+                .count_requests()
+                .try_into()
+                .expect("one count request");
+            let object = count_request.as_object().expect("object");
+            for (field, value) in object {
+                assert_eq!(&call[field], value, "{field} as the call sends it");
+            }
+            let read = ["model", "tools"]
+                .into_iter()
+                .chain(if kind == Kind::Anthropic {
+                    ["messages", "system"]
+                } else {
+                    ["input", "instructions"]
+                });
+            for field in read {
+                assert!(
+                    object.contains_key(field),
+                    "{field} missing from {count_request:#}"
+                );
+            }
+            assert!(!object.contains_key("stream") && !object.contains_key("max_tokens"));
+            assert_eq!(
+                counted,
+                gateway_testkit::mock_input_tokens(&count_request, kind == Kind::Anthropic)
+            );
+        }
+    }
+}
+
 /// One `mod` per provider kind, each with one test per scenario calling `scenario(kind)`.
 macro_rules! generate_provider_tests {
     (kinds: [$($module:ident => $kind:expr),* $(,)?], scenarios: $scenarios:tt) => {
@@ -125,6 +205,7 @@ generate_provider_tests! {
         a_streamed_tool_round_equals_the_whole_one,
         an_overloaded_upstream_is_retried_and_a_400_is_passed_on,
         an_error_event_mid_stream_fails_the_streamed_response,
+        input_tokens_count_what_the_first_call_sends,
     ]
 }
 
