@@ -25,6 +25,7 @@ pub mod response;
 pub mod steps;
 pub mod toolset;
 pub mod walk;
+pub mod webhook;
 
 #[cfg(test)]
 mod test_support;

@@ -27,6 +27,7 @@ pub struct Config {
     pub compaction: CompactionConfig,
     pub governance: GovernanceConfig,
     pub telemetry: TelemetryConfig,
+    pub webhooks: WebhooksConfig,
     /// Entities created or updated at start-up, idempotently.
     pub seed: SeedConfig,
 }
@@ -211,6 +212,30 @@ pub struct GovernanceConfig {
     /// How often the usage of `store: false` responses is written, in one batch.
     #[default(100)]
     pub usage_flush_ms: u64,
+}
+
+/// Webhook deliveries (SPEC 15): at least once, from the `webhook_deliveries` outbox, by any replica.
+#[derive(Debug, Clone, Serialize, Deserialize, SmartDefault)]
+#[serde(deny_unknown_fields, default)]
+pub struct WebhooksConfig {
+    /// How long one try may take, connection and answer included.
+    #[default(10_000)]
+    pub timeout_ms: u64,
+    /// Tries of a delivery before it is given up as `failed`.
+    #[default(10)]
+    pub max_attempts: u32,
+    /// The wait before the second try; each further wait is four times the last, up to `max_backoff_ms`.
+    #[default(1_000)]
+    pub backoff_ms: u64,
+    #[default(3_600_000)]
+    pub max_backoff_ms: u64,
+    /// How long a replica holds a delivery it took (by the database's clock); one that stopped mid-try loses it
+    /// after this, and another replica tries again with the same `webhook-id`.
+    #[default(30_000)]
+    pub lock_ms: u64,
+    /// How often each replica looks for deliveries that are due.
+    #[default(500)]
+    pub poll_ms: u64,
 }
 
 /// OpenTelemetry traces (SPEC 14): off unless an endpoint is set.

@@ -19,6 +19,7 @@ pub mod store;
 pub mod telemetry;
 pub mod tools;
 pub mod upstream;
+pub mod webhooks;
 
 pub use app::Application;
 pub use config::Config;

@@ -6,7 +6,8 @@
 //! `tool_calls_total{tool,source,outcome}`,
 //! `tool_call_duration_seconds{tool,source}`, `tool_breaker_open{tool}`, `tool_calls_waiting{tool}`, `loop_model_calls{status}` (model calls per response),
 //! `responses_total{status}`, `active_streams`, `store_duration_seconds{op}`, `responses_refused_total{reason}`,
-//! `responses_resumed_total{reason}`, `leases_taken_over_total`, `queue_depth`, `queue_oldest_age_seconds`.
+//! `responses_resumed_total{reason}`, `leases_taken_over_total`, `queue_depth`, `queue_oldest_age_seconds`,
+//! `webhook_tries_total{outcome}`.
 
 use std::sync::OnceLock;
 use std::time::Instant;
@@ -151,6 +152,11 @@ fn usage_handles(project: &str, deployment: &str) -> std::sync::Arc<UsageHandles
         .or_default()
         .insert(deployment.to_owned(), std::sync::Arc::clone(&handles));
     handles
+}
+
+/// One try of a webhook delivery ended (`delivered`, `failed`, `given_up`, `not_yet`, `superseded`).
+pub fn webhook_try(outcome: &'static str) {
+    metrics::counter!("gateway_webhook_tries_total", "outcome" => outcome).increment(1);
 }
 
 /// A response ended with `status` after these steps.

@@ -3,6 +3,7 @@
 //! * [`mock_model`] — a scripted mock of the OpenAI Chat Completions API ([`MockModel`]).
 //! * [`tool_server`] — an example tool server with deterministic tools ([`ToolServer`]).
 //! * [`otlp_receiver`] — an OTLP/HTTP trace receiver that keeps the spans it is sent ([`OtlpReceiver`]).
+//! * [`webhook_receiver`] — a webhook receiver that keeps what it is sent and answers as scripted ([`WebhookReceiver`]).
 //! * [`fault_proxy`] — a TCP proxy that cuts connections at random moments, for fault injection ([`FaultProxy`]).
 //! * `scratch` (feature `scratch`) — a fresh database per test, Postgres or an embedded-store file.
 //!
@@ -21,6 +22,7 @@ pub mod otlp_receiver;
 pub mod scratch;
 mod server;
 pub mod tool_server;
+pub mod webhook_receiver;
 
 pub use fault_proxy::FaultProxy;
 pub use mcp_server::McpServer;
@@ -29,6 +31,7 @@ pub use otlp_receiver::{OtlpReceiver, ReceivedSpan};
 pub use tool_server::{
     misbehaving_tool_definitions, tool_definitions, RecordedCall, ToolDefinition, ToolServer,
 };
+pub use webhook_receiver::{ReceivedWebhook, WebhookAnswer, WebhookReceiver};
 
 /// Installs a `tracing-subscriber` fmt logger on stderr filtered by `RUST_LOG` (default `info`),
 /// for the binaries; stdout is kept for the readiness line ([`announce`]). Does nothing if a

@@ -26,17 +26,38 @@ impl Engine {
         let Some(conversation_id) = run.record.params.conversation.as_deref() else {
             return Ok(());
         };
+        let appended = self
+            .while_leased(run, "appending to a conversation", || async {
+                match self.append_once(run, conversation_id, handed_back).await {
+                    Ok(()) | Err(AppendError::TakenId(_)) => Ok(true),
+                    Err(AppendError::NotFound) => Ok(false),
+                    Err(AppendError::Store(failure)) => Err(failure),
+                }
+            })
+            .await?;
+        if !appended {
+            tracing::warn!(response.id = %run.record.id, conversation.id = %conversation_id, "the conversation was deleted while the response ran; its turn is not kept");
+        }
+        Ok(())
+    }
+
+    /// Runs `attempt` until it succeeds or fails for good: a store that fails for a moment is tried again, with
+    /// backoff, for as long as the run's lease lasts.
+    async fn while_leased<T, Fut>(
+        &self,
+        run: &Run,
+        what: &str,
+        mut attempt: impl FnMut() -> Fut,
+    ) -> Result<T, StoreError>
+    where
+        Fut: std::future::Future<Output = Result<T, StoreError>>,
+    {
         let give_up_at = tokio::time::Instant::now() + self.replica.lease;
         let mut waits = RetryPolicy::new(u32::MAX, STORE_RETRY_BASE_MS).waits();
         loop {
-            let failure = match self.append_once(run, conversation_id, handed_back).await {
-                Ok(()) => return Ok(()),
-                Err(AppendError::NotFound) => {
-                    tracing::warn!(response.id = %run.record.id, conversation.id = %conversation_id, "the conversation was deleted while the response ran; its turn is not kept");
-                    return Ok(());
-                }
-                Err(AppendError::TakenId(_)) => return Ok(()),
-                Err(AppendError::Store(failure)) => failure,
+            let failure = match attempt().await {
+                Ok(done) => return Ok(done),
+                Err(failure) => failure,
             };
             let wait = waits.next().filter(|wait| {
                 failure.is_transient() && tokio::time::Instant::now() + *wait < give_up_at
@@ -44,7 +65,7 @@ impl Engine {
             let Some(wait) = wait else {
                 return Err(failure);
             };
-            tracing::warn!(response.id = %run.record.id, error = %failure, "appending to a conversation failed; trying again");
+            tracing::warn!(response.id = %run.record.id, error = %failure, "{what} failed; trying again");
             tokio::time::sleep(wait).await;
         }
     }
@@ -91,5 +112,34 @@ impl Engine {
             )
             .await
             .map(drop)
+    }
+}
+
+impl Engine {
+    /// Queues the webhook event of a background response's ending for the project's endpoints that want it;
+    /// whether any was queued. A store that fails for a moment is tried again for as long as the lease lasts.
+    pub(super) async fn queue_webhook_event(&self, run: &Run) -> Result<bool, StoreError> {
+        use gateway_core::webhook::{event_id, event_payload, WebhookEvent};
+        if !run.record.background {
+            return Ok(false);
+        }
+        let Some(event) = WebhookEvent::of_status(run.record.status()) else {
+            return Ok(false);
+        };
+        let id = event_id(&run.record.id, event);
+        let payload = event_payload(&id, event, now(), &run.record.id);
+        let queued = self
+            .while_leased(run, "queueing a webhook event", || {
+                self.store.enqueue_webhook_event(
+                    &run.project_id,
+                    &run.record.id,
+                    &id,
+                    event.as_str(),
+                    &payload,
+                    now(),
+                )
+            })
+            .await?;
+        Ok(queued > 0)
     }
 }

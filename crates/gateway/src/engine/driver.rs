@@ -315,8 +315,14 @@ impl Engine {
             // appends again, and what is there already is skipped.
             self.append_to_conversation(run, handed_back).await?;
         }
+        // Likewise before the ending: its event is queued once whoever writes the ending, and delivered only once
+        // the ending is there to be read.
+        let queued_events = self.queue_webhook_event(run).await?;
         // Clients see this ending: it waits for the disk, and so makes every earlier write durable too.
         self.write(run, Durability::Flush).await?;
+        if queued_events {
+            self.deliverer.wake();
+        }
         let finished = Finished {
             record: run.record.clone(),
             output: render_output(&run.steps, handed_back),

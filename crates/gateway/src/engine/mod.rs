@@ -79,6 +79,8 @@ pub struct Engine {
     sealer: Arc<crate::compaction::Sealer>,
     /// Limits, budgets and usage (SPEC 13).
     governor: Arc<Governor>,
+    /// Delivers the webhook events of background responses (SPEC 15).
+    deliverer: crate::webhooks::Deliverer,
 }
 
 /// A create let through governance: who pays for it, and its places under `max_concurrent` limits.
@@ -225,6 +227,8 @@ impl Engine {
                 store.clone(),
                 &config.compaction,
             )),
+            deliverer: crate::webhooks::Deliverer::new(store.clone(), config.webhooks.clone())
+                .map_err(StartError::http_client("webhooks"))?,
             store,
         })
     }

@@ -1,7 +1,8 @@
 //! The replica's duties besides serving requests: it beats (keeping its lease on the responses it drives), takes
 //! what needs a replica (queued background responses nobody took, the responses of a replica that stopped
 //! beating, whatever an earlier process left unfinished), hears the other replicas (Postgres `LISTEN`), and on
-//! shutdown lets its runs finish within the grace, then hands the rest over at once.
+//! shutdown lets its runs finish within the grace, then hands the rest over at once. It also delivers webhooks
+//! from the outbox (`crate::webhooks`).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -44,6 +45,7 @@ impl Worker {
         let mut tasks = vec![
             tokio::spawn(beat(engine.clone(), ownership.clone())),
             tokio::spawn(claim(engine.clone(), ownership.clone())),
+            tokio::spawn(engine.deliverer.clone().run()),
         ];
         if let Some(listener) = engine.store.listen() {
             tasks.push(tokio::spawn(listen(engine.clone(), listener)));

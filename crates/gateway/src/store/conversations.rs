@@ -132,25 +132,13 @@ impl Store {
         id: &str,
     ) -> Result<bool, StoreError> {
         let _timer = self.timed("delete_conversation");
-        let deleted = with_pool!(self, |pool| {
-            let mut tx = pool.begin().await?;
-            let deleted =
-                sqlx::query("DELETE FROM conversations WHERE id = $1 AND project_id = $2")
-                    .bind(id)
-                    .bind(project_id)
-                    .execute(&mut *tx)
-                    .await?
-                    .rows_affected();
-            // The foreign key cascades on Postgres; SQLite only when its connection enforces keys.
-            sqlx::query("DELETE FROM conversation_items WHERE conversation_id = $1 AND $2 > 0")
-                .bind(id)
-                .bind(deleted as i64)
-                .execute(&mut *tx)
-                .await?;
-            tx.commit().await?;
-            Ok::<_, sqlx::Error>(deleted)
-        })?;
-        Ok(deleted > 0)
+        self.delete_with_children(
+            "DELETE FROM conversations WHERE id = $1 AND project_id = $2",
+            "DELETE FROM conversation_items WHERE conversation_id = $1",
+            id,
+            project_id,
+        )
+        .await
     }
 
     /// Every item of a conversation of `project_id`, in order, as stored; `None` when there is no such

@@ -106,6 +106,7 @@ pub mod ownership;
 pub mod responses;
 pub mod stored_tools;
 pub mod tenancy;
+pub mod webhooks;
 
 use sqlx::migrate::Migrator;
 use sqlx::postgres::PgPool;
@@ -251,6 +252,36 @@ pub struct Store {
 }
 
 impl Store {
+    /// Deletes row `id` of `project_id` with `delete_row` (`$1` the id, `$2` the project) and, when it was there,
+    /// its children with `delete_children` (`$1` the id), in one transaction: the foreign keys cascade on
+    /// Postgres, and on SQLite only when its connection enforces them. Whether the row was there.
+    async fn delete_with_children(
+        &self,
+        delete_row: &str,
+        delete_children: &str,
+        id: &str,
+        project_id: &str,
+    ) -> Result<bool, StoreError> {
+        let deleted = with_pool!(self, |pool| {
+            let mut tx = pool.begin().await?;
+            let deleted = sqlx::query(delete_row)
+                .bind(id)
+                .bind(project_id)
+                .execute(&mut *tx)
+                .await?
+                .rows_affected();
+            if deleted > 0 {
+                sqlx::query(delete_children)
+                    .bind(id)
+                    .execute(&mut *tx)
+                    .await?;
+            }
+            tx.commit().await?;
+            Ok::<_, sqlx::Error>(deleted)
+        })?;
+        Ok(deleted > 0)
+    }
+
     /// Connects to `url` with a bounded pool: `postgres://` or `postgresql://` selects Postgres, `sqlite:` the
     /// embedded store (created if missing, with its directory).
     pub async fn connect(url: &str, max_connections: u32) -> Result<Store, StoreError> {

@@ -35,4 +35,5 @@ mod tool_types;
 mod upstream;
 mod upstream_rejected;
 mod validation;
+mod webhooks;
 mod websocket;

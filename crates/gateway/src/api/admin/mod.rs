@@ -141,6 +141,7 @@ mod tool_calls;
 mod tool_health;
 mod tool_sources;
 mod usage;
+mod webhooks;
 
 use axum::extract::{FromRequest, Request, State};
 use axum::http::{Method, StatusCode, Uri};
@@ -192,6 +193,18 @@ pub fn routes(state: AppState) -> Router<AppState> {
         .route(
             "/projects/{project_id}/api_keys",
             get(api_keys::list_api_keys).post(api_keys::create_api_key),
+        )
+        .route(
+            "/projects/{project_id}/webhooks",
+            get(webhooks::list_webhooks).post(webhooks::create_webhook),
+        )
+        .route(
+            "/projects/{project_id}/webhooks/{webhook_id}",
+            axum::routing::delete(webhooks::delete_webhook),
+        )
+        .route(
+            "/projects/{project_id}/webhooks/{webhook_id}/deliveries",
+            get(webhooks::list_deliveries),
         )
         .route(
             "/api_keys/{key_id}",
