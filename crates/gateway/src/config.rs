@@ -230,7 +230,8 @@ pub struct WebhooksConfig {
     #[default(3_600_000)]
     pub max_backoff_ms: u64,
     /// How long a replica holds a delivery it took (by the database's clock); one that stopped mid-try loses it
-    /// after this, and another replica tries again with the same `webhook-id`.
+    /// after this, and another replica tries again with the same `webhook-id`. At least `timeout_ms` + 1 s is
+    /// used, so that a try ends before its lock lapses.
     #[default(30_000)]
     pub lock_ms: u64,
     /// How often each replica looks for deliveries that are due.

@@ -92,7 +92,12 @@ impl Deliverer {
     pub async fn run(self) {
         let poll = Duration::from_millis(self.config.poll_ms.max(10));
         loop {
-            let lock_ms = i64::try_from(self.config.lock_ms).unwrap_or(i64::MAX);
+            // A try must end before its lock lapses, or another replica would send it again meanwhile.
+            let lock = self
+                .config
+                .lock_ms
+                .max(self.config.timeout_ms.saturating_add(1_000));
+            let lock_ms = i64::try_from(lock).unwrap_or(i64::MAX);
             match self.store.take_due_deliveries(BATCH, lock_ms).await {
                 Ok(due) if !due.is_empty() => {
                     let full = due.len() as i64 == BATCH;

@@ -19,6 +19,7 @@ use serde_json::{json, Value};
 const SETTINGS: &[(&str, &str)] = &[
     ("GATEWAY__WEBHOOKS__POLL_MS", "20"),
     ("GATEWAY__WEBHOOKS__LOCK_MS", "1500"),
+    ("GATEWAY__WEBHOOKS__TIMEOUT_MS", "400"),
     ("GATEWAY__WEBHOOKS__BACKOFF_MS", "20"),
 ];
 
