@@ -32,37 +32,88 @@ pub fn build_request(
     let (params, conversation, tools) = (input.params, input.conversation, input.tools);
     let mut body = Map::new();
     body.insert("model".into(), json!(upstream_model));
+    let max_tokens = params.max_output_tokens.unwrap_or(default_max_tokens);
+    let thinking = thinking_budget(params.reasoning.as_ref());
+    // Thinking counts against `max_tokens`: it is raised by the budget, so the answer keeps the room asked for.
     body.insert(
         "max_tokens".into(),
-        json!(params.max_output_tokens.unwrap_or(default_max_tokens)),
+        json!(max_tokens.saturating_add(thinking.unwrap_or(0))),
     );
-    let (system, messages) = messages(params.instructions.as_deref(), conversation);
+    if let Some(budget) = thinking {
+        body.insert(
+            "thinking".into(),
+            json!({"type": "enabled", "budget_tokens": budget}),
+        );
+    }
+    let (system, mut messages) = messages(params.instructions.as_deref(), conversation);
     if !system.is_empty() {
         body.insert("system".into(), json!(system));
     }
+    mark_cache_breakpoint(
+        messages
+            .last_mut()
+            .and_then(|m| m["content"].as_array_mut()),
+    );
     body.insert("messages".into(), Value::Array(messages));
     if !tools.is_empty() {
-        body.insert(
-            "tools".into(),
-            Value::Array(tools.iter().map(anthropic_tool).collect()),
-        );
-        let choice = tool_choice(
+        let mut declared: Vec<Value> = tools.iter().map(anthropic_tool).collect();
+        mark_cache_breakpoint(Some(&mut declared));
+        body.insert("tools".into(), Value::Array(declared));
+        let mut choice = tool_choice(
             &model_tool_choice(&params.tool_choice, tools),
             params.parallel_tool_calls,
         );
+        // With thinking on, Anthropic refuses a forced tool: the model chooses (listed as ignored).
+        if thinking.is_some() && matches!(choice["type"].as_str(), Some("any" | "tool")) {
+            choice["type"] = json!("auto");
+            if let Some(map) = choice.as_object_mut() {
+                map.remove("name");
+            }
+        }
         body.insert("tool_choice".into(), choice);
     }
-    if let Some(t) = params.temperature {
-        body.insert("temperature".into(), json!(t));
-    }
-    if let Some(p) = params.top_p {
-        body.insert("top_p".into(), json!(p));
+    // Thinking takes neither a temperature nor a `top_p` of the client's (listed as ignored).
+    if thinking.is_none() {
+        if let Some(t) = params.temperature {
+            body.insert("temperature".into(), json!(t));
+        }
+        if let Some(p) = params.top_p {
+            body.insert("top_p".into(), json!(p));
+        }
     }
     // Anthropic's one per-user field: an opaque id of the end user, for abuse detection.
     if let Some(user) = params.safety_identifier.as_ref().or(params.user.as_ref()) {
         body.insert("metadata".into(), json!({"user_id": user}));
     }
     Value::Object(body)
+}
+
+/// Prompt caching (`docs/behaviour.md`, "Providers"): a breakpoint on the last tool and on the last block of the
+/// newest message, so that each model call of a loop reads what the call before it wrote (Anthropic finds the
+/// earlier breakpoint's prefix among the blocks before a new one) and writes its own prefix for the next. Two of
+/// the four breakpoints Anthropic allows; a prompt under the model's minimum is not cached and costs nothing more.
+fn mark_cache_breakpoint(blocks: Option<&mut Vec<Value>>) {
+    let last = blocks.and_then(|blocks| {
+        blocks
+            .iter_mut()
+            .rev()
+            .find(|b| !matches!(b["type"].as_str(), Some("thinking" | "redacted_thinking")))
+    });
+    if let Some(Value::Object(block)) = last {
+        block.insert("cache_control".into(), json!({"type": "ephemeral"}));
+    }
+}
+
+/// The extended-thinking budget of a `reasoning.effort` (`docs/behaviour.md`, "Providers"): `minimal` and `low`
+/// 1,024 tokens (Anthropic's least), `medium` 4,096, `high` 16,384, `xhigh` 32,768; none for `none` or no effort.
+pub fn thinking_budget(reasoning: Option<&Value>) -> Option<u32> {
+    match reasoning?.get("effort")?.as_str()? {
+        "minimal" | "low" => Some(1_024),
+        "medium" => Some(4_096),
+        "high" => Some(16_384),
+        "xhigh" => Some(32_768),
+        _ => None,
+    }
 }
 
 fn anthropic_tool(tool: &OfferedTool) -> Value {

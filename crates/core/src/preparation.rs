@@ -5,12 +5,14 @@
 use std::collections::{BTreeSet, HashMap};
 
 use crate::context::PairingError;
+use crate::entity::ProviderKind;
 use crate::items::{InputItem, McpCallItem};
 use crate::request::ResponseParams;
 use crate::toolset::{
     forced_tool_name, unserved_tools, DeclaredTool, UnsupportedTools, IGNORED_TOOLS_KEY,
 };
 use crate::Item;
+use serde_json::Value;
 
 /// Why a request is refused before anything runs. Each names the offending tool or input by its index.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -189,6 +191,82 @@ pub fn apply_unsupported_tools(
             Ok(Some(listed))
         }
     }
+}
+
+/// The `metadata` key that lists the create parameters the deployment's provider kind could not honour.
+pub const IGNORED_PARAMS_KEY: &str = "gateway_ignored_params";
+
+/// The parameters `params` sets that a deployment of `kind` does not honour: sent nowhere, or not as asked
+/// (`docs/behaviour.md`, "Request fields", has the table these follow).
+pub fn ignored_params(kind: ProviderKind, params: &ResponseParams) -> Vec<&'static str> {
+    let reasoning_summary = params
+        .reasoning
+        .as_ref()
+        .and_then(|r| r.get("summary"))
+        .is_some_and(|s| !s.is_null());
+    let mut ignored = Vec::new();
+    match kind {
+        ProviderKind::OpenaiResponses => {}
+        ProviderKind::OpenaiChat => {
+            if reasoning_summary {
+                ignored.push("reasoning.summary");
+            }
+        }
+        ProviderKind::Anthropic => {
+            let format = params.text.pointer("/format/type").and_then(Value::as_str);
+            if format.is_some_and(|f| f != "text") {
+                ignored.push("text.format");
+            }
+            if params.text.get("verbosity").is_some_and(|v| !v.is_null()) {
+                ignored.push("text.verbosity");
+            }
+            if reasoning_summary {
+                ignored.push("reasoning.summary");
+            }
+            if params.top_logprobs.is_some_and(|n| n > 0) {
+                ignored.push("top_logprobs");
+            }
+            if params.prompt_cache_key.is_some() {
+                ignored.push("prompt_cache_key");
+            }
+            if params.service_tier.is_some() {
+                ignored.push("service_tier");
+            }
+            if crate::anthropic::thinking_budget(params.reasoning.as_ref()).is_some() {
+                if params.temperature.is_some() {
+                    ignored.push("temperature");
+                }
+                if params.top_p.is_some() {
+                    ignored.push("top_p");
+                }
+                let forced = match &params.tool_choice {
+                    Value::String(mode) => mode == "required",
+                    Value::Object(choice) => {
+                        choice.get("type").and_then(Value::as_str) != Some("auto")
+                    }
+                    _ => false,
+                };
+                if forced && !params.tools.is_empty() {
+                    ignored.push("tool_choice");
+                }
+            }
+        }
+    }
+    ignored
+}
+
+/// Lists the parameters a deployment of `kind` does not honour under `metadata.gateway_ignored_params`
+/// (comma-separated); what was listed, if anything.
+pub fn apply_ignored_params(params: &mut ResponseParams, kind: ProviderKind) -> Option<String> {
+    let ignored = ignored_params(kind, params);
+    if ignored.is_empty() {
+        return None;
+    }
+    let listed = ignored.join(",");
+    params
+        .metadata
+        .insert(IGNORED_PARAMS_KEY.to_owned(), listed.clone());
+    Some(listed)
 }
 
 /// The ids of stored items the input names (`item_reference`s and hosted calls sent back), to be looked up.

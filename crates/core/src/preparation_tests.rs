@@ -329,3 +329,51 @@ fn a_pairing_error_names_the_input_item_or_else_the_whole_input() {
         assert_eq!(pairing_param(&error, first_new), expected, "{error:?}");
     }
 }
+
+#[test]
+fn parameters_a_kind_cannot_honour_are_listed_under_the_metadata() {
+    let mut params = ResponseParams {
+        text: json!({"format": {"type": "json_schema", "name": "x", "schema": {}}, "verbosity": "low"}),
+        reasoning: Some(json!({"effort": "high", "summary": "auto"})),
+        top_logprobs: Some(2),
+        prompt_cache_key: Some("k".into()),
+        service_tier: Some("flex".into()),
+        temperature: Some(0.3),
+        top_p: Some(0.9),
+        ..params(&[function("f")], json!("required"))
+    };
+    assert_eq!(
+        ignored_params(ProviderKind::Anthropic, &params),
+        [
+            "text.format",
+            "text.verbosity",
+            "reasoning.summary",
+            "top_logprobs",
+            "prompt_cache_key",
+            "service_tier",
+            "temperature",
+            "top_p",
+            "tool_choice"
+        ]
+    );
+    assert_eq!(
+        ignored_params(ProviderKind::OpenaiChat, &params),
+        ["reasoning.summary"]
+    );
+    assert!(ignored_params(ProviderKind::OpenaiResponses, &params).is_empty());
+    // Without thinking, Anthropic takes the sampling parameters and a forced tool.
+    params.reasoning = None;
+    assert!(!ignored_params(ProviderKind::Anthropic, &params).contains(&"temperature"));
+    assert!(!ignored_params(ProviderKind::Anthropic, &params).contains(&"tool_choice"));
+    // What is listed lands in the metadata; a request that sets nothing unhonoured gets no key.
+    let listed = apply_ignored_params(&mut params, ProviderKind::OpenaiChat);
+    assert_eq!(listed, None);
+    let listed = apply_ignored_params(&mut params, ProviderKind::Anthropic);
+    assert_eq!(params.metadata.get(IGNORED_PARAMS_KEY), listed.as_ref());
+    let mut plain = ResponseParams::default();
+    assert_eq!(
+        apply_ignored_params(&mut plain, ProviderKind::Anthropic),
+        None
+    );
+    assert!(plain.metadata.is_empty());
+}

@@ -26,7 +26,9 @@ pub mod webhook_receiver;
 
 pub use fault_proxy::FaultProxy;
 pub use mcp_server::McpServer;
-pub use mock_model::{mock_input_tokens, Call, MockModel, Reply, ReplySpec, StreamMode};
+pub use mock_model::{
+    anthropic_prompt_cache_usage, mock_input_tokens, Call, MockModel, Reply, ReplySpec, StreamMode,
+};
 pub use otlp_receiver::{OtlpReceiver, ReceivedSpan};
 pub use tool_server::{
     misbehaving_tool_definitions, tool_definitions, RecordedCall, ToolDefinition, ToolServer,

@@ -63,10 +63,11 @@ fn a_whole_request_has_system_max_tokens_tools_and_alternating_turns() {
                 {"role": "user", "content": [
                     {"type": "tool_result", "tool_use_id": "toolu_1", "content": "{\"temp\":21}"},
                     {"type": "tool_result", "tool_use_id": "toolu_2", "content": "{\"error\":{\"message\":\"timed out\"}}", "is_error": true},
-                    {"type": "text", "text": "And tomorrow?"}]}
+                    {"type": "text", "text": "And tomorrow?", "cache_control": {"type": "ephemeral"}}]}
             ],
             "tools": [{"name": "get_weather", "description": "Weather by city",
-                       "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}}}],
+                       "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}},
+                       "cache_control": {"type": "ephemeral"}}],
             "tool_choice": {"type": "auto"}
         })
     );
@@ -81,6 +82,51 @@ fn max_tokens_comes_from_the_request_when_it_sets_one() {
     let body = build_request("m", 1024, &model_input(&params, &items(json!([])), &[]));
     assert_eq!(body["max_tokens"], 77);
     assert!(body.get("system").is_none() && body.get("tools").is_none());
+}
+
+#[test]
+fn reasoning_effort_is_extended_thinking_with_room_for_its_budget() {
+    for (effort, budget) in [
+        ("minimal", 1_024),
+        ("low", 1_024),
+        ("medium", 4_096),
+        ("high", 16_384),
+    ] {
+        let params = ResponseParams {
+            reasoning: Some(json!({"effort": effort})),
+            max_output_tokens: Some(500),
+            temperature: Some(0.2),
+            top_p: Some(0.5),
+            tool_choice: json!("required"),
+            ..ResponseParams::default()
+        };
+        let body = build_request(
+            "m",
+            1024,
+            &model_input(&params, &items(json!([])), &[weather()]),
+        );
+        assert_eq!(
+            body["thinking"],
+            json!({"type": "enabled", "budget_tokens": budget}),
+            "{effort}"
+        );
+        assert_eq!(body["max_tokens"], 500 + budget, "{effort}");
+        // Anthropic refuses these with thinking on: they are not sent (and the response lists them as ignored).
+        assert!(
+            body.get("temperature").is_none() && body.get("top_p").is_none(),
+            "{body:#}"
+        );
+        assert_eq!(body["tool_choice"], json!({"type": "auto"}));
+    }
+    let plain = ResponseParams {
+        reasoning: Some(json!({"effort": "none"})),
+        temperature: Some(0.2),
+        ..ResponseParams::default()
+    };
+    let body = build_request("m", 1024, &model_input(&plain, &items(json!([])), &[]));
+    assert!(body.get("thinking").is_none());
+    assert_eq!(body["max_tokens"], 1024);
+    assert_eq!(body["temperature"], 0.2);
 }
 
 #[test]
@@ -132,7 +178,7 @@ fn mcp_calls_pair_with_their_own_results_and_odd_arguments_are_wrapped() {
         json!([
             {"role": "user", "content": [{"type": "text", "text": "go"}]},
             {"role": "assistant", "content": [{"type": "tool_use", "id": "call_a", "name": "add", "input": {"input": [1, 2]}}]},
-            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "call_a", "content": "3"}]}
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "call_a", "content": "3", "cache_control": {"type": "ephemeral"}}]}
         ])
     );
 }

@@ -12,8 +12,8 @@ use gateway_core::events::Event;
 use gateway_core::items::InputItem;
 use gateway_core::output::render_output;
 use gateway_core::preparation::{
-    apply_unsupported_tools, check_remote_names, check_tools, pairing_param, referenced_ids,
-    resolve_input,
+    apply_ignored_params, apply_unsupported_tools, check_remote_names, check_tools, pairing_param,
+    referenced_ids, resolve_input,
 };
 use gateway_core::request::{ResponseParams, ValidRequest};
 use gateway_core::response::{ResponseRecord, ResponseState};
@@ -221,6 +221,10 @@ impl Engine {
         let policy = resolution.deployment.unsupported_tools;
         if let Some(listed) = apply_unsupported_tools(&mut request.params, &served, policy)? {
             tracing::info!(model = %request.model, tools.ignored = %listed, "tools of types nothing serves are left out");
+        }
+        let kind = resolution.deployment.provider_kind;
+        if let Some(listed) = apply_ignored_params(&mut request.params, kind) {
+            tracing::info!(model = %request.model, params.ignored = %listed, provider = kind.as_str(), "parameters the provider kind cannot honour are left out");
         }
         Ok(server_tools)
     }

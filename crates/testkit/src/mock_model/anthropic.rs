@@ -180,3 +180,60 @@ fn block_text(content: &Value) -> String {
         _ => String::new(),
     }
 }
+
+/// Anthropic's usage of `request` with prompt caching: `(input, cache written, cache read)`, by the mock's token
+/// count (a quarter of the characters of the blocks as JSON, rounded up). The blocks run tools, then system, then
+/// each message's content blocks; a hit is the longest prefix ending at a block boundary that an earlier request
+/// wrote; a request writes the prefixes up to each of its `cache_control` breakpoints (`cache`).
+pub(crate) fn cache_usage(
+    request: &Value,
+    cache: &mut std::collections::HashSet<u64>,
+) -> (u64, u64, u64) {
+    use std::hash::{Hash, Hasher};
+    let mut blocks: Vec<(String, bool)> = Vec::new();
+    let mut push = |block: &Value| {
+        let breakpoint = block.get("cache_control").is_some();
+        let mut plain = block.clone();
+        if let Some(map) = plain.as_object_mut() {
+            map.remove("cache_control");
+        }
+        blocks.push((plain.to_string(), breakpoint));
+    };
+    for tool in request["tools"].as_array().into_iter().flatten() {
+        push(tool);
+    }
+    match &request["system"] {
+        Value::String(text) => push(&json!({"type": "text", "text": text})),
+        Value::Array(parts) => parts.iter().for_each(&mut push),
+        _ => {}
+    }
+    for message in request["messages"].as_array().into_iter().flatten() {
+        match &message["content"] {
+            Value::String(text) => {
+                push(&json!({"role": message["role"], "type": "text", "text": text}))
+            }
+            Value::Array(parts) => parts.iter().for_each(&mut push),
+            _ => {}
+        }
+    }
+    let tokens = |chars: usize| (chars as u64).div_ceil(4);
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    let (mut chars, mut read, mut written_to) = (0usize, 0u64, 0u64);
+    let mut writes = Vec::new();
+    for (text, breakpoint) in &blocks {
+        text.hash(&mut hasher);
+        chars += text.len();
+        let prefix = hasher.finish();
+        if cache.contains(&prefix) {
+            read = tokens(chars);
+        }
+        if *breakpoint {
+            writes.push(prefix);
+            written_to = tokens(chars);
+        }
+    }
+    cache.extend(writes);
+    let total = tokens(chars);
+    let written = written_to.saturating_sub(read);
+    (total - read - written, written, read)
+}

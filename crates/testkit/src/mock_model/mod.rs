@@ -68,6 +68,8 @@ struct Shared {
     received: Mutex<Vec<(Value, Headers)>>,
     /// Every token-counting request received (Anthropic's `count_tokens`, Responses' `input_tokens`).
     counted: Mutex<Vec<Value>>,
+    /// With Anthropic prompt caching counted: the prefixes written to the cache so far (hashes).
+    prompt_cache: Mutex<Option<std::collections::HashSet<u64>>>,
     /// Woken by every request received.
     arrived: tokio::sync::Notify,
     next_call: AtomicU64,
@@ -151,6 +153,14 @@ impl MockModel {
             .iter()
             .map(|(body, _)| body.clone())
             .collect()
+    }
+
+    /// From now on, answers Anthropic requests with usage counted as Anthropic counts a prompt cache: the input
+    /// tokens by the mock's count, split into what was read from the cache (the longest block prefix that an
+    /// earlier request wrote at a `cache_control` breakpoint), what this request writes (up to its last
+    /// breakpoint) and the rest. Without it, usage is what the script says.
+    pub fn count_anthropic_prompt_cache(&self) {
+        *lock(&self.shared.prompt_cache) = Some(std::collections::HashSet::new());
     }
 
     /// Every token-counting request body received, in order.
@@ -237,6 +247,16 @@ fn count_in(api: Api) -> MethodRouter<Arc<Shared>> {
     )
 }
 
+/// Anthropic's prompt-cache usage of each of `requests` in turn, as [`MockModel::count_anthropic_prompt_cache`]
+/// answers them: `(input, cache written, cache read)` per request.
+pub fn anthropic_prompt_cache_usage(requests: &[Value]) -> Vec<(u64, u64, u64)> {
+    let mut cache = std::collections::HashSet::new();
+    requests
+        .iter()
+        .map(|request| anthropic::cache_usage(request, &mut cache))
+        .collect()
+}
+
 /// What the mock answers a token count of `request` (an Anthropic Messages body, else a Responses one) with.
 pub fn mock_input_tokens(request: &Value, anthropic: bool) -> u64 {
     let chat = if anthropic {
@@ -309,7 +329,14 @@ async fn serve(shared: &Shared, headers: HeaderMap, body: Bytes, api: Api) -> Re
         (Api::Chat, _) => None,
         (Api::Anthropic, false) => {
             let id = format!("msg_mock_{serial}");
-            return Json(anthropic::message_json(&resolved, &id, &model)).into_response();
+            let mut answer = anthropic::message_json(&resolved, &id, &model);
+            if let Some(cache) = lock(&shared.prompt_cache).as_mut() {
+                let (input, written, read) = anthropic::cache_usage(&request, cache);
+                answer["usage"]["input_tokens"] = json!(input);
+                answer["usage"]["cache_creation_input_tokens"] = json!(written);
+                answer["usage"]["cache_read_input_tokens"] = json!(read);
+            }
+            return Json(answer).into_response();
         }
         (Api::Anthropic, true) => Some(anthropic::stream_frames(
             &resolved,

@@ -235,9 +235,10 @@ async fn text_goes_with_the_instructions_the_model_and_the_kinds_own_headers(kin
     let bearer = format!("Bearer {UPSTREAM_KEY}");
     match kind {
         Kind::Anthropic => {
+            // The newest block carries the prompt-caching breakpoint.
             assert_eq!(
                 request["messages"],
-                json!([{"role": "user", "content": [{"type": "text", "text": "hi"}]}])
+                json!([{"role": "user", "content": [{"type": "text", "text": "hi", "cache_control": {"type": "ephemeral"}}]}])
             );
             assert_eq!(
                 request["max_tokens"], 4096,
