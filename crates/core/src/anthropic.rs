@@ -55,14 +55,27 @@ pub fn build_request(
             .and_then(|m| m["content"].as_array_mut()),
     );
     body.insert("messages".into(), Value::Array(messages));
-    if !tools.is_empty() {
+    // Structured output: the format is a tool the model must call, whose input becomes the answer's text.
+    let structured = structured_output_tool(params, tools, thinking.is_some());
+    if !tools.is_empty() || structured.is_some() {
         let mut declared: Vec<Value> = tools.iter().map(anthropic_tool).collect();
+        declared.extend(structured.clone());
         mark_cache_breakpoint(Some(&mut declared));
         body.insert("tools".into(), Value::Array(declared));
-        let mut choice = tool_choice(
-            &model_tool_choice(&params.tool_choice, tools),
-            params.parallel_tool_calls,
-        );
+        let mut choice = match structured {
+            // With tools of its own to call first, the model must call some tool; else the format's.
+            Some(_) if !tools.is_empty() && params.tool_choice != json!("none") => {
+                tool_choice(&json!("required"), params.parallel_tool_calls)
+            }
+            Some(_) => tool_choice(
+                &json!({"type": "function", "name": STRUCTURED_OUTPUT_TOOL}),
+                params.parallel_tool_calls,
+            ),
+            None => tool_choice(
+                &model_tool_choice(&params.tool_choice, tools),
+                params.parallel_tool_calls,
+            ),
+        };
         // With thinking on, Anthropic refuses a forced tool: the model chooses (listed as ignored).
         if thinking.is_some() && matches!(choice["type"].as_str(), Some("any" | "tool")) {
             choice["type"] = json!("auto");
@@ -86,6 +99,41 @@ pub fn build_request(
         body.insert("metadata".into(), json!({"user_id": user}));
     }
     Value::Object(body)
+}
+
+/// The tool a `text.format` of `json_schema` or `json_object` becomes: the model answers by calling it, and its
+/// input is the answer's text (whole and streamed). Not with thinking on (Anthropic refuses a forced tool then:
+/// the format is listed as ignored), nor when the client offers a tool of that name.
+pub const STRUCTURED_OUTPUT_TOOL: &str = "emit_structured_output";
+
+/// The structured-output tool of `params`, if its `text.format` asks for JSON and it can be honoured.
+pub fn structured_output_tool(
+    params: &crate::request::ResponseParams,
+    tools: &[OfferedTool],
+    thinking: bool,
+) -> Option<Value> {
+    let format = params.text.get("format")?;
+    let schema = match format.get("type").and_then(Value::as_str)? {
+        "json_schema" => format
+            .get("schema")
+            .cloned()
+            .unwrap_or_else(|| json!({"type": "object"})),
+        "json_object" => json!({"type": "object"}),
+        _ => return None,
+    };
+    if thinking || tools.iter().any(|t| t.name == STRUCTURED_OUTPUT_TOOL) {
+        return None;
+    }
+    let described = format
+        .get("description")
+        .and_then(Value::as_str)
+        .map(|d| format!(" {d}"))
+        .unwrap_or_default();
+    Some(json!({
+        "name": STRUCTURED_OUTPUT_TOOL,
+        "description": format!("Give your final answer by calling this tool: its input is the answer.{described}"),
+        "input_schema": schema,
+    }))
 }
 
 /// Prompt caching (`docs/behaviour.md`, "Providers"): a breakpoint on the last tool and on the last block of the
@@ -351,6 +399,10 @@ impl Answer {
         let text = |key: &str| string_field(block, key);
         match block.get("type").and_then(Value::as_str) {
             Some("text") => self.text.push_str(&text("text")),
+            Some("tool_use") if text("name") == STRUCTURED_OUTPUT_TOOL => {
+                // The answer is the format's JSON alone, whatever text came before the call.
+                self.text = normalise_arguments(block.get("input"));
+            }
             Some("tool_use") => {
                 let input = block.get("input");
                 self.calls
@@ -511,6 +563,17 @@ impl TypedEventStream for AnthropicStream {
                         }
                         OpenBlock::Text
                     }
+                    Some("tool_use") if text("name") == STRUCTURED_OUTPUT_TOOL => {
+                        // The answer, as the structured-output tool's input: streamed as text.
+                        if let Some(Value::Object(o)) = block.get("input") {
+                            if !o.is_empty() {
+                                let whole = Value::Object(o.clone()).to_string();
+                                self.answer.text.push_str(&whole);
+                                deltas.push(ModelDelta::Text(whole));
+                            }
+                        }
+                        OpenBlock::Text
+                    }
                     Some("tool_use") => {
                         // Some servers send the whole input here instead of in deltas.
                         let json = match block.get("input") {
@@ -550,6 +613,13 @@ impl TypedEventStream for AnthropicStream {
                     }
                     (Some("input_json_delta"), Some(OpenBlock::ToolUse { json, .. })) => {
                         json.push_str(text("partial_json"))
+                    }
+                    (Some("input_json_delta"), Some(OpenBlock::Text)) => {
+                        let piece = text("partial_json");
+                        if !piece.is_empty() {
+                            self.answer.text.push_str(piece);
+                            deltas.push(ModelDelta::Text(piece.to_owned()));
+                        }
                     }
                     (Some("thinking_delta"), Some(OpenBlock::Thinking { thinking, .. })) => {
                         thinking.push_str(text("thinking"))

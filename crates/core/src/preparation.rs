@@ -213,8 +213,11 @@ pub fn ignored_params(kind: ProviderKind, params: &ResponseParams) -> Vec<&'stat
             }
         }
         ProviderKind::Anthropic => {
+            // JSON formats become a forced tool, which Anthropic refuses while thinking.
+            let thinking = crate::anthropic::thinking_budget(params.reasoning.as_ref()).is_some();
             let format = params.text.pointer("/format/type").and_then(Value::as_str);
-            if format.is_some_and(|f| f != "text") {
+            let mapped = matches!(format, Some("json_schema" | "json_object")) && !thinking;
+            if format.is_some_and(|f| f != "text") && !mapped {
                 ignored.push("text.format");
             }
             if params.text.get("verbosity").is_some_and(|v| !v.is_null()) {

@@ -327,3 +327,81 @@ fn the_end_user_id_goes_as_metadata_user_id() {
     );
     assert!(plain.get("metadata").is_none());
 }
+
+#[test]
+fn a_json_format_is_a_forced_tool_whose_input_is_the_answer_whole_and_streamed() {
+    let schema =
+        json!({"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]});
+    let params = ResponseParams {
+        text: json!({"format": {"type": "json_schema", "name": "place", "schema": schema, "strict": true}}),
+        ..ResponseParams::default()
+    };
+    let body = build_request("m", 100, &model_input(&params, &items(json!([])), &[]));
+    let tool = &body["tools"][0];
+    assert_eq!(tool["name"], STRUCTURED_OUTPUT_TOOL);
+    assert_eq!(tool["input_schema"], schema);
+    assert_eq!(
+        body["tool_choice"],
+        json!({"type": "tool", "name": STRUCTURED_OUTPUT_TOOL})
+    );
+    // With tools of the client's, the model must call one of them or the format's; with thinking, no format.
+    let with_tools = build_request(
+        "m",
+        100,
+        &model_input(&params, &items(json!([])), &[weather()]),
+    );
+    assert_eq!(with_tools["tool_choice"], json!({"type": "any"}));
+    assert_eq!(with_tools["tools"].as_array().map(Vec::len), Some(2));
+    let thinking = ResponseParams {
+        reasoning: Some(json!({"effort": "low"})),
+        ..params.clone()
+    };
+    let body = build_request("m", 100, &model_input(&thinking, &items(json!([])), &[]));
+    assert!(
+        body.get("tools").is_none() && body.get("tool_choice").is_none(),
+        "{body:#}"
+    );
+
+    let whole = json!({
+        "content": [
+            {"type": "text", "text": "Here it is:"},
+            {"type": "tool_use", "id": "toolu_9", "name": STRUCTURED_OUTPUT_TOOL, "input": {"city": "Paris"}}
+        ],
+        "stop_reason": "tool_use"
+    });
+    let output = parse_response(&whole, &mut Ids(0)).unwrap();
+    assert_eq!(
+        output.message.map(|m| m.text).as_deref(),
+        Some("{\"city\":\"Paris\"}")
+    );
+    assert!(output.tool_calls.is_empty());
+    assert_eq!(output.finish, Finish::Stop);
+
+    let mut stream = AnthropicStream::new();
+    let mut deltas = Vec::new();
+    for event in [
+        json!({"type": "message_start", "message": {"usage": {"input_tokens": 3}}}),
+        json!({"type": "content_block_start", "index": 0, "content_block": {"type": "tool_use", "id": "toolu_9", "name": STRUCTURED_OUTPUT_TOOL, "input": {}}}),
+        json!({"type": "content_block_delta", "index": 0, "delta": {"type": "input_json_delta", "partial_json": "{\"city\": "}}),
+        json!({"type": "content_block_delta", "index": 0, "delta": {"type": "input_json_delta", "partial_json": "\"Paris\"}"}}),
+        json!({"type": "content_block_stop", "index": 0}),
+        json!({"type": "message_delta", "delta": {"stop_reason": "tool_use"}, "usage": {"output_tokens": 5}}),
+        json!({"type": "message_stop"}),
+    ] {
+        deltas.extend(stream.push(&event).unwrap());
+    }
+    let streamed = stream.finish(&mut Ids(0)).unwrap();
+    assert_eq!(
+        deltas,
+        [
+            ModelDelta::Text("{\"city\": ".into()),
+            ModelDelta::Text("\"Paris\"}".into())
+        ]
+    );
+    assert_eq!(
+        streamed.message.map(|m| m.text).as_deref(),
+        Some("{\"city\": \"Paris\"}")
+    );
+    assert!(streamed.tool_calls.is_empty());
+    assert_eq!(streamed.finish, Finish::Stop);
+}

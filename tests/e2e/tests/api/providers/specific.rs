@@ -497,3 +497,62 @@ async fn anthropic_prompt_caching_rereads_each_calls_prefix_in_a_tool_loop() {
         .await;
     assert_eq!(usage["data"][0]["cached_input_tokens"], read, "{usage:#}");
 }
+
+/// `text.format` through Anthropic: the schema is a tool the model is made to call, its input is the message's
+/// `output_text` (streamed as `output_text` deltas), nothing is handed back as a call and nothing listed.
+#[tokio::test]
+async fn anthropic_answers_a_json_schema_format_through_a_forced_tool() {
+    let (gw, tenant) = claude().await;
+    let schema = json!({"type": "object", "properties": {"city": {"type": "string"}, "temp_c": {"type": "integer"}},
+        "required": ["city", "temp_c"], "additionalProperties": false});
+    let body = json!({"model": "claude", "input": "Weather as JSON.",
+        "text": {"format": {"type": "json_schema", "name": "weather", "schema": schema, "strict": true}}});
+    let answer = json!({"city": "Paris", "temp_c": 21});
+    gw.model.push(Reply::tool_calls(vec![Call::new(
+        gateway_core::anthropic::STRUCTURED_OUTPUT_TOOL,
+        answer.clone(),
+    )]));
+    let whole = create_ok(&gw, &tenant.key, body.clone()).await;
+    assert_eq!(
+        parse(whole["output_text"].as_str().expect("output_text")),
+        answer
+    );
+    assert_eq!(
+        whole["output"].as_array().map(Vec::len),
+        Some(1),
+        "{whole:#}"
+    );
+    assert_eq!(whole["output"][0]["type"], "message");
+    assert!(
+        whole["metadata"].get("gateway_ignored_params").is_none(),
+        "{whole:#}"
+    );
+    assert_eq!(whole["text"]["format"]["strict"], true);
+    let sent = gw.model.requests().last().cloned().expect("the call");
+    // The tenant's server tools are offered too: the model must call a tool, the format's when it answers.
+    assert_eq!(sent["tool_choice"], json!({"type": "any"}));
+    let tools = sent["tools"].as_array().expect("tools");
+    let format_tool = tools.last().expect("the format's tool");
+    assert_eq!(format_tool["name"], gateway_core::anthropic::STRUCTURED_OUTPUT_TOOL);
+    assert_eq!(format_tool["input_schema"], schema);
+
+    gw.model.push(Reply::tool_calls(vec![Call::new(
+        gateway_core::anthropic::STRUCTURED_OUTPUT_TOOL,
+        answer.clone(),
+    )]));
+    let events = post_stream(&gw, &tenant.key, body).await;
+    let deltas: String = events
+        .iter()
+        .filter(|e| e["type"] == "response.output_text.delta")
+        .filter_map(|e| e["delta"].as_str())
+        .collect();
+    assert_eq!(parse(&deltas), answer);
+    let completed = events
+        .iter()
+        .find(|e| e["type"] == "response.completed")
+        .expect("completed");
+    assert_eq!(
+        completed["response"]["output_text"].as_str(),
+        Some(deltas.as_str())
+    );
+}
