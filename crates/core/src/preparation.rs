@@ -26,6 +26,9 @@ pub enum PreparationError {
     /// The deployment refuses tools of a type nothing serves (`unsupported_tools: reject`).
     #[error("tools of type '{kind}' are not supported by this deployment")]
     UnsupportedTool { kind: String, index: usize },
+    /// The deployment refuses parameters its provider kind cannot honour (`unsupported_params: reject`).
+    #[error("parameter '{param}' is not supported by this deployment")]
+    UnsupportedParam { param: &'static str },
     /// A tool of a remote MCP server has the name of another tool of the request or of the key.
     #[error("MCP tool '{name}' of '{server_label}' clashes with another tool")]
     RemoteToolClash {
@@ -258,18 +261,25 @@ pub fn ignored_params(kind: ProviderKind, params: &ResponseParams) -> Vec<&'stat
     ignored
 }
 
-/// Lists the parameters a deployment of `kind` does not honour under `metadata.gateway_ignored_params`
-/// (comma-separated); what was listed, if anything.
-pub fn apply_ignored_params(params: &mut ResponseParams, kind: ProviderKind) -> Option<String> {
+/// The parameters a deployment of `kind` does not honour, as its `policy` says: listed under
+/// `metadata.gateway_ignored_params` (comma-separated; what was listed is answered), or refused naming the first.
+pub fn apply_ignored_params(
+    params: &mut ResponseParams,
+    kind: ProviderKind,
+    policy: UnsupportedTools,
+) -> Result<Option<String>, PreparationError> {
     let ignored = ignored_params(kind, params);
-    if ignored.is_empty() {
-        return None;
+    let Some(first) = ignored.first() else {
+        return Ok(None);
+    };
+    if policy == UnsupportedTools::Reject {
+        return Err(PreparationError::UnsupportedParam { param: first });
     }
     let listed = ignored.join(",");
     params
         .metadata
         .insert(IGNORED_PARAMS_KEY.to_owned(), listed.clone());
-    Some(listed)
+    Ok(Some(listed))
 }
 
 /// The ids of stored items the input names (`item_reference`s and hosted calls sent back), to be looked up.

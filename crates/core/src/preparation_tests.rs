@@ -366,14 +366,37 @@ fn parameters_a_kind_cannot_honour_are_listed_under_the_metadata() {
     assert!(!ignored_params(ProviderKind::Anthropic, &params).contains(&"temperature"));
     assert!(!ignored_params(ProviderKind::Anthropic, &params).contains(&"tool_choice"));
     // What is listed lands in the metadata; a request that sets nothing unhonoured gets no key.
-    let listed = apply_ignored_params(&mut params, ProviderKind::OpenaiChat);
+    let ignore = UnsupportedTools::Ignore;
+    let listed = apply_ignored_params(&mut params, ProviderKind::OpenaiChat, ignore).unwrap();
     assert_eq!(listed, None);
-    let listed = apply_ignored_params(&mut params, ProviderKind::Anthropic);
+    let listed = apply_ignored_params(&mut params, ProviderKind::Anthropic, ignore).unwrap();
     assert_eq!(params.metadata.get(IGNORED_PARAMS_KEY), listed.as_ref());
     let mut plain = ResponseParams::default();
     assert_eq!(
-        apply_ignored_params(&mut plain, ProviderKind::Anthropic),
+        apply_ignored_params(&mut plain, ProviderKind::Anthropic, ignore).unwrap(),
         None
     );
     assert!(plain.metadata.is_empty());
+    // A deployment that rejects them refuses the create, naming the first.
+    let mut refused = ResponseParams {
+        service_tier: Some("flex".into()),
+        ..ResponseParams::default()
+    };
+    let reject = UnsupportedTools::Reject;
+    let error = apply_ignored_params(&mut refused, ProviderKind::Anthropic, reject).unwrap_err();
+    assert!(
+        matches!(
+            error,
+            PreparationError::UnsupportedParam {
+                param: "service_tier"
+            }
+        ),
+        "{error:?}"
+    );
+    assert!(refused.metadata.is_empty());
+    let mut nothing_set = ResponseParams::default();
+    assert_eq!(
+        apply_ignored_params(&mut nothing_set, ProviderKind::Anthropic, reject).unwrap(),
+        None
+    );
 }

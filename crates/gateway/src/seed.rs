@@ -208,6 +208,7 @@ async fn seed_deployment(
             api_key: Some(api_key),
             fallbacks: Some(&deployment.fallbacks),
             unsupported_tools: None,
+            unsupported_params: None,
             max_tokens: Some(deployment.max_tokens),
             pricing,
         };
@@ -221,6 +222,7 @@ async fn seed_deployment(
             api_key,
             fallbacks: &deployment.fallbacks,
             unsupported_tools: Default::default(),
+            unsupported_params: Default::default(),
             max_tokens: deployment.max_tokens,
             pricing: pricing.flatten(),
         };

@@ -167,6 +167,7 @@ async fn deployment(store: &Store, deployment: &str) -> String {
             api_key: Some("sk-upstream"),
             fallbacks: &[],
             unsupported_tools: Default::default(),
+            unsupported_params: Default::default(),
             max_tokens: None,
             pricing: None,
         })
@@ -764,6 +765,7 @@ async fn duplicate_names_are_a_conflict_for_every_kind(store: Store) {
                 api_key: None,
                 fallbacks: &[],
                 unsupported_tools: Default::default(),
+                unsupported_params: Default::default(),
                 max_tokens: None,
                 pricing: None,
             })

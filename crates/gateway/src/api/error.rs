@@ -236,6 +236,11 @@ impl From<EngineError> for ApiError {
                 Some(&format!("tools[{index}].type")),
                 Some("unsupported_tool_type"),
             ),
+            EngineError::UnsupportedParam { param } => ApiError::invalid(
+                format!("'{param}' is not supported by this deployment's provider (its 'unsupported_params' policy is 'reject'); leave it out or use another model."),
+                Some(param),
+                Some("unsupported_parameter"),
+            ),
             EngineError::RemoteMcpRefused { index, message } => ApiError::invalid(
                 format!("The MCP server of 'tools[{index}]' may not be used: {message}."),
                 Some(&format!("tools[{index}].server_url")),

@@ -24,6 +24,9 @@ pub enum EngineError {
     /// The deployment refuses tools of a type it cannot serve (`unsupported_tools: reject`).
     #[error("tools of type '{kind}' are not supported by this deployment")]
     UnsupportedTool { kind: String, index: usize },
+    /// The deployment refuses a parameter its provider kind cannot honour (`unsupported_params: reject`).
+    #[error("parameter '{param}' is not supported by this deployment")]
+    UnsupportedParam { param: &'static str },
     /// A remote MCP server the request names may not be reached (neither `tools.mcp_allowed_urls` nor
     /// `tools.mcp_allowed_private_urls` admits it, a private address, a malformed URL); `message` says why.
     #[error("MCP server refused: {message}")]
@@ -110,6 +113,7 @@ impl From<gateway_core::preparation::PreparationError> for EngineError {
             Refused::UnsupportedTool { kind, index } => {
                 EngineError::UnsupportedTool { kind, index }
             }
+            Refused::UnsupportedParam { param } => EngineError::UnsupportedParam { param },
             Refused::RemoteToolClash {
                 name,
                 server_label,

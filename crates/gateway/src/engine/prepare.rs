@@ -223,7 +223,8 @@ impl Engine {
             tracing::info!(model = %request.model, tools.ignored = %listed, "tools of types nothing serves are left out");
         }
         let kind = resolution.deployment.provider_kind;
-        if let Some(listed) = apply_ignored_params(&mut request.params, kind) {
+        let params_policy = resolution.deployment.unsupported_params;
+        if let Some(listed) = apply_ignored_params(&mut request.params, kind, params_policy)? {
             tracing::info!(model = %request.model, params.ignored = %listed, provider = kind.as_str(), "parameters the provider kind cannot honour are left out");
         }
         Ok(server_tools)

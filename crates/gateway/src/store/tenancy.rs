@@ -18,6 +18,8 @@ pub struct Deployment {
     pub api_key: Option<SecretString>,
     /// What to do with declared tools nothing serves (SPEC 12).
     pub unsupported_tools: gateway_core::toolset::UnsupportedTools,
+    /// What to do with create parameters its provider kind cannot honour: list them, or refuse the create.
+    pub unsupported_params: gateway_core::toolset::UnsupportedTools,
     /// Anthropic's required `max_tokens` when the request sets no `max_output_tokens`.
     pub max_tokens: u32,
     /// Names of the deployments tried, in order, when this one fails after its retries (SPEC 8).
@@ -95,7 +97,7 @@ pub struct Resolution {
 macro_rules! deployment_columns {
     () => {
         "d.id, d.name, d.provider_kind, d.base_url, d.upstream_model, d.api_key, d.fallbacks, d.unsupported_tools, \
-         d.max_tokens, d.input_per_mtok, d.cached_input_per_mtok, d.output_per_mtok"
+         d.unsupported_params, d.max_tokens, d.input_per_mtok, d.cached_input_per_mtok, d.output_per_mtok"
     };
 }
 
@@ -246,6 +248,7 @@ struct DeploymentRecord {
     api_key: Option<String>,
     fallbacks: String,
     unsupported_tools: String,
+    unsupported_params: String,
     max_tokens: Option<i64>,
     input_per_mtok: Option<f64>,
     cached_input_per_mtok: Option<f64>,
@@ -268,6 +271,10 @@ impl From<DeploymentRecord> for Deployment {
             api_key: row.api_key.map(SecretString::from),
             unsupported_tools: gateway_core::toolset::UnsupportedTools::parse(
                 &row.unsupported_tools,
+            )
+            .unwrap_or_default(),
+            unsupported_params: gateway_core::toolset::UnsupportedTools::parse(
+                &row.unsupported_params,
             )
             .unwrap_or_default(),
             max_tokens: row

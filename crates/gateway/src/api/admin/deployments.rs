@@ -17,7 +17,7 @@ use crate::store::admin::{DeploymentChanges, DeploymentRow, NewDeployment};
 use crate::store::tenancy::{parse_fallbacks, DEFAULT_MAX_TOKENS};
 use gateway_core::toolset::UnsupportedTools;
 
-/// `{"name", "provider", "fallbacks", "unsupported_tools", "pricing"}` of a deployment.
+/// `{"name", "provider", "fallbacks", "unsupported_tools", "unsupported_params", "pricing"}` of a deployment.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct DeploymentBody {
@@ -29,6 +29,9 @@ pub struct DeploymentBody {
     fallbacks: Option<Option<Vec<String>>>,
     #[serde(default, deserialize_with = "nullable")]
     unsupported_tools: Option<Option<String>>,
+    /// What a create setting a parameter the provider kind cannot honour gets: `ignore` (listed) or `reject`.
+    #[serde(default, deserialize_with = "nullable")]
+    unsupported_params: Option<Option<String>>,
     /// USD per million tokens; `null` removes the prices.
     #[serde(default, deserialize_with = "present")]
     pricing: Option<Value>,
@@ -60,6 +63,7 @@ pub struct DeploymentObject {
     provider: ProviderObject,
     fallbacks: Vec<String>,
     unsupported_tools: String,
+    unsupported_params: String,
     pricing: Option<Pricing>,
     created_at: i64,
 }
@@ -96,6 +100,7 @@ impl From<DeploymentRow> for DeploymentObject {
             },
             fallbacks: parse_fallbacks(&row.fallbacks),
             unsupported_tools: row.unsupported_tools,
+            unsupported_params: row.unsupported_params,
             created_at: row.created_at,
         }
     }
@@ -130,7 +135,13 @@ pub async fn create_deployment(
     let unsupported_tools = body
         .unsupported_tools
         .flatten()
-        .map(|policy| parse_unsupported_tools(&policy))
+        .map(|policy| parse_policy(&policy, "unsupported_tools"))
+        .transpose()?
+        .unwrap_or_default();
+    let unsupported_params = body
+        .unsupported_params
+        .flatten()
+        .map(|policy| parse_policy(&policy, "unsupported_params"))
         .transpose()?
         .unwrap_or_default();
     let pricing = parse_pricing(body.pricing)?.flatten();
@@ -142,6 +153,7 @@ pub async fn create_deployment(
         api_key: api_key.as_deref(),
         fallbacks: &fallbacks,
         unsupported_tools,
+        unsupported_params,
         max_tokens,
         pricing,
     };
@@ -200,7 +212,10 @@ pub async fn update_deployment(
         None => None,
     };
     let unsupported_tools = not_null(body.unsupported_tools, "unsupported_tools")?
-        .map(|policy| parse_unsupported_tools(&policy))
+        .map(|policy| parse_policy(&policy, "unsupported_tools"))
+        .transpose()?;
+    let unsupported_params = not_null(body.unsupported_params, "unsupported_params")?
+        .map(|policy| parse_policy(&policy, "unsupported_params"))
         .transpose()?;
     let pricing = parse_pricing(body.pricing)?;
     let changes = DeploymentChanges {
@@ -211,6 +226,7 @@ pub async fn update_deployment(
         api_key: api_key.as_ref().map(Option::as_deref),
         fallbacks: fallbacks.as_deref(),
         unsupported_tools,
+        unsupported_params,
         max_tokens,
         pricing,
     };
@@ -244,11 +260,12 @@ fn parse_pricing(pricing: Option<Value>) -> Result<Option<Option<Pricing>>, ApiE
         .transpose()?)
 }
 
-fn parse_unsupported_tools(policy: &str) -> Result<UnsupportedTools, ApiError> {
+/// An `unsupported_tools` or `unsupported_params` policy (`field`): `ignore` or `reject`.
+fn parse_policy(policy: &str, field: &str) -> Result<UnsupportedTools, ApiError> {
     UnsupportedTools::parse(policy).ok_or_else(|| {
         ApiError::invalid(
-            format!("'unsupported_tools' must be 'ignore' or 'reject'; got '{policy}'."),
-            Some("unsupported_tools"),
+            format!("'{field}' must be 'ignore' or 'reject'; got '{policy}'."),
+            Some(field),
             Some("invalid_value"),
         )
     })
@@ -335,6 +352,7 @@ mod tests {
             has_api_key: true,
             fallbacks: "[\"backup\"]".into(),
             unsupported_tools: "ignore".into(),
+            unsupported_params: "reject".into(),
             max_tokens: None,
             created_at: 1_735_689_600,
             input_per_mtok: None,
@@ -350,6 +368,7 @@ mod tests {
                 "provider": {"kind": "openai_chat", "base_url": "https://api.example.com/v1", "model": "gpt-4o-2024-08-06", "has_api_key": true},
                 "fallbacks": ["backup"],
                 "unsupported_tools": "ignore",
+                "unsupported_params": "reject",
                 "pricing": null,
                 "created_at": 1_735_689_600,
             })

@@ -22,6 +22,7 @@ pub struct DeploymentRow {
     /// JSON array of deployment names.
     pub fallbacks: String,
     pub unsupported_tools: String,
+    pub unsupported_params: String,
     pub max_tokens: Option<i64>,
     pub created_at: i64,
     pub input_per_mtok: Option<f64>,
@@ -51,6 +52,7 @@ pub struct NewDeployment<'a> {
     pub api_key: Option<&'a str>,
     pub fallbacks: &'a [String],
     pub unsupported_tools: UnsupportedTools,
+    pub unsupported_params: UnsupportedTools,
     pub max_tokens: Option<u32>,
     pub pricing: Option<Pricing>,
 }
@@ -66,6 +68,7 @@ pub struct DeploymentChanges<'a> {
     pub api_key: Option<Option<&'a str>>,
     pub fallbacks: Option<&'a [String]>,
     pub unsupported_tools: Option<UnsupportedTools>,
+    pub unsupported_params: Option<UnsupportedTools>,
     /// `Some(None)` returns to the gateway's default.
     pub max_tokens: Option<Option<u32>>,
     /// `Some(None)` removes the prices (calls then cost nothing), `Some(Some(p))` replaces them.
@@ -76,7 +79,8 @@ pub struct DeploymentChanges<'a> {
 macro_rules! deployment_columns {
     () => {
         "id, name, provider_kind, base_url, upstream_model, (api_key IS NOT NULL) AS has_api_key, fallbacks,
-         unsupported_tools, max_tokens, created_at, input_per_mtok, cached_input_per_mtok, output_per_mtok"
+         unsupported_tools, unsupported_params, max_tokens, created_at, input_per_mtok, cached_input_per_mtok,
+         output_per_mtok"
     };
 }
 
@@ -89,8 +93,8 @@ impl Store {
         with_pool!(self, |pool| sqlx::query_as::<_, DeploymentRow>(concat!(
             "INSERT INTO deployments (id, name, provider_kind, base_url, upstream_model, api_key, created_at,
                                       fallbacks, unsupported_tools, max_tokens, input_per_mtok,
-                                      cached_input_per_mtok, output_per_mtok)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)
+                                      cached_input_per_mtok, output_per_mtok, unsupported_params)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)
              RETURNING ",
             deployment_columns!()
         ))
@@ -107,6 +111,7 @@ impl Store {
         .bind(new.pricing.map(|p| p.input_per_mtok))
         .bind(new.pricing.and_then(|p| p.cached_input_per_mtok))
         .bind(new.pricing.map(|p| p.output_per_mtok))
+        .bind(new.unsupported_params.as_str())
         .fetch_one(pool)
         .await)
         .map_err(|e| StoreError::from_write(e, &taken(new.name.as_str())))
@@ -139,7 +144,8 @@ impl Store {
                 max_tokens = CASE WHEN $10 THEN $11 ELSE max_tokens END,
                 input_per_mtok = CASE WHEN $12 THEN $13 ELSE input_per_mtok END,
                 cached_input_per_mtok = CASE WHEN $14 THEN $15 ELSE cached_input_per_mtok END,
-                output_per_mtok = CASE WHEN $16 THEN $17 ELSE output_per_mtok END
+                output_per_mtok = CASE WHEN $16 THEN $17 ELSE output_per_mtok END,
+                unsupported_params = COALESCE($18, unsupported_params)
              WHERE id = $1
              RETURNING ",
             deployment_columns!()
@@ -161,6 +167,7 @@ impl Store {
         .bind(pricing.and_then(|p| p.cached_input_per_mtok))
         .bind(changes.pricing.is_some())
         .bind(pricing.map(|p| p.output_per_mtok))
+        .bind(changes.unsupported_params.map(UnsupportedTools::as_str))
         .fetch_optional(pool)
         .await)
         .map_err(|e| StoreError::from_write(e, &taken(changes.name.map_or("", EntityName::as_str))))

@@ -533,7 +533,10 @@ async fn anthropic_answers_a_json_schema_format_through_a_forced_tool() {
     assert_eq!(sent["tool_choice"], json!({"type": "any"}));
     let tools = sent["tools"].as_array().expect("tools");
     let format_tool = tools.last().expect("the format's tool");
-    assert_eq!(format_tool["name"], gateway_core::anthropic::STRUCTURED_OUTPUT_TOOL);
+    assert_eq!(
+        format_tool["name"],
+        gateway_core::anthropic::STRUCTURED_OUTPUT_TOOL
+    );
     assert_eq!(format_tool["input_schema"], schema);
 
     gw.model.push(Reply::tool_calls(vec![Call::new(
@@ -555,4 +558,58 @@ async fn anthropic_answers_a_json_schema_format_through_a_forced_tool() {
         completed["response"]["output_text"].as_str(),
         Some(deltas.as_str())
     );
+}
+
+/// A deployment whose `unsupported_params` is `reject` refuses a create setting a parameter its kind cannot
+/// honour, naming it, before anything is stored or called; the policy is set and shown through the admin API.
+#[tokio::test]
+async fn a_deployment_can_refuse_parameters_its_kind_cannot_honour() {
+    let (gw, tenant) = claude().await;
+    let deployments = gw.admin_ok(Method::GET, "/deployments", None).await;
+    let claude = deployments["data"]
+        .as_array()
+        .and_then(|d| d.iter().find(|d| d["name"] == "claude"))
+        .cloned()
+        .expect("claude");
+    assert_eq!(claude["unsupported_params"], "ignore");
+    let path = format!("/deployments/{}", id_of(&claude));
+    let bad = gw
+        .call(
+            gw.admin(Method::PATCH, &path)
+                .json(&json!({"unsupported_params": "drop"})),
+        )
+        .await;
+    assert_error(&bad, 400, Some("unsupported_params"), Some("invalid_value"));
+    let updated = gw
+        .admin_ok(
+            Method::PATCH,
+            &path,
+            Some(json!({"unsupported_params": "reject"})),
+        )
+        .await;
+    assert_eq!(updated["unsupported_params"], "reject");
+
+    let rows = stored_rows(&gw).await;
+    let answer = gw
+        .create(
+            &tenant.key,
+            json!({"model": "claude", "input": "Hi", "service_tier": "flex"}),
+        )
+        .await;
+    assert_error(
+        &answer,
+        400,
+        Some("service_tier"),
+        Some("unsupported_parameter"),
+    );
+    assert!(gw.model.requests().is_empty());
+    assert_eq!(stored_rows(&gw).await, rows);
+    // What it can honour still goes through.
+    let fine = create_ok(
+        &gw,
+        &tenant.key,
+        json!({"model": "claude", "input": "Hi", "temperature": 0.2}),
+    )
+    .await;
+    assert_eq!(fine["status"], "completed");
 }
