@@ -152,3 +152,27 @@ def test_an_agent_chains_turns_with_previous_response_id(client: Any, stack: Sta
     last = stack.model_requests()[-1]
     assert message_texts(last) == ["Chain.", "hello", "Echo: hello", '!call multiply {"a": 2, "b": 5}', "10", "Tool results: 10", "and then?"]
     assert tool_messages(last) == ["10"]
+
+
+def test_an_agent_with_an_output_type_gets_it_parsed_on_every_provider_kind(stack: Stack) -> None:
+    from pydantic import BaseModel
+
+    from conftest import PROVIDER
+
+    class Forecast(BaseModel):
+        city: str
+        degrees: int
+
+    if PROVIDER == "anthropic":
+        # Through Anthropic, the format is a tool the model is made to call; its input is the answer.
+        stack.script({"tool_calls": [{"name": "emit_structured_output", "arguments": {"city": "Oslo", "degrees": 4}}]})
+    else:
+        stack.script({"text": '{"city": "Oslo", "degrees": 4}'})
+
+    async def body(model: Callable[[str], OpenAIResponsesModel]) -> RunResult:
+        agent = Agent(name="forecaster", instructions="Answer as JSON.", output_type=Forecast, model=model("mock"))
+        return await Runner.run(agent, "weather in Oslo")
+
+    result = run(stack, body)
+    assert result.final_output == Forecast(city="Oslo", degrees=4)
+    assert len(stack.model_requests()) == 1

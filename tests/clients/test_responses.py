@@ -86,20 +86,29 @@ def test_a_truncated_answer_is_an_incomplete_response(client: openai.OpenAI, sta
     assert response.max_output_tokens == 16
 
 
-@pytest.mark.skipif(PROVIDER == "anthropic", reason="Anthropic's Messages API has no response format: not sent")
 def test_parse_returns_structured_output_for_a_json_schema_format(client: openai.OpenAI, stack: Stack) -> None:
     class Forecast(BaseModel):
         city: str
         degrees: int
 
-    stack.script({"text": '{"city": "Oslo", "degrees": 4}'})
+    if PROVIDER == "anthropic":
+        # Anthropic answers a JSON format through the forced tool the gateway offers it.
+        stack.script({"tool_calls": [{"name": "emit_structured_output", "arguments": {"city": "Oslo", "degrees": 4}}]})
+    else:
+        stack.script({"text": '{"city": "Oslo", "degrees": 4}'})
     parsed = client.responses.parse(model="mock", input="weather in Oslo as JSON", text_format=Forecast)
 
     assert parsed.output_parsed == Forecast(city="Oslo", degrees=4)
     assert parsed.text is not None and parsed.text.format is not None and parsed.text.format.type == "json_schema"
-    upstream_format = stack.model_requests()[0]["response_format"]
-    assert upstream_format["type"] == "json_schema"
-    assert upstream_format["json_schema"]["schema"]["required"] == ["city", "degrees"]
+    assert "gateway_ignored_params" not in (parsed.metadata or {})
+    sent = stack.model_requests()[0]
+    if PROVIDER == "anthropic":
+        [tool] = [t for t in sent["tools"] if t["function"]["name"] == "emit_structured_output"]
+        assert tool["function"]["parameters"]["required"] == ["city", "degrees"]
+    elif PROVIDER == "openai_chat":
+        upstream_format = sent["response_format"]
+        assert upstream_format["type"] == "json_schema"
+        assert upstream_format["json_schema"]["schema"]["required"] == ["city", "degrees"]
 
 
 def test_an_unstored_response_cannot_be_read_back(client: openai.OpenAI) -> None:
