@@ -5,6 +5,7 @@
 //! form by [`sent`]. What only one kind has (thinking signatures, encrypted reasoning, fallbacks across kinds) is
 //! in [`specific`].
 
+mod params;
 mod sent;
 mod specific;
 
@@ -15,6 +16,7 @@ use gateway_testkit::{Call, Reply, StreamMode};
 use reqwest::Method;
 use serde_json::{json, Value};
 
+use params::every_parameter_row_is_sent_or_listed_whole_and_streamed;
 use sent::sent;
 
 /// The upstream key the provider deployments are created with.
@@ -206,6 +208,7 @@ generate_provider_tests! {
         an_overloaded_upstream_is_retried_and_a_400_is_passed_on,
         an_error_event_mid_stream_fails_the_streamed_response,
         input_tokens_count_what_the_first_call_sends,
+        every_parameter_row_is_sent_or_listed_whole_and_streamed,
     ]
 }
 
