@@ -291,6 +291,9 @@ def as_chat(request: dict[str, Any]) -> dict[str, Any]:
     chat: dict[str, Any] = {k: v for k, v in request.items() if k not in ("messages", "input", "tools", "system")}
     messages: list[dict[str, Any]] = []
     system = request.get("system") or request.get("instructions")
+    if isinstance(system, list):
+        # Anthropic's system prompt as text blocks.
+        system = "".join(block.get("text", "") for block in system)
     if system:
         messages.append({"role": "system", "content": system})
     if PROVIDER == "anthropic":

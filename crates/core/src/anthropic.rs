@@ -47,7 +47,11 @@ pub fn build_request(
     }
     let (system, mut messages) = messages(params.instructions.as_deref(), conversation);
     if !system.is_empty() {
-        body.insert("system".into(), json!(system));
+        // As a block, to carry the system prompt's own cache breakpoint.
+        body.insert(
+            "system".into(),
+            json!([{"type": "text", "text": system, "cache_control": {"type": "ephemeral"}}]),
+        );
     }
     mark_cache_breakpoint(
         messages
@@ -136,10 +140,12 @@ pub fn structured_output_tool(
     }))
 }
 
-/// Prompt caching (`docs/behaviour.md`, "Providers"): a breakpoint on the last tool and on the last block of the
-/// newest message, so that each model call of a loop reads what the call before it wrote (Anthropic finds the
-/// earlier breakpoint's prefix among the blocks before a new one) and writes its own prefix for the next. Two of
-/// the four breakpoints Anthropic allows; a prompt under the model's minimum is not cached and costs nothing more.
+/// Prompt caching (`docs/behaviour.md`, "Providers"): a breakpoint on the last tool, on the system prompt and on
+/// the last block of the newest message, so that each model call of a loop reads what the call before it wrote
+/// (Anthropic finds the earlier breakpoint's prefix among the blocks before a new one) and writes its own prefix
+/// for the next, and a conversation rewritten before its newest message still reads the tools and system prompt.
+/// Three of the four breakpoints Anthropic allows; a prompt under the model's minimum is not cached and costs
+/// nothing more.
 fn mark_cache_breakpoint(blocks: Option<&mut Vec<Value>>) {
     let last = blocks.and_then(|blocks| {
         blocks

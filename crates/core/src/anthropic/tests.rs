@@ -48,7 +48,7 @@ fn a_whole_request_has_system_max_tokens_tools_and_alternating_turns() {
         json!({
             "model": "claude-x",
             "max_tokens": 1024,
-            "system": "Be terse.\n\nUse metric units.",
+            "system": [{"type": "text", "text": "Be terse.\n\nUse metric units.", "cache_control": {"type": "ephemeral"}}],
             "temperature": 0.5,
             "messages": [
                 {"role": "user", "content": [

@@ -39,7 +39,7 @@ fn table() -> Vec<Row> {
             json!({"instructions": "Be brief."}),
             [
                 At("/messages/0/content", json!("Be brief.")),
-                At("/system", json!("Be brief.")),
+                At("/system/0/text", json!("Be brief.")),
                 At("/instructions", json!("Be brief.")),
             ],
         ),

@@ -141,7 +141,14 @@ fn anthropic(request: &Value) -> Sent {
         }
     }
     Sent {
-        instructions: request["system"].as_str().map(str::to_owned),
+        // A string, or text blocks (the gateway sends one, with its cache breakpoint).
+        instructions: match &request["system"] {
+            Value::String(text) => Some(text.clone()),
+            Value::Array(blocks) => {
+                Some(blocks.iter().filter_map(|b| b["text"].as_str()).collect())
+            }
+            _ => None,
+        },
         lines,
         tools: names(&request["tools"], "/name"),
         max_tokens: request["max_tokens"].as_u64(),
