@@ -3,12 +3,6 @@
 use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
-
-/// mimalloc instead of glibc's allocator: the request path allocates many small, short-lived objects across
-/// tokio's worker threads, where glibc's arenas showed lock waits and `malloc_consolidate` in profiles
-/// (`docs/performance.md`, issue 27).
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 use gateway::store::Store;
 use gateway::{Application, Config};
 
