@@ -480,6 +480,13 @@ pub struct SeedDeployment {
     /// the stored prices; left out, they are kept.
     #[serde(default)]
     pub pricing: Option<serde_json::Value>,
+    /// `ignore` or `reject`: what a request's tools that nothing serves do; given, it replaces the stored policy.
+    #[serde(default)]
+    pub unsupported_tools: Option<String>,
+    /// `ignore` or `reject`: what a create setting a parameter the provider kind cannot honour gets; given, it
+    /// replaces the stored policy.
+    #[serde(default)]
+    pub unsupported_params: Option<String>,
 }
 
 #[derive(Debug, Clone, Deserialize)]

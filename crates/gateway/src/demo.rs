@@ -95,6 +95,8 @@ pub fn add_demo_seed(config: &mut Config, model_base_url: &str, tool_url: impl F
                 fallbacks: Vec::new(),
                 max_tokens: None,
                 pricing: None,
+                unsupported_tools: None,
+                unsupported_params: None,
             },
         );
     }

@@ -11,6 +11,7 @@ use gateway_core::governance::{
     check_expires_at, Budget, Governance, LimitChanges, Pricing, RateLimits,
 };
 use gateway_core::request::InvalidRequest;
+use gateway_core::toolset::UnsupportedTools;
 use secrecy::{ExposeSecret, SecretString};
 use serde_json::Value;
 
@@ -198,6 +199,21 @@ async fn seed_deployment(
         .map(Pricing::parse)
         .transpose()
         .map_err(reject)?;
+    let policy = |value: &Option<String>, field: &str| {
+        value
+            .as_deref()
+            .map(|text| {
+                UnsupportedTools::parse(text).ok_or_else(|| {
+                    reject(InvalidRequest::new(
+                        format!("'{field}' must be 'ignore' or 'reject'; got '{text}'."),
+                        field,
+                    ))
+                })
+            })
+            .transpose()
+    };
+    let unsupported_tools = policy(&deployment.unsupported_tools, "unsupported_tools")?;
+    let unsupported_params = policy(&deployment.unsupported_params, "unsupported_params")?;
     let existing = named(store.list_deployments().await?, name.as_str(), |d| &d.name);
     if let Some(existing) = existing {
         let changes = DeploymentChanges {
@@ -207,8 +223,8 @@ async fn seed_deployment(
             upstream_model: Some(&deployment.model),
             api_key: Some(api_key),
             fallbacks: Some(&deployment.fallbacks),
-            unsupported_tools: None,
-            unsupported_params: None,
+            unsupported_tools,
+            unsupported_params,
             max_tokens: Some(deployment.max_tokens),
             pricing,
         };
@@ -221,8 +237,8 @@ async fn seed_deployment(
             upstream_model: &deployment.model,
             api_key,
             fallbacks: &deployment.fallbacks,
-            unsupported_tools: Default::default(),
-            unsupported_params: Default::default(),
+            unsupported_tools: unsupported_tools.unwrap_or_default(),
+            unsupported_params: unsupported_params.unwrap_or_default(),
             max_tokens: deployment.max_tokens,
             pricing: pricing.flatten(),
         };

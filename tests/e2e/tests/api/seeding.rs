@@ -27,6 +27,8 @@ fn seeded_config(base_url: &str) -> Config {
             fallbacks: Vec::new(),
             max_tokens: None,
             pricing: None,
+            unsupported_tools: None,
+            unsupported_params: None,
         },
     );
     config.seed.tool_sources.insert(
@@ -323,4 +325,31 @@ async fn an_invalid_seeded_limit_budget_expiry_or_price_stops_start_up_naming_th
         let error = start_up_error(&scratch_database().await, config).await;
         assert!(error.contains(field), "{field}: {error}");
     }
+}
+
+#[tokio::test]
+async fn a_deployments_seeded_policies_are_applied_and_a_bad_one_stops_start_up_naming_it() {
+    let db = scratch_database().await;
+    let mut config = seeded_config("http://127.0.0.1:1/v1");
+    let mock = config.seed.deployments.get_mut("mock").unwrap();
+    mock.unsupported_params = Some("reject".into());
+    mock.unsupported_tools = Some("reject".into());
+    let store = start(&db, config).await;
+    let deployments = store.list_deployments().await.expect("deployments");
+    assert_eq!(deployments[0].unsupported_params, "reject");
+    assert_eq!(deployments[0].unsupported_tools, "reject");
+
+    // Left out on the next start-up, the stored policies are kept.
+    let store = start(&db, seeded_config("http://127.0.0.1:1/v1")).await;
+    let deployments = store.list_deployments().await.expect("deployments");
+    assert_eq!(deployments[0].unsupported_params, "reject");
+
+    let mut bad = seeded_config("http://127.0.0.1:1/v1");
+    bad.seed
+        .deployments
+        .get_mut("mock")
+        .unwrap()
+        .unsupported_params = Some("drop".into());
+    let error = start_up_error(&scratch_database().await, bad).await;
+    assert!(error.contains("unsupported_params"), "{error}");
 }
