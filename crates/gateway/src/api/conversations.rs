@@ -269,7 +269,19 @@ async fn new_items(
     items: Vec<InputItem>,
     held: &std::collections::HashSet<String>,
 ) -> Result<Vec<NewConversationItem>, ApiError> {
-    let items = state.engine.resolve_references(project, items).await?;
+    let items = state
+        .engine
+        .resolve_references(project, items)
+        .await
+        .map_err(|error| match error {
+            // The items of a conversation are `items[i]`, not a create's `input[i]`.
+            crate::engine::EngineError::ItemNotFound { id, index } => ApiError::invalid(
+                format!("Item with id '{id}' not found."),
+                Some(&format!("items[{index}]")),
+                Some("item_not_found"),
+            ),
+            other => ApiError::from(other),
+        })?;
     let mut taken: std::collections::HashSet<String> = held.clone();
     let mut added = Vec::with_capacity(items.len());
     for mut item in items {

@@ -892,6 +892,13 @@ fn conversation_cases() -> Vec<Case> {
         )
         .param("items[0]"),
         post(
+            "conversation item_reference to nothing",
+            "/v1/conversations",
+            json!({"items": [{"role": "user", "content": "x"}, {"type": "item_reference", "id": "msg_nope"}]}),
+        )
+        .param("items[1]")
+        .code("item_not_found"),
+        post(
             "conversation 21 items",
             "/v1/conversations",
             json!({"items": vec![json!({"role": "user", "content": "x"}); 21]}),
