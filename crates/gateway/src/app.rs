@@ -36,7 +36,8 @@ impl Application {
         let embedded_lock = Store::lock_configured(&config.database)?;
         let store = Store::connect_configured(&config.database)
             .await?
-            .observed_by(Arc::new(crate::metrics::StoreMetrics));
+            .observed_by(Arc::new(crate::metrics::StoreMetrics))
+            .with_group_commit(config.database.group_commit_batches);
         crate::metrics::install();
         store.migrate().await?;
         crate::seed::apply(&store, &config.seed).await?;

@@ -79,6 +79,11 @@ pub struct DatabaseConfig {
     /// How long a request waits for a pooled connection before it is answered 503 (overloaded).
     #[default(5_000)]
     pub acquire_timeout_ms: u64,
+    /// Group commit: responses' writes that concurrent runs make at once are written together (one statement
+    /// per kind on Postgres, one transaction on the embedded store), at most this many batches at a time; 0
+    /// writes each alone. The embedded store writes one batch at a time whatever this says.
+    #[default(2)]
+    pub group_commit_batches: usize,
 }
 
 /// Operator ceilings of the loop; a request may lower them, never raise them.

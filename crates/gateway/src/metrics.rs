@@ -216,6 +216,10 @@ impl crate::store::StoreObserver for StoreMetrics {
         metrics::histogram!("gateway_store_duration_seconds", "op" => name)
             .record(elapsed.as_secs_f64());
     }
+
+    fn batch(&self, writes: usize) {
+        metrics::histogram!("gateway_store_batch_writes").record(writes as f64);
+    }
 }
 
 /// A server tool call in flight when its response was cancelled (`outcome="cancelled"`).

@@ -74,6 +74,7 @@ on_both_backends!(
     a_run_fenced_on_an_older_claim_writes_nothing_even_when_its_replica_claims_the_response_again,
     a_heartbeat_says_whether_the_lease_held_since_the_previous_one,
     the_deadline_is_set_and_read_by_the_database_clock,
+    writes_that_share_a_batch_are_answered_each_its_own_way,
 );
 
 // ---- scratch databases ----
@@ -94,7 +95,11 @@ impl Scratch {
     }
 
     async fn on(db: ScratchDatabase) -> Scratch {
-        let store = Store::connect(db.url(), 5).await.expect("connect store");
+        // As the gateway runs it: responses' writes through group commit.
+        let store = Store::connect(db.url(), 5)
+            .await
+            .expect("connect store")
+            .with_group_commit(2);
         store.migrate().await.expect("migrate");
         Scratch { store, db }
     }
@@ -1878,6 +1883,233 @@ async fn the_deadline_is_set_and_read_by_the_database_clock(store: Store) {
 }
 
 // ---- the embedded store only ----
+
+/// Counts group commit's batches and their sizes.
+#[derive(Debug, Default)]
+struct BatchSizes(std::sync::Mutex<Vec<usize>>);
+
+impl gateway::store::StoreObserver for BatchSizes {
+    fn statement(&self, _name: &'static str, _elapsed: std::time::Duration) {}
+
+    fn batch(&self, writes: usize) {
+        self.0.lock().expect("sizes").push(writes);
+    }
+}
+
+/// Holds the write lock of `store`'s responses (Postgres: the table; the embedded store: the file) until the
+/// returned connection commits.
+async fn hold_the_write_lock(store: &Store) -> HeldLock {
+    match store.backend() {
+        Backend::Postgres(pool) => {
+            let mut conn = pool.acquire().await.expect("connection");
+            sqlx::query("BEGIN")
+                .execute(&mut *conn)
+                .await
+                .expect("begin");
+            sqlx::query("LOCK TABLE responses IN EXCLUSIVE MODE")
+                .execute(&mut *conn)
+                .await
+                .expect("lock");
+            HeldLock::Postgres(conn)
+        }
+        Backend::Sqlite(pool) => {
+            let mut conn = pool.acquire().await.expect("connection");
+            sqlx::query("BEGIN IMMEDIATE")
+                .execute(&mut *conn)
+                .await
+                .expect("begin immediate");
+            HeldLock::Sqlite(conn)
+        }
+    }
+}
+
+enum HeldLock {
+    Postgres(sqlx::pool::PoolConnection<sqlx::Postgres>),
+    Sqlite(sqlx::pool::PoolConnection<sqlx::Sqlite>),
+}
+
+impl HeldLock {
+    async fn release(self) {
+        match self {
+            HeldLock::Postgres(mut conn) => {
+                sqlx::query("COMMIT")
+                    .execute(&mut *conn)
+                    .await
+                    .expect("commit");
+            }
+            HeldLock::Sqlite(mut conn) => {
+                sqlx::query("COMMIT")
+                    .execute(&mut *conn)
+                    .await
+                    .expect("commit");
+            }
+        }
+    }
+}
+
+/// Group commit writes what waits together, and yet each write keeps its own fate: a create that clashes on its
+/// Idempotency-Key fails alone, a boundary fenced on an old claim writes nothing, and the others land whole.
+async fn writes_that_share_a_batch_are_answered_each_its_own_way(store: Store) {
+    let sizes = std::sync::Arc::new(BatchSizes::default());
+    let store = store.observed_by(sizes.clone()).with_group_commit(1);
+    let (project_id, deployment_id) = tenant(&store, "acme").await;
+    let deployment_id = deployment_id.as_str();
+    let project_id = project_id.as_str();
+    for id in ["resp_running", "resp_taken"] {
+        create(
+            &store,
+            project_id,
+            deployment_id,
+            &record(id),
+            &context(1),
+            &[],
+            None,
+        )
+        .await
+        .expect("create");
+    }
+    create(
+        &store,
+        project_id,
+        deployment_id,
+        &record("resp_keyed"),
+        &context(1),
+        &[],
+        Some("key-1"),
+    )
+    .await
+    .expect("create");
+    // Another replica claimed resp_taken (epoch 1): OWNER's writes under epoch 0 are fenced off.
+    let claimed = match store.backend() {
+        Backend::Postgres(pool) => sqlx::query(
+            "UPDATE responses SET owner = 'replica-b', claim_epoch = 1 WHERE id = 'resp_taken'",
+        )
+        .execute(pool)
+        .await
+        .map(|r| r.rows_affected()),
+        Backend::Sqlite(pool) => sqlx::query(
+            "UPDATE responses SET owner = 'replica-b', claim_epoch = 1 WHERE id = 'resp_taken'",
+        )
+        .execute(pool)
+        .await
+        .map(|r| r.rows_affected()),
+    };
+    assert_eq!(claimed.expect("claim"), 1);
+    sizes.0.lock().expect("sizes").clear();
+
+    // The writer's first batch waits behind the lock; everything queued meanwhile is written together after it.
+    let lock = hold_the_write_lock(&store).await;
+    let one = record("resp_one");
+    let two = record("resp_two");
+    let clash = record("resp_clash");
+    let (two_items, one_item, first_step) = (context(2), context(1), [model_step(0)]);
+    let creates_one = create(
+        &store,
+        project_id,
+        deployment_id,
+        &one,
+        &two_items,
+        &first_step,
+        None,
+    );
+    let creates_two = create(
+        &store,
+        project_id,
+        deployment_id,
+        &two,
+        &one_item,
+        &[],
+        None,
+    );
+    let clashes = create(
+        &store,
+        project_id,
+        deployment_id,
+        &clash,
+        &one_item,
+        &[],
+        Some("key-1"),
+    );
+    let writes_running = write_as(&store, "resp_running", OWNER, 0, 0);
+    let writes_fenced = write_as(&store, "resp_taken", OWNER, 0, 0);
+    tokio::pin!(
+        creates_one,
+        creates_two,
+        clashes,
+        writes_running,
+        writes_fenced
+    );
+    // One poll each queues the write (and nothing can be written while the lock is held).
+    assert!(futures::poll!(&mut creates_one).is_pending());
+    assert!(futures::poll!(&mut creates_two).is_pending());
+    assert!(futures::poll!(&mut clashes).is_pending());
+    assert!(futures::poll!(&mut writes_running).is_pending());
+    assert!(futures::poll!(&mut writes_fenced).is_pending());
+    lock.release().await;
+    let (one_written, two_written, clashed, running_written, fenced) = tokio::join!(
+        creates_one,
+        creates_two,
+        clashes,
+        writes_running,
+        writes_fenced
+    );
+
+    let batches = sizes.0.lock().expect("sizes").clone();
+    assert!(
+        batches.iter().sum::<usize>() >= 5,
+        "every write went through a batch: {batches:?}"
+    );
+    assert!(
+        batches.iter().any(|&size| size >= 2),
+        "writes queued behind the lock share a batch: {batches:?}"
+    );
+    one_written.expect("a create that shares a batch with a clash is written");
+    two_written.expect("so is the other");
+    assert!(
+        matches!(clashed, Err(StoreError::Conflict(_))),
+        "the clashing create fails alone: {clashed:?}"
+    );
+    running_written.expect("the owner's boundary is written");
+    assert!(
+        matches!(fenced, Err(StoreError::NotOwner)),
+        "the boundary fenced on an old claim is refused: {fenced:?}"
+    );
+
+    let steps = |id: &'static str| {
+        let store = store.clone();
+        let project_id = project_id.to_owned();
+        async move {
+            store
+                .load_steps(&project_id, id)
+                .await
+                .expect("steps")
+                .len()
+        }
+    };
+    assert_eq!(
+        steps("resp_one").await,
+        1,
+        "the create's first step is there"
+    );
+    assert_eq!(steps("resp_running").await, 1, "the owner's step is there");
+    assert_eq!(
+        steps("resp_taken").await,
+        0,
+        "nothing of the fenced write is there"
+    );
+    assert!(store
+        .load_response(project_id, "resp_clash")
+        .await
+        .expect("load")
+        .is_none());
+    assert_eq!(
+        store
+            .response_for_idempotency_key(project_id, "key-1")
+            .await
+            .expect("lookup"),
+        Some("resp_keyed".to_owned())
+    );
+}
 
 #[tokio::test]
 async fn an_in_memory_embedded_store_is_one_database_for_the_whole_pool() {

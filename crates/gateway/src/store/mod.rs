@@ -249,6 +249,8 @@ pub struct Store {
     backend: Backend,
     /// Hears how long each operation took (`Unobserved` until `observed_by`).
     observer: Arc<dyn StoreObserver>,
+    /// The writer that batches responses' writes (`with_group_commit`); without it each is written alone.
+    group: Option<responses::GroupCommit>,
 }
 
 impl Store {
@@ -301,6 +303,7 @@ impl Store {
         Ok(Store {
             backend: backend::connect(url, max_connections, acquire_timeout).await?,
             observer: Arc::new(Unobserved),
+            group: None,
         })
     }
 
@@ -332,6 +335,7 @@ impl Store {
                         .connect_lazy_with((*pool.connect_options()).clone()),
                 ),
                 observer: Arc::clone(&self.observer),
+                group: None,
             },
             Backend::Sqlite(_) => self.clone(),
         }
@@ -347,6 +351,20 @@ impl Store {
     /// This store, reporting the time of its operations to `observer` (the metrics, in the gateway).
     pub fn observed_by(self, observer: Arc<dyn StoreObserver>) -> Store {
         Store { observer, ..self }
+    }
+
+    /// This store, with responses' writes batched by group commit: a writer of its own takes what concurrent
+    /// runs hand it, at most `batches_in_flight` batches at a time (one on the embedded store); 0 writes each
+    /// alone. Call it after `observed_by`, whose observer then hears of each batch.
+    pub fn with_group_commit(self, batches_in_flight: usize) -> Store {
+        let group = (batches_in_flight > 0).then(|| {
+            responses::GroupCommit::start(
+                self.backend.clone(),
+                Arc::clone(&self.observer),
+                batches_in_flight,
+            )
+        });
+        Store { group, ..self }
     }
 
     /// Starts timing operation `name`: the observer hears of it when the returned guard is dropped.

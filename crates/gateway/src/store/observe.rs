@@ -8,6 +8,11 @@ use std::time::{Duration, Instant};
 pub trait StoreObserver: Debug + Send + Sync {
     /// Operation `name` (e.g. `load_steps`) ended, in success or in error, after `elapsed`.
     fn statement(&self, name: &'static str, elapsed: Duration);
+
+    /// Group commit wrote a batch of `writes` responses' writes together.
+    fn batch(&self, writes: usize) {
+        let _ = writes;
+    }
 }
 
 /// The observer of a store nobody measures (tools, tests): it hears and forgets.

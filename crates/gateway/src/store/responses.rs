@@ -1,8 +1,11 @@
 //! Stored responses: the response row, the context items it saw, and its steps. The reads are here; the writes
 //! (one statement per step boundary on Postgres) are in `writes`, the rows as the tables hold them in `rows`.
 
+mod group;
 mod rows;
 mod writes;
+
+pub(crate) use group::GroupCommit;
 
 use gateway_core::response::ResponseRecord;
 use gateway_core::steps::Step;

@@ -22,48 +22,26 @@ pub(super) const STEPS_OF_RESPONSE: &str =
     "SELECT s.seq, s.state, s.body FROM steps s JOIN responses r ON r.id = s.response_id
      WHERE s.response_id = $1 AND r.project_id = $2 ORDER BY s.seq";
 
-/// A step as the `steps` table holds it.
-pub(super) struct StepRow<'a> {
+/// A step as the `steps` table holds it, owned, so that a batch of writes can carry it to the writer.
+#[derive(Debug)]
+pub(super) struct StepRow {
     pub(super) seq: i32,
     pub(super) kind: &'static str,
     pub(super) state: &'static str,
     pub(super) body: Value,
-    pub(super) call_id: Option<&'a str>,
-    pub(super) tool_name: Option<&'a str>,
+    pub(super) call_id: Option<String>,
+    pub(super) tool_name: Option<String>,
 }
 
-impl StepRow<'_> {
+impl StepRow {
     /// A step stored in any state but pending has been started once.
     pub(super) fn attempts(&self) -> i32 {
         i32::from(self.state != "pending")
     }
 }
 
-/// `StepRow`s as one array per column, for Postgres' `UNNEST`.
-pub(super) struct StepColumns<'a> {
-    pub(super) seq: Vec<i32>,
-    pub(super) kind: Vec<&'static str>,
-    pub(super) state: Vec<&'static str>,
-    pub(super) body: Vec<&'a Value>,
-    pub(super) call_id: Vec<Option<&'a str>>,
-    pub(super) tool_name: Vec<Option<&'a str>>,
-}
-
-impl<'a> From<&'a Vec<StepRow<'a>>> for StepColumns<'a> {
-    fn from(rows: &'a Vec<StepRow<'a>>) -> StepColumns<'a> {
-        StepColumns {
-            seq: rows.iter().map(|r| r.seq).collect(),
-            kind: rows.iter().map(|r| r.kind).collect(),
-            state: rows.iter().map(|r| r.state).collect(),
-            body: rows.iter().map(|r| &r.body).collect(),
-            call_id: rows.iter().map(|r| r.call_id).collect(),
-            tool_name: rows.iter().map(|r| r.tool_name).collect(),
-        }
-    }
-}
-
 /// The rows of `steps`, as written.
-pub(super) fn step_rows(steps: &[Step]) -> Result<Vec<StepRow<'_>>, StoreError> {
+pub(super) fn step_rows(steps: &[Step]) -> Result<Vec<StepRow>, StoreError> {
     steps
         .iter()
         .map(|step| {
@@ -72,8 +50,8 @@ pub(super) fn step_rows(steps: &[Step]) -> Result<Vec<StepRow<'_>>, StoreError> 
                 StepBody::Listing(_) => ("listing", None, None),
                 StepBody::Tool(tool) => (
                     "tool",
-                    Some(tool.call.call_id.as_str()),
-                    Some(tool.call.name.as_str()),
+                    Some(tool.call.call_id.clone()),
+                    Some(tool.call.name.clone()),
                 ),
             };
             Ok(StepRow {

@@ -1,0 +1,785 @@
+//! Group commit: the writes of many concurrent runs (a response's first write, a step boundary) gathered into
+//! one batch, written in one statement per kind on Postgres and one transaction on the embedded store, each
+//! caller answered once its batch has committed (and, when any of its writes must, reached the disk).
+//!
+//! A writer takes whatever is queued whenever one of its batch slots is free: alone under light load (no wait
+//! is added), many together under heavy load. Every write keeps its own fence (owner and claim epoch) and its own
+//! answer; a batch the database refuses as a whole is written again one write at a time, so one bad write fails
+//! alone; a batch whose reply was lost leaves each of its writes in doubt, as a lost reply of its own would.
+
+use std::sync::Arc;
+
+use serde_json::Value;
+use tokio::sync::{mpsc, oneshot, Semaphore};
+
+use super::rows::StepRow;
+use super::writes::{EndingColumns, CREATE_CONFLICT, STEP_CONFLICT};
+use super::Durability;
+use crate::store::governance::UsageRecord;
+use crate::store::observe::StoreObserver;
+use crate::store::{Backend, StoreError};
+
+/// A response's first write, owned so that it can wait in a batch: the row, its context items, its steps and
+/// their usage.
+#[derive(Debug)]
+pub(super) struct CreateRows {
+    pub(super) id: String,
+    pub(super) project_id: String,
+    pub(super) deployment_id: String,
+    pub(super) model: String,
+    pub(super) status: &'static str,
+    pub(super) params: Value,
+    pub(super) server_tools: Value,
+    pub(super) previous_response_id: Option<String>,
+    pub(super) store: bool,
+    pub(super) background: bool,
+    pub(super) created_at: i64,
+    pub(super) idempotency_key: Option<String>,
+    pub(super) usage: Option<Value>,
+    pub(super) ending: EndingColumns,
+    pub(super) owner: Option<String>,
+    pub(super) deadline_in_ms: Option<i64>,
+    pub(super) api_key_id: Option<String>,
+    pub(super) trace_context: Option<String>,
+    /// The context: position, item id, item.
+    pub(super) items: Vec<(i32, String, Value)>,
+    pub(super) steps: Vec<StepRow>,
+    pub(super) usage_records: Vec<UsageRecord>,
+}
+
+impl CreateRows {
+    /// `updated_at` of the row and of its steps: the ending time of a response written when it ended.
+    fn updated_at(&self) -> i64 {
+        self.ending.completed_at.unwrap_or(self.created_at)
+    }
+}
+
+/// One step boundary of a running response, owned: fenced on `owner` and `epoch`.
+#[derive(Debug)]
+pub(super) struct BoundaryRows {
+    pub(super) id: String,
+    pub(super) owner: String,
+    pub(super) epoch: i64,
+    pub(super) at: i64,
+    pub(super) ending: EndingColumns,
+    pub(super) usage: Option<Value>,
+    pub(super) notify: bool,
+    /// Stored steps changed: seq, state, body.
+    pub(super) changed: Vec<(i32, &'static str, Value)>,
+    pub(super) added: Vec<StepRow>,
+    pub(super) usage_records: Vec<UsageRecord>,
+}
+
+/// One write of a batch.
+#[derive(Debug)]
+pub(super) enum Write {
+    Create(Box<CreateRows>),
+    Boundary(Box<BoundaryRows>),
+}
+
+/// What a write did: a boundary answers whether a cancel asked the response to stop, or `None` when this
+/// replica no longer drives it (nothing was written).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Written {
+    Created,
+    Boundary(Option<bool>),
+}
+
+/// A write waiting for its batch, and where its answer goes.
+struct Queued {
+    write: Write,
+    durability: Durability,
+    answer: oneshot::Sender<Result<Written, StoreError>>,
+}
+
+/// The most writes one batch holds.
+const MAX_BATCH: usize = 128;
+
+/// The queue into the store's writer; cheap to clone (the store's clones share it).
+#[derive(Debug, Clone)]
+pub(crate) struct GroupCommit {
+    queue: mpsc::UnboundedSender<Queued>,
+}
+
+impl std::fmt::Debug for Queued {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Queued").finish_non_exhaustive()
+    }
+}
+
+impl GroupCommit {
+    /// Starts the writer of `backend`, with at most `in_flight` batches being written at once (one on the
+    /// embedded store, whose file takes one writer at a time). It ends when every handle to the queue is gone.
+    pub(crate) fn start(
+        backend: Backend,
+        observer: Arc<dyn StoreObserver>,
+        in_flight: usize,
+    ) -> GroupCommit {
+        let in_flight = match backend {
+            Backend::Sqlite(_) => 1,
+            Backend::Postgres(_) => in_flight.max(1),
+        };
+        let (queue, jobs) = mpsc::unbounded_channel();
+        tokio::spawn(write_batches(backend, observer, jobs, in_flight));
+        GroupCommit { queue }
+    }
+
+    /// Queues `write` and waits for its batch.
+    pub(super) async fn write(
+        &self,
+        write: Write,
+        durability: Durability,
+    ) -> Result<Written, StoreError> {
+        let (answer, answered) = oneshot::channel();
+        self.queue
+            .send(Queued {
+                write,
+                durability,
+                answer,
+            })
+            .map_err(|_| StoreError::Database(sqlx::Error::PoolClosed))?;
+        // The writer went away with the write (the runtime is shutting down): whether it committed is unknown.
+        answered
+            .await
+            .unwrap_or(Err(StoreError::Database(sqlx::Error::WorkerCrashed)))
+    }
+}
+
+/// The writer: whenever a batch slot is free, takes everything queued (up to `MAX_BATCH`) and writes it.
+async fn write_batches(
+    backend: Backend,
+    observer: Arc<dyn StoreObserver>,
+    mut jobs: mpsc::UnboundedReceiver<Queued>,
+    in_flight: usize,
+) {
+    let slots = Arc::new(Semaphore::new(in_flight));
+    loop {
+        let Ok(slot) = Arc::clone(&slots).acquire_owned().await else {
+            return;
+        };
+        let Some(first) = jobs.recv().await else {
+            return;
+        };
+        let mut batch = vec![first];
+        while batch.len() < MAX_BATCH {
+            match jobs.try_recv() {
+                Ok(queued) => batch.push(queued),
+                Err(_) => break,
+            }
+        }
+        let backend = backend.clone();
+        let observer = Arc::clone(&observer);
+        tokio::spawn(async move {
+            observer.batch(batch.len());
+            write_and_answer(&backend, batch).await;
+            drop(slot);
+        });
+    }
+}
+
+/// Writes `batch` and answers each of its writes.
+async fn write_and_answer(backend: &Backend, batch: Vec<Queued>) {
+    let durability = if batch.iter().any(|q| q.durability == Durability::Flush) {
+        Durability::Flush
+    } else {
+        Durability::Relaxed
+    };
+    let writes: Vec<&Write> = batch.iter().map(|q| &q.write).collect();
+    match write_batch(backend, &writes, durability).await {
+        Ok(written) => {
+            for (queued, written) in batch.into_iter().zip(written) {
+                let _ = queued.answer.send(Ok(written));
+            }
+        }
+        Err(failure) if batch.len() == 1 || failure.may_have_committed() => {
+            // Every write of the batch shares its fate: a reply lost leaves each in doubt.
+            let cause = failure.to_string();
+            let mut failure = Some(failure);
+            for queued in batch {
+                let error = failure.take().unwrap_or_else(|| in_doubt(&cause));
+                let _ = queued.answer.send(Err(error));
+            }
+        }
+        Err(_) => {
+            // Refused as a whole (one write's conflict aborts the statement): each is written alone, so that the
+            // refusal reaches only the write it belongs to.
+            for queued in batch {
+                let written = write_batch(backend, &[&queued.write], queued.durability)
+                    .await
+                    .map(|mut written| written.remove(0));
+                let _ = queued.answer.send(written);
+            }
+        }
+    }
+}
+
+/// A failure whose commit is in doubt, for a write that shared a batch with `cause`.
+fn in_doubt(cause: &str) -> StoreError {
+    StoreError::Database(sqlx::Error::Io(std::io::Error::new(
+        std::io::ErrorKind::ConnectionAborted,
+        format!("the batch this write was in failed: {cause}"),
+    )))
+}
+
+/// Writes `writes` as one batch; answers in their order. Written directly (as a batch of one) when the store has
+/// no writer of its own.
+pub(super) async fn write_batch(
+    backend: &Backend,
+    writes: &[&Write],
+    durability: Durability,
+) -> Result<Vec<Written>, StoreError> {
+    match backend {
+        Backend::Postgres(pool) => postgres::write(pool, writes, durability).await,
+        Backend::Sqlite(pool) => sqlite::write(pool, writes).await,
+    }
+}
+
+mod postgres {
+    //! A batch on Postgres: the creates in one statement, the step boundaries in another.
+
+    use std::collections::HashMap;
+
+    use serde_json::Value;
+    use sqlx::postgres::PgPool;
+
+    use super::{BoundaryRows, CreateRows, Write, Written};
+    use crate::store::responses::rows::StepRow;
+    use crate::store::responses::Durability;
+    use crate::store::StoreError;
+
+    /// New responses, their context items, first steps and usage, as one statement (one round trip, one
+    /// commit). A deployment deleted meanwhile is recorded as none (as `ON DELETE SET NULL` does for rows
+    /// written earlier); the deadline runs from the database's clock. Response ids are random, so a row already
+    /// there under the same id is this very write made again after its reply was lost: it is written over while
+    /// the same replica still owns it at the first epoch, and left alone otherwise; its steps likewise.
+    const CREATE: &str = concat!(
+        "WITH r AS (
+    SELECT * FROM UNNEST($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::jsonb[], $7::jsonb[],
+        $8::text[], $9::bool[], $10::bool[], $11::int8[], $12::text[], $13::jsonb[], $14::bool[], $15::text[],
+        $16::text[], $17::text[], $18::int8[], $19::text[], $20::int8[], $21::text[], $22::text[])
+    AS r(id, project_id, deployment_id, model, status, params, server_tools, previous_response_id, store,
+        background, created_at, idempotency_key, usage, handed_back, error_code, error_message,
+        incomplete_reason, completed_at, owner, deadline_in_ms, api_key_id, trace_context)
+), response AS (
+    INSERT INTO responses (id, project_id, deployment_id, model, status, params, server_tools,
+        previous_response_id, store, background, created_at, updated_at, idempotency_key, usage, handed_back,
+        error_code, error_message, incomplete_reason, completed_at, owner, deadline_at, api_key_id, trace_context)
+    SELECT r.id, r.project_id, d.id, r.model, r.status, r.params, r.server_tools, r.previous_response_id,
+        r.store, r.background, r.created_at, COALESCE(r.completed_at, r.created_at), r.idempotency_key, r.usage,
+        r.handed_back, r.error_code, r.error_message, r.incomplete_reason, r.completed_at, r.owner, ",
+        pg_now_ms!(),
+        " + r.deadline_in_ms, r.api_key_id, r.trace_context
+    FROM r LEFT JOIN deployments d ON d.id = r.deployment_id
+    ON CONFLICT (id) DO UPDATE SET status = excluded.status, usage = excluded.usage,
+        handed_back = excluded.handed_back, error_code = excluded.error_code,
+        error_message = excluded.error_message, incomplete_reason = excluded.incomplete_reason,
+        completed_at = excluded.completed_at, updated_at = excluded.updated_at
+    WHERE responses.owner IS NOT DISTINCT FROM excluded.owner AND responses.claim_epoch = 0
+), items AS (
+    INSERT INTO response_input_items (response_id, position, item_id, item)
+    SELECT * FROM UNNEST($23::text[], $24::int4[], $25::text[], $26::jsonb[])
+    ON CONFLICT DO NOTHING
+), added AS (
+    INSERT INTO steps (response_id, seq, kind, state, body, call_id, tool_name, attempts, created_at, updated_at)
+    SELECT s.response_id, s.seq, s.kind, s.state, s.body, s.call_id, s.tool_name,
+           CASE WHEN s.state = 'pending' THEN 0 ELSE 1 END, r.created_at, COALESCE(r.completed_at, r.created_at)
+    FROM UNNEST($27::text[], $28::int4[], $29::text[], $30::text[], $31::jsonb[], $32::text[], $33::text[])
+        AS s(response_id, seq, kind, state, body, call_id, tool_name)
+    JOIN r ON r.id = s.response_id
+    ON CONFLICT (response_id, seq) DO UPDATE SET state = excluded.state, body = excluded.body,
+        updated_at = excluded.updated_at
+    WHERE EXISTS (SELECT 1 FROM responses x JOIN r ON r.id = x.id WHERE x.id = excluded.response_id
+        AND x.owner IS NOT DISTINCT FROM r.owner AND x.claim_epoch = 0)
+), usage AS (
+    INSERT INTO usage_records SELECT * FROM ",
+        usage_recordset!("$34"),
+        " ON CONFLICT DO NOTHING
+)
+SELECT set_config('synchronous_commit', COALESCE($35, current_setting('synchronous_commit')), true)"
+    );
+
+    /// Step boundaries of running responses as one statement, each written only while its replica owns the
+    /// response under its claim epoch (the rows are locked for the statement, in one order, so a takeover waits
+    /// for it): a run that lost its response writes nothing, and learns it from its response missing among the
+    /// rows answered, even when the response came back to its replica under a later claim. A step already
+    /// there is the run's own write made again (its reply was lost): it is written over, never a conflict.
+    /// Changed steps count an attempt when they start running; a response row changes only when it ends. The
+    /// followers of the responses that ask for it are told they progressed.
+    const BOUNDARIES: &str = concat!(
+        "WITH w AS (
+    SELECT * FROM UNNEST($1::text[], $2::text[], $3::int8[], $4::int8[], $5::text[], $6::jsonb[], $7::bool[],
+        $8::text[], $9::text[], $10::text[], $11::int8[], $12::bool[])
+    AS w(id, owner, epoch, at, status, usage, handed_back, error_code, error_message, incomplete_reason,
+        completed_at, notify)
+), owned AS (
+    SELECT r.id, r.cancel_requested FROM responses r JOIN w ON r.id = w.id AND r.owner = w.owner
+        AND r.claim_epoch = w.epoch
+    ORDER BY r.id FOR UPDATE OF r
+), changed AS (
+    UPDATE steps SET state = u.state, body = u.body, updated_at = w.at,
+        attempts = steps.attempts + CASE WHEN u.state = 'running' THEN 1 ELSE 0 END
+    FROM UNNEST($13::text[], $14::int4[], $15::text[], $16::jsonb[]) AS u(response_id, seq, state, body)
+    JOIN w ON w.id = u.response_id
+    WHERE steps.response_id = u.response_id AND steps.seq = u.seq AND u.response_id IN (SELECT id FROM owned)
+), added AS (
+    INSERT INTO steps (response_id, seq, kind, state, body, call_id, tool_name, attempts, created_at, updated_at)
+    SELECT s.response_id, s.seq, s.kind, s.state, s.body, s.call_id, s.tool_name,
+           CASE WHEN s.state = 'pending' THEN 0 ELSE 1 END, w.at, w.at
+    FROM UNNEST($17::text[], $18::int4[], $19::text[], $20::text[], $21::jsonb[], $22::text[], $23::text[])
+        AS s(response_id, seq, kind, state, body, call_id, tool_name)
+    JOIN w ON w.id = s.response_id
+    WHERE s.response_id IN (SELECT id FROM owned)
+    ON CONFLICT (response_id, seq) DO UPDATE SET state = excluded.state, body = excluded.body,
+        updated_at = excluded.updated_at
+), ended AS (
+    UPDATE responses SET status = w.status, usage = w.usage, handed_back = w.handed_back,
+        error_code = w.error_code, error_message = w.error_message, incomplete_reason = w.incomplete_reason,
+        completed_at = w.completed_at, updated_at = w.at
+    FROM w WHERE responses.id = w.id AND w.status IS NOT NULL AND w.id IN (SELECT id FROM owned)
+), notified AS (
+    SELECT pg_notify('gateway_progress', o.id) FROM owned o JOIN w ON w.id = o.id WHERE w.notify
+), usage AS (
+    INSERT INTO usage_records SELECT * FROM ",
+        usage_recordset!("$24"),
+        " WHERE u.response_id IN (SELECT id FROM owned) ON CONFLICT DO NOTHING
+)
+SELECT o.id, o.cancel_requested, (SELECT COUNT(*) FROM notified) AS notified,
+       set_config('synchronous_commit', COALESCE($25, current_setting('synchronous_commit')), true) AS commit
+FROM owned o"
+    );
+
+    /// Steps of several responses as one array per column (the response's id first), for `UNNEST`.
+    #[derive(Default)]
+    struct StepColumns<'a> {
+        response_id: Vec<&'a str>,
+        seq: Vec<i32>,
+        kind: Vec<&'static str>,
+        state: Vec<&'static str>,
+        body: Vec<&'a Value>,
+        call_id: Vec<Option<&'a str>>,
+        tool_name: Vec<Option<&'a str>>,
+    }
+
+    impl<'a> StepColumns<'a> {
+        fn push(&mut self, response_id: &'a str, row: &'a StepRow) {
+            self.response_id.push(response_id);
+            self.seq.push(row.seq);
+            self.kind.push(row.kind);
+            self.state.push(row.state);
+            self.body.push(&row.body);
+            self.call_id.push(row.call_id.as_deref());
+            self.tool_name.push(row.tool_name.as_deref());
+        }
+    }
+
+    /// Binds a `StepColumns`' seven columns as the next seven array parameters of `$query` (a macro, because
+    /// sqlx's statement types have no common trait for `bind`).
+    macro_rules! bind_step_columns {
+        ($query:expr, $columns:expr) => {{
+            let columns = &$columns;
+            $query
+                .bind(&columns.response_id)
+                .bind(&columns.seq)
+                .bind(&columns.kind)
+                .bind(&columns.state)
+                .bind(&columns.body)
+                .bind(&columns.call_id)
+                .bind(&columns.tool_name)
+        }};
+    }
+
+    pub(super) async fn write(
+        pool: &PgPool,
+        writes: &[&Write],
+        durability: Durability,
+    ) -> Result<Vec<Written>, StoreError> {
+        let creates: Vec<&CreateRows> = writes
+            .iter()
+            .filter_map(|w| match w {
+                Write::Create(rows) => Some(&**rows),
+                Write::Boundary(_) => None,
+            })
+            .collect();
+        let boundaries: Vec<&BoundaryRows> = writes
+            .iter()
+            .filter_map(|w| match w {
+                Write::Boundary(rows) => Some(&**rows),
+                Write::Create(_) => None,
+            })
+            .collect();
+        let synchronous_commit = durability.synchronous_commit();
+        if !creates.is_empty() {
+            create(pool, &creates, synchronous_commit).await?;
+        }
+        let mut owned = HashMap::new();
+        if !boundaries.is_empty() {
+            owned = boundary(pool, &boundaries, synchronous_commit).await?;
+        }
+        Ok(writes
+            .iter()
+            .map(|w| match w {
+                Write::Create(_) => Written::Created,
+                Write::Boundary(rows) => Written::Boundary(owned.get(rows.id.as_str()).copied()),
+            })
+            .collect())
+    }
+
+    async fn create(
+        pool: &PgPool,
+        creates: &[&CreateRows],
+        synchronous_commit: Option<&str>,
+    ) -> Result<(), StoreError> {
+        let column = |f: fn(&CreateRows) -> &str| creates.iter().map(|c| f(c)).collect::<Vec<_>>();
+        let optional =
+            |f: fn(&CreateRows) -> Option<&str>| creates.iter().map(|c| f(c)).collect::<Vec<_>>();
+        let mut item_response = Vec::new();
+        let mut item_position = Vec::new();
+        let mut item_id = Vec::new();
+        let mut item = Vec::new();
+        let mut steps = StepColumns::default();
+        let mut usage = Vec::new();
+        for c in creates {
+            for (position, id, body) in &c.items {
+                item_response.push(c.id.as_str());
+                item_position.push(*position);
+                item_id.push(id.as_str());
+                item.push(body);
+            }
+            for row in &c.steps {
+                steps.push(&c.id, row);
+            }
+            usage.extend(c.usage_records.iter());
+        }
+        let query = sqlx::query(CREATE)
+            .bind(column(|c| &c.id))
+            .bind(column(|c| &c.project_id))
+            .bind(column(|c| &c.deployment_id))
+            .bind(column(|c| &c.model))
+            .bind(creates.iter().map(|c| c.status).collect::<Vec<_>>())
+            .bind(creates.iter().map(|c| &c.params).collect::<Vec<_>>())
+            .bind(creates.iter().map(|c| &c.server_tools).collect::<Vec<_>>())
+            .bind(optional(|c| c.previous_response_id.as_deref()))
+            .bind(creates.iter().map(|c| c.store).collect::<Vec<_>>())
+            .bind(creates.iter().map(|c| c.background).collect::<Vec<_>>())
+            .bind(creates.iter().map(|c| c.created_at).collect::<Vec<_>>())
+            .bind(optional(|c| c.idempotency_key.as_deref()))
+            .bind(creates.iter().map(|c| c.usage.as_ref()).collect::<Vec<_>>())
+            .bind(
+                creates
+                    .iter()
+                    .map(|c| c.ending.handed_back)
+                    .collect::<Vec<_>>(),
+            )
+            .bind(
+                creates
+                    .iter()
+                    .map(|c| c.ending.error_code)
+                    .collect::<Vec<_>>(),
+            )
+            .bind(optional(|c| c.ending.error_message.as_deref()))
+            .bind(
+                creates
+                    .iter()
+                    .map(|c| c.ending.incomplete_reason)
+                    .collect::<Vec<_>>(),
+            )
+            .bind(
+                creates
+                    .iter()
+                    .map(|c| c.ending.completed_at)
+                    .collect::<Vec<_>>(),
+            )
+            .bind(optional(|c| c.owner.as_deref()))
+            .bind(creates.iter().map(|c| c.deadline_in_ms).collect::<Vec<_>>())
+            .bind(optional(|c| c.api_key_id.as_deref()))
+            .bind(optional(|c| c.trace_context.as_deref()))
+            .bind(&item_response)
+            .bind(&item_position)
+            .bind(&item_id)
+            .bind(&item);
+        bind_step_columns!(query, steps)
+            .bind(super::super::writes::usage_json(usage))
+            .bind(synchronous_commit)
+            .execute(pool)
+            .await
+            .map_err(|e| StoreError::from_write(e, super::CREATE_CONFLICT))?;
+        Ok(())
+    }
+
+    async fn boundary<'a>(
+        pool: &PgPool,
+        boundaries: &[&'a BoundaryRows],
+        synchronous_commit: Option<&str>,
+    ) -> Result<HashMap<String, bool>, StoreError> {
+        let mut changed_response = Vec::new();
+        let mut changed_seq = Vec::new();
+        let mut changed_state = Vec::new();
+        let mut changed_body = Vec::new();
+        let mut added = StepColumns::default();
+        let mut usage = Vec::new();
+        for b in boundaries {
+            for (seq, state, body) in &b.changed {
+                changed_response.push(b.id.as_str());
+                changed_seq.push(*seq);
+                changed_state.push(*state);
+                changed_body.push(body);
+            }
+            for row in &b.added {
+                added.push(&b.id, row);
+            }
+            usage.extend(b.usage_records.iter());
+        }
+        let query = sqlx::query_as::<_, (String, bool, i64, String)>(BOUNDARIES)
+            .bind(boundaries.iter().map(|b| b.id.as_str()).collect::<Vec<_>>())
+            .bind(
+                boundaries
+                    .iter()
+                    .map(|b| b.owner.as_str())
+                    .collect::<Vec<_>>(),
+            )
+            .bind(boundaries.iter().map(|b| b.epoch).collect::<Vec<_>>())
+            .bind(boundaries.iter().map(|b| b.at).collect::<Vec<_>>())
+            .bind(
+                boundaries
+                    .iter()
+                    .map(|b| b.ending.status)
+                    .collect::<Vec<_>>(),
+            )
+            .bind(
+                boundaries
+                    .iter()
+                    .map(|b| b.usage.as_ref())
+                    .collect::<Vec<_>>(),
+            )
+            .bind(
+                boundaries
+                    .iter()
+                    .map(|b| b.ending.handed_back)
+                    .collect::<Vec<_>>(),
+            )
+            .bind(
+                boundaries
+                    .iter()
+                    .map(|b| b.ending.error_code)
+                    .collect::<Vec<_>>(),
+            )
+            .bind(
+                boundaries
+                    .iter()
+                    .map(|b| b.ending.error_message.as_deref())
+                    .collect::<Vec<_>>(),
+            )
+            .bind(
+                boundaries
+                    .iter()
+                    .map(|b| b.ending.incomplete_reason)
+                    .collect::<Vec<_>>(),
+            )
+            .bind(
+                boundaries
+                    .iter()
+                    .map(|b| b.ending.completed_at)
+                    .collect::<Vec<_>>(),
+            )
+            .bind(boundaries.iter().map(|b| b.notify).collect::<Vec<_>>())
+            .bind(&changed_response)
+            .bind(&changed_seq)
+            .bind(&changed_state)
+            .bind(&changed_body);
+        let owned = bind_step_columns!(query, added)
+            .bind(super::super::writes::usage_json(usage))
+            .bind(synchronous_commit)
+            .fetch_all(pool)
+            .await
+            .map_err(|e| StoreError::from_write(e, super::STEP_CONFLICT))?;
+        Ok(owned
+            .into_iter()
+            .map(|(id, cancel_requested, _, _)| (id, cancel_requested))
+            .collect())
+    }
+}
+
+mod sqlite {
+    //! A batch on the embedded store: every write in one transaction, so one commit (and one sync of the file)
+    //! for all.
+
+    use sqlx::sqlite::{SqliteConnection, SqlitePool};
+
+    use super::{BoundaryRows, CreateRows, Write, Written};
+    use crate::store::responses::rows::StepRow;
+    use crate::store::StoreError;
+
+    pub(super) async fn write(
+        pool: &SqlitePool,
+        writes: &[&Write],
+    ) -> Result<Vec<Written>, StoreError> {
+        let conflict = match writes {
+            [Write::Create(_)] => super::CREATE_CONFLICT,
+            _ => super::STEP_CONFLICT,
+        };
+        let written: Result<Vec<Written>, sqlx::Error> = async {
+            let mut tx = pool.begin().await?;
+            let mut written = Vec::with_capacity(writes.len());
+            for write in writes {
+                written.push(match write {
+                    Write::Create(rows) => {
+                        create(&mut tx, rows).await?;
+                        Written::Created
+                    }
+                    Write::Boundary(rows) => Written::Boundary(boundary(&mut tx, rows).await?),
+                });
+            }
+            tx.commit().await?;
+            Ok(written)
+        }
+        .await;
+        written.map_err(|e| StoreError::from_write(e, conflict))
+    }
+
+    async fn insert_steps(
+        tx: &mut SqliteConnection,
+        response_id: &str,
+        rows: &[StepRow],
+        created_at: i64,
+        updated_at: i64,
+    ) -> Result<(), sqlx::Error> {
+        for row in rows {
+            sqlx::query(
+                "INSERT INTO steps (response_id, seq, kind, state, body, call_id, tool_name, attempts, created_at,
+                    updated_at)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
+                 ON CONFLICT (response_id, seq) DO UPDATE SET state = excluded.state, body = excluded.body,
+                    updated_at = excluded.updated_at",
+            )
+            .bind(response_id)
+            .bind(row.seq)
+            .bind(row.kind)
+            .bind(row.state)
+            .bind(&row.body)
+            .bind(&row.call_id)
+            .bind(&row.tool_name)
+            .bind(row.attempts())
+            .bind(created_at)
+            .bind(updated_at)
+            .execute(&mut *tx)
+            .await?;
+        }
+        Ok(())
+    }
+
+    /// The row (written over only by the same write made again: same owner, first epoch), its context and
+    /// steps, and their usage.
+    async fn create(tx: &mut SqliteConnection, c: &CreateRows) -> Result<(), sqlx::Error> {
+        sqlx::query(concat!(
+            "INSERT INTO responses (id, project_id, deployment_id, model, status, params, server_tools,
+                previous_response_id, store, background, created_at, updated_at, idempotency_key, usage,
+                handed_back, error_code, error_message, incomplete_reason, completed_at, owner, deadline_at,
+                api_key_id, trace_context)
+             VALUES ($1, $2, (SELECT id FROM deployments WHERE id = $3), $4, $5, $6, $7, $8, $9, $10, $11,
+                COALESCE($18, $11), $12, $13, $14, $15, $16, $17, $18, $19, ",
+            sqlite_now_ms!(),
+            " + $20, $21, $22)
+             ON CONFLICT (id) DO UPDATE SET status = excluded.status, usage = excluded.usage,
+                handed_back = excluded.handed_back, error_code = excluded.error_code,
+                error_message = excluded.error_message, incomplete_reason = excluded.incomplete_reason,
+                completed_at = excluded.completed_at, updated_at = excluded.updated_at
+             WHERE responses.owner IS NOT DISTINCT FROM excluded.owner AND responses.claim_epoch = 0"
+        ))
+        .bind(&c.id)
+        .bind(&c.project_id)
+        .bind(&c.deployment_id)
+        .bind(&c.model)
+        .bind(c.status)
+        .bind(&c.params)
+        .bind(&c.server_tools)
+        .bind(&c.previous_response_id)
+        .bind(c.store)
+        .bind(c.background)
+        .bind(c.created_at)
+        .bind(&c.idempotency_key)
+        .bind(&c.usage)
+        .bind(c.ending.handed_back)
+        .bind(c.ending.error_code)
+        .bind(&c.ending.error_message)
+        .bind(c.ending.incomplete_reason)
+        .bind(c.ending.completed_at)
+        .bind(&c.owner)
+        .bind(c.deadline_in_ms)
+        .bind(&c.api_key_id)
+        .bind(&c.trace_context)
+        .execute(&mut *tx)
+        .await?;
+        for (position, id, item) in &c.items {
+            sqlx::query(
+                "INSERT INTO response_input_items (response_id, position, item_id, item)
+                 VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING",
+            )
+            .bind(&c.id)
+            .bind(position)
+            .bind(id)
+            .bind(item)
+            .execute(&mut *tx)
+            .await?;
+        }
+        insert_steps(tx, &c.id, &c.steps, c.created_at, c.updated_at()).await?;
+        insert_usage_rows!(tx, &c.usage_records);
+        Ok(())
+    }
+
+    /// One step boundary, fenced: `None` (nothing written) when the replica no longer owns the response.
+    async fn boundary(
+        tx: &mut SqliteConnection,
+        b: &BoundaryRows,
+    ) -> Result<Option<bool>, sqlx::Error> {
+        // The ownership check writes the row first, so that the transaction holds the write lock from its
+        // first statement.
+        let owned: Option<bool> = sqlx::query_scalar(
+            "UPDATE responses SET updated_at = $3 WHERE id = $1 AND owner = $2 AND claim_epoch = $4
+             RETURNING cancel_requested",
+        )
+        .bind(&b.id)
+        .bind(&b.owner)
+        .bind(b.at)
+        .bind(b.epoch)
+        .fetch_optional(&mut *tx)
+        .await?;
+        if owned.is_none() {
+            return Ok(None);
+        }
+        for (seq, state, body) in &b.changed {
+            sqlx::query(
+                "UPDATE steps SET state = $3, body = $4, updated_at = $5,
+                    attempts = attempts + CASE WHEN $3 = 'running' THEN 1 ELSE 0 END
+                 WHERE response_id = $1 AND seq = $2",
+            )
+            .bind(&b.id)
+            .bind(seq)
+            .bind(state)
+            .bind(body)
+            .bind(b.at)
+            .execute(&mut *tx)
+            .await?;
+        }
+        insert_steps(tx, &b.id, &b.added, b.at, b.at).await?;
+        insert_usage_rows!(tx, &b.usage_records);
+        if let Some(status) = b.ending.status {
+            sqlx::query(
+                "UPDATE responses SET status = $2, usage = $3, handed_back = $4, error_code = $5,
+                    error_message = $6, incomplete_reason = $7, completed_at = $8, updated_at = $9
+                 WHERE id = $1",
+            )
+            .bind(&b.id)
+            .bind(status)
+            .bind(&b.usage)
+            .bind(b.ending.handed_back)
+            .bind(b.ending.error_code)
+            .bind(&b.ending.error_message)
+            .bind(b.ending.incomplete_reason)
+            .bind(b.ending.completed_at)
+            .bind(b.at)
+            .execute(&mut *tx)
+            .await?;
+        }
+        Ok(owned)
+    }
+}
