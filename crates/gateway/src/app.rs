@@ -39,6 +39,7 @@ impl Application {
             .observed_by(Arc::new(crate::metrics::StoreMetrics))
             .with_group_commit(config.database.group_commit_batches);
         crate::metrics::install();
+        crate::memory::start();
         store.migrate().await?;
         crate::seed::apply(&store, &config.seed).await?;
         let engine = Engine::new(store.clone(), &config)?;

@@ -11,6 +11,7 @@ pub mod engine;
 pub mod governance;
 pub mod ids;
 pub mod listener;
+pub mod memory;
 pub mod metrics;
 pub mod resolver;
 pub mod retry;
