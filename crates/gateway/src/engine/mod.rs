@@ -61,9 +61,22 @@ use crate::upstream::Upstream;
 use journal::Journal;
 use runs::Registration;
 
-/// Runs responses: preparation against the tenancy and the stored context, and the loop itself. Cheap to clone.
+/// Runs responses: preparation against the tenancy and the stored context, and the loop itself. Cheap to clone:
+/// one reference count for all of its parts (a request clones it several times, every run once).
 #[derive(Debug, Clone)]
-pub struct Engine {
+pub struct Engine(Arc<Parts>);
+
+impl std::ops::Deref for Engine {
+    type Target = Parts;
+
+    fn deref(&self) -> &Parts {
+        &self.0
+    }
+}
+
+/// What an engine holds.
+#[derive(Debug)]
+pub struct Parts {
     store: Store,
     resolver: Resolver,
     upstream: Upstream,
@@ -204,7 +217,7 @@ impl Engine {
     /// An engine on `store`, with the upstream, tool, tenancy and durability settings of `config`.
     pub fn new(store: Store, config: &Config) -> Result<Engine, StartError> {
         let replica = Arc::new(Replica::new(&config.durability));
-        Ok(Engine {
+        Ok(Engine(Arc::new(Parts {
             governor: Governor::new(
                 store.clone(),
                 replica.id.clone(),
@@ -230,7 +243,7 @@ impl Engine {
             deliverer: crate::webhooks::Deliverer::new(store.clone(), config.webhooks.clone())
                 .map_err(StartError::http_client("webhooks"))?,
             store,
-        })
+        })))
     }
 
     /// Limits, budgets and usage.
