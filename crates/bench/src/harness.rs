@@ -77,7 +77,7 @@ impl Harness {
                 );
             }
         }
-        let database = Database::create(&args.start.database_url).await?;
+        let database = Harness::database(args).await?;
         if let Err(e) = database.apply_settings(&args.db_settings).await {
             let _ = database.drop_database().await;
             return Err(e);
@@ -123,6 +123,21 @@ impl Harness {
         Ok(harness)
     }
 
+    /// A fresh database for a gateway: on the Postgres server, or an embedded store with `--embedded`.
+    async fn database(args: &Args) -> anyhow::Result<Database> {
+        if args.embedded {
+            Database::embedded()
+        } else {
+            Database::create(&args.start.database_url).await
+        }
+    }
+
+    /// The Postgres server's transaction ids taken so far (see `Database::transaction_ids`); `None` on the
+    /// embedded store or a gateway the bench did not start.
+    pub(crate) async fn transaction_ids(&self) -> Option<i64> {
+        self.database.as_ref()?.transaction_ids().await
+    }
+
     /// Starts the baseline gateway from `dir` on a fresh database of its own, configured like the first.
     pub(crate) async fn start_baseline(
         args: &Args,
@@ -133,7 +148,7 @@ impl Harness {
         if !dir.join("gateway").is_file() {
             bail!("{} not found", dir.join("gateway").display());
         }
-        let database = Database::create(&args.start.database_url).await?;
+        let database = Harness::database(args).await?;
         let started = async {
             database.apply_settings(&args.db_settings).await?;
             let token = format!("bench-admin-{}", uuid::Uuid::new_v4().simple());
@@ -251,6 +266,7 @@ impl CpuSnapshot {
             postgres: harness
                 .database
                 .as_ref()
+                .filter(|d| !d.is_embedded())
                 .map(|d| procs::postgres_backends(&d.name)),
         }
     }

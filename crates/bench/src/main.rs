@@ -15,7 +15,7 @@ use serde_json::json;
 
 use gateway_bench::load::{self, Load, Stats};
 use gateway_bench::procs::{self, ChildProcess, StartOptions};
-use gateway_bench::report::{Measured, Outcome, Report, StreamsMeasured};
+use gateway_bench::report::{Measured, Outcome, Report, StreamsMeasured, WriteFigures};
 use gateway_bench::scenario::{self, reset_mocks, Scenario, Target};
 use gateway_bench::timings::Histograms;
 
@@ -94,6 +94,10 @@ struct Args {
     /// what governance costs.
     #[arg(long, requires = "baseline_bin_dir")]
     baseline_ungoverned: bool,
+    /// The measured gateway (and the baseline) run on the embedded store, a SQLite file in a fresh temporary
+    /// directory, instead of a Postgres database.
+    #[arg(long, conflicts_with = "gateway_url")]
+    embedded: bool,
 }
 
 struct Bench<'a> {
@@ -156,6 +160,7 @@ impl Bench<'_> {
         let mut cpu_spans = Vec::new();
         let mut sampled = None;
         let mut timings = Histograms::default();
+        let mut commits: Option<i64> = None;
         for (index, slice) in self.slices().into_iter().enumerate() {
             // The first target of a slice runs right after the previous slice's direct run and fares worse: the
             // two gateways take turns at going first, so that neither carries that bias.
@@ -168,9 +173,16 @@ impl Bench<'_> {
             }
             let sampler = harness.gateway_pid.map(procs::RssSampler::start);
             let histograms = Histograms::scrape(http, &endpoints.gateway).await;
+            let transactions_before = harness.transaction_ids().await;
             let before = CpuSnapshot::take(harness);
             gateway_stats.merge(&load::run(http, &gateway, self.load, slice).await?);
             cpu_spans.push((before, CpuSnapshot::take(harness)));
+            if let (Some(before), Some(after)) =
+                (transactions_before, harness.transaction_ids().await)
+            {
+                // The read before took an id of its own.
+                *commits.get_or_insert(0) += (after - before - 1).max(0);
+            }
             timings.add_between(
                 &histograms,
                 &Histograms::scrape(http, &endpoints.gateway).await,
@@ -200,6 +212,7 @@ impl Bench<'_> {
             plan: plan_text,
             cpu: CpuSnapshot::per_request(&cpu_spans, gateway_stats.ok, self.ticks_per_second),
             timings: timings.describe(gateway_stats.ok + gateway_stats.errors),
+            writes: WriteFigures::of(&timings, commits, gateway_stats.ok + gateway_stats.errors),
             gateway: gateway_stats,
             baseline: baseline_stats,
             direct: direct_stats,
@@ -239,16 +252,25 @@ impl Bench<'_> {
         if let Some(pid) = harness.gateway_pid {
             procs::reset_peak(pid);
         }
-        let outcome = load::open_streams(http, &request, count, harness.gateway_pid).await?;
+        // The streams' clients of their own: dropped with their connections once the streams ended, as clients
+        // that leave would, so that "after" measures what the gateway keeps, not connections kept open to it.
+        let clients = client()?;
+        let outcome = load::open_streams(&clients, &request, count, harness.gateway_pid).await?;
+        drop(clients);
         let hwm = harness
             .gateway_pid
             .and_then(|pid| procs::memory(pid).ok())
             .map(|m| m.hwm_kib);
+        let rss = || {
+            harness
+                .gateway_pid
+                .and_then(|pid| procs::memory(pid).ok())
+                .map(|m| m.rss_kib)
+        };
         tokio::time::sleep(Duration::from_secs(1)).await;
-        let rss_after = harness
-            .gateway_pid
-            .and_then(|pid| procs::memory(pid).ok())
-            .map(|m| m.rss_kib);
+        let rss_after = rss();
+        tokio::time::sleep(Duration::from_secs(4)).await;
+        let rss_settled = rss();
         reset_mocks(http, endpoints).await?;
         Ok(Outcome::Streams(Box::new(StreamsMeasured {
             count,
@@ -258,6 +280,7 @@ impl Bench<'_> {
             rss_before_kib: rss_before,
             hwm_kib: hwm,
             rss_after_kib: rss_after,
+            rss_settled_kib: rss_settled,
         })))
     }
 }
@@ -333,6 +356,16 @@ async fn run_all(
     Ok(())
 }
 
+/// The bench's HTTP client: connections kept, no delay on small writes.
+fn client() -> anyhow::Result<Client> {
+    Ok(Client::builder()
+        .pool_max_idle_per_host(usize::MAX)
+        .tcp_nodelay(true)
+        .connect_timeout(Duration::from_secs(10))
+        .timeout(Duration::from_secs(300))
+        .build()?)
+}
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
@@ -344,12 +377,7 @@ async fn main() -> anyhow::Result<()> {
             concurrency: args.concurrency.max(1),
         },
     };
-    let http = Client::builder()
-        .pool_max_idle_per_host(usize::MAX)
-        .tcp_nodelay(true)
-        .connect_timeout(Duration::from_secs(10))
-        .timeout(Duration::from_secs(300))
-        .build()?;
+    let http = client()?;
 
     let mut report = Report {
         command: std::env::args()
@@ -359,9 +387,14 @@ async fn main() -> anyhow::Result<()> {
         started: utc_now(),
         machine: machine(),
         settings: format!(
-            "{} s per target after {} s warm-up, gateway{}{} and direct alternating {}, {}{}",
+            "{} s per target after {} s warm-up, gateway{}{}{} and direct alternating {}, {}{}",
             args.duration,
             args.warmup,
+            if args.embedded {
+                " (embedded store)"
+            } else {
+                ""
+            },
             if args.traces {
                 " (traces on, every request sampled)"
             } else {

@@ -30,7 +30,50 @@ pub struct Measured {
     pub peak_rss_kib: Option<u64>,
     /// The gateway's own mean timings during the gateway run (from its `/metrics`).
     pub timings: String,
+    /// What the gateway run's writes cost the database.
+    pub writes: WriteFigures,
     pub cpu: CpuPerRequest,
+}
+
+/// What a run's writes cost the database: commits (Postgres' write transactions, every process included) and
+/// group commit's batches, per gateway request.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct WriteFigures {
+    pub commits_per_request: Option<f64>,
+    pub batches_per_request: Option<f64>,
+    pub writes_per_batch: Option<f64>,
+}
+
+impl WriteFigures {
+    /// From the gateway's batch histogram over the run and the write transactions counted around it.
+    pub fn of(
+        timings: &crate::timings::Histograms,
+        commits: Option<i64>,
+        requests: u64,
+    ) -> WriteFigures {
+        let requests = requests.max(1) as f64;
+        let batches = timings.batches().filter(|(batches, _)| *batches > 0.0);
+        WriteFigures {
+            commits_per_request: commits.map(|c| c as f64 / requests),
+            batches_per_request: batches.map(|(batches, _)| batches / requests),
+            writes_per_batch: batches.map(|(batches, writes)| writes / batches),
+        }
+    }
+
+    fn describe(&self) -> Option<String> {
+        let mut parts = Vec::new();
+        if let Some(commits) = self.commits_per_request {
+            parts.push(format!(
+                "{commits:.2} commits (write transactions) per request"
+            ));
+        }
+        if let (Some(batches), Some(writes)) = (self.batches_per_request, self.writes_per_batch) {
+            parts.push(format!(
+                "{batches:.3} group-commit batches per request, {writes:.1} writes per batch"
+            ));
+        }
+        (!parts.is_empty()).then(|| parts.join("; "))
+    }
 }
 
 impl Measured {
@@ -54,6 +97,8 @@ pub struct StreamsMeasured {
     pub rss_before_kib: Option<u64>,
     pub hwm_kib: Option<u64>,
     pub rss_after_kib: Option<u64>,
+    /// RSS 5 s after the streams and their connections closed.
+    pub rss_settled_kib: Option<u64>,
 }
 
 #[derive(Debug, Clone)]
@@ -261,6 +306,9 @@ impl Report {
                         m.timings
                     );
                 }
+                if let Some(writes) = m.writes.describe() {
+                    let _ = writeln!(out, "  * writes: {writes}");
+                }
                 for sample in m
                     .gateway
                     .error_samples
@@ -283,12 +331,12 @@ impl Report {
             );
             let _ = writeln!(
                 out,
-                "| load avg | streams ok | errors | max open at once | all open after | RSS before MiB | RSS at max open MiB | peak RSS MiB | RSS after MiB | first event p50 | first event p99 | total p50 | total p99 |"
+                "| load avg | streams ok | errors | max open at once | all open after | RSS before MiB | RSS at max open MiB | peak RSS MiB | RSS 1 s after MiB | RSS 5 s after MiB | first event p50 | first event p99 | total p50 | total p99 |"
             );
-            let _ = writeln!(out, "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|");
+            let _ = writeln!(out, "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|");
             let _ = writeln!(
                 out,
-                "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+                "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
                 s.load_average,
                 o.stats.ok,
                 o.stats.errors,
@@ -299,6 +347,7 @@ impl Report {
                 mib(o.rss_at_max_open_kib),
                 mib(o.peak_rss_kib.max(s.hwm_kib)),
                 mib(s.rss_after_kib),
+                mib(s.rss_settled_kib),
                 ms(o.stats.first_event_ms(0.5)),
                 ms(o.stats.first_event_ms(0.99)),
                 ms(o.stats.ms(0.5)),

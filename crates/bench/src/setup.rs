@@ -5,14 +5,51 @@ use reqwest::{Client, Method};
 use serde_json::{json, Value};
 use sqlx::Connection;
 
-/// A database created for one bench run and dropped at its end.
+/// A database created for one bench run and dropped at its end: on the Postgres server, or an embedded store
+/// (a SQLite file in a directory of its own).
 pub struct Database {
     server_url: String,
     pub name: String,
     pub url: String,
+    /// The directory of an embedded store, removed at the end; `None` on Postgres.
+    embedded: Option<std::path::PathBuf>,
 }
 
 impl Database {
+    /// An embedded store in a fresh directory under the system's temporary directory.
+    pub fn embedded() -> anyhow::Result<Database> {
+        let name = format!("gw_bench_{}", uuid::Uuid::new_v4().simple());
+        let dir = std::env::temp_dir().join(&name);
+        std::fs::create_dir_all(&dir).with_context(|| format!("create {}", dir.display()))?;
+        Ok(Database {
+            server_url: String::new(),
+            url: format!("sqlite://{}/gateway.db?mode=rwc", dir.display()),
+            name,
+            embedded: Some(dir),
+        })
+    }
+
+    /// Whether this is an embedded store (no Postgres backends to measure, no settings to apply).
+    pub fn is_embedded(&self) -> bool {
+        self.embedded.is_some()
+    }
+
+    /// How many write transactions the whole Postgres server has begun so far (every transaction that writes
+    /// takes a transaction id; reading one takes one too, which the caller subtracts): taken around a measured
+    /// slice, the commits its writes cost. `None` for an embedded store.
+    pub async fn transaction_ids(&self) -> Option<i64> {
+        if self.is_embedded() {
+            return None;
+        }
+        let mut conn = sqlx::PgConnection::connect(&self.url).await.ok()?;
+        let id: Option<i64> = sqlx::query_scalar("SELECT pg_current_xact_id()::text::bigint")
+            .fetch_one(&mut conn)
+            .await
+            .ok();
+        let _ = conn.close().await;
+        id
+    }
+
     /// Creates `gw_bench_<random>` on the Postgres server that `server_url` connects to.
     pub async fn create(server_url: &str) -> anyhow::Result<Database> {
         let name = format!("gw_bench_{}", uuid::Uuid::new_v4().simple());
@@ -40,6 +77,7 @@ impl Database {
             server_url: server_url.to_owned(),
             name,
             url,
+            embedded: None,
         })
     }
 
@@ -48,6 +86,9 @@ impl Database {
     pub async fn apply_settings(&self, settings: &[String]) -> anyhow::Result<()> {
         if settings.is_empty() {
             return Ok(());
+        }
+        if self.is_embedded() {
+            bail!("--db-setting applies to Postgres, not to the embedded store");
         }
         let simple = |s: &str| {
             !s.is_empty()
@@ -79,6 +120,10 @@ impl Database {
 
     /// Drops the database, closing whatever connections are left.
     pub async fn drop_database(self) -> anyhow::Result<()> {
+        if let Some(dir) = &self.embedded {
+            return std::fs::remove_dir_all(dir)
+                .with_context(|| format!("remove {}", dir.display()));
+        }
         let mut conn = sqlx::PgConnection::connect(&self.server_url).await?;
         sqlx::query(&format!(
             "DROP DATABASE IF EXISTS \"{}\" WITH (FORCE)",

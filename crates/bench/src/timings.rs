@@ -29,9 +29,13 @@ impl Histograms {
             let Ok(value) = value.parse::<f64>() else {
                 continue;
             };
-            if let Some(name) = series_name(key, "_seconds_sum") {
+            if let Some(name) =
+                series_name(key, "_seconds_sum").or_else(|| series_name(key, "_writes_sum"))
+            {
                 series.entry(name).or_default().0 = value;
-            } else if let Some(name) = series_name(key, "_seconds_count") {
+            } else if let Some(name) =
+                series_name(key, "_seconds_count").or_else(|| series_name(key, "_writes_count"))
+            {
                 series.entry(name).or_default().1 = value;
             }
         }
@@ -48,13 +52,23 @@ impl Histograms {
         }
     }
 
+    /// Group commit's batches in the span, and the writes they held (`gateway_store_batch_writes`).
+    pub fn batches(&self) -> Option<(f64, f64)> {
+        self.0
+            .get(BATCH_SERIES)
+            .map(|(writes, batches)| (*batches, *writes))
+    }
+
     /// `series: mean ms × calls per request` for every series that moved, busiest first.
     pub fn describe(&self, requests: u64) -> String {
         let mut rows: Vec<(&String, f64, f64)> = self
             .0
             .iter()
             .filter(|(name, (_, count))| {
-                *count > 0.0 && !name.contains("/admin/") && !name.contains("/metrics")
+                *count > 0.0
+                    && !name.contains("/admin/")
+                    && !name.contains("/metrics")
+                    && name.as_str() != BATCH_SERIES
             })
             .map(|(name, (sum, count))| (name, sum / count * 1000.0, *count))
             .collect();
@@ -70,6 +84,9 @@ impl Histograms {
             .join("; ")
     }
 }
+
+/// The series of group commit's batch sizes, as `series_name` names it.
+const BATCH_SERIES: &str = "store_batch";
 
 /// `gateway_store_duration{op="x"}` for `gateway_store_duration_seconds_sum{op="x"}`.
 fn series_name(key: &str, suffix: &str) -> Option<String> {
@@ -99,7 +116,9 @@ mod tests {
              gateway_store_duration_seconds_count{op=\"create\"} 20\n\
              gateway_upstream_call_duration_seconds_sum{deployment=\"mock\"} 0.2\n\
              gateway_upstream_call_duration_seconds_count{deployment=\"mock\"} 20\n\
-             gateway_responses_total 20\n",
+             gateway_responses_total 20\n\
+             gateway_store_batch_writes_sum 30\n\
+             gateway_store_batch_writes_count 12\n",
         );
         let mut total = Histograms::default();
         total.add_between(&before, &after);
@@ -108,5 +127,6 @@ mod tests {
             "store_duration{op=\"create\"} 50.000 ms × 1.00; \
              upstream_call_duration{deployment=\"mock\"} 10.000 ms × 2.00"
         );
+        assert_eq!(total.batches(), Some((12.0, 30.0)));
     }
 }
