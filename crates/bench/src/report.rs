@@ -333,7 +333,10 @@ impl Report {
                 out,
                 "| load avg | streams ok | errors | max open at once | all open after | RSS before MiB | RSS at max open MiB | peak RSS MiB | RSS 1 s after MiB | RSS 5 s after MiB | first event p50 | first event p99 | total p50 | total p99 |"
             );
-            let _ = writeln!(out, "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|");
+            let _ = writeln!(
+                out,
+                "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|"
+            );
             let _ = writeln!(
                 out,
                 "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",

@@ -506,9 +506,9 @@ FROM owned o"
         Ok(())
     }
 
-    async fn boundary<'a>(
+    async fn boundary(
         pool: &PgPool,
-        boundaries: &[&'a BoundaryRows],
+        boundaries: &[&BoundaryRows],
         synchronous_commit: Option<&str>,
     ) -> Result<HashMap<String, bool>, StoreError> {
         let mut changed_response = Vec::new();
