@@ -299,8 +299,8 @@ SELECT set_config('synchronous_commit', COALESCE($35, current_setting('synchrono
     );
 
     /// Step boundaries of running responses as one statement, each written only while its replica owns the
-    /// response under its claim epoch (the rows are locked for the statement, in one order, so a takeover waits
-    /// for it): a run that lost its response writes nothing, and learns it from its response missing among the
+    /// response under its claim epoch (the rows are locked for the statement, in the order `claims_of` locks
+    /// them, so the two never deadlock, and a takeover waits for it): a run that lost its response writes nothing, and learns it from its response missing among the
     /// rows answered, even when the response came back to its replica under a later claim. A step already
     /// there is the run's own write made again (its reply was lost): it is written over, never a conflict.
     /// Changed steps count an attempt when they start running; a response row changes only when it ends. The
@@ -314,7 +314,7 @@ SELECT set_config('synchronous_commit', COALESCE($35, current_setting('synchrono
 ), owned AS (
     SELECT r.id, r.cancel_requested FROM responses r JOIN w ON r.id = w.id AND r.owner = w.owner
         AND r.claim_epoch = w.epoch
-    ORDER BY r.id FOR UPDATE OF r
+    ORDER BY r.created_at, r.id FOR UPDATE OF r
 ), changed AS (
     UPDATE steps SET state = u.state, body = u.body, updated_at = w.at,
         attempts = steps.attempts + CASE WHEN u.state = 'running' THEN 1 ELSE 0 END
