@@ -75,6 +75,7 @@ on_both_backends!(
     a_heartbeat_says_whether_the_lease_held_since_the_previous_one,
     the_deadline_is_set_and_read_by_the_database_clock,
     writes_that_share_a_batch_are_answered_each_its_own_way,
+    a_run_that_lost_its_response_writes_nothing_even_queued_beside_the_run_that_took_it_back,
 );
 
 // ---- scratch databases ----
@@ -2108,6 +2109,136 @@ async fn writes_that_share_a_batch_are_answered_each_its_own_way(store: Store) {
             .await
             .expect("lookup"),
         Some("resp_keyed".to_owned())
+    );
+}
+
+/// The run that lost a response and the run that took it back on the same replica may both have a write queued at
+/// once: group commit never puts them in one batch, so each meets its own fence. Without that, the stale write
+/// would pass on the other's claim.
+async fn a_run_that_lost_its_response_writes_nothing_even_queued_beside_the_run_that_took_it_back(
+    store: Store,
+) {
+    let sizes = std::sync::Arc::new(BatchSizes::default());
+    let store = store.observed_by(sizes.clone()).with_group_commit(1);
+    let (project_id, deployment_id) = tenant(&store, "acme").await;
+    let first = model_step(0);
+    create(
+        &store,
+        &project_id,
+        &deployment_id,
+        &record("resp_back"),
+        &context(1),
+        std::slice::from_ref(&first),
+        None,
+    )
+    .await
+    .expect("create");
+    create(
+        &store,
+        &project_id,
+        &deployment_id,
+        &record("resp_other"),
+        &context(1),
+        &[],
+        None,
+    )
+    .await
+    .expect("create");
+    // OWNER lost resp_back (epoch 0) and claimed it again (epoch 1).
+    let sql = "UPDATE responses SET claim_epoch = 1 WHERE id = 'resp_back'";
+    let reclaimed = match store.backend() {
+        Backend::Postgres(pool) => sqlx::query(sql)
+            .execute(pool)
+            .await
+            .map(|r| r.rows_affected()),
+        Backend::Sqlite(pool) => sqlx::query(sql)
+            .execute(pool)
+            .await
+            .map(|r| r.rows_affected()),
+    };
+    assert_eq!(reclaimed.expect("reclaim"), 1);
+    sizes.0.lock().expect("sizes").clear();
+
+    // A first batch is taken and waits behind the lock; the two runs' writes queue behind it, together.
+    let lock = hold_the_write_lock(&store).await;
+    let blocker = write_as(&store, "resp_other", OWNER, 0, 0);
+    tokio::pin!(blocker);
+    assert!(futures::poll!(&mut blocker).is_pending());
+    while sizes.0.lock().expect("sizes").is_empty() {
+        tokio::task::yield_now().await;
+    }
+    // The stale run changes a stored step; the current one ends the response (updates both, which a shared batch
+    // would let through on the other's claim).
+    let failed = with_state(&first, StepState::Failed);
+    let changed = [&failed];
+    let stale_write = StepWrite {
+        response_id: "resp_back",
+        added: &[],
+        changed: &changed,
+        ended: None,
+        at: 1_700_000_070,
+        durability: Durability::Flush,
+        owner: OWNER,
+        epoch: 0,
+        notify: false,
+        usage: &[],
+    };
+    let stale = store.write_steps(&stale_write);
+    let ended = ResponseRecord {
+        state: ResponseState::Ended {
+            ending: Ending::Completed { handed_back: false },
+            completed_at: 1_700_000_080,
+        },
+        ..record("resp_back")
+    };
+    let current_write = StepWrite {
+        response_id: "resp_back",
+        added: &[],
+        changed: &[],
+        ended: Some(&ended),
+        at: 1_700_000_080,
+        durability: Durability::Flush,
+        owner: OWNER,
+        epoch: 1,
+        notify: false,
+        usage: &[],
+    };
+    let current = store.write_steps(&current_write);
+    tokio::pin!(stale, current);
+    assert!(futures::poll!(&mut stale).is_pending());
+    assert!(futures::poll!(&mut current).is_pending());
+    lock.release().await;
+    let (blocked, stale, current) = tokio::join!(blocker, stale, current);
+
+    blocked.expect("the first batch is written once the lock goes");
+    assert!(
+        matches!(stale, Err(StoreError::NotOwner)),
+        "the run that lost the response is refused: {stale:?}"
+    );
+    current.expect("the run that took it back writes");
+    let status = store
+        .load_response(&project_id, "resp_back")
+        .await
+        .expect("load")
+        .expect("there")
+        .record
+        .status();
+    assert_eq!(
+        status,
+        ResponseStatus::Completed,
+        "the current run ended it"
+    );
+    let steps: Vec<(u32, StepState)> = store
+        .load_steps(&project_id, "resp_back")
+        .await
+        .expect("steps")
+        .iter()
+        .map(|step| (step.seq, step.state))
+        .collect();
+    assert_eq!(
+        steps,
+        vec![(0, StepState::Succeeded)],
+        "the stale run changed nothing"
     );
 }
 

@@ -7,6 +7,7 @@
 //! answer; a batch the database refuses as a whole is written again one write at a time, so one bad write fails
 //! alone; a batch whose reply was lost leaves each of its writes in doubt, as a lost reply of its own would.
 
+use std::collections::HashSet;
 use std::sync::Arc;
 
 use serde_json::Value;
@@ -75,6 +76,16 @@ pub(super) struct BoundaryRows {
 pub(super) enum Write {
     Create(Box<CreateRows>),
     Boundary(Box<BoundaryRows>),
+}
+
+impl Write {
+    /// The response it writes.
+    fn response_id(&self) -> &str {
+        match self {
+            Write::Create(rows) => &rows.id,
+            Write::Boundary(rows) => &rows.id,
+        }
+    }
 }
 
 /// What a write did: a boundary answers whether a cancel asked the response to stop, or `None` when this
@@ -153,19 +164,33 @@ async fn write_batches(
     in_flight: usize,
 ) {
     let slots = Arc::new(Semaphore::new(in_flight));
+    // A write held back from the last batch: it starts the next one.
+    let mut held: Option<Queued> = None;
     loop {
         let Ok(slot) = Arc::clone(&slots).acquire_owned().await else {
             return;
         };
-        let Some(first) = jobs.recv().await else {
-            return;
+        let first = match held.take() {
+            Some(queued) => queued,
+            None => match jobs.recv().await {
+                Some(queued) => queued,
+                None => return,
+            },
         };
+        // One write per response in a batch: a batch's statements fence and answer by response, so a second
+        // write of the same response (a run that lost it and the run that took it back, on this replica) waits
+        // for the next batch, where its own fence decides.
+        let mut responses = HashSet::from([first.write.response_id().to_owned()]);
         let mut batch = vec![first];
         while batch.len() < MAX_BATCH {
-            match jobs.try_recv() {
-                Ok(queued) => batch.push(queued),
-                Err(_) => break,
+            let Ok(queued) = jobs.try_recv() else {
+                break;
+            };
+            if !responses.insert(queued.write.response_id().to_owned()) {
+                held = Some(queued);
+                break;
             }
+            batch.push(queued);
         }
         let backend = backend.clone();
         let observer = Arc::clone(&observer);
