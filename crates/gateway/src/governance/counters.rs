@@ -6,6 +6,8 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use tokio::sync::Notify;
+
 use gateway_core::governance::{window_start, Standing, WINDOW_SECS};
 
 use crate::store::{Store, StoreError};
@@ -19,6 +21,61 @@ fn slice(limit: u64) -> u64 {
 /// for `sync`; within them of the limit, every admission reads the shared window afresh. A twentieth of the limit.
 fn token_slice(limit: u64) -> u64 {
     (limit / 20).max(1)
+}
+
+/// What a request does next with the requests this replica holds of a window.
+enum Take {
+    /// One was taken: its standing, and whether the next slice should be leased ahead now.
+    Taken(Standing, bool),
+    /// None is left here and the window is full.
+    Refused(Standing),
+    /// None is left here and a lease is on its way: wait for it.
+    Wait(tokio::sync::futures::OwnedNotified),
+    /// None is left here: lease a slice.
+    Lease,
+}
+
+/// The standing of a `limit` of requests as `window` knows it at `now`.
+fn standing(window: &Window, limit: u64, now: i64) -> Standing {
+    Standing {
+        limit,
+        remaining: limit.saturating_sub(window.shared) + (window.leased - window.taken),
+        reset_secs: reset_secs(now),
+    }
+}
+
+/// What a task of the counters answered: a panic goes on as a panic; a task cancelled because the runtime is
+/// shutting down answers as a busy store.
+async fn joined<T>(task: tokio::task::JoinHandle<T>) -> Result<T, StoreError> {
+    match task.await {
+        Ok(answer) => Ok(answer),
+        Err(e) => match e.try_into_panic() {
+            Ok(panic) => std::panic::resume_unwind(panic),
+            Err(_) => Err(StoreError::Busy),
+        },
+    }
+}
+
+/// Whether a shared count is read before it is used.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Read {
+    /// Before the count is used: it was never read, the last read is `sync` old, or it is within a slice of
+    /// its limit.
+    Wait,
+    /// Beside: the last read is half of `sync` old, and the next use should find a fresh one.
+    Ahead,
+}
+
+/// Whether a count `used` of `limit`, last read `age` ago (`None`: never), is read again, and how.
+fn read_due(age: Option<Duration>, used: u64, limit: u64, sync: Duration) -> Option<Read> {
+    let near_limit = limit.saturating_sub(used) < token_slice(limit);
+    match age {
+        _ if near_limit => Some(Read::Wait),
+        None => Some(Read::Wait),
+        Some(age) if age >= sync => Some(Read::Wait),
+        Some(age) if age >= sync / 2 => Some(Read::Ahead),
+        Some(_) => None,
+    }
 }
 
 /// What this replica knows of one window of one counter.
@@ -39,6 +96,8 @@ struct Window {
     flushing: bool,
     /// A read of the shared window is on its way.
     reading: bool,
+    /// A lease of requests is on its way.
+    leasing: bool,
 }
 
 impl Window {
@@ -64,6 +123,8 @@ pub(super) struct Counters {
     store: Store,
     sync: Duration,
     windows: Arc<Mutex<HashMap<String, Window>>>,
+    /// Told whenever a lease of requests answered (or failed).
+    leased: Arc<Notify>,
 }
 
 impl Counters {
@@ -72,6 +133,7 @@ impl Counters {
             store,
             sync,
             windows: Arc::default(),
+            leased: Arc::default(),
         }
     }
 
@@ -95,7 +157,9 @@ impl Counters {
     }
 
     /// Counts one request against `limit` in the window of `now`: its standing after it, or (as `Err`) the
-    /// standing that refuses it.
+    /// standing that refuses it. A request waits on the store only when this replica's slice is used up and no
+    /// lease is on its way yet to be answered: the next slice is leased ahead, in one trip at a time, while a
+    /// quarter of the last one is left.
     pub(super) async fn request(
         &self,
         name: &str,
@@ -103,33 +167,90 @@ impl Counters {
         now: i64,
     ) -> Result<Result<Standing, Standing>, StoreError> {
         let start = window_start(now);
-        let standing = |window: &Window| Standing {
-            limit,
-            remaining: limit.saturating_sub(window.shared) + (window.leased - window.taken),
-            reset_secs: reset_secs(now),
-        };
-        let taken = self.with(name, start, |window| {
-            (window.taken < window.leased).then(|| {
-                window.taken += 1;
-                standing(window)
-            })
-        });
-        if let Some(standing) = taken {
-            return Ok(Ok(standing));
-        }
-        let lease = self
-            .store
-            .lease_window(name, start, slice(limit), limit)
-            .await?;
-        Ok(self.with(name, start, |window| {
-            window.leased += lease.granted;
-            window.shared = window.shared.max(lease.used.min(limit));
-            if lease.granted == 0 {
-                return Err(standing(window));
+        loop {
+            let next = self.with(name, start, |window| {
+                if window.taken < window.leased {
+                    window.taken += 1;
+                    let ahead = slice(limit) / 4;
+                    let lease_ahead = ahead > 0
+                        && window.leased - window.taken <= ahead
+                        && window.shared < limit
+                        && !std::mem::replace(&mut window.leasing, true);
+                    return Take::Taken(standing(window, limit, now), lease_ahead);
+                }
+                // The shared window never goes down within its minute: once it holds the limit, nothing more
+                // is granted, and the store need not be asked again.
+                if window.shared >= limit {
+                    return Take::Refused(standing(window, limit, now));
+                }
+                if window.leasing {
+                    return Take::Wait(Arc::clone(&self.leased).notified_owned());
+                }
+                window.leasing = true;
+                Take::Lease
+            });
+            match next {
+                Take::Taken(standing, lease_ahead) => {
+                    if lease_ahead {
+                        let lease = self.spawn_lease(name, start, limit, now, false);
+                        let name = name.to_owned();
+                        tokio::spawn(async move {
+                            if let Ok(Err(e)) = lease.await {
+                                tracing::warn!(counter = %name, error = %e, "could not lease requests ahead");
+                            }
+                        });
+                    }
+                    return Ok(Ok(standing));
+                }
+                Take::Refused(standing) => return Ok(Err(standing)),
+                Take::Wait(leased) => leased.await,
+                Take::Lease => {
+                    if let Some(taken) =
+                        joined(self.spawn_lease(name, start, limit, now, true)).await??
+                    {
+                        return Ok(taken);
+                    }
+                }
             }
-            window.taken += 1;
-            Ok(standing(window))
-        }))
+        }
+    }
+
+    /// Leases a slice of the window that starts at `start` in a task of its own, so that a request dropped while
+    /// it waits leaves neither the lease nor its `leasing` mark behind; wakes whoever waits for it. With `take`, one
+    /// request of the slice is taken for the caller in the same step, and its standing returned: `Ok(Err(_))` when
+    /// nothing was granted.
+    fn spawn_lease(
+        &self,
+        name: &str,
+        start: i64,
+        limit: u64,
+        now: i64,
+        take: bool,
+    ) -> tokio::task::JoinHandle<Result<Option<Result<Standing, Standing>>, StoreError>> {
+        let counters = self.clone();
+        let name = name.to_owned();
+        tokio::spawn(async move {
+            let lease = counters
+                .store
+                .lease_window(&name, start, slice(limit), limit)
+                .await;
+            let taken = counters.with(&name, start, |window| {
+                window.leasing = false;
+                let lease = lease.as_ref().ok()?;
+                window.leased += lease.granted;
+                window.shared = window.shared.max(lease.used.min(limit));
+                if !take {
+                    return None;
+                }
+                if window.taken >= window.leased {
+                    return Some(Err(standing(window, limit, now)));
+                }
+                window.taken += 1;
+                Some(Ok(standing(window, limit, now)))
+            });
+            counters.leased.notify_waiters();
+            lease.map(|_| taken)
+        })
     }
 
     /// The standing of `limit` tokens in the minute of `now` (see [`Counters::total`]).
@@ -147,26 +268,41 @@ impl Counters {
         })
     }
 
-    /// What the counter `name` holds in the window that starts at `start`, every replica's part included: read
-    /// from the shared window when the last read is older than `sync` or the count is within a slice of `limit`
-    /// (this replica's unsynced part added to it on the way). One read at a time: while one is on its way,
-    /// others use what is known.
+    /// What the counter `name` holds in the window that starts at `start`, every replica's part included, never
+    /// older than `sync`: read from the shared window when the last read is older than `sync`, when the count is
+    /// within a slice of `limit`, or when it was never read (this replica's unsynced part added to it on the
+    /// way). Read ahead, without waiting, once the last read is half of `sync` old, so that under steady use no
+    /// caller waits. One read at a time: while one is on its way, others use what is known.
     pub(super) async fn total(
         &self,
         name: &str,
         start: i64,
         limit: u64,
     ) -> Result<u64, StoreError> {
-        let read_now = self.with(name, start, |window| {
+        let read = self.with(name, start, |window| {
             let used = window.shared + window.unsynced + window.syncing;
-            let stale = limit.saturating_sub(used) < token_slice(limit)
-                || window.synced_at.is_none_or(|at| at.elapsed() >= self.sync);
-            stale && !std::mem::replace(&mut window.reading, true)
+            let due = read_due(
+                window.synced_at.map(|at| at.elapsed()),
+                used,
+                limit,
+                self.sync,
+            );
+            due.filter(|_| !std::mem::replace(&mut window.reading, true))
         });
-        if read_now {
-            let read = self.sync(name, start).await;
-            self.with(name, start, |window| window.reading = false);
-            read?;
+        if read.is_some() {
+            let counters = self.clone();
+            let owned = name.to_owned();
+            let reading = tokio::spawn(async move {
+                let read = counters.sync(&owned, start).await;
+                counters.with(&owned, start, |window| window.reading = false);
+                if let Err(e) = &read {
+                    tracing::warn!(counter = %owned, error = %e, "could not read a shared count");
+                }
+                read
+            });
+            if read == Some(Read::Wait) {
+                joined(reading).await??;
+            }
         }
         Ok(self.with(name, start, |window| {
             window.shared + window.unsynced + window.syncing
@@ -228,12 +364,112 @@ impl Counters {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use gateway_testkit::scratch::ScratchDatabase;
 
     #[test]
     fn slices_are_a_twentieth_of_the_limit_within_bounds() {
         for (limit, expected) in [(1, 1), (19, 1), (60, 3), (1000, 50), (100_000, 100)] {
             assert_eq!(slice(limit), expected, "limit {limit}");
         }
+    }
+
+    #[test]
+    fn a_count_is_read_before_use_when_stale_or_near_its_limit_and_beside_use_when_half_stale() {
+        let sync = Duration::from_millis(200);
+        let ms = Duration::from_millis;
+        for (age, used, expected) in [
+            (None, 0, Some(Read::Wait)),
+            (Some(ms(0)), 0, None),
+            (Some(ms(99)), 0, None),
+            (Some(ms(100)), 0, Some(Read::Ahead)),
+            (Some(ms(199)), 0, Some(Read::Ahead)),
+            (Some(ms(200)), 0, Some(Read::Wait)),
+            // Within a twentieth of the limit (50 of 1,000), every use reads afresh.
+            (Some(ms(0)), 951, Some(Read::Wait)),
+            (Some(ms(0)), 950, None),
+        ] {
+            assert_eq!(read_due(age, used, 1000, sync), expected, "{age:?} {used}");
+        }
+    }
+
+    async fn counters() -> (ScratchDatabase, Store, Counters) {
+        let db = ScratchDatabase::sqlite();
+        let store = Store::connect(db.url(), 2).await.expect("store");
+        store.migrate().await.expect("migrate");
+        let counters = Counters::new(store.clone(), Duration::from_secs(3600));
+        (db, store, counters)
+    }
+
+    /// What the shared window holds (adding nothing to it).
+    async fn shared(store: &Store, name: &str, now: i64) -> u64 {
+        let start = window_start(now);
+        store.add_to_window(name, start, 0).await.expect("read")
+    }
+
+    const NOW: i64 = 1_800_000_000;
+
+    #[tokio::test]
+    async fn the_next_slice_is_leased_ahead_while_a_quarter_of_the_last_is_left() {
+        let (_db, store, counters) = counters().await;
+        // A limit of 1,000: slices of 50, the next leased once 12 are left.
+        for _ in 0..37 {
+            let taken = counters.request("rpm", 1000, NOW).await.expect("store");
+            assert!(taken.is_ok());
+        }
+        assert_eq!(shared(&store, "rpm", NOW).await, 50);
+        let leased = Arc::clone(&counters.leased).notified_owned();
+        let standing = counters.request("rpm", 1000, NOW).await.expect("store");
+        assert_eq!(standing.expect("admitted").remaining, 1000 - 50 + 12);
+        tokio::time::timeout(Duration::from_secs(30), leased)
+            .await
+            .expect("the 38th request of a slice of 50 leased the next one ahead");
+        assert_eq!(shared(&store, "rpm", NOW).await, 100);
+        // The requests of both slices are taken without another lease.
+        for _ in 0..50 {
+            assert!(counters
+                .request("rpm", 1000, NOW)
+                .await
+                .expect("store")
+                .is_ok());
+        }
+        assert_eq!(shared(&store, "rpm", NOW).await, 100);
+    }
+
+    #[tokio::test]
+    async fn requests_that_find_the_slice_used_up_together_lease_one_slice() {
+        let (_db, store, counters) = counters().await;
+        let requests = (0..10).map(|_| counters.request("rpm", 1000, NOW));
+        for taken in futures::future::join_all(requests).await {
+            assert!(taken.expect("store").is_ok());
+        }
+        assert_eq!(shared(&store, "rpm", NOW).await, 50);
+    }
+
+    #[tokio::test]
+    async fn a_request_dropped_while_its_lease_is_on_its_way_leaves_the_lease_to_the_next() {
+        let (_db, store, counters) = counters().await;
+        let mut first = Box::pin(counters.request("rpm", 1000, NOW));
+        assert!(futures::poll!(&mut first).is_pending());
+        drop(first);
+        let standing = counters.request("rpm", 1000, NOW).await.expect("store");
+        // The dropped request's lease came through and was used: one slice, two requests taken of it.
+        assert_eq!(shared(&store, "rpm", NOW).await, 50);
+        assert_eq!(standing.expect("admitted").remaining, 1000 - 50 + 48);
+    }
+
+    #[tokio::test]
+    async fn a_full_window_refuses_without_asking_the_store_again() {
+        let (_db, store, counters) = counters().await;
+        for expected in [true, true, false] {
+            let taken = counters.request("rpm", 2, NOW).await.expect("store");
+            assert_eq!(taken.is_ok(), expected);
+        }
+        store.close().await;
+        let refused = counters
+            .request("rpm", 2, NOW)
+            .await
+            .expect("no trip to the store");
+        assert_eq!(refused.expect_err("refused").remaining, 0);
     }
 
     #[test]

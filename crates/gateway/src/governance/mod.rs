@@ -4,10 +4,12 @@
 //!
 //! How each limit holds across replicas (`docs/behaviour.md`, "Limits across replicas"):
 //! * `rpm`: each replica leases slices of a window's count from a shared counter that never passes the limit, so
-//!   replicas together never admit more than the limit in a window; a slice leased and not used is lost for that
-//!   window (at most `replicas × (slice − 1)` creates fewer than the limit).
+//!   replicas together never admit more than the limit in a window; the next slice is leased ahead while a quarter
+//!   of the last is left, and a slice leased and not used is lost for that window (at most
+//!   `replicas × (slice + slice/4 − 1)` creates fewer than the limit).
 //! * `tpm`: each replica adds the tokens its model calls used to a shared counter, and reads the others' back, at
-//!   most every `governance.sync_ms`; a replica does not see the last `sync_ms` of the others' tokens.
+//!   most every `governance.sync_ms` (renewed beside use once half that old, so that admission rarely waits); a
+//!   replica does not see the last `sync_ms` of the others' tokens.
 //! * `max_concurrent`: one shared count per scope, taken and given back in one statement each.
 //! * budgets: each replica adds what its model calls cost (in nano-dollars) to shared counters per key and project
 //!   and per period (day, month, all time), and reads the others' back, as for `tpm`; the usage records stay

@@ -284,6 +284,11 @@ impl Store {
         Ok(deleted > 0)
     }
 
+    /// Closes the pool: statements still running finish, every later one fails.
+    pub async fn close(&self) {
+        with_pool!(self, |pool| pool.close().await)
+    }
+
     /// Connects to `url` with a bounded pool: `postgres://` or `postgresql://` selects Postgres, `sqlite:` the
     /// embedded store (created if missing, with its directory).
     pub async fn connect(url: &str, max_connections: u32) -> Result<Store, StoreError> {
