@@ -8,14 +8,37 @@
 #[global_allocator]
 static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
+/// What the allocator holds, in bytes, as of one moment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Usage {
+    /// In live allocations.
+    pub allocated: usize,
+    /// In pages of physical memory the allocator has mapped and touched (live allocations, the free space
+    /// between them, its own metadata, and freed pages not yet given back).
+    pub resident: usize,
+}
+
+impl Usage {
+    /// Held in memory without anything allocated in it.
+    pub fn free(&self) -> usize {
+        self.resident.saturating_sub(self.allocated)
+    }
+}
+
+/// What the allocator holds now; `None` when its statistics cannot be read.
+pub fn usage() -> Option<Usage> {
+    // The statistics are a snapshot taken at each epoch: advance it to read the current figures.
+    tikv_jemalloc_ctl::epoch::advance().ok()?;
+    Some(Usage {
+        allocated: tikv_jemalloc_ctl::stats::allocated::read().ok()?,
+        resident: tikv_jemalloc_ctl::stats::resident::read().ok()?,
+    })
+}
+
 /// Bytes the allocator holds in memory without anything allocated in them (resident minus allocated, both as
 /// of now); `None` when its statistics cannot be read.
 pub fn free_bytes() -> Option<usize> {
-    // The statistics are a snapshot taken at each epoch: advance it to read the current figures.
-    tikv_jemalloc_ctl::epoch::advance().ok()?;
-    let resident = tikv_jemalloc_ctl::stats::resident::read().ok()?;
-    let allocated = tikv_jemalloc_ctl::stats::allocated::read().ok()?;
-    Some(resident.saturating_sub(allocated))
+    usage().map(|usage| usage.free())
 }
 
 /// Gives the unused pages of every arena back to the system, keeping every live allocation where it is; whether

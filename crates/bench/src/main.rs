@@ -249,6 +249,8 @@ impl Bench<'_> {
             .gateway_pid
             .and_then(|pid| procs::memory(pid).ok())
             .map(|m| m.rss_kib);
+        let allocated_before =
+            Histograms::gauge(http, &endpoints.gateway, "gateway_memory_allocated_bytes").await;
         if let Some(pid) = harness.gateway_pid {
             procs::reset_peak(pid);
         }
@@ -271,6 +273,12 @@ impl Bench<'_> {
         let rss_after = rss();
         tokio::time::sleep(Duration::from_secs(4)).await;
         let rss_settled = rss();
+        // What of it is live allocations (the rest is the allocator's free space and metadata), as the gateway's
+        // allocator counts it: read twice a second by the gateway, so as of at most half a second ago.
+        let allocated_settled =
+            Histograms::gauge(http, &endpoints.gateway, "gateway_memory_allocated_bytes").await;
+        let allocator_resident_settled =
+            Histograms::gauge(http, &endpoints.gateway, "gateway_memory_resident_bytes").await;
         reset_mocks(http, endpoints).await?;
         Ok(Outcome::Streams(Box::new(StreamsMeasured {
             count,
@@ -281,6 +289,10 @@ impl Bench<'_> {
             hwm_kib: hwm,
             rss_after_kib: rss_after,
             rss_settled_kib: rss_settled,
+            allocated_before_kib: allocated_before.map(|bytes| (bytes / 1024.0) as u64),
+            allocated_settled_kib: allocated_settled.map(|bytes| (bytes / 1024.0) as u64),
+            allocator_resident_settled_kib: allocator_resident_settled
+                .map(|bytes| (bytes / 1024.0) as u64),
         })))
     }
 }

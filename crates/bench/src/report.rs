@@ -99,6 +99,13 @@ pub struct StreamsMeasured {
     pub rss_after_kib: Option<u64>,
     /// RSS 5 s after the streams and their connections closed.
     pub rss_settled_kib: Option<u64>,
+    /// Live allocations before the streams, as the gateway's allocator counts them.
+    pub allocated_before_kib: Option<u64>,
+    /// Of it, live allocations as the gateway's allocator counts them (`None` for a gateway that does not say).
+    pub allocated_settled_kib: Option<u64>,
+    /// Of it, what the allocator holds resident: live allocations, the free space between them, its metadata and
+    /// freed pages not given back yet.
+    pub allocator_resident_settled_kib: Option<u64>,
 }
 
 #[derive(Debug, Clone)]
@@ -331,15 +338,16 @@ impl Report {
             );
             let _ = writeln!(
                 out,
-                "| load avg | streams ok | errors | max open at once | all open after | RSS before MiB | RSS at max open MiB | peak RSS MiB | RSS 1 s after MiB | RSS 5 s after MiB | first event p50 | first event p99 | total p50 | total p99 |"
+                "| load avg | streams ok | errors | max open at once | all open after | RSS before MiB | RSS at max open MiB | peak RSS MiB | RSS 1 s after MiB | RSS 5 s after MiB | allocated before / 5 s after MiB | allocator's resident 5 s after MiB | first event p50 | first event p99 | total p50 | total p99 |"
             );
             let _ = writeln!(
                 out,
-                "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|"
+                "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|"
             );
-            let _ = writeln!(
+            let _ =
+                writeln!(
                 out,
-                "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+                "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} / {} | {} | {} | {} | {} | {} |",
                 s.load_average,
                 o.stats.ok,
                 o.stats.errors,
@@ -351,6 +359,9 @@ impl Report {
                 mib(o.peak_rss_kib.max(s.hwm_kib)),
                 mib(s.rss_after_kib),
                 mib(s.rss_settled_kib),
+                mib(s.allocated_before_kib),
+                mib(s.allocated_settled_kib),
+                mib(s.allocator_resident_settled_kib),
                 ms(o.stats.first_event_ms(0.5)),
                 ms(o.stats.first_event_ms(0.99)),
                 ms(o.stats.ms(0.5)),

@@ -20,6 +20,15 @@ impl Histograms {
         Histograms::parse(&text)
     }
 
+    /// The value of the unlabelled gauge `name` in the gateway's `/metrics`, if it has one.
+    pub async fn gauge(http: &Client, gateway: &str, name: &str) -> Option<f64> {
+        let response = http.get(format!("{gateway}/metrics")).send().await.ok()?;
+        let text = response.text().await.ok()?;
+        text.lines()
+            .filter_map(|line| line.strip_prefix(name)?.strip_prefix(' '))
+            .find_map(|value| value.trim().parse().ok())
+    }
+
     fn parse(text: &str) -> Histograms {
         let mut series: BTreeMap<String, (f64, f64)> = BTreeMap::new();
         for line in text.lines().filter(|l| !l.starts_with('#')) {

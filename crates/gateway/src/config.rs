@@ -116,6 +116,10 @@ pub struct UpstreamConfig {
     /// Base of the backoff between retries (`retry::RetryPolicy`: exponential, equal jitter).
     #[default(200)]
     pub backoff_ms: u64,
+    /// Idle connections kept per upstream host for the next calls; past them, a connection a call gave back is
+    /// closed. Each holds its buffers (about 30 KiB), so after a burst the memory of these stays.
+    #[default(64)]
+    pub max_idle_connections: usize,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, SmartDefault)]

@@ -1,7 +1,10 @@
 //! Gives the memory a burst freed back to the system. The allocator keeps what the gateway freed for its next
 //! allocations, so after a thousand streams close the process would stay near their peak; a task looks at what
-//! the allocator holds unused twice a second and, when that has grown by `GIVE_BACK_AT` over the lowest it has seen
-//! since it last gave back, asks for it to be given back (`gateway_allocator::give_back`).
+//! the allocator holds unused twice a second and asks for it to be given back (`gateway_allocator::give_back`)
+//! when that has grown by `GIVE_BACK_AT` over the lowest it has seen since it last gave back, or, once the gateway
+//! has gone quiet (its live memory still between two looks), by `GIVE_BACK_QUIET_AT`. (jemalloc's own decay
+//! with a background thread and a one-second `dirty_decay_ms` did the same, and cost 3-8 % of the request rate
+//! under load: the task gives back only when the load is gone, or after a burst.)
 
 use std::time::Duration;
 
@@ -12,17 +15,32 @@ const LOOK_EVERY: Duration = Duration::from_millis(500);
 /// takes again between two looks, well below a burst's.
 const GIVE_BACK_AT: usize = 16 * 1024 * 1024;
 
-/// When to give free memory back: the lowest free figure seen since the last give-back, and the rule.
+/// Growth of the free memory held that makes the task give it back once the gateway is quiet: what a burst's
+/// last frees leave after the give-back that its first ones caused.
+const GIVE_BACK_QUIET_AT: usize = 1024 * 1024;
+
+/// Change of the live memory between two looks under which the gateway counts as quiet: less than a few
+/// requests' worth.
+const QUIET_WITHIN: usize = 64 * 1024;
+
+/// When to give free memory back: the lowest free figure seen since the last give-back, the live memory at the
+/// last look, and the rule.
 #[derive(Debug, Default)]
 struct Upkeep {
     lowest_free: Option<usize>,
+    last_allocated: Option<usize>,
 }
 
 impl Upkeep {
-    /// Hears what is free now; whether to give it back.
-    fn give_back(&mut self, free: usize) -> bool {
+    /// Hears what the allocator holds now; whether to give what is free back.
+    fn give_back(&mut self, usage: gateway_allocator::Usage) -> bool {
+        let free = usage.free();
+        let quiet = self
+            .last_allocated
+            .is_some_and(|last| last.abs_diff(usage.allocated) < QUIET_WITHIN);
+        self.last_allocated = Some(usage.allocated);
         let lowest = self.lowest_free.map_or(free, |lowest| lowest.min(free));
-        if free >= lowest + GIVE_BACK_AT {
+        if free >= lowest + GIVE_BACK_AT || (quiet && free >= lowest + GIVE_BACK_QUIET_AT) {
             // Growth is measured from here on (what is given back may not all go at once), and from lower figures
             // as the memory is used again.
             self.lowest_free = Some(free);
@@ -45,13 +63,17 @@ pub fn start() {
         looks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             looks.tick().await;
-            let Some(free) = gateway_allocator::free_bytes() else {
+            let Some(usage) = gateway_allocator::usage() else {
                 return;
             };
-            if upkeep.give_back(free) {
+            crate::metrics::memory(usage.allocated, usage.resident);
+            if upkeep.give_back(usage) {
                 // It takes each arena's lock in turn and unmaps pages: off the request threads.
                 let _ = tokio::task::spawn_blocking(gateway_allocator::give_back).await;
-                tracing::debug!(free_bytes = free, "gave freed memory back to the system");
+                tracing::debug!(
+                    free_bytes = usage.free(),
+                    "gave freed memory back to the system"
+                );
             }
         }
     });
@@ -59,23 +81,46 @@ pub fn start() {
 
 #[cfg(test)]
 mod tests {
-    use super::{Upkeep, GIVE_BACK_AT};
+    use super::{Upkeep, GIVE_BACK_AT, GIVE_BACK_QUIET_AT};
+    use gateway_allocator::Usage;
 
     const MIB: usize = 1024 * 1024;
+
+    fn usage(allocated: usize, free: usize) -> Usage {
+        Usage {
+            allocated,
+            resident: allocated + free,
+        }
+    }
 
     #[test]
     fn a_burst_freed_is_given_back_once_and_a_steady_load_never() {
         let mut upkeep = Upkeep::default();
-        // A steady load: what is free moves up and down by less than the threshold.
-        for free in [4 * MIB, 9 * MIB, 3 * MIB, 12 * MIB, 5 * MIB] {
-            assert!(!upkeep.give_back(free), "{free} free under a steady load");
+        // A steady load: live memory moves between looks, and what is free by less than the threshold.
+        for (allocated, free) in [(20, 4), (23, 9), (19, 3), (25, 12), (21, 5)] {
+            let now = usage(allocated * MIB, free * MIB);
+            assert!(!upkeep.give_back(now), "{now:?} under a steady load");
         }
         // A burst ends: far more is free than the lowest seen (3 MiB).
-        assert!(upkeep.give_back(3 * MIB + GIVE_BACK_AT + 80 * MIB));
+        assert!(upkeep.give_back(usage(30 * MIB, 3 * MIB + GIVE_BACK_AT + 80 * MIB)));
         // Given back, it stays counted free: not given back again while nothing changes.
-        assert!(!upkeep.give_back(3 * MIB + GIVE_BACK_AT + 80 * MIB));
+        assert!(!upkeep.give_back(usage(30 * MIB, 3 * MIB + GIVE_BACK_AT + 80 * MIB)));
         // The memory is used again, then a second burst frees it: given back again.
-        assert!(!upkeep.give_back(6 * MIB));
-        assert!(upkeep.give_back(6 * MIB + GIVE_BACK_AT));
+        assert!(!upkeep.give_back(usage(90 * MIB, 6 * MIB)));
+        assert!(upkeep.give_back(usage(40 * MIB, 6 * MIB + GIVE_BACK_AT)));
+    }
+
+    #[test]
+    fn what_a_burst_left_free_is_given_back_once_the_gateway_is_quiet() {
+        let mut upkeep = Upkeep::default();
+        assert!(!upkeep.give_back(usage(20 * MIB, 4 * MIB)));
+        // The burst's last frees: more free, under the burst threshold, while live memory still moves.
+        let left = 4 * MIB + GIVE_BACK_QUIET_AT + MIB;
+        assert!(!upkeep.give_back(usage(16 * MIB, left)));
+        // Quiet: live memory still since the last look.
+        assert!(upkeep.give_back(usage(16 * MIB + 1024, left)));
+        // Nothing more to give back while it stays so.
+        assert!(!upkeep.give_back(usage(16 * MIB, left)));
+        assert!(!upkeep.give_back(usage(16 * MIB, 4 * MIB)));
     }
 }

@@ -176,6 +176,12 @@ pub fn response_resumed(queued: bool, taken_over: bool) {
     }
 }
 
+/// What the allocator holds: in live allocations, and resident (what the process's memory is made of).
+pub fn memory(allocated: usize, resident: usize) {
+    metrics::gauge!("gateway_memory_allocated_bytes").set(allocated as f64);
+    metrics::gauge!("gateway_memory_resident_bytes").set(resident as f64);
+}
+
 /// How many background responses wait for a replica, and for how long the oldest has (seconds; 0 when none).
 pub fn queue_depth(depth: crate::store::ownership::QueueDepth, now: i64) {
     metrics::gauge!("gateway_queue_depth").set(depth.queued as f64);

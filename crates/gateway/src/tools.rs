@@ -54,7 +54,8 @@ impl ToolExecutor {
         // rmcp's reqwest 0.13 clients (MCP sessions) need a rustls provider before they are built.
         remote::install_tls_provider();
         let http = reqwest::Client::builder()
-            .pool_max_idle_per_host(256)
+            // As for model calls (`upstream.max_idle_connections`): enough for steady use, not a burst's worth.
+            .pool_max_idle_per_host(64)
             // A 3xx is the tool's answer, not an instruction: following it could re-post the arguments (and
             // the source's secret) to another host, or loop (SPEC 7).
             .redirect(reqwest::redirect::Policy::none())

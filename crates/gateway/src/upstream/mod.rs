@@ -161,7 +161,7 @@ impl Upstream {
             // (non-streaming) answers get a total timeout per request (`whole_answer_timeout`).
             .connect_timeout(Duration::from_millis(config.timeout_ms.min(10_000)))
             .read_timeout(Duration::from_millis(config.timeout_ms))
-            .pool_max_idle_per_host(256)
+            .pool_max_idle_per_host(config.max_idle_connections)
             .build()?;
         Ok(Upstream {
             http,
