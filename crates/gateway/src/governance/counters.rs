@@ -424,8 +424,8 @@ mod tests {
             .await
             .expect("the 38th request of a slice of 50 leased the next one ahead");
         assert_eq!(shared(&store, "rpm", NOW).await, 100);
-        // The requests of both slices are taken without another lease.
-        for _ in 0..50 {
+        // 62 of the two slices are left: all but 13 are taken without another lease...
+        for _ in 0..49 {
             assert!(counters
                 .request("rpm", 1000, NOW)
                 .await
@@ -433,6 +433,14 @@ mod tests {
                 .is_ok());
         }
         assert_eq!(shared(&store, "rpm", NOW).await, 100);
+        // ...and the one that leaves 12 leases the third slice.
+        let leased = Arc::clone(&counters.leased).notified_owned();
+        let standing = counters.request("rpm", 1000, NOW).await.expect("store");
+        assert_eq!(standing.expect("admitted").remaining, 1000 - 100 + 12);
+        tokio::time::timeout(Duration::from_secs(30), leased)
+            .await
+            .expect("the 88th request leased the third slice ahead");
+        assert_eq!(shared(&store, "rpm", NOW).await, 150);
     }
 
     #[tokio::test]
