@@ -46,7 +46,7 @@ impl Application {
         // Before serving: the replica takes over at once whatever needs a replica (on the embedded store,
         // whatever the last process left unfinished).
         let worker = Worker::start(engine.clone()).await?;
-        let state = AppState {
+        let state = AppState::new(crate::api::Shared {
             store: store.clone(),
             reads: crate::api::shared_reads::SharedReads::new(store.clone()),
             engine,
@@ -56,7 +56,7 @@ impl Application {
             websocket_max_age: Duration::from_millis(config.websocket.max_connection_ms),
             websocket_message_limit: config.server.body_limit_bytes,
             websockets: crate::api::ws::OpenSockets::new(config.websocket.max_connections_per_key),
-        };
+        });
         let router =
             crate::telemetry::with_request_ids(router(state, config.server.body_limit_bytes));
         let listener = TcpListener::bind(config.server.bind).await?;

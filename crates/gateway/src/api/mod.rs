@@ -37,9 +37,27 @@ pub const MAX_HEADER_BYTES: usize = 64 * 1024;
 /// The most headers hyper parses in one request (its default); more is `431`, from hyper.
 pub const MAX_HEADERS: usize = 100;
 
-/// What every handler can reach.
+/// What every handler can reach; one reference count to clone, since axum clones it for every extractor and
+/// middleware that takes it (cloned field by field, it was a dozen).
 #[derive(Clone)]
-pub struct AppState {
+pub struct AppState(Arc<Shared>);
+
+impl AppState {
+    pub fn new(shared: Shared) -> AppState {
+        AppState(Arc::new(shared))
+    }
+}
+
+impl std::ops::Deref for AppState {
+    type Target = Shared;
+
+    fn deref(&self) -> &Shared {
+        &self.0
+    }
+}
+
+/// The parts of [`AppState`].
+pub struct Shared {
     pub store: Store,
     pub engine: Engine,
     /// Store reads shared by the followers of one response (re-attached streams).

@@ -309,7 +309,12 @@ pub async fn get_response(
             live,
             place: Some(place),
         };
-        return Ok(follow(engine, state.reads, following, state.keep_alive));
+        return Ok(follow(
+            engine,
+            state.reads.clone(),
+            following,
+            state.keep_alive,
+        ));
     }
     Ok(Json(response_json(&state, &project, &id).await?.1).into_response())
 }

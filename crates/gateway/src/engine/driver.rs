@@ -46,12 +46,17 @@ impl Engine {
     ) -> Result<Finished, EngineError> {
         sink.follow_with(std::sync::Arc::clone(&run.registration.hub));
         let span = super::spans::run_span(&run, &self.replica.id);
-        let driven =
-            tracing::Instrument::instrument(self.drive(&mut run, &mut sink), span.clone()).await;
+        // The loop's future is boxed (and so are the rare paths below): a run's future is moved into its task and
+        // out of it whole, and unboxed it was 16 KB, most of it the loop's.
+        let driven = tracing::Instrument::instrument(
+            Box::pin(self.drive(&mut run, &mut sink)),
+            span.clone(),
+        )
+        .await;
         super::spans::run_ended(&span, run.record.status().as_str());
         let source = match driven {
             Ok(finished) => return Ok(finished),
-            Err(Interrupted::GivenUp) => return Err(self.given_up(&run).await),
+            Err(Interrupted::GivenUp) => return Err(Box::pin(self.given_up(&run)).await),
             Err(Interrupted::Store(source))
                 if source.is_transient() && !run.journal.nothing_stored() =>
             {
@@ -60,7 +65,7 @@ impl Engine {
                 tracing::warn!(response.id = %run.record.id, error = %source, "the store stopped answering; handing the response over");
                 self.replica
                     .release_later(&run.record.id, run.registration.epoch);
-                return Err(self.given_up(&run).await);
+                return Err(Box::pin(self.given_up(&run)).await);
             }
             Err(Interrupted::Store(source)) => source,
         };
@@ -81,19 +86,17 @@ impl Engine {
             // A response must not stay in progress for ever when its loop gave up: the steps not yet written go
             // with its ending; failing that, the ending alone; failing that too, the response is handed back, so
             // that a replica resumes it and ends it.
-            if let Err(again) = self.write(&mut run, Durability::Flush).await {
+            if let Err(again) = Box::pin(self.write(&mut run, Durability::Flush)).await {
                 tracing::error!(response.id = %run.record.id, error = %again, "could not record the failure with its steps");
-                let ended = self
-                    .store
-                    .end_failed_without_steps(
-                        &run.record.id,
-                        &self.replica.id,
-                        run.registration.epoch,
-                        &FailureCode::ServerError,
-                        &message,
-                        now(),
-                    )
-                    .await;
+                let ended = Box::pin(self.store.end_failed_without_steps(
+                    &run.record.id,
+                    &self.replica.id,
+                    run.registration.epoch,
+                    &FailureCode::ServerError,
+                    &message,
+                    now(),
+                ))
+                .await;
                 if let Err(again) = ended {
                     tracing::error!(response.id = %run.record.id, error = %again, "could not record the failure either; handing the response over");
                     self.replica
@@ -108,7 +111,7 @@ impl Engine {
             record: &run.record,
             output: &output,
         });
-        let _ = tokio::time::timeout(TELL_TIMEOUT, tell).await;
+        let _ = tokio::time::timeout(TELL_TIMEOUT, Box::pin(tell)).await;
         Err(if nothing_stored {
             EngineError::NothingStored(source)
         } else {

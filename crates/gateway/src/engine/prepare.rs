@@ -53,10 +53,8 @@ impl Engine {
         request: ValidRequest,
         idempotency_key: Option<&str>,
     ) -> Result<Run, EngineError> {
-        match self
-            .prepare_any(admitted, request, idempotency_key, None)
-            .await?
-        {
+        // Boxed: the futures that hold this one (a create's, the handler's) stay small and cheap to move.
+        match Box::pin(self.prepare_any(admitted, request, idempotency_key, None)).await? {
             Prepared::Run(run) => Ok(run),
             // Only a background request is queued.
             Prepared::Queued(_) => Err(EngineError::Overloaded),
@@ -72,10 +70,8 @@ impl Engine {
         request: ValidRequest,
         previous: Vec<Item>,
     ) -> Result<Run, EngineError> {
-        match self
-            .prepare_any(admitted, request, None, Some(previous))
-            .await?
-        {
+        // Boxed: the futures that hold this one (a create's, the handler's) stay small and cheap to move.
+        match Box::pin(self.prepare_any(admitted, request, None, Some(previous))).await? {
             Prepared::Run(run) => Ok(run),
             Prepared::Queued(_) => Err(EngineError::Overloaded),
         }
@@ -91,10 +87,8 @@ impl Engine {
         idempotency_key: Option<&str>,
         follow: bool,
     ) -> Result<(ResponseRecord, Option<broadcast::Receiver<Event>>), EngineError> {
-        match self
-            .prepare_any(admitted, request, idempotency_key, None)
-            .await?
-        {
+        // Boxed: the futures that hold this one (a create's, the handler's) stay small and cheap to move.
+        match Box::pin(self.prepare_any(admitted, request, idempotency_key, None)).await? {
             Prepared::Run(run) => {
                 let record = run.record.clone();
                 // Following before the run starts, so that no live event is missed.

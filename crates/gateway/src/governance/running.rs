@@ -22,11 +22,11 @@ struct Part {
     in_doubt: bool,
 }
 
-/// The places this replica holds in each `max_concurrent` count; cheap to clone.
+/// The places this replica holds in each `max_concurrent` count; cheap to clone (once per governed create).
 #[derive(Debug, Clone)]
 pub(super) struct Places {
     store: Store,
-    replica_id: String,
+    replica_id: Arc<str>,
     parts: Arc<Mutex<HashMap<String, Part>>>,
 }
 
@@ -36,7 +36,7 @@ impl Places {
     pub(super) fn start(store: Store, replica_id: String, every: Duration) -> Places {
         let places = Places {
             store,
-            replica_id,
+            replica_id: replica_id.into(),
             parts: Arc::default(),
         };
         let reconciler = places.clone();

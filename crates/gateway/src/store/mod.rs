@@ -243,9 +243,22 @@ pub enum Backend {
     Sqlite(SqlitePool),
 }
 
-/// Handle to the database; cheap to clone.
+/// Handle to the database; cheap to clone (one reference count: a store is cloned on a request's path, by the
+/// governance's places and counters).
 #[derive(Debug, Clone)]
-pub struct Store {
+pub struct Store(Arc<StoreParts>);
+
+impl std::ops::Deref for Store {
+    type Target = StoreParts;
+
+    fn deref(&self) -> &StoreParts {
+        &self.0
+    }
+}
+
+/// What a [`Store`] holds.
+#[derive(Debug, Clone)]
+pub struct StoreParts {
     backend: Backend,
     /// Hears how long each operation took (`Unobserved` until `observed_by`).
     observer: Arc<dyn StoreObserver>,
@@ -305,11 +318,11 @@ impl Store {
         max_connections: u32,
         acquire_timeout: std::time::Duration,
     ) -> Result<Store, StoreError> {
-        Ok(Store {
+        Ok(Store(Arc::new(StoreParts {
             backend: backend::connect(url, max_connections, acquire_timeout).await?,
             observer: Arc::new(Unobserved),
             group: None,
-        })
+        })))
     }
 
     /// Connects as `database` says: to its URL, or to the embedded store at `DEFAULT_URL` when there is none.
@@ -329,7 +342,7 @@ impl Store {
     /// one process on one file, shares its pool.
     pub fn for_ownership(&self, acquire_timeout: std::time::Duration) -> Store {
         match &self.backend {
-            Backend::Postgres(pool) => Store {
+            Backend::Postgres(pool) => Store(Arc::new(StoreParts {
                 backend: Backend::Postgres(
                     sqlx::postgres::PgPoolOptions::new()
                         .max_connections(2)
@@ -341,7 +354,7 @@ impl Store {
                 ),
                 observer: Arc::clone(&self.observer),
                 group: None,
-            },
+            })),
             Backend::Sqlite(_) => self.clone(),
         }
     }
@@ -355,7 +368,10 @@ impl Store {
 
     /// This store, reporting the time of its operations to `observer` (the metrics, in the gateway).
     pub fn observed_by(self, observer: Arc<dyn StoreObserver>) -> Store {
-        Store { observer, ..self }
+        Store(Arc::new(StoreParts {
+            observer,
+            ..StoreParts::clone(&self)
+        }))
     }
 
     /// This store, with responses' writes batched by group commit: a writer of its own takes what concurrent
@@ -369,7 +385,10 @@ impl Store {
                 batches_in_flight,
             )
         });
-        Store { group, ..self }
+        Store(Arc::new(StoreParts {
+            group,
+            ..StoreParts::clone(&self)
+        }))
     }
 
     /// Starts timing operation `name`: the observer hears of it when the returned guard is dropped.
