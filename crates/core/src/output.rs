@@ -1,6 +1,7 @@
 //! Assembly of the Responses API `Response` object from a response's stored record and steps.
 
-use serde_json::{json, Map, Value};
+use serde::Serialize;
+use serde_json::{json, Value};
 
 use crate::items::{
     ContentPart, Item, McpCallItem, McpListToolsItem, MessageContent, MessageItem, Role,
@@ -170,124 +171,181 @@ pub fn message_with_status(id: &str, text: &str, status: &str) -> Item {
     })
 }
 
-/// The `Response` object, with every field OpenAI returns.
+/// The Responses API `Response` object of `record` with `output` (what `render_output` made of its steps), as a
+/// JSON value (see [`ResponseObject`], which a caller that only writes it out serialises directly).
 pub fn response_object(record: &ResponseRecord, output: &[Item]) -> Value {
-    let params = &record.params;
-    let tools: Vec<Value> = params
-        .tools
-        .iter()
-        .map(DeclaredTool::to_client_json)
-        .collect();
-    let output_text: String = output
-        .iter()
-        .filter_map(|item| match item {
-            Item::Message(MessageItem {
-                content: MessageContent::Parts(parts),
-                ..
-            }) => Some(parts),
-            _ => None,
-        })
-        .flatten()
-        .filter_map(|part| match part {
-            ContentPart::OutputText { text, .. } => Some(text.as_str()),
-            _ => None,
-        })
-        .collect();
-    let mut object = Map::new();
-    object.insert("id".into(), json!(record.id));
-    object.insert("object".into(), json!("response"));
-    object.insert("created_at".into(), json!(record.created_at));
-    let completed_at = match &record.state {
-        ResponseState::Ended { completed_at, .. } => Some(*completed_at),
-        ResponseState::Queued | ResponseState::InProgress => None,
-    };
-    object.insert("completed_at".into(), json!(completed_at));
-    object.insert(
-        "conversation".into(),
-        params
-            .conversation
-            .as_ref()
-            .map_or(Value::Null, |id| json!({"id": id})),
-    );
-    object.insert("status".into(), json!(record.status().as_str()));
-    object.insert("background".into(), json!(record.background));
-    object.insert(
-        "error".into(),
-        match record.ending() {
-            Some(Ending::Failed { code, message }) => {
-                json!({"code": code.as_str(), "message": message})
+    serde_json::to_value(ResponseObject::new(record, output)).unwrap_or(Value::Null)
+}
+
+/// The Responses API `Response` object, borrowed from the record and the output it shows: serialised straight
+/// to the answer's bytes, with no `Value` tree built on the way. Fields in OpenAI's order.
+#[derive(Debug, Serialize)]
+pub struct ResponseObject<'a> {
+    id: &'a str,
+    object: &'static str,
+    created_at: i64,
+    completed_at: Option<i64>,
+    conversation: Option<ConversationRef<'a>>,
+    status: &'static str,
+    background: bool,
+    error: Option<ErrorObject<'a>>,
+    incomplete_details: Option<IncompleteDetails>,
+    instructions: Option<&'a str>,
+    max_output_tokens: Option<u32>,
+    max_tool_calls: Option<u32>,
+    model: &'a str,
+    output: Vec<ClientItem<'a>>,
+    output_text: String,
+    parallel_tool_calls: bool,
+    previous_response_id: Option<&'a str>,
+    prompt_cache_key: Option<&'a str>,
+    reasoning: Value,
+    safety_identifier: Option<&'a str>,
+    service_tier: &'a str,
+    store: bool,
+    temperature: f64,
+    text: Value,
+    tool_choice: &'a Value,
+    tools: Vec<Value>,
+    top_logprobs: u32,
+    top_p: f64,
+    truncation: &'a str,
+    presence_penalty: f64,
+    frequency_penalty: f64,
+    usage: Option<Value>,
+    user: Option<&'a str>,
+    metadata: &'a std::collections::BTreeMap<String, String>,
+}
+
+#[derive(Debug, Serialize)]
+struct ConversationRef<'a> {
+    id: &'a str,
+}
+
+#[derive(Debug, Serialize)]
+struct ErrorObject<'a> {
+    code: &'static str,
+    message: &'a str,
+}
+
+#[derive(Debug, Serialize)]
+struct IncompleteDetails {
+    reason: &'static str,
+}
+
+/// An output item as clients see it: the item itself (a reasoning item without its encrypted content unless the
+/// client asked for it), or a bound hosted call in OpenAI's shape.
+#[derive(Debug)]
+enum ClientItem<'a> {
+    Item(&'a Item),
+    /// A reasoning item as shown (boxed: an item is large, and most are borrowed).
+    Shown(Box<Item>),
+    Shaped(Value),
+}
+
+impl<'a> ClientItem<'a> {
+    fn of(item: &'a Item, include: Option<&[String]>) -> ClientItem<'a> {
+        match item {
+            Item::Reasoning(_) => {
+                ClientItem::Shown(Box::new(crate::reasoning::shown(item, include)))
             }
-            _ => Value::Null,
-        },
-    );
-    object.insert(
-        "incomplete_details".into(),
-        match record.ending() {
-            Some(Ending::Incomplete { reason }) => json!({"reason": reason.as_str()}),
-            _ => Value::Null,
-        },
-    );
-    object.insert("instructions".into(), json!(params.instructions));
-    object.insert("max_output_tokens".into(), json!(params.max_output_tokens));
-    object.insert("max_tool_calls".into(), json!(params.max_tool_calls));
-    object.insert("model".into(), json!(record.model));
-    object.insert(
-        "output".into(),
-        Value::Array(
-            output
+            Item::McpCall(call) if call.hosted_type.is_some() => {
+                ClientItem::Shaped(client_item_json(item))
+            }
+            _ => ClientItem::Item(item),
+        }
+    }
+}
+
+impl Serialize for ClientItem<'_> {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        match self {
+            ClientItem::Item(item) => item.serialize(serializer),
+            ClientItem::Shown(item) => item.serialize(serializer),
+            ClientItem::Shaped(value) => value.serialize(serializer),
+        }
+    }
+}
+
+impl<'a> ResponseObject<'a> {
+    pub fn new(record: &'a ResponseRecord, output: &'a [Item]) -> ResponseObject<'a> {
+        let params = &record.params;
+        let output_text: String = output
+            .iter()
+            .filter_map(|item| match item {
+                Item::Message(MessageItem {
+                    content: MessageContent::Parts(parts),
+                    ..
+                }) => Some(parts),
+                _ => None,
+            })
+            .flatten()
+            .filter_map(|part| match part {
+                ContentPart::OutputText { text, .. } => Some(text.as_str()),
+                _ => None,
+            })
+            .collect();
+        ResponseObject {
+            id: &record.id,
+            object: "response",
+            created_at: record.created_at,
+            completed_at: match &record.state {
+                ResponseState::Ended { completed_at, .. } => Some(*completed_at),
+                ResponseState::Queued | ResponseState::InProgress => None,
+            },
+            conversation: params
+                .conversation
+                .as_deref()
+                .map(|id| ConversationRef { id }),
+            status: record.status().as_str(),
+            background: record.background,
+            error: match record.ending() {
+                Some(Ending::Failed { code, message }) => Some(ErrorObject {
+                    code: code.as_str(),
+                    message,
+                }),
+                _ => None,
+            },
+            incomplete_details: match record.ending() {
+                Some(Ending::Incomplete { reason }) => Some(IncompleteDetails {
+                    reason: reason.as_str(),
+                }),
+                _ => None,
+            },
+            instructions: params.instructions.as_deref(),
+            max_output_tokens: params.max_output_tokens,
+            max_tool_calls: params.max_tool_calls,
+            model: &record.model,
+            output: output
                 .iter()
-                .map(|item| {
-                    client_item_json(&crate::reasoning::shown(item, params.include.as_deref()))
-                })
+                .map(|item| ClientItem::of(item, params.include.as_deref()))
                 .collect(),
-        ),
-    );
-    object.insert("output_text".into(), json!(output_text));
-    object.insert(
-        "parallel_tool_calls".into(),
-        json!(params.parallel_tool_calls),
-    );
-    object.insert(
-        "previous_response_id".into(),
-        json!(record.previous_response_id),
-    );
-    object.insert("prompt_cache_key".into(), json!(params.prompt_cache_key));
-    object.insert(
-        "reasoning".into(),
-        echoed_reasoning(params.reasoning.as_ref()),
-    );
-    object.insert("safety_identifier".into(), json!(params.safety_identifier));
-    object.insert(
-        "service_tier".into(),
-        json!(params.service_tier.as_deref().unwrap_or("default")),
-    );
-    object.insert("store".into(), json!(record.store));
-    object.insert(
-        "temperature".into(),
-        json!(params.temperature.unwrap_or(1.0)),
-    );
-    object.insert("text".into(), echoed_text(&params.text));
-    object.insert("tool_choice".into(), params.tool_choice.clone());
-    object.insert("tools".into(), Value::Array(tools));
-    object.insert(
-        "top_logprobs".into(),
-        json!(params.top_logprobs.unwrap_or(0)),
-    );
-    object.insert("top_p".into(), json!(params.top_p.unwrap_or(1.0)));
-    object.insert("truncation".into(), json!(params.truncation));
-    object.insert("presence_penalty".into(), json!(0.0));
-    object.insert("frequency_penalty".into(), json!(0.0));
-    object.insert(
-        "usage".into(),
-        record
-            .usage
-            .as_ref()
-            .map(usage_object)
-            .unwrap_or(Value::Null),
-    );
-    object.insert("user".into(), json!(params.user));
-    object.insert("metadata".into(), json!(params.metadata));
-    Value::Object(object)
+            output_text,
+            parallel_tool_calls: params.parallel_tool_calls,
+            previous_response_id: record.previous_response_id.as_deref(),
+            prompt_cache_key: params.prompt_cache_key.as_deref(),
+            reasoning: echoed_reasoning(params.reasoning.as_ref()),
+            safety_identifier: params.safety_identifier.as_deref(),
+            service_tier: params.service_tier.as_deref().unwrap_or("default"),
+            store: record.store,
+            temperature: params.temperature.unwrap_or(1.0),
+            text: echoed_text(&params.text),
+            tool_choice: &params.tool_choice,
+            tools: params
+                .tools
+                .iter()
+                .map(DeclaredTool::to_client_json)
+                .collect(),
+            top_logprobs: params.top_logprobs.unwrap_or(0),
+            top_p: params.top_p.unwrap_or(1.0),
+            truncation: &params.truncation,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
+            usage: record.usage.as_ref().map(usage_object),
+            user: params.user.as_deref(),
+            metadata: &params.metadata,
+        }
+    }
 }
 
 /// `reasoning` as echoed: `effort` and `summary` always present (Open Responses requires both keys, even

@@ -734,3 +734,49 @@ fn a_bound_hosted_call_keeps_its_output_for_models_and_shows_clients_the_hosted_
     assert_eq!(shown["type"], "mcp_call");
     assert!(shown.get("hosted_type").is_none());
 }
+
+#[test]
+fn the_object_written_straight_out_reads_back_as_the_response_object() {
+    let mut hosted = tool(
+        1,
+        Some(0),
+        "a",
+        Some(ToolOutcome::Output {
+            text: "results".into(),
+        }),
+    );
+    if let StepBody::Tool(t) = &mut hosted.body {
+        t.hosted_type = Some("web_search".into());
+        t.item_id = "ws_a".into();
+        t.call.arguments = "{\"query\":\"rust\"}".into();
+    }
+    let mut output = render_output(&[model(0, Some("Hi"), &[("a", "search")]), hosted], false);
+    output.insert(
+        0,
+        Item::Reasoning(crate::items::ReasoningItem {
+            id: Some("rs_1".into()),
+            summary: vec![json!({"type": "summary_text", "text": "thought"})],
+            encrypted_content: Some("sealed".into()),
+            status: None,
+        }),
+    );
+    let mut r = record();
+    r.params.conversation = Some("conv_1".into());
+    r.params.metadata.insert("k".into(), "v".into());
+    for include in [
+        None,
+        Some(vec![crate::reasoning::INCLUDE_ENCRYPTED.to_owned()]),
+    ] {
+        r.params.include = include;
+        let written = serde_json::to_vec(&ResponseObject::new(&r, &output)).unwrap();
+        let read: Value = serde_json::from_slice(&written).unwrap();
+        let object = response_object(&r, &output);
+        assert_eq!(read, object);
+        // What clients are shown: the hosted call in OpenAI's shape, the reasoning sealed unless asked for.
+        assert_eq!(object["output"][2]["type"], "web_search_call");
+        assert_eq!(
+            object["output"][0]["encrypted_content"].is_string(),
+            r.params.include.is_some()
+        );
+    }
+}

@@ -104,13 +104,13 @@ async fn start(
         .engine
         .create(admitted, request, idempotency_key)
         .await?;
-    answer(&finished.record, finished.object())
+    answer(&finished.record, finished.view())
 }
 
 /// The answer to a finished create: the response, or, when it failed upstream, a 500 naming it that SDKs
 /// must not retry (server tools may already have run); a 400 `upstream_rejected` when the provider refused the
 /// request as the client's problem.
-fn answer(record: &ResponseRecord, object: Value) -> Result<Response, ApiError> {
+fn answer(record: &ResponseRecord, object: impl serde::Serialize) -> Result<Response, ApiError> {
     if let Some(Ending::Failed {
         code: FailureCode::UpstreamRejected,
         message,

@@ -34,10 +34,9 @@ mod worker;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use gateway_core::output::response_object;
+use gateway_core::output::ResponseObject;
 use gateway_core::response::ResponseRecord;
 use gateway_core::{Item, Limits, Step};
-use serde_json::Value;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 pub use check::DeploymentCheck;
@@ -183,9 +182,9 @@ pub struct Finished {
 }
 
 impl Finished {
-    /// The `Response` object clients see.
-    pub fn object(&self) -> Value {
-        response_object(&self.record, &self.output)
+    /// The `Response` object clients see, borrowed (written out without a `Value` tree on the way).
+    pub fn view(&self) -> ResponseObject<'_> {
+        ResponseObject::new(&self.record, &self.output)
     }
 }
 
