@@ -696,8 +696,8 @@ fn listed_input_items_show_string_content_as_text_parts() {
     );
 }
 
-#[test]
-fn a_bound_hosted_call_keeps_its_output_for_models_and_shows_clients_the_hosted_item() {
+/// A bound `web_search` call `a` (item `ws_a`, query "rust") that answered "results".
+fn hosted_search_step() -> Step {
     let mut step = tool(
         1,
         Some(0),
@@ -711,6 +711,12 @@ fn a_bound_hosted_call_keeps_its_output_for_models_and_shows_clients_the_hosted_
         t.item_id = "ws_a".into();
         t.call.arguments = "{\"query\":\"rust\"}".into();
     }
+    step
+}
+
+#[test]
+fn a_bound_hosted_call_keeps_its_output_for_models_and_shows_clients_the_hosted_item() {
+    let step = hosted_search_step();
     let item = render_output(std::slice::from_ref(&step), false).remove(0);
     // Stored context keeps the call and its output: a continuation pairs them for the model.
     let Item::McpCall(call) = &item else {
@@ -737,20 +743,13 @@ fn a_bound_hosted_call_keeps_its_output_for_models_and_shows_clients_the_hosted_
 
 #[test]
 fn the_object_written_straight_out_reads_back_as_the_response_object() {
-    let mut hosted = tool(
-        1,
-        Some(0),
-        "a",
-        Some(ToolOutcome::Output {
-            text: "results".into(),
-        }),
+    let mut output = render_output(
+        &[
+            model(0, Some("Hi"), &[("a", "search")]),
+            hosted_search_step(),
+        ],
+        false,
     );
-    if let StepBody::Tool(t) = &mut hosted.body {
-        t.hosted_type = Some("web_search".into());
-        t.item_id = "ws_a".into();
-        t.call.arguments = "{\"query\":\"rust\"}".into();
-    }
-    let mut output = render_output(&[model(0, Some("Hi"), &[("a", "search")]), hosted], false);
     output.insert(
         0,
         Item::Reasoning(crate::items::ReasoningItem {

@@ -53,8 +53,10 @@ impl Engine {
         request: ValidRequest,
         idempotency_key: Option<&str>,
     ) -> Result<Run, EngineError> {
-        // Boxed: the futures that hold this one (a create's, the handler's) stay small and cheap to move.
-        match Box::pin(self.prepare_any(admitted, request, idempotency_key, None)).await? {
+        match self
+            .prepare_any(admitted, request, idempotency_key, None)
+            .await?
+        {
             Prepared::Run(run) => Ok(run),
             // Only a background request is queued.
             Prepared::Queued(_) => Err(EngineError::Overloaded),
@@ -70,8 +72,10 @@ impl Engine {
         request: ValidRequest,
         previous: Vec<Item>,
     ) -> Result<Run, EngineError> {
-        // Boxed: the futures that hold this one (a create's, the handler's) stay small and cheap to move.
-        match Box::pin(self.prepare_any(admitted, request, None, Some(previous))).await? {
+        match self
+            .prepare_any(admitted, request, None, Some(previous))
+            .await?
+        {
             Prepared::Run(run) => Ok(run),
             Prepared::Queued(_) => Err(EngineError::Overloaded),
         }
@@ -87,8 +91,10 @@ impl Engine {
         idempotency_key: Option<&str>,
         follow: bool,
     ) -> Result<(ResponseRecord, Option<broadcast::Receiver<Event>>), EngineError> {
-        // Boxed: the futures that hold this one (a create's, the handler's) stay small and cheap to move.
-        match Box::pin(self.prepare_any(admitted, request, idempotency_key, None)).await? {
+        match self
+            .prepare_any(admitted, request, idempotency_key, None)
+            .await?
+        {
             Prepared::Run(run) => {
                 let record = run.record.clone();
                 // Following before the run starts, so that no live event is missed.
@@ -107,9 +113,21 @@ impl Engine {
         }
     }
 
+    /// Prepares any request (see [`Engine::prepare_phases`]), boxed: its state is kilobytes, and the futures that
+    /// would hold it inline (a create's, the handler's) are moved whole.
+    fn prepare_any<'a>(
+        &'a self,
+        governed: Admitted,
+        request: ValidRequest,
+        idempotency_key: Option<&'a str>,
+        known_previous: Option<Vec<Item>>,
+    ) -> futures::future::BoxFuture<'a, Result<Prepared, EngineError>> {
+        Box::pin(self.prepare_phases(governed, request, idempotency_key, known_previous))
+    }
+
     /// Prepares any request, in phases: admission, the tools it may use, its context, the tools of its own MCP
     /// servers, its first steps, its row (written now when someone may look for it), and its run.
-    async fn prepare_any(
+    async fn prepare_phases(
         &self,
         governed: Admitted,
         mut request: ValidRequest,

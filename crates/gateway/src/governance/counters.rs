@@ -408,38 +408,38 @@ mod tests {
 
     const NOW: i64 = 1_800_000_000;
 
+    /// Takes `n` requests of a limit of 1,000, each admitted.
+    async fn take(counters: &Counters, n: usize) {
+        for _ in 0..n {
+            let taken = counters.request("rpm", 1000, NOW).await.expect("store");
+            assert!(taken.is_ok());
+        }
+    }
+
+    /// Takes one request of a limit of 1,000 that leaves `remaining`, and waits for the lease it started ahead.
+    async fn take_one_that_leases_ahead(counters: &Counters, remaining: u64) {
+        let leased = Arc::clone(&counters.leased).notified_owned();
+        let standing = counters.request("rpm", 1000, NOW).await.expect("store");
+        assert_eq!(standing.expect("admitted").remaining, remaining);
+        tokio::time::timeout(Duration::from_secs(30), leased)
+            .await
+            .expect("the request leased the next slice ahead");
+    }
+
     #[tokio::test]
     async fn the_next_slice_is_leased_ahead_while_a_quarter_of_the_last_is_left() {
         let (_db, store, counters) = counters().await;
         // A limit of 1,000: slices of 50, the next leased once 12 are left.
-        for _ in 0..37 {
-            let taken = counters.request("rpm", 1000, NOW).await.expect("store");
-            assert!(taken.is_ok());
-        }
+        take(&counters, 37).await;
         assert_eq!(shared(&store, "rpm", NOW).await, 50);
-        let leased = Arc::clone(&counters.leased).notified_owned();
-        let standing = counters.request("rpm", 1000, NOW).await.expect("store");
-        assert_eq!(standing.expect("admitted").remaining, 1000 - 50 + 12);
-        tokio::time::timeout(Duration::from_secs(30), leased)
-            .await
-            .expect("the 38th request of a slice of 50 leased the next one ahead");
+        // The 38th leaves 12 of the first slice.
+        take_one_that_leases_ahead(&counters, 1000 - 50 + 12).await;
         assert_eq!(shared(&store, "rpm", NOW).await, 100);
         // 62 of the two slices are left: all but 13 are taken without another lease...
-        for _ in 0..49 {
-            assert!(counters
-                .request("rpm", 1000, NOW)
-                .await
-                .expect("store")
-                .is_ok());
-        }
+        take(&counters, 49).await;
         assert_eq!(shared(&store, "rpm", NOW).await, 100);
         // ...and the one that leaves 12 leases the third slice.
-        let leased = Arc::clone(&counters.leased).notified_owned();
-        let standing = counters.request("rpm", 1000, NOW).await.expect("store");
-        assert_eq!(standing.expect("admitted").remaining, 1000 - 100 + 12);
-        tokio::time::timeout(Duration::from_secs(30), leased)
-            .await
-            .expect("the 88th request leased the third slice ahead");
+        take_one_that_leases_ahead(&counters, 1000 - 100 + 12).await;
         assert_eq!(shared(&store, "rpm", NOW).await, 150);
     }
 
