@@ -868,6 +868,7 @@ async fn deleting_a_project_cascades_to_its_keys_grants_and_responses(store: Sto
         .await
         .expect("steps")
         .is_empty());
+    assert_eq!(rows_left_of(&store, "resp_cascade").await, (0, 0));
 }
 
 async fn deleting_a_member_removes_it_from_its_groups_and_deleting_a_group_keeps_its_members(
@@ -1382,6 +1383,28 @@ async fn insert_deployment_of_kind(store: &Store, kind: &str) -> Result<(), sqlx
     }
 }
 
+/// How many step rows and context item rows the tables hold for `response_id`, whatever its response row: what
+/// a deletion that left children behind would show (reads join the response row, so they would not).
+async fn rows_left_of(store: &Store, response_id: &str) -> (i64, i64) {
+    let query = "SELECT (SELECT COUNT(*) FROM steps WHERE response_id = $1),
+                        (SELECT COUNT(*) FROM response_input_items WHERE response_id = $1)";
+    match store.backend() {
+        Backend::Postgres(pool) => {
+            sqlx::query_as(query)
+                .bind(response_id)
+                .fetch_one(pool)
+                .await
+        }
+        Backend::Sqlite(pool) => {
+            sqlx::query_as(query)
+                .bind(response_id)
+                .fetch_one(pool)
+                .await
+        }
+    }
+    .expect("rows left")
+}
+
 /// `(seq, attempts)` of every step of a response.
 async fn attempts(store: &Store, response_id: &str) -> Vec<(i32, i32)> {
     let query = "SELECT seq, attempts FROM steps WHERE response_id = $1 ORDER BY seq";
@@ -1504,6 +1527,8 @@ async fn deleting_a_response_removes_its_items_and_steps(store: Store) {
         .await
         .expect("steps")
         .is_empty());
+    assert_eq!(rows_left_of(&store, "resp_gone").await, (0, 0));
+    assert_eq!(rows_left_of(&store, "resp_kept").await, (1, 2));
     assert_eq!(
         store
             .load_context(&project_id, "resp_kept")

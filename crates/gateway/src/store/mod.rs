@@ -268,12 +268,13 @@ pub struct StoreParts {
 
 impl Store {
     /// Deletes row `id` of `project_id` with `delete_row` (`$1` the id, `$2` the project) and, when it was there,
-    /// its children with `delete_children` (`$1` the id), in one transaction: the foreign keys cascade on
-    /// Postgres, and on SQLite only when its connection enforces them. Whether the row was there.
+    /// its children with each of `delete_children` (`$1` the id), in one transaction: where a foreign key would
+    /// cascade as well (on SQLite, when its connection enforces them) they find nothing left. Whether the row
+    /// was there.
     async fn delete_with_children(
         &self,
         delete_row: &str,
-        delete_children: &str,
+        delete_children: &[&str],
         id: &str,
         project_id: &str,
     ) -> Result<bool, StoreError> {
@@ -286,10 +287,9 @@ impl Store {
                 .await?
                 .rows_affected();
             if deleted > 0 {
-                sqlx::query(delete_children)
-                    .bind(id)
-                    .execute(&mut *tx)
-                    .await?;
+                for delete in delete_children {
+                    sqlx::query(delete).bind(id).execute(&mut *tx).await?;
+                }
             }
             tx.commit().await?;
             Ok::<_, sqlx::Error>(deleted)

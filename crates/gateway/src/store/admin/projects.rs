@@ -6,7 +6,7 @@ use gateway_core::governance::Governance;
 use super::governed::{GovernanceChanges, GovernanceColumns};
 use crate::clock::now;
 use crate::ids::new_id;
-use crate::store::{Store, StoreError};
+use crate::store::{Backend, Store, StoreError};
 
 /// A project (tenant).
 #[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
@@ -87,10 +87,35 @@ impl Store {
         .map_err(|e| StoreError::from_write(e, &taken(name.unwrap_or(""))))
     }
 
-    /// Deletes a project with its keys, responses and group grants; `false` when there was none.
+    /// Deletes a project with its keys, responses (with their steps and items) and group grants; `false` when
+    /// there was none.
     pub async fn delete_project(&self, id: &str) -> Result<bool, StoreError> {
-        self.delete_by_id("DELETE FROM projects WHERE id = $1", id)
-            .await
+        // Keys, grants and responses go by their foreign keys' cascade; steps and items have none on Postgres
+        // (migration 0016) and go first. On Postgres the project's row is locked before: a response written
+        // meanwhile checks its foreign key to the project, so it either committed before the lock (and its
+        // steps are seen and deleted here) or waits and then fails for want of the project.
+        let lock = match &self.backend {
+            Backend::Postgres(_) => Some("SELECT 1 FROM projects WHERE id = $1 FOR UPDATE"),
+            Backend::Sqlite(_) => None,
+        };
+        let deleted = with_pool!(self, |pool| {
+            let mut tx = pool.begin().await?;
+            for statement in lock.into_iter().chain([
+                "DELETE FROM steps WHERE response_id IN (SELECT id FROM responses WHERE project_id = $1)",
+                "DELETE FROM response_input_items
+                 WHERE response_id IN (SELECT id FROM responses WHERE project_id = $1)",
+            ]) {
+                sqlx::query(statement).bind(id).execute(&mut *tx).await?;
+            }
+            let deleted = sqlx::query("DELETE FROM projects WHERE id = $1")
+                .bind(id)
+                .execute(&mut *tx)
+                .await?
+                .rows_affected();
+            tx.commit().await?;
+            Ok::<_, sqlx::Error>(deleted)
+        })?;
+        Ok(deleted > 0)
     }
 }
 

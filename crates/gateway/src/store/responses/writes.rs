@@ -216,15 +216,17 @@ impl Store {
     /// Deletes a response with its items and steps; `false` when there was none for this project.
     pub async fn delete_response(&self, project_id: &str, id: &str) -> Result<bool, StoreError> {
         let _timer = self.timed("delete_response");
-        let deleted = with_pool!(self, |pool| sqlx::query(
-            "DELETE FROM responses WHERE id = $1 AND project_id = $2"
+        // No foreign key cascades to the steps and items on Postgres (migration 0016): they go explicitly.
+        self.delete_with_children(
+            "DELETE FROM responses WHERE id = $1 AND project_id = $2",
+            &[
+                "DELETE FROM steps WHERE response_id = $1",
+                "DELETE FROM response_input_items WHERE response_id = $1",
+            ],
+            id,
+            project_id,
         )
-        .bind(id)
-        .bind(project_id)
-        .execute(pool)
-        .await?
-        .rows_affected());
-        Ok(deleted > 0)
+        .await
     }
 
     /// Writes one step boundary: new steps, changed steps and the response's ending, all or nothing, in one
