@@ -2,6 +2,8 @@
 
 use std::collections::HashSet;
 
+use serde::ser::{SerializeMap, SerializeSeq};
+use serde::{Serialize, Serializer};
 use serde_json::{json, Map, Value};
 
 use crate::context::ModelInput;
@@ -10,8 +12,95 @@ use crate::steps::{AssistantMessage, Finish, ModelOutput, ToolCall, Usage};
 use crate::toolset::{model_tool_choice, OfferedTool, ToolInput};
 use crate::walk::{call_of, results_by_call_id, Call};
 
-/// Builds the Chat Completions request body for one model call.
+/// Builds the Chat Completions request body for one model call, as a JSON value.
 pub fn build_request(upstream_model: &str, input: &ModelInput<'_>) -> Value {
+    build_chat_request(upstream_model, input).into_value()
+}
+
+/// A Chat Completions request body as it is sent: its fields, and the offered tools, written out in Chat's shape
+/// as the body is serialised (a model call does not copy every tool's schema into a JSON tree, then drop it).
+#[derive(Debug)]
+pub struct ChatRequest<'a> {
+    /// Every field but `tools`.
+    pub fields: Map<String, Value>,
+    tools: &'a [OfferedTool],
+}
+
+impl ChatRequest<'_> {
+    /// The whole body as a JSON value, `tools` included.
+    pub fn into_value(self) -> Value {
+        let mut fields = self.fields;
+        if !self.tools.is_empty() {
+            // Only string keys are written, so it cannot fail.
+            let tools = serde_json::to_value(ChatTools(self.tools)).unwrap_or_default();
+            fields.insert("tools".into(), tools);
+        }
+        Value::Object(fields)
+    }
+}
+
+impl Serialize for ChatRequest<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let has_tools = !self.tools.is_empty();
+        let mut map = serializer.serialize_map(Some(self.fields.len() + usize::from(has_tools)))?;
+        for (key, value) in &self.fields {
+            map.serialize_entry(key, value)?;
+        }
+        if has_tools {
+            map.serialize_entry("tools", &ChatTools(self.tools))?;
+        }
+        map.end()
+    }
+}
+
+/// The offered tools as Chat's `tools`: each a `function` (a free-form tool as a function of one string).
+struct ChatTools<'a>(&'a [OfferedTool]);
+
+impl Serialize for ChatTools<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let mut tools = serializer.serialize_seq(Some(self.0.len()))?;
+        for tool in self.0 {
+            tools.serialize_element(&ChatTool(&tool.as_function()))?;
+        }
+        tools.end()
+    }
+}
+
+/// One tool as Chat's `{"type": "function", "function": {name, description, parameters, strict}}`.
+struct ChatTool<'a>(&'a OfferedTool);
+
+impl Serialize for ChatTool<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let mut tool = serializer.serialize_map(Some(2))?;
+        tool.serialize_entry("type", "function")?;
+        tool.serialize_entry("function", &FunctionDeclaration(self.0))?;
+        tool.end()
+    }
+}
+
+/// A function tool's declaration: its name, its description unless empty, its schema and `strict` when set.
+struct FunctionDeclaration<'a>(&'a OfferedTool);
+
+impl Serialize for FunctionDeclaration<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let tool = self.0;
+        let mut function = serializer.serialize_map(None)?;
+        function.serialize_entry("name", &tool.name)?;
+        if let Some(description) = tool.description.as_deref().filter(|d| !d.is_empty()) {
+            function.serialize_entry("description", description)?;
+        }
+        if let ToolInput::Json { parameters, strict } = &tool.input {
+            function.serialize_entry("parameters", parameters)?;
+            if let Some(strict) = strict {
+                function.serialize_entry("strict", strict)?;
+            }
+        }
+        function.end()
+    }
+}
+
+/// Builds the Chat Completions request body for one model call, its tools borrowed from `input`.
+pub fn build_chat_request<'a>(upstream_model: &str, input: &ModelInput<'a>) -> ChatRequest<'a> {
     let (params, conversation, tools) = (input.params, input.conversation, input.tools);
     let mut body = Map::new();
     body.insert("model".into(), json!(upstream_model));
@@ -20,10 +109,6 @@ pub fn build_request(upstream_model: &str, input: &ModelInput<'_>) -> Value {
         Value::Array(messages(params.instructions.as_deref(), conversation)),
     );
     if !tools.is_empty() {
-        body.insert(
-            "tools".into(),
-            Value::Array(tools.iter().map(chat_tool).collect()),
-        );
         body.insert(
             "tool_choice".into(),
             chat_tool_choice(&model_tool_choice(&params.tool_choice, tools)),
@@ -88,19 +173,10 @@ pub fn build_request(upstream_model: &str, input: &ModelInput<'_>) -> Value {
             _ => {}
         }
     }
-    Value::Object(body)
-}
-
-fn chat_tool(tool: &OfferedTool) -> Value {
-    let tool = tool.as_function();
-    let mut function = tool.name_and_description();
-    if let ToolInput::Json { parameters, strict } = &tool.input {
-        function.insert("parameters".into(), parameters.clone());
-        if let Some(strict) = strict {
-            function.insert("strict".into(), json!(strict));
-        }
+    ChatRequest {
+        fields: body,
+        tools,
     }
-    json!({"type": "function", "function": function})
 }
 
 /// `tool_choice` in Chat's shape, from the choice as the model sees it ([`model_tool_choice`]).

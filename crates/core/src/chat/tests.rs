@@ -428,6 +428,42 @@ fn tools_map_to_chat_functions() {
 }
 
 #[test]
+fn the_body_as_sent_reads_back_as_the_request_built() {
+    let custom = OfferedTool {
+        name: "patch".into(),
+        description: Some("Applies a patch".into()),
+        input: ToolInput::Text {
+            format: Some(json!({"type": "grammar", "syntax": "lark", "definition": "start: /.+/"})),
+        },
+    };
+    let tools = [
+        tool(
+            "get_weather",
+            Some("Weather by city"),
+            Some(json!({"type": "object", "properties": {"city": {"type": "string"}}})),
+            Some(true),
+        ),
+        tool("no_params", Some(""), None, None),
+        custom,
+    ];
+    let conversation = items(json!([{"type": "message", "role": "user", "content": "x"}]));
+    let p = params();
+    let input = model_input(&p, &conversation, &tools);
+
+    let sent = serde_json::to_vec(&build_chat_request("m", &input)).expect("serialises");
+
+    let read_back: Value = serde_json::from_slice(&sent).expect("JSON");
+    let built = build_request("m", &input);
+    assert_eq!(read_back, built);
+    assert_eq!(built["tools"].as_array().map(Vec::len), Some(3), "{built}");
+    assert_eq!(
+        built["tools"][2]["function"]["parameters"]["required"],
+        json!(["input"]),
+        "the custom tool is a function of one string: {built}"
+    );
+}
+
+#[test]
 fn without_tools_no_tool_fields_are_sent() {
     let mut p = params();
     p.tool_choice = json!("required");

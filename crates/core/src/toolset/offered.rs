@@ -2,6 +2,8 @@
 //! flattened, custom tools as functions of one string for providers without them), and the way back from the name
 //! a model called to the tool the client declared.
 
+use std::borrow::Cow;
+
 use serde_json::{json, Map, Value};
 
 use super::{CustomTool, DeclaredTool, FunctionTool, NamespaceMember};
@@ -95,11 +97,12 @@ impl OfferedTool {
         }
     }
 
-    /// For a provider without custom tools: a free-form tool becomes a function of one string, `input`.
-    pub fn as_function(&self) -> OfferedTool {
+    /// For a provider without custom tools: a free-form tool becomes a function of one string, `input`; a
+    /// function is itself (borrowed: its schema is not copied for every model call).
+    pub fn as_function(&self) -> Cow<'_, OfferedTool> {
         match &self.input {
-            ToolInput::Json { .. } => self.clone(),
-            ToolInput::Text { format } => OfferedTool {
+            ToolInput::Json { .. } => Cow::Borrowed(self),
+            ToolInput::Text { format } => Cow::Owned(OfferedTool {
                 description: with_grammar(self.description.as_deref(), format.as_ref()),
                 input: ToolInput::Json {
                     parameters: json!({
@@ -111,7 +114,7 @@ impl OfferedTool {
                     strict: None,
                 },
                 name: self.name.clone(),
-            },
+            }),
         }
     }
 }
@@ -221,7 +224,9 @@ pub fn flatten_namespaces(conversation: &mut [Item]) {
 /// `{"input": <text>}`, their outputs function outputs, and custom tools functions of one string.
 pub fn custom_as_functions(conversation: &mut [Item], tools: &mut [OfferedTool]) {
     for tool in tools.iter_mut() {
-        *tool = tool.as_function();
+        if let Cow::Owned(function) = tool.as_function() {
+            *tool = function;
+        }
     }
     for item in conversation {
         match item {

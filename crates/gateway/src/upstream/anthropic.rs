@@ -4,13 +4,19 @@
 use gateway_core::anthropic::{self, AnthropicStream};
 use secrecy::ExposeSecret;
 
-use super::{sse, Wire};
+use super::{sse, Body, Wire};
 
 /// How Anthropic Messages speaks (SPEC 8: the base URL excludes the version, as Anthropic's SDKs have it).
 /// Overloaded (529), rate-limited (429) and other 5xx answers are retried by the shared rule.
 pub(super) const WIRE: Wire = Wire {
     path: "/v1/messages",
-    build: |target, input| anthropic::build_request(&target.model, target.max_tokens, input),
+    build: |target, input| {
+        Body::Json(anthropic::build_request(
+            &target.model,
+            target.max_tokens,
+            input,
+        ))
+    },
     headers: |request, target| {
         let request = request.header("anthropic-version", anthropic::API_VERSION);
         match &target.api_key {

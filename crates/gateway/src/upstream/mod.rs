@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use futures::future::BoxFuture;
-use gateway_core::chat::{IdSource, ParseError};
+use gateway_core::chat::{ChatRequest, IdSource, ParseError};
 use gateway_core::context::ModelInput;
 use gateway_core::entity::ProviderKind;
 use gateway_core::reasoning::replayed_to;
@@ -234,7 +234,7 @@ impl Upstream {
             ..*request
         };
         let wire = wire_of(target.kind);
-        let body = (wire.build)(target, &request.input());
+        let body = (wire.build)(target, &request.input()).into_value();
         let (counted_by, endpoint) = count::counting(target.kind, &target.model);
         let Some((path, fields)) = endpoint else {
             let count::CountedBy::Local(encoding) = counted_by else {
@@ -290,7 +290,7 @@ impl Upstream {
         let body = (wire.build)(target, &request.input());
         let url = format!("{}{}", target.base_url.trim_end_matches('/'), wire.path);
         // With traces on, the provider gets the model call's span as its parent (SPEC 14).
-        let post = |body: &Value| {
+        let post = |body: &Body<'_>| {
             let request = crate::telemetry::with_trace_headers(self.http.post(&url).json(body));
             (wire.headers)(request, target)
         };
@@ -359,8 +359,8 @@ impl Upstream {
         &self,
         target: &Target,
         wire: &Wire,
-        post: &(dyn Fn(&Value) -> reqwest::RequestBuilder + Sync),
-        mut body: Value,
+        post: &(dyn Fn(&Body<'_>) -> reqwest::RequestBuilder + Sync),
+        mut body: Body<'_>,
         response_id: &str,
         live: Option<Live<'_>>,
     ) -> Result<ModelOutput, UpstreamError> {
@@ -379,9 +379,9 @@ impl Upstream {
                 })
                 .await;
         };
-        body["stream"] = Value::Bool(true);
+        body.set("stream", Value::Bool(true));
         if wire.include_usage {
-            body["stream_options"] = serde_json::json!({"include_usage": true});
+            body.set("stream_options", serde_json::json!({"include_usage": true}));
         }
         let body = &body;
         let out = &Forwarder::new(live);
@@ -420,12 +420,48 @@ impl Upstream {
     }
 }
 
+/// The request body of one model call: a JSON value, or a Chat request whose tools are written out from the
+/// offered tools as it is serialised (not copied into a JSON tree for every call).
+enum Body<'a> {
+    Json(Value),
+    Chat(ChatRequest<'a>),
+}
+
+impl Body<'_> {
+    /// Sets a top-level field (a streamed call's `stream`, `stream_options`).
+    fn set(&mut self, field: &str, value: Value) {
+        match self {
+            Body::Json(body) => body[field] = value,
+            Body::Chat(request) => {
+                request.fields.insert(field.to_owned(), value);
+            }
+        }
+    }
+
+    /// The whole body as a JSON value.
+    fn into_value(self) -> Value {
+        match self {
+            Body::Json(body) => body,
+            Body::Chat(request) => request.into_value(),
+        }
+    }
+}
+
+impl serde::Serialize for Body<'_> {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        match self {
+            Body::Json(body) => body.serialize(serializer),
+            Body::Chat(request) => request.serialize(serializer),
+        }
+    }
+}
+
 /// How one provider kind speaks: where and how an attempt is sent, and how its answer, whole or streamed, is read.
 struct Wire {
     /// Put after the deployment's base URL.
     path: &'static str,
     /// The request body of one call.
-    build: fn(&Target, &ModelInput<'_>) -> Value,
+    build: for<'a> fn(&Target, &ModelInput<'a>) -> Body<'a>,
     /// The provider's own headers on an attempt (its key, its version).
     headers: fn(reqwest::RequestBuilder, &Target) -> reqwest::RequestBuilder,
     /// Turns a whole JSON answer into the normalised one.

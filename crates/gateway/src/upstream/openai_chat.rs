@@ -8,12 +8,12 @@ use gateway_core::chat_stream::ChatStream;
 use gateway_core::steps::ModelOutput;
 use serde_json::Value;
 
-use super::{bearer, sse, Forwarder, UpstreamError, Wire};
+use super::{bearer, sse, Body, Forwarder, UpstreamError, Wire};
 
 /// How an OpenAI-compatible Chat Completions upstream speaks.
 pub(super) const WIRE: Wire = Wire {
     path: "/chat/completions",
-    build: |target, input| chat::build_request(&target.model, input),
+    build: |target, input| Body::Chat(chat::build_chat_request(&target.model, input)),
     headers: bearer,
     parse: chat::parse_response,
     include_usage: true,
