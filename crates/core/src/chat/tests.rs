@@ -388,15 +388,20 @@ fn steps_of_a_running_response_pair_with_their_calls_in_the_next_request() {
 
 // ---- build_request: tools and options ------------------------------------------------------------
 
+/// A strict function tool with a description and a schema.
+fn strict_weather_tool() -> OfferedTool {
+    tool(
+        "get_weather",
+        Some("Weather by city"),
+        Some(json!({"type": "object", "properties": {"city": {"type": "string"}}})),
+        Some(true),
+    )
+}
+
 #[test]
 fn tools_map_to_chat_functions() {
     let tools = [
-        tool(
-            "get_weather",
-            Some("Weather by city"),
-            Some(json!({"type": "object", "properties": {"city": {"type": "string"}}})),
-            Some(true),
-        ),
+        strict_weather_tool(),
         tool("no_params", Some(""), None, None),
         tool("null_params", None, Some(Value::Null), Some(false)),
     ];
@@ -437,12 +442,7 @@ fn the_body_as_sent_reads_back_as_the_request_built() {
         },
     };
     let tools = [
-        tool(
-            "get_weather",
-            Some("Weather by city"),
-            Some(json!({"type": "object", "properties": {"city": {"type": "string"}}})),
-            Some(true),
-        ),
+        strict_weather_tool(),
         tool("no_params", Some(""), None, None),
         custom,
     ];
