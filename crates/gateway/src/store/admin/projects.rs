@@ -93,14 +93,19 @@ impl Store {
         // Keys, grants and responses go by their foreign keys' cascade; steps and items have none on Postgres
         // (migration 0016) and go first. On Postgres the project's row is locked before: a response written
         // meanwhile checks its foreign key to the project, so it either committed before the lock (and its
-        // steps are seen and deleted here) or waits and then fails for want of the project.
-        let lock = match &self.backend {
-            Backend::Postgres(_) => Some("SELECT 1 FROM projects WHERE id = $1 FOR UPDATE"),
-            Backend::Sqlite(_) => None,
+        // steps are seen and deleted here) or waits and then fails for want of the project. Then its responses'
+        // rows, in the order a step write locks them, before any step row: a run writing steps finishes first
+        // instead of waiting on a step row locked here while this waits on its response (a deadlock).
+        let locks: &[&str] = match &self.backend {
+            Backend::Postgres(_) => &[
+                "SELECT 1 FROM projects WHERE id = $1 FOR UPDATE",
+                "SELECT 1 FROM responses WHERE project_id = $1 ORDER BY created_at, id FOR UPDATE",
+            ],
+            Backend::Sqlite(_) => &[],
         };
         let deleted = with_pool!(self, |pool| {
             let mut tx = pool.begin().await?;
-            for statement in lock.into_iter().chain([
+            for statement in locks.iter().copied().chain([
                 "DELETE FROM steps WHERE response_id IN (SELECT id FROM responses WHERE project_id = $1)",
                 "DELETE FROM response_input_items
                  WHERE response_id IN (SELECT id FROM responses WHERE project_id = $1)",
