@@ -2346,6 +2346,64 @@ async fn postgres_urls_select_postgres() {
 }
 
 #[tokio::test]
+async fn deleting_a_project_while_a_step_write_holds_one_of_its_responses_waits_for_it_without_deadlock(
+) {
+    let scratch = Scratch::postgres().await;
+    let store = &scratch.store;
+    let (project_id, deployment_id) = tenant(store, "acme").await;
+    create(
+        store,
+        &project_id,
+        &deployment_id,
+        &record("resp_busy"),
+        &context(1),
+        &[tool_step(0, 0)],
+        None,
+    )
+    .await
+    .expect("create");
+    let Backend::Postgres(pool) = store.backend() else {
+        unreachable!("Postgres")
+    };
+    // A step write in flight: it holds the response's row, as a boundary write does, and its step is still to
+    // be written.
+    let mut writer = pool.begin().await.expect("begin");
+    sqlx::query("SELECT 1 FROM responses WHERE id = 'resp_busy' FOR UPDATE")
+        .execute(&mut *writer)
+        .await
+        .expect("hold the response");
+    let deletion = tokio::spawn({
+        let (store, project_id) = (store.clone(), project_id.clone());
+        async move { store.delete_project(&project_id).await }
+    });
+    // Until the deletion waits on a lock.
+    loop {
+        let waiting: i64 = sqlx::query_scalar(
+            "SELECT COUNT(*) FROM pg_stat_activity
+             WHERE datname = current_database() AND wait_event_type = 'Lock'",
+        )
+        .fetch_one(pool)
+        .await
+        .expect("activity");
+        // (A deletion that ended without waiting fails below.)
+        if waiting > 0 || deletion.is_finished() {
+            break;
+        }
+        tokio::task::yield_now().await;
+    }
+    // The write goes on to its step: had the deletion taken the step rows first, the two would wait on each
+    // other, and Postgres would fail one of them.
+    sqlx::query("UPDATE steps SET state = 'running' WHERE response_id = 'resp_busy' AND seq = 0")
+        .execute(&mut *writer)
+        .await
+        .expect("the step is written");
+    writer.commit().await.expect("commit");
+
+    assert!(deletion.await.expect("task").expect("deleted"));
+    assert_eq!(rows_left_of(store, "resp_busy").await, (0, 0));
+}
+
+#[tokio::test]
 async fn a_relaxed_write_leaves_the_connections_commit_setting_as_it_was() {
     let scratch = Scratch::postgres().await;
     // One connection: the write and the check below share it.
