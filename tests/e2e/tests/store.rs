@@ -70,6 +70,8 @@ on_both_backends!(
     deleting_a_response_removes_its_items_and_steps,
     an_idempotency_key_finds_its_response_and_cannot_be_used_twice_in_a_project,
     concurrent_writes_of_steps_and_responses_all_succeed,
+    transactions_that_read_before_they_write_succeed_beside_many_writes,
+    a_context_longer_than_one_statement_binds_is_stored_whole_and_in_order,
     a_create_made_again_after_its_reply_was_lost_is_the_same_write,
     a_run_fenced_on_an_older_claim_writes_nothing_even_when_its_replica_claims_the_response_again,
     a_heartbeat_says_whether_the_lease_held_since_the_previous_one,
@@ -1632,6 +1634,90 @@ async fn an_idempotency_key_finds_its_response_and_cannot_be_used_twice_in_a_pro
     )
     .await
     .expect("the same key in another project is another request");
+}
+
+/// A response whose context has more items than one statement may bind (SQLite takes at most 32,766 values;
+/// an item binds four) is stored whole and in order, beside another response in the same batch.
+async fn a_context_longer_than_one_statement_binds_is_stored_whole_and_in_order(store: Store) {
+    let (project_id, deployment_id) = tenant(&store, "acme").await;
+    let long = context(9_000);
+    let short = context(2);
+    let (long_record, short_record) = (record("resp_long"), record("resp_short"));
+    let steps = [tool_step(0, 0)];
+    let (first, second) = tokio::join!(
+        create(
+            &store,
+            &project_id,
+            &deployment_id,
+            &long_record,
+            &long,
+            &steps,
+            None
+        ),
+        create(
+            &store,
+            &project_id,
+            &deployment_id,
+            &short_record,
+            &short,
+            &steps,
+            None
+        )
+    );
+    first.expect("the long create");
+    second.expect("the short create");
+    let stored = store
+        .load_context(&project_id, "resp_long")
+        .await
+        .expect("load");
+    assert_eq!(stored.len(), 9_000);
+    assert_eq!(stored, long);
+    assert_eq!(
+        store
+            .load_context(&project_id, "resp_short")
+            .await
+            .expect("load")
+            .len(),
+        2
+    );
+}
+
+/// A transaction that reads before it writes (a replica's heartbeat reads its previous beat) succeeds while
+/// many other writes commit around it. On the embedded store, writers on several connections failed such a
+/// transaction with "database is locked" whenever another connection committed between its read and its write.
+async fn transactions_that_read_before_they_write_succeed_beside_many_writes(store: Store) {
+    let (project_id, deployment_id) = tenant(&store, "acme").await;
+    let mut beats = Vec::new();
+    let mut creates = Vec::new();
+    for n in 0..48 {
+        let store_for_beat = store.clone();
+        beats.push(tokio::spawn(async move {
+            store_for_beat
+                .heartbeat(&format!("replica-{}", n % 6), 60_000)
+                .await
+        }));
+        let (store, project_id, deployment_id) =
+            (store.clone(), project_id.clone(), deployment_id.clone());
+        creates.push(tokio::spawn(async move {
+            let record = record(&format!("resp_among_beats_{n}"));
+            create(
+                &store,
+                &project_id,
+                &deployment_id,
+                &record,
+                &context(2),
+                &[tool_step(0, 0)],
+                None,
+            )
+            .await
+        }));
+    }
+    for beat in beats {
+        beat.await.expect("task").expect("a heartbeat failed");
+    }
+    for create in creates {
+        create.await.expect("task").expect("a create failed");
+    }
 }
 
 async fn concurrent_writes_of_steps_and_responses_all_succeed(store: Store) {

@@ -13,16 +13,22 @@ use super::{Backend, StoreError};
 /// The embedded store of a fresh machine: `data/gateway.db` under the working directory, created if missing.
 pub const DEFAULT_URL: &str = "sqlite://data/gateway.db?mode=rwc";
 
-/// How long a SQLite statement waits for another connection's write to finish before it fails with
-/// "database is locked". Writes are short (one statement, or one small transaction), so waiting is cheap.
+/// How long a SQLite statement waits for the file's lock before it fails with "database is locked": only a
+/// checkpoint, or another program opening the file, holds it against this process's one writer.
 const SQLITE_BUSY_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// A backend as opened: its pool, and on the embedded store the connections kept for reads.
+pub(super) struct Opened {
+    pub(super) backend: Backend,
+    pub(super) embedded_reads: Option<SqlitePool>,
+}
 
 /// Opens the pool of the backend that `url` names.
 pub(super) async fn connect(
     url: &str,
     max_connections: u32,
     acquire_timeout: Duration,
-) -> Result<Backend, StoreError> {
+) -> Result<Opened, StoreError> {
     let scheme = url
         .split_once(':')
         .map(|(scheme, _)| scheme.to_ascii_lowercase())
@@ -36,51 +42,73 @@ pub(super) async fn connect(
                 .acquire_timeout(acquire_timeout)
                 .connect(url)
                 .await?;
-            Ok(Backend::Postgres(pool))
+            Ok(Opened {
+                backend: Backend::Postgres(pool),
+                embedded_reads: None,
+            })
         }
-        "sqlite" => Ok(Backend::Sqlite(
-            connect_sqlite(url, max_connections, acquire_timeout).await?,
-        )),
+        "sqlite" => {
+            let (writer, embedded_reads) =
+                connect_sqlite(url, max_connections, acquire_timeout).await?;
+            Ok(Opened {
+                backend: Backend::Sqlite(writer),
+                embedded_reads,
+            })
+        }
         _ => Err(StoreError::UnsupportedUrl),
     }
 }
 
-/// Opens the embedded store: WAL (readers never wait for the writer), a busy timeout (writers queue instead of
-/// failing), foreign keys enforced, and the file and its directory created if missing.
+/// Opens the embedded store: WAL (readers never wait for the writer), foreign keys enforced, and the file and
+/// its directory created if missing.
+///
+/// Every statement that writes goes through **one** connection, kept open: SQLite lets one writer at a time
+/// have the file, and writers on several connections contended for it by sleeping and retrying (its busy
+/// handler), which under load cost seconds of waiting, and failed outright a transaction that read before it
+/// wrote whenever another connection had committed in between ("database is locked"). On one connection the
+/// writers queue in the pool instead, in order. The statements that only read (`with_read_pool!`) have
+/// connections of their own (up to `max_connections`, refusing writes), so a long read never holds up a write.
+/// An in-memory database has its one connection for both.
 async fn connect_sqlite(
     url: &str,
     max_connections: u32,
     acquire_timeout: Duration,
-) -> Result<SqlitePool, StoreError> {
+) -> Result<(SqlitePool, Option<SqlitePool>), StoreError> {
     let url = resolve_sqlite(url);
     let mut options = SqliteConnectOptions::from_str(url)?
         .create_if_missing(true)
         .foreign_keys(true)
         .busy_timeout(SQLITE_BUSY_TIMEOUT);
-    let pool = if is_in_memory(url) {
-        // Separate connections to `:memory:` would each see a database of their own (or, sharing a cache,
-        // lock tables against each other without waiting): one connection that never closes keeps one
-        // database for the life of the pool.
-        SqlitePoolOptions::new()
-            .max_connections(1)
-            .min_connections(1)
-            .idle_timeout(None)
-            .max_lifetime(None)
-    } else {
-        options = options.journal_mode(SqliteJournalMode::Wal);
-        let directory = options.get_filename().parent();
-        if let Some(directory) = directory.filter(|d| !d.as_os_str().is_empty()) {
-            std::fs::create_dir_all(directory).map_err(StoreError::Directory)?;
-        }
-        SqlitePoolOptions::new().max_connections(max_connections.max(1))
-    };
+    // One connection that never closes: for memory, separate connections would each see a database of their
+    // own; for a file, it is the one writer (and keeps its prepared statements and page cache warm).
+    let writer = SqlitePoolOptions::new()
+        .max_connections(1)
+        .min_connections(1)
+        .idle_timeout(None)
+        .max_lifetime(None)
+        .acquire_timeout(acquire_timeout);
+    if is_in_memory(url) {
+        let pool = writer.connect_with(options).await?;
+        tracing::info!(store.path = ":memory:", "opened the embedded store");
+        return Ok((pool, None));
+    }
+    options = options.journal_mode(SqliteJournalMode::Wal);
+    let directory = options.get_filename().parent();
+    if let Some(directory) = directory.filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(directory).map_err(StoreError::Directory)?;
+    }
     let path = options.get_filename().display().to_string();
-    let pool = pool
+    let writes = writer.connect_with(options.clone()).await?;
+    // The file exists and is in WAL mode now (the writer's connection made it so, and the mode is kept in the
+    // file): the readers only open it.
+    let read_options = options.create_if_missing(false).pragma("query_only", "ON");
+    let reads = SqlitePoolOptions::new()
+        .max_connections(max_connections.max(1))
         .acquire_timeout(acquire_timeout)
-        .connect_with(options)
+        .connect_with(read_options)
         .await?;
     tracing::info!(store.path = %path, "opened the embedded store");
-    Ok(pool)
+    Ok((writes, Some(reads)))
 }
 
 /// `sqlite:` alone asks for the embedded store without saying where: the default file.

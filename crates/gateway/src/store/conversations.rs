@@ -93,7 +93,7 @@ impl Store {
         id: &str,
     ) -> Result<Option<ConversationRow>, StoreError> {
         let _timer = self.timed("load_conversation");
-        Ok(with_pool!(self, |pool| {
+        Ok(with_read_pool!(self, |pool| {
             sqlx::query_as::<_, ConversationRow>(
             "SELECT id, metadata, created_at FROM conversations WHERE id = $1 AND project_id = $2",
         )
@@ -152,7 +152,7 @@ impl Store {
         if self.load_conversation(project_id, id).await?.is_none() {
             return Ok(None);
         }
-        let items: Vec<Value> = with_pool!(self, |pool| {
+        let items: Vec<Value> = with_read_pool!(self, |pool| {
             sqlx::query_scalar(
             "SELECT i.item FROM conversation_items i JOIN conversations c ON c.id = i.conversation_id
              WHERE i.conversation_id = $1 AND c.project_id = $2 ORDER BY i.position",
@@ -175,7 +175,7 @@ impl Store {
         if self.load_conversation(project_id, id).await?.is_none() {
             return Ok(None);
         }
-        let ids: Vec<String> = with_pool!(self, |pool| sqlx::query_scalar(
+        let ids: Vec<String> = with_read_pool!(self, |pool| sqlx::query_scalar(
             "SELECT item_id FROM conversation_items WHERE conversation_id = $1",
         )
         .bind(id)
@@ -198,7 +198,7 @@ impl Store {
         let start = match after {
             None => None,
             Some(item_id) => {
-                let position: Option<i64> = with_pool!(self, |pool| {
+                let position: Option<i64> = with_read_pool!(self, |pool| {
                     sqlx::query_scalar(
                     "SELECT position FROM conversation_items WHERE conversation_id = $1 AND item_id = $2",
                 )
@@ -224,7 +224,7 @@ impl Store {
                  ORDER BY position DESC LIMIT $3"
             }
         };
-        let mut items: Vec<Value> = with_pool!(self, |pool| sqlx::query_scalar(query)
+        let mut items: Vec<Value> = with_read_pool!(self, |pool| sqlx::query_scalar(query)
             .bind(conversation_id)
             .bind(start)
             .bind(limit + 1)
@@ -242,7 +242,7 @@ impl Store {
         item_id: &str,
     ) -> Result<Option<Value>, StoreError> {
         let _timer = self.timed("conversation_item");
-        Ok(with_pool!(self, |pool| sqlx::query_scalar(
+        Ok(with_read_pool!(self, |pool| sqlx::query_scalar(
             "SELECT item FROM conversation_items WHERE conversation_id = $1 AND item_id = $2",
         )
         .bind(conversation_id)

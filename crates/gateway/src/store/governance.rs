@@ -500,8 +500,9 @@ impl Store {
                 .await?;
             }
             Backend::Sqlite(pool) => {
+                let records: Vec<&UsageRecord> = records.iter().collect();
                 let mut tx = pool.begin().await?;
-                insert_usage_rows!(tx, records);
+                super::multirow::insert_usage(&mut tx, &records).await?;
                 tx.commit().await?;
             }
         }

@@ -17,6 +17,20 @@ macro_rules! with_pool {
     };
 }
 
+/// Like `with_pool!`, for statements that only read: on the embedded store they run on the connections kept
+/// for reads, beside its one writer, so that they neither wait for writes nor hold them up.
+macro_rules! with_read_pool {
+    ($store:expr, |$pool:ident| $body:expr) => {
+        match &$store.backend {
+            $crate::store::Backend::Postgres($pool) => $body,
+            $crate::store::Backend::Sqlite(writer) => {
+                let $pool = $store.embedded_reads.as_ref().unwrap_or(writer);
+                $body
+            }
+        }
+    };
+}
+
 /// The database clock in milliseconds, as Postgres reads it: times that decide ownership or a deadline come from
 /// the database, never from a replica's clock (SPEC 9).
 macro_rules! pg_now_ms {
@@ -66,40 +80,12 @@ macro_rules! usage_recordset {
     };
 }
 
-/// Inserts `UsageRecord`s inside `$tx`, a SQLite transaction; a record already there is kept.
-macro_rules! insert_usage_rows {
-    ($tx:ident, $records:expr) => {
-        for record in $records {
-            sqlx::query(
-                "INSERT INTO usage_records (response_id, seq, project_id, api_key_id, deployment, provider_kind,
-                    tool_source, input_tokens, cached_tokens, output_tokens, reasoning_tokens, cost_usd, created_at, calls)
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14) ON CONFLICT DO NOTHING",
-            )
-            .bind(&record.response_id)
-            .bind(record.seq)
-            .bind(&record.project_id)
-            .bind(&record.api_key_id)
-            .bind(&record.deployment)
-            .bind(&record.provider_kind)
-            .bind(&record.tool_source)
-            .bind(record.input_tokens)
-            .bind(record.cached_tokens)
-            .bind(record.output_tokens)
-            .bind(record.reasoning_tokens)
-            .bind(record.cost_usd)
-            .bind(record.created_at)
-            .bind(record.calls)
-            .execute(&mut *$tx)
-            .await?;
-        }
-    };
-}
-
 pub mod admin;
 mod backend;
 mod compaction;
 pub mod conversations;
 pub mod governance;
+mod multirow;
 pub mod notify;
 pub mod observe;
 pub mod ownership;
@@ -260,6 +246,9 @@ impl std::ops::Deref for Store {
 #[derive(Debug, Clone)]
 pub struct StoreParts {
     backend: Backend,
+    /// On the embedded store (a file), the connections for statements that only read (`with_read_pool!`);
+    /// `backend`'s one connection takes every write.
+    embedded_reads: Option<SqlitePool>,
     /// Hears how long each operation took (`Unobserved` until `observed_by`).
     observer: Arc<dyn StoreObserver>,
     /// The writer that batches responses' writes (`with_group_commit`); without it each is written alone.
@@ -297,8 +286,11 @@ impl Store {
         Ok(deleted > 0)
     }
 
-    /// Closes the pool: statements still running finish, every later one fails.
+    /// Closes the pools: statements still running finish, every later one fails.
     pub async fn close(&self) {
+        if let Some(reads) = &self.embedded_reads {
+            reads.close().await;
+        }
         with_pool!(self, |pool| pool.close().await)
     }
 
@@ -318,8 +310,10 @@ impl Store {
         max_connections: u32,
         acquire_timeout: std::time::Duration,
     ) -> Result<Store, StoreError> {
+        let opened = backend::connect(url, max_connections, acquire_timeout).await?;
         Ok(Store(Arc::new(StoreParts {
-            backend: backend::connect(url, max_connections, acquire_timeout).await?,
+            backend: opened.backend,
+            embedded_reads: opened.embedded_reads,
             observer: Arc::new(Unobserved),
             group: None,
         })))
@@ -352,6 +346,7 @@ impl Store {
                         .acquire_timeout(acquire_timeout)
                         .connect_lazy_with((*pool.connect_options()).clone()),
                 ),
+                embedded_reads: None,
                 observer: Arc::clone(&self.observer),
                 group: None,
             })),

@@ -129,7 +129,7 @@ impl Store {
         id: &str,
     ) -> Result<Option<StoredResponse>, StoreError> {
         let _timer = self.timed("load_response");
-        let row: Option<ResponseRow> = with_pool!(self, |pool| {
+        let row: Option<ResponseRow> = with_read_pool!(self, |pool| {
             sqlx::query_as(RESPONSE_BY_ID)
                 .bind(id)
                 .bind(project_id)
@@ -148,32 +148,33 @@ impl Store {
         id: &str,
     ) -> Result<Option<(StoredResponse, Vec<Step>)>, StoreError> {
         let _timer = self.timed("load_with_steps");
-        let (row, steps): (Option<ResponseRow>, Vec<StepReadRow>) = with_pool!(self, |pool| {
-            let mut tx = pool.begin().await?;
-            // SQLite reads a snapshot in a transaction already; Postgres needs to be asked.
-            if matches!(self.backend, Backend::Postgres(_)) {
-                sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
-                    .execute(&mut *tx)
-                    .await?;
-            }
-            let row = sqlx::query_as(RESPONSE_BY_ID)
-                .bind(id)
-                .bind(project_id)
-                .fetch_optional(&mut *tx)
-                .await?;
-            let steps = match row {
-                Some(_) => {
-                    sqlx::query_as(STEPS_OF_RESPONSE)
-                        .bind(id)
-                        .bind(project_id)
-                        .fetch_all(&mut *tx)
-                        .await?
+        let (row, steps): (Option<ResponseRow>, Vec<StepReadRow>) =
+            with_read_pool!(self, |pool| {
+                let mut tx = pool.begin().await?;
+                // SQLite reads a snapshot in a transaction already; Postgres needs to be asked.
+                if matches!(self.backend, Backend::Postgres(_)) {
+                    sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+                        .execute(&mut *tx)
+                        .await?;
                 }
-                None => Vec::new(),
-            };
-            tx.commit().await?;
-            Ok::<_, sqlx::Error>((row, steps))
-        })?;
+                let row = sqlx::query_as(RESPONSE_BY_ID)
+                    .bind(id)
+                    .bind(project_id)
+                    .fetch_optional(&mut *tx)
+                    .await?;
+                let steps = match row {
+                    Some(_) => {
+                        sqlx::query_as(STEPS_OF_RESPONSE)
+                            .bind(id)
+                            .bind(project_id)
+                            .fetch_all(&mut *tx)
+                            .await?
+                    }
+                    None => Vec::new(),
+                };
+                tx.commit().await?;
+                Ok::<_, sqlx::Error>((row, steps))
+            })?;
         let Some(row) = row else { return Ok(None) };
         let steps = steps
             .into_iter()
@@ -204,7 +205,7 @@ impl Store {
             bool,
             Option<String>,
             Option<String>,
-        ) = with_pool!(self, |pool| sqlx::query_as(sql)
+        ) = with_read_pool!(self, |pool| sqlx::query_as(sql)
             .bind(id)
             .fetch_one(pool)
             .await)?;
@@ -230,7 +231,7 @@ impl Store {
         project_id: &str,
         key: &str,
     ) -> Result<Option<String>, StoreError> {
-        let id = with_pool!(self, |pool| sqlx::query_scalar(
+        let id = with_read_pool!(self, |pool| sqlx::query_scalar(
             "SELECT id FROM responses WHERE project_id = $1 AND idempotency_key = $2",
         )
         .bind(project_id)
@@ -257,7 +258,7 @@ impl Store {
             }
         }
         let _timer = self.timed("find_item");
-        let item: Option<Value> = with_pool!(self, |pool| sqlx::query_scalar(
+        let item: Option<Value> = with_read_pool!(self, |pool| sqlx::query_scalar(
             "SELECT i.item FROM response_input_items i JOIN responses r ON r.id = i.response_id
              WHERE i.item_id = $1 AND r.project_id = $2 LIMIT 1",
         )
@@ -275,7 +276,7 @@ impl Store {
         response_id: &str,
     ) -> Result<Vec<Item>, StoreError> {
         let _timer = self.timed("load_context");
-        let items: Vec<Value> = with_pool!(self, |pool| sqlx::query_scalar(
+        let items: Vec<Value> = with_read_pool!(self, |pool| sqlx::query_scalar(
             "SELECT i.item FROM response_input_items i JOIN responses r ON r.id = i.response_id
              WHERE i.response_id = $1 AND r.project_id = $2 ORDER BY i.position",
         )
@@ -300,7 +301,7 @@ impl Store {
         let start = match after {
             None => None,
             Some(item_id) => {
-                let position: Option<i32> = with_pool!(self, |pool| {
+                let position: Option<i32> = with_read_pool!(self, |pool| {
                     sqlx::query_scalar(
                     "SELECT i.position FROM response_input_items i JOIN responses r ON r.id = i.response_id
                      WHERE i.response_id = $1 AND i.item_id = $2 AND r.project_id = $3",
@@ -325,7 +326,7 @@ impl Store {
                  WHERE i.response_id = $1 AND r.project_id = $4 AND i.position < COALESCE($2, 2147483647)
                  ORDER BY i.position DESC LIMIT $3",
         };
-        let mut items: Vec<Value> = with_pool!(self, |pool| sqlx::query_scalar(query)
+        let mut items: Vec<Value> = with_read_pool!(self, |pool| sqlx::query_scalar(query)
             .bind(response_id)
             .bind(start)
             .bind(limit + 1)
@@ -344,7 +345,7 @@ impl Store {
         response_id: &str,
     ) -> Result<Vec<Step>, StoreError> {
         let _timer = self.timed("load_steps");
-        let rows: Vec<StepReadRow> = with_pool!(self, |pool| {
+        let rows: Vec<StepReadRow> = with_read_pool!(self, |pool| {
             sqlx::query_as(STEPS_OF_RESPONSE)
                 .bind(response_id)
                 .bind(project_id)

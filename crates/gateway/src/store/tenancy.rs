@@ -124,7 +124,7 @@ impl Store {
         model: &str,
     ) -> Result<Option<Resolution>, StoreError> {
         let _timer = self.timed("resolve");
-        with_pool!(self, |pool| {
+        with_read_pool!(self, |pool| {
             let deployment = sqlx::query_as::<_, DeploymentRecord>(concat!(
                 "SELECT ",
                 deployment_columns!(),
@@ -166,7 +166,7 @@ impl Store {
     /// and of every group that shares a project and a deployment with it (with their secrets, for listing MCP
     /// servers).
     pub async fn tool_sources_beside(&self, group_id: &str) -> Result<Vec<ToolSource>, StoreError> {
-        let rows = with_pool!(self, |pool| {
+        let rows = with_read_pool!(self, |pool| {
             sqlx::query_as::<_, ToolSourceRecord>(concat!(
             "SELECT DISTINCT ",
             tool_source_columns!(),
@@ -189,7 +189,7 @@ impl Store {
 
     /// A deployment by id, whatever groups it is in: what a resumed response runs on.
     pub async fn deployment_by_id(&self, id: &str) -> Result<Option<Deployment>, StoreError> {
-        let found = with_pool!(self, |pool| {
+        let found = with_read_pool!(self, |pool| {
             sqlx::query_as::<_, DeploymentRecord>(concat!(
                 "SELECT ",
                 deployment_columns!(),
@@ -204,7 +204,7 @@ impl Store {
 
     /// A deployment by name, whatever groups it is in: a fallback (the operator chose it, SPEC 8).
     pub async fn deployment_by_name(&self, name: &str) -> Result<Option<Deployment>, StoreError> {
-        let found = with_pool!(self, |pool| {
+        let found = with_read_pool!(self, |pool| {
             sqlx::query_as::<_, DeploymentRecord>(concat!(
                 "SELECT ",
                 deployment_columns!(),
@@ -222,14 +222,15 @@ impl Store {
     pub async fn tool_sources_by_id(&self, ids: &[String]) -> Result<Vec<ToolSource>, StoreError> {
         let mut sources = Vec::with_capacity(ids.len());
         for id in ids {
-            let found = with_pool!(self, |pool| sqlx::query_as::<_, ToolSourceRecord>(concat!(
-                "SELECT ",
-                tool_source_columns!(),
-                " FROM tool_sources t WHERE t.id = $1"
-            ))
-            .bind(id)
-            .fetch_optional(pool)
-            .await)?;
+            let found =
+                with_read_pool!(self, |pool| sqlx::query_as::<_, ToolSourceRecord>(concat!(
+                    "SELECT ",
+                    tool_source_columns!(),
+                    " FROM tool_sources t WHERE t.id = $1"
+                ))
+                .bind(id)
+                .fetch_optional(pool)
+                .await)?;
             sources.extend(found.map(ToolSource::from));
         }
         Ok(sources)

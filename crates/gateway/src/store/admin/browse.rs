@@ -106,7 +106,7 @@ impl Store {
             .after
             .as_ref()
             .map_or((i64::MAX, ""), |(at, id)| (*at, id.as_str()));
-        Ok(with_pool!(self, |pool| {
+        Ok(with_read_pool!(self, |pool| {
             sqlx::query_as::<_, ResponseSummary>(LIST_RESPONSES)
                 .bind(filter.project_id.as_deref())
                 .bind(filter.api_key_id.as_deref())
@@ -124,7 +124,7 @@ impl Store {
 
     /// One response, whichever project owns it.
     pub async fn response_summary(&self, id: &str) -> Result<Option<ResponseSummary>, StoreError> {
-        Ok(with_pool!(self, |pool| {
+        Ok(with_read_pool!(self, |pool| {
             sqlx::query_as::<_, ResponseSummary>(RESPONSE_SUMMARY)
                 .bind(id)
                 .fetch_optional(pool)
@@ -134,7 +134,7 @@ impl Store {
 
     /// The bookkeeping and usage of every step of a response, in order.
     pub async fn step_ledgers(&self, response_id: &str) -> Result<Vec<StepLedger>, StoreError> {
-        Ok(with_pool!(self, |pool| {
+        Ok(with_read_pool!(self, |pool| {
             sqlx::query_as::<_, StepLedger>(
             "SELECT CAST(s.seq AS BIGINT) AS seq, s.created_at, s.updated_at,
                 CAST(s.attempts AS BIGINT) AS attempts, u.deployment, u.tool_source,
@@ -154,7 +154,7 @@ impl Store {
     /// The newest server tool calls recorded since `since` (Unix seconds), at most [`MAX_TOOL_SAMPLES`].
     pub async fn tool_call_samples(&self, since: i64) -> Result<Vec<ToolCallSample>, StoreError> {
         let _timer = self.timed("tool_call_samples");
-        Ok(with_pool!(self, |pool| {
+        Ok(with_read_pool!(self, |pool| {
             sqlx::query_as::<_, ToolCallSample>(
                 "SELECT u.tool_source, s.body FROM usage_records u
              JOIN steps s ON s.response_id = u.response_id AND s.seq = u.seq

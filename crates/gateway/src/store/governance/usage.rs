@@ -124,7 +124,7 @@ impl Store {
     pub async fn usage_report(&self, query: &UsageQuery) -> Result<Vec<UsageBucket>, StoreError> {
         let _timer = self.timed("usage_report");
         let sql = usage_sql(&query.group_by);
-        let buckets = with_pool!(self, |pool| sqlx::query_as::<_, UsageBucket>(&sql)
+        let buckets = with_read_pool!(self, |pool| sqlx::query_as::<_, UsageBucket>(&sql)
             .bind(query.start)
             .bind(query.end)
             .bind(&query.project_id)

@@ -7,7 +7,7 @@
 //! answer; a batch the database refuses as a whole is written again one write at a time, so one bad write fails
 //! alone; a batch whose reply was lost leaves each of its writes in doubt, as a lost reply of its own would.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use serde_json::Value;
@@ -259,6 +259,31 @@ pub(super) async fn write_batch(
     }
 }
 
+/// The creates and the step boundaries of a batch, apart.
+fn by_kind<'a>(writes: &[&'a Write]) -> (Vec<&'a CreateRows>, Vec<&'a BoundaryRows>) {
+    let mut creates = Vec::new();
+    let mut boundaries = Vec::new();
+    for write in writes {
+        match write {
+            Write::Create(rows) => creates.push(&**rows),
+            Write::Boundary(rows) => boundaries.push(&**rows),
+        }
+    }
+    (creates, boundaries)
+}
+
+/// What each write of a batch did, in its order: `owned` holds the responses whose boundaries were written
+/// (their replica still drove them), each with whether a cancel asked it to stop.
+fn answers(writes: &[&Write], owned: &HashMap<String, bool>) -> Vec<Written> {
+    writes
+        .iter()
+        .map(|w| match w {
+            Write::Create(_) => Written::Created,
+            Write::Boundary(rows) => Written::Boundary(owned.get(rows.id.as_str()).copied()),
+        })
+        .collect()
+}
+
 mod postgres {
     //! A batch on Postgres: the creates in one statement, the step boundaries in another.
 
@@ -418,20 +443,7 @@ FROM owned o"
         writes: &[&Write],
         durability: Durability,
     ) -> Result<Vec<Written>, StoreError> {
-        let creates: Vec<&CreateRows> = writes
-            .iter()
-            .filter_map(|w| match w {
-                Write::Create(rows) => Some(&**rows),
-                Write::Boundary(_) => None,
-            })
-            .collect();
-        let boundaries: Vec<&BoundaryRows> = writes
-            .iter()
-            .filter_map(|w| match w {
-                Write::Boundary(rows) => Some(&**rows),
-                Write::Create(_) => None,
-            })
-            .collect();
+        let (creates, boundaries) = super::by_kind(writes);
         let synchronous_commit = durability.synchronous_commit();
         if !creates.is_empty() {
             create(pool, &creates, synchronous_commit).await?;
@@ -440,13 +452,7 @@ FROM owned o"
         if !boundaries.is_empty() {
             owned = boundary(pool, &boundaries, synchronous_commit).await?;
         }
-        Ok(writes
-            .iter()
-            .map(|w| match w {
-                Write::Create(_) => Written::Created,
-                Write::Boundary(rows) => Written::Boundary(owned.get(rows.id.as_str()).copied()),
-            })
-            .collect())
+        Ok(super::answers(writes, &owned))
     }
 
     async fn create(
@@ -626,11 +632,18 @@ FROM owned o"
 
 mod sqlite {
     //! A batch on the embedded store: every write in one transaction, so one commit (and one sync of the file)
-    //! for all.
+    //! for all, and one statement per kind of row for the whole batch (`multirow`).
 
-    use sqlx::sqlite::{SqliteConnection, SqlitePool};
+    use std::collections::HashMap;
+
+    use sqlx::sqlite::{Sqlite, SqliteConnection, SqlitePool};
+    use sqlx::QueryBuilder;
 
     use super::{BoundaryRows, CreateRows, Write, Written};
+    use crate::store::governance::UsageRecord;
+    use crate::store::multirow::{
+        in_statements, insert_usage, values, KEPT_PREPARED_ROWS, MAX_BOUND,
+    };
     use crate::store::responses::rows::StepRow;
     use crate::store::StoreError;
 
@@ -642,169 +655,251 @@ mod sqlite {
             [Write::Create(_)] => super::CREATE_CONFLICT,
             _ => super::STEP_CONFLICT,
         };
-        let written: Result<Vec<Written>, sqlx::Error> = async {
+        let (creates, boundaries) = super::by_kind(writes);
+        let owned: Result<HashMap<String, bool>, sqlx::Error> = async {
             let mut tx = pool.begin().await?;
-            let mut written = Vec::with_capacity(writes.len());
-            for write in writes {
-                written.push(match write {
-                    Write::Create(rows) => {
-                        create(&mut tx, rows).await?;
-                        Written::Created
-                    }
-                    Write::Boundary(rows) => Written::Boundary(boundary(&mut tx, rows).await?),
-                });
-            }
+            // The ownership check writes first, so that the transaction holds the write lock from its first
+            // statement; a boundary whose replica no longer owns its response writes nothing else.
+            let owned = claim_boundaries(&mut tx, &boundaries).await?;
+            let boundaries: Vec<&BoundaryRows> = boundaries
+                .into_iter()
+                .filter(|b| owned.contains_key(&b.id))
+                .collect();
+            insert_responses(&mut tx, &creates).await?;
+            let items: Vec<(&str, &(i32, String, serde_json::Value))> = creates
+                .iter()
+                .flat_map(|c| c.items.iter().map(|item| (c.id.as_str(), item)))
+                .collect();
+            insert_items(&mut tx, &items).await?;
+            let changed: Vec<(&BoundaryRows, &(i32, &'static str, serde_json::Value))> = boundaries
+                .iter()
+                .flat_map(|b| b.changed.iter().map(move |change| (*b, change)))
+                .collect();
+            update_steps(&mut tx, &changed).await?;
+            let steps: Vec<AddedStep<'_>> = creates
+                .iter()
+                .flat_map(|c| {
+                    c.steps.iter().map(|row| AddedStep {
+                        response_id: &c.id,
+                        row,
+                        created_at: c.created_at,
+                        updated_at: c.updated_at(),
+                    })
+                })
+                .chain(boundaries.iter().flat_map(|b| {
+                    b.added.iter().map(|row| AddedStep {
+                        response_id: &b.id,
+                        row,
+                        created_at: b.at,
+                        updated_at: b.at,
+                    })
+                }))
+                .collect();
+            insert_steps(&mut tx, &steps).await?;
+            let usage: Vec<&UsageRecord> = creates
+                .iter()
+                .flat_map(|c| c.usage_records.iter())
+                .chain(boundaries.iter().flat_map(|b| b.usage_records.iter()))
+                .collect();
+            insert_usage(&mut tx, &usage).await?;
+            let endings: Vec<&BoundaryRows> = boundaries
+                .iter()
+                .copied()
+                .filter(|b| b.ending.status.is_some())
+                .collect();
+            end_responses(&mut tx, &endings).await?;
             tx.commit().await?;
-            Ok(written)
+            Ok(owned)
         }
         .await;
-        written.map_err(|e| StoreError::from_write(e, conflict))
+        let owned = owned.map_err(|e| StoreError::from_write(e, conflict))?;
+        Ok(super::answers(writes, &owned))
     }
 
-    async fn insert_steps(
+    /// Takes the step boundaries whose replica still owns their response under their claim epoch: their rows'
+    /// `updated_at` written, and whether a cancel asked each of them to stop.
+    async fn claim_boundaries(
         tx: &mut SqliteConnection,
-        response_id: &str,
-        rows: &[StepRow],
-        created_at: i64,
-        updated_at: i64,
-    ) -> Result<(), sqlx::Error> {
-        for row in rows {
-            sqlx::query(
-                "INSERT INTO steps (response_id, seq, kind, state, body, call_id, tool_name, attempts, created_at,
-                    updated_at)
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
-                 ON CONFLICT (response_id, seq) DO UPDATE SET state = excluded.state, body = excluded.body,
-                    updated_at = excluded.updated_at",
-            )
-            .bind(response_id)
-            .bind(row.seq)
-            .bind(row.kind)
-            .bind(row.state)
-            .bind(&row.body)
-            .bind(&row.call_id)
-            .bind(&row.tool_name)
-            .bind(row.attempts())
-            .bind(created_at)
-            .bind(updated_at)
-            .execute(&mut *tx)
-            .await?;
-        }
-        Ok(())
-    }
-
-    /// The row (written over only by the same write made again: same owner, first epoch), its context and
-    /// steps, and their usage.
-    async fn create(tx: &mut SqliteConnection, c: &CreateRows) -> Result<(), sqlx::Error> {
-        sqlx::query(concat!(
-            "INSERT INTO responses (id, project_id, deployment_id, model, status, params, server_tools,
-                previous_response_id, store, background, created_at, updated_at, idempotency_key, usage,
-                handed_back, error_code, error_message, incomplete_reason, completed_at, owner, deadline_at,
-                api_key_id, trace_context)
-             VALUES ($1, $2, (SELECT id FROM deployments WHERE id = $3), $4, $5, $6, $7, $8, $9, $10, $11,
-                COALESCE($18, $11), $12, $13, $14, $15, $16, $17, $18, $19, ",
-            sqlite_now_ms!(),
-            " + $20, $21, $22)
-             ON CONFLICT (id) DO UPDATE SET status = excluded.status, usage = excluded.usage,
-                handed_back = excluded.handed_back, error_code = excluded.error_code,
-                error_message = excluded.error_message, incomplete_reason = excluded.incomplete_reason,
-                completed_at = excluded.completed_at, updated_at = excluded.updated_at
-             WHERE responses.owner IS NOT DISTINCT FROM excluded.owner AND responses.claim_epoch = 0"
-        ))
-        .bind(&c.id)
-        .bind(&c.project_id)
-        .bind(&c.deployment_id)
-        .bind(&c.model)
-        .bind(c.status)
-        .bind(&c.params)
-        .bind(&c.server_tools)
-        .bind(&c.previous_response_id)
-        .bind(c.store)
-        .bind(c.background)
-        .bind(c.created_at)
-        .bind(&c.idempotency_key)
-        .bind(&c.usage)
-        .bind(c.ending.handed_back)
-        .bind(c.ending.error_code)
-        .bind(&c.ending.error_message)
-        .bind(c.ending.incomplete_reason)
-        .bind(c.ending.completed_at)
-        .bind(&c.owner)
-        .bind(c.deadline_in_ms)
-        .bind(&c.api_key_id)
-        .bind(&c.trace_context)
-        .execute(&mut *tx)
-        .await?;
-        for (position, id, item) in &c.items {
-            sqlx::query(
-                "INSERT INTO response_input_items (response_id, position, item_id, item)
-                 VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING",
-            )
-            .bind(&c.id)
-            .bind(position)
-            .bind(id)
-            .bind(item)
-            .execute(&mut *tx)
-            .await?;
-        }
-        insert_steps(tx, &c.id, &c.steps, c.created_at, c.updated_at()).await?;
-        insert_usage_rows!(tx, &c.usage_records);
-        Ok(())
-    }
-
-    /// One step boundary, fenced: `None` (nothing written) when the replica no longer owns the response.
-    async fn boundary(
-        tx: &mut SqliteConnection,
-        b: &BoundaryRows,
-    ) -> Result<Option<bool>, sqlx::Error> {
-        // The ownership check writes the row first, so that the transaction holds the write lock from its
-        // first statement.
-        let owned: Option<bool> = sqlx::query_scalar(
-            "UPDATE responses SET updated_at = $3 WHERE id = $1 AND owner = $2 AND claim_epoch = $4
-             RETURNING cancel_requested",
-        )
-        .bind(&b.id)
-        .bind(&b.owner)
-        .bind(b.at)
-        .bind(b.epoch)
-        .fetch_optional(&mut *tx)
-        .await?;
-        if owned.is_none() {
-            return Ok(None);
-        }
-        for (seq, state, body) in &b.changed {
-            sqlx::query(
-                "UPDATE steps SET state = $3, body = $4, updated_at = $5,
-                    attempts = attempts + CASE WHEN $3 = 'running' THEN 1 ELSE 0 END
-                 WHERE response_id = $1 AND seq = $2",
-            )
-            .bind(&b.id)
-            .bind(seq)
-            .bind(state)
-            .bind(body)
-            .bind(b.at)
-            .execute(&mut *tx)
-            .await?;
-        }
-        insert_steps(tx, &b.id, &b.added, b.at, b.at).await?;
-        insert_usage_rows!(tx, &b.usage_records);
-        if let Some(status) = b.ending.status {
-            sqlx::query(
-                "UPDATE responses SET status = $2, usage = $3, handed_back = $4, error_code = $5,
-                    error_message = $6, incomplete_reason = $7, completed_at = $8, updated_at = $9
-                 WHERE id = $1",
-            )
-            .bind(&b.id)
-            .bind(status)
-            .bind(&b.usage)
-            .bind(b.ending.handed_back)
-            .bind(b.ending.error_code)
-            .bind(&b.ending.error_message)
-            .bind(b.ending.incomplete_reason)
-            .bind(b.ending.completed_at)
-            .bind(b.at)
-            .execute(&mut *tx)
-            .await?;
+        boundaries: &[&BoundaryRows],
+    ) -> Result<HashMap<String, bool>, sqlx::Error> {
+        let mut owned = HashMap::with_capacity(boundaries.len());
+        for part in boundaries.chunks(MAX_BOUND / 4) {
+            let mut query =
+                QueryBuilder::<Sqlite>::new("UPDATE responses SET updated_at = v.column3 FROM (");
+            values(&mut query, part, |row, b| {
+                row.push_bind(&b.id)
+                    .push_bind(&b.owner)
+                    .push_bind(b.at)
+                    .push_bind(b.epoch);
+            });
+            query.push(
+                ") AS v WHERE responses.id = v.column1 AND responses.owner = v.column2
+                    AND responses.claim_epoch = v.column4
+                 RETURNING id, cancel_requested",
+            );
+            let rows: Vec<(String, bool)> = query
+                .build_query_as()
+                .persistent(part.len() <= KEPT_PREPARED_ROWS)
+                .fetch_all(&mut *tx)
+                .await?;
+            owned.extend(rows);
         }
         Ok(owned)
+    }
+
+    /// The response rows (each written over only by the same write made again: same owner, first epoch). A
+    /// deployment deleted meanwhile is recorded as none; the deadline runs from the database's clock.
+    async fn insert_responses(
+        tx: &mut SqliteConnection,
+        creates: &[&CreateRows],
+    ) -> Result<(), sqlx::Error> {
+        in_statements(tx, creates, 24, |query, part| {
+            query.push(
+                "INSERT INTO responses (id, project_id, deployment_id, model, status, params, server_tools,
+                    previous_response_id, store, background, created_at, updated_at, idempotency_key, usage,
+                    handed_back, error_code, error_message, incomplete_reason, completed_at, owner, deadline_at,
+                    api_key_id, trace_context) ",
+            );
+            values(query, part, |row, c| {
+                row.push_bind(&c.id).push_bind(&c.project_id);
+                row.push("(SELECT id FROM deployments WHERE id = ")
+                    .push_bind_unseparated(&c.deployment_id)
+                    .push_unseparated(")");
+                row.push_bind(&c.model)
+                    .push_bind(c.status)
+                    .push_bind(&c.params)
+                    .push_bind(&c.server_tools)
+                    .push_bind(&c.previous_response_id)
+                    .push_bind(c.store)
+                    .push_bind(c.background)
+                    .push_bind(c.created_at)
+                    .push_bind(c.updated_at())
+                    .push_bind(&c.idempotency_key)
+                    .push_bind(&c.usage)
+                    .push_bind(c.ending.handed_back)
+                    .push_bind(c.ending.error_code)
+                    .push_bind(&c.ending.error_message)
+                    .push_bind(c.ending.incomplete_reason)
+                    .push_bind(c.ending.completed_at)
+                    .push_bind(&c.owner);
+                row.push(sqlite_now_ms!())
+                    .push_unseparated(" + ")
+                    .push_bind_unseparated(c.deadline_in_ms);
+                row.push_bind(&c.api_key_id).push_bind(&c.trace_context);
+            });
+            query.push(
+                " ON CONFLICT (id) DO UPDATE SET status = excluded.status, usage = excluded.usage,
+                    handed_back = excluded.handed_back, error_code = excluded.error_code,
+                    error_message = excluded.error_message, incomplete_reason = excluded.incomplete_reason,
+                    completed_at = excluded.completed_at, updated_at = excluded.updated_at
+                 WHERE responses.owner IS NOT DISTINCT FROM excluded.owner AND responses.claim_epoch = 0",
+            );
+        })
+        .await
+    }
+
+    /// New responses' context items: response, (position, item id, item).
+    async fn insert_items(
+        tx: &mut SqliteConnection,
+        items: &[(&str, &(i32, String, serde_json::Value))],
+    ) -> Result<(), sqlx::Error> {
+        in_statements(tx, items, 4, |query, part| {
+            query.push("INSERT INTO response_input_items (response_id, position, item_id, item) ");
+            values(query, part, |row, (response_id, (position, id, item))| {
+                row.push_bind(*response_id)
+                    .push_bind(*position)
+                    .push_bind(id)
+                    .push_bind(item);
+            });
+            query.push(" ON CONFLICT DO NOTHING");
+        })
+        .await
+    }
+
+    /// Stored steps changed at a boundary; one that starts running counts an attempt.
+    async fn update_steps(
+        tx: &mut SqliteConnection,
+        changed: &[(&BoundaryRows, &(i32, &'static str, serde_json::Value))],
+    ) -> Result<(), sqlx::Error> {
+        in_statements(tx, changed, 5, |query, part| {
+            query.push(
+                "UPDATE steps SET state = v.column3, body = v.column4, updated_at = v.column5,
+                    attempts = attempts + CASE WHEN v.column3 = 'running' THEN 1 ELSE 0 END FROM (",
+            );
+            values(query, part, |row, (b, (seq, state, body))| {
+                row.push_bind(&b.id)
+                    .push_bind(*seq)
+                    .push_bind(*state)
+                    .push_bind(body)
+                    .push_bind(b.at);
+            });
+            query.push(") AS v WHERE steps.response_id = v.column1 AND steps.seq = v.column2");
+        })
+        .await
+    }
+
+    /// A step row to insert, with its response and times.
+    struct AddedStep<'a> {
+        response_id: &'a str,
+        row: &'a StepRow,
+        created_at: i64,
+        updated_at: i64,
+    }
+
+    /// New steps; one already there is the same write made again (its reply was lost) and is written over.
+    async fn insert_steps(
+        tx: &mut SqliteConnection,
+        steps: &[AddedStep<'_>],
+    ) -> Result<(), sqlx::Error> {
+        in_statements(tx, steps, 10, |query, part| {
+            query.push(
+                "INSERT INTO steps (response_id, seq, kind, state, body, call_id, tool_name, attempts, created_at,
+                    updated_at) ",
+            );
+            values(query, part, |row, step| {
+                row.push_bind(step.response_id)
+                    .push_bind(step.row.seq)
+                    .push_bind(step.row.kind)
+                    .push_bind(step.row.state)
+                    .push_bind(&step.row.body)
+                    .push_bind(&step.row.call_id)
+                    .push_bind(&step.row.tool_name)
+                    .push_bind(step.row.attempts())
+                    .push_bind(step.created_at)
+                    .push_bind(step.updated_at);
+            });
+            query.push(
+                " ON CONFLICT (response_id, seq) DO UPDATE SET state = excluded.state, body = excluded.body,
+                    updated_at = excluded.updated_at",
+            );
+        })
+        .await
+    }
+
+    /// The rows of the responses that ended at their boundary.
+    async fn end_responses(
+        tx: &mut SqliteConnection,
+        endings: &[&BoundaryRows],
+    ) -> Result<(), sqlx::Error> {
+        in_statements(tx, endings, 9, |query, part| {
+            query.push(
+                "UPDATE responses SET status = v.column2, usage = v.column3, handed_back = v.column4,
+                    error_code = v.column5, error_message = v.column6, incomplete_reason = v.column7,
+                    completed_at = v.column8, updated_at = v.column9 FROM (",
+            );
+            values(query, part, |row, b| {
+                row.push_bind(&b.id)
+                    .push_bind(b.ending.status)
+                    .push_bind(&b.usage)
+                    .push_bind(b.ending.handed_back)
+                    .push_bind(b.ending.error_code)
+                    .push_bind(&b.ending.error_message)
+                    .push_bind(b.ending.incomplete_reason)
+                    .push_bind(b.ending.completed_at)
+                    .push_bind(b.at);
+            });
+            query.push(") AS v WHERE responses.id = v.column1");
+        })
+        .await
     }
 }
