@@ -245,10 +245,7 @@ impl Bench<'_> {
         // Let the previous scenario's memory settle before the baseline.
         tokio::time::sleep(Duration::from_secs(1)).await;
         let load_average = procs::load_average();
-        let rss_before = harness
-            .gateway_pid
-            .and_then(|pid| procs::memory(pid).ok())
-            .map(|m| m.rss_kib);
+        let memory_before = harness.gateway_pid.and_then(|pid| procs::memory(pid).ok());
         let allocated_before =
             Histograms::gauge(http, &endpoints.gateway, "gateway_memory_allocated_bytes").await;
         if let Some(pid) = harness.gateway_pid {
@@ -263,16 +260,11 @@ impl Bench<'_> {
             .gateway_pid
             .and_then(|pid| procs::memory(pid).ok())
             .map(|m| m.hwm_kib);
-        let rss = || {
-            harness
-                .gateway_pid
-                .and_then(|pid| procs::memory(pid).ok())
-                .map(|m| m.rss_kib)
-        };
+        let memory_now = || harness.gateway_pid.and_then(|pid| procs::memory(pid).ok());
         tokio::time::sleep(Duration::from_secs(1)).await;
-        let rss_after = rss();
+        let rss_after = memory_now().map(|m| m.rss_kib);
         tokio::time::sleep(Duration::from_secs(4)).await;
-        let rss_settled = rss();
+        let memory_settled = memory_now();
         // What of it is live allocations (the rest is the allocator's free space and metadata), as the gateway's
         // allocator counts it: read twice a second by the gateway, so as of at most half a second ago.
         let allocated_settled =
@@ -285,10 +277,12 @@ impl Bench<'_> {
             hold,
             load_average,
             outcome,
-            rss_before_kib: rss_before,
+            rss_before_kib: memory_before.map(|m| m.rss_kib),
             hwm_kib: hwm,
             rss_after_kib: rss_after,
-            rss_settled_kib: rss_settled,
+            rss_settled_kib: memory_settled.map(|m| m.rss_kib),
+            anon_before_kib: memory_before.map(|m| m.anon_kib),
+            anon_settled_kib: memory_settled.map(|m| m.anon_kib),
             allocated_before_kib: allocated_before.map(|bytes| (bytes / 1024.0) as u64),
             allocated_settled_kib: allocated_settled.map(|bytes| (bytes / 1024.0) as u64),
             allocator_resident_settled_kib: allocator_resident_settled

@@ -99,6 +99,9 @@ pub struct StreamsMeasured {
     pub rss_after_kib: Option<u64>,
     /// RSS 5 s after the streams and their connections closed.
     pub rss_settled_kib: Option<u64>,
+    /// The anonymous part of the RSS before the streams, and 5 s after they closed (`RssAnon`).
+    pub anon_before_kib: Option<u64>,
+    pub anon_settled_kib: Option<u64>,
     /// Live allocations before the streams, as the gateway's allocator counts them.
     pub allocated_before_kib: Option<u64>,
     /// Of it, live allocations as the gateway's allocator counts them (`None` for a gateway that does not say).
@@ -134,6 +137,14 @@ fn ms(value: Option<f64>) -> String {
 
 fn mib(kib: Option<u64>) -> String {
     kib.map_or_else(|| "–".into(), |k| format!("{:.1}", k as f64 / 1024.0))
+}
+
+/// `after ÷ before` to three places (issue 27's memory target: within 1.200).
+fn ratio(after: Option<u64>, before: Option<u64>) -> String {
+    match (after, before) {
+        (Some(after), Some(before)) if before > 0 => format!("{:.3}", after as f64 / before as f64),
+        _ => "–".into(),
+    }
 }
 
 fn us(value: Option<f64>) -> String {
@@ -338,16 +349,16 @@ impl Report {
             );
             let _ = writeln!(
                 out,
-                "| load avg | streams ok | errors | max open at once | all open after | RSS before MiB | RSS at max open MiB | peak RSS MiB | RSS 1 s after MiB | RSS 5 s after MiB | allocated before / 5 s after MiB | allocator's resident 5 s after MiB | first event p50 | first event p99 | total p50 | total p99 |"
+                "| load avg | streams ok | errors | max open at once | all open after | RSS before MiB | RSS at max open MiB | peak RSS MiB | RSS 1 s after MiB | RSS 5 s after MiB | RSS 5 s after ÷ before | anonymous RSS before / 5 s after MiB | allocated before / 5 s after MiB | allocator's resident 5 s after MiB | first event p50 | first event p99 | total p50 | total p99 |"
             );
             let _ = writeln!(
                 out,
-                "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|"
+                "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|"
             );
             let _ =
                 writeln!(
                 out,
-                "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} / {} | {} | {} | {} | {} | {} |",
+                "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} / {} | {} / {} | {} | {} | {} | {} | {} |",
                 s.load_average,
                 o.stats.ok,
                 o.stats.errors,
@@ -359,6 +370,9 @@ impl Report {
                 mib(o.peak_rss_kib.max(s.hwm_kib)),
                 mib(s.rss_after_kib),
                 mib(s.rss_settled_kib),
+                ratio(s.rss_settled_kib, s.rss_before_kib),
+                mib(s.anon_before_kib),
+                mib(s.anon_settled_kib),
                 mib(s.allocated_before_kib),
                 mib(s.allocated_settled_kib),
                 mib(s.allocator_resident_settled_kib),
