@@ -299,9 +299,10 @@ mod postgres {
 
     /// New responses, their context items, first steps and usage, as one statement (one round trip, one
     /// commit). A deployment deleted meanwhile is recorded as none (as `ON DELETE SET NULL` does for rows
-    /// written earlier); the deadline runs from the database's clock. Response ids are random, so a row already
-    /// there under the same id is this very write made again after its reply was lost: it is written over while
-    /// the same replica still owns it at the first epoch, and left alone otherwise; its steps likewise.
+    /// written earlier); the deadline runs from the database's clock. Response ids are unique (the time, then 74
+    /// random bits), so a row already there under the same id is this very write made again after its reply was
+    /// lost: it is written over while the same replica still owns it at the first epoch, and left alone
+    /// otherwise; its steps likewise.
     const CREATE: &str = concat!(
         "WITH r AS (
     SELECT * FROM UNNEST($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::jsonb[], $7::jsonb[],
