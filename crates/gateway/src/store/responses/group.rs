@@ -640,7 +640,7 @@ mod sqlite {
     use sqlx::sqlite::{Sqlite, SqliteConnection, SqlitePool};
     use sqlx::QueryBuilder;
 
-    use super::{BoundaryRows, CreateRows, Write, Written};
+    use super::{BoundaryRows, CreateRows, EndingColumns, Write, Written};
     use crate::store::governance::UsageRecord;
     use crate::store::multirow::{
         in_statements, insert_usage, values, KEPT_PREPARED_ROWS, MAX_BOUND,
@@ -776,13 +776,9 @@ mod sqlite {
                     .push_bind(c.created_at)
                     .push_bind(c.updated_at())
                     .push_bind(&c.idempotency_key)
-                    .push_bind(&c.usage)
-                    .push_bind(c.ending.handed_back)
-                    .push_bind(c.ending.error_code)
-                    .push_bind(&c.ending.error_message)
-                    .push_bind(c.ending.incomplete_reason)
-                    .push_bind(c.ending.completed_at)
-                    .push_bind(&c.owner);
+                    .push_bind(&c.usage);
+                push_ending(row, &c.ending);
+                row.push_bind(&c.owner);
                 row.push(sqlite_now_ms!())
                     .push_unseparated(" + ")
                     .push_bind_unseparated(c.deadline_in_ms);
@@ -877,6 +873,19 @@ mod sqlite {
         .await
     }
 
+    /// How a response ended, as the row's columns hold it: handed back, error code and message, why it is
+    /// incomplete, when it ended.
+    fn push_ending<'q>(
+        row: &mut sqlx::query_builder::Separated<'_, 'q, Sqlite, &'static str>,
+        ending: &'q EndingColumns,
+    ) {
+        row.push_bind(ending.handed_back)
+            .push_bind(ending.error_code)
+            .push_bind(&ending.error_message)
+            .push_bind(ending.incomplete_reason)
+            .push_bind(ending.completed_at);
+    }
+
     /// The rows of the responses that ended at their boundary.
     async fn end_responses(
         tx: &mut SqliteConnection,
@@ -891,13 +900,9 @@ mod sqlite {
             values(query, part, |row, b| {
                 row.push_bind(&b.id)
                     .push_bind(b.ending.status)
-                    .push_bind(&b.usage)
-                    .push_bind(b.ending.handed_back)
-                    .push_bind(b.ending.error_code)
-                    .push_bind(&b.ending.error_message)
-                    .push_bind(b.ending.incomplete_reason)
-                    .push_bind(b.ending.completed_at)
-                    .push_bind(b.at);
+                    .push_bind(&b.usage);
+                push_ending(row, &b.ending);
+                row.push_bind(b.at);
             });
             query.push(") AS v WHERE responses.id = v.column1");
         })
