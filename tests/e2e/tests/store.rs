@@ -2388,6 +2388,41 @@ async fn an_in_memory_embedded_store_is_one_database_for_the_whole_pool() {
     }
 }
 
+/// On the embedded store, a write that finds the one writer held past the acquire timeout fails as busy (the
+/// gateway answers `503 server_overloaded`), reads go on meanwhile on their own connections, and the writer
+/// takes writes again once it is free.
+#[tokio::test]
+async fn on_the_embedded_store_a_write_kept_waiting_for_the_writer_is_busy_while_reads_answer() {
+    let db = ScratchDatabase::sqlite();
+    let store = Store::connect_waiting(db.url(), 4, std::time::Duration::from_millis(200))
+        .await
+        .expect("connect store");
+    store.migrate().await.expect("migrate");
+    let (project_id, _) = tenant(&store, "acme").await;
+    let Backend::Sqlite(writer) = store.backend() else {
+        panic!("the embedded store")
+    };
+    let held = writer.acquire().await.expect("the writer's connection");
+
+    let refused = store
+        .heartbeat("replica-a", 60_000)
+        .await
+        .expect_err("no writer within the timeout");
+    assert!(matches!(refused, StoreError::Busy), "{refused:?}");
+    assert!(refused.is_transient());
+    assert!(store
+        .load_response(&project_id, "resp_missing")
+        .await
+        .expect("a read while the writer is held")
+        .is_none());
+
+    drop(held);
+    store
+        .heartbeat("replica-a", 60_000)
+        .await
+        .expect("a write once the writer is free");
+}
+
 #[tokio::test]
 async fn the_embedded_store_creates_its_directory_and_keeps_its_data_across_restarts() {
     let root =
