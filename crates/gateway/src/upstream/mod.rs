@@ -9,6 +9,7 @@ mod sse;
 
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use futures::future::BoxFuture;
@@ -152,6 +153,40 @@ pub struct Upstream {
     http: reqwest::Client,
     config: UpstreamConfig,
     retry: RetryPolicy,
+    endpoints: Endpoints,
+}
+
+/// The most endpoint URLs kept parsed; past it the cache starts again (deployments are few, this only bounds it).
+const MAX_ENDPOINTS: usize = 1024;
+
+/// Endpoint URLs parsed once: parsing one (host, IDNA, path) took a twentieth of an unstored call's CPU when it
+/// was done on every call.
+#[derive(Debug, Clone, Default)]
+struct Endpoints(Arc<RwLock<foldhash::HashMap<String, reqwest::Url>>>);
+
+impl Endpoints {
+    /// A `POST` to `url` on `http`. A URL that does not parse is handed to reqwest as it is, which fails the
+    /// request with its own error, as it did before the cache.
+    fn post(&self, http: &reqwest::Client, url: &str) -> reqwest::RequestBuilder {
+        let known = self
+            .0
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(url)
+            .cloned();
+        if let Some(parsed) = known {
+            return http.post(parsed);
+        }
+        let Ok(parsed) = reqwest::Url::parse(url) else {
+            return http.post(url);
+        };
+        let mut endpoints = self.0.write().unwrap_or_else(|e| e.into_inner());
+        if endpoints.len() >= MAX_ENDPOINTS {
+            endpoints.clear();
+        }
+        endpoints.insert(url.to_owned(), parsed.clone());
+        http.post(parsed)
+    }
 }
 
 impl Upstream {
@@ -167,6 +202,7 @@ impl Upstream {
             http,
             retry: RetryPolicy::new(config.max_retries, config.backoff_ms),
             config,
+            endpoints: Endpoints::default(),
         })
     }
 
@@ -249,7 +285,7 @@ impl Upstream {
             .run(
                 |attempt| {
                     let post = (wire.headers)(
-                        crate::telemetry::with_trace_headers(self.http.post(&url).json(&body)),
+                        crate::telemetry::with_trace_headers(self.post(&url).json(&body)),
                         target,
                     )
                     .timeout(self.whole_answer_timeout());
@@ -291,7 +327,7 @@ impl Upstream {
         let url = format!("{}{}", target.base_url.trim_end_matches('/'), wire.path);
         // With traces on, the provider gets the model call's span as its parent (SPEC 14).
         let post = |body: &Body<'_>| {
-            let request = crate::telemetry::with_trace_headers(self.http.post(&url).json(body));
+            let request = crate::telemetry::with_trace_headers(self.post(&url).json(body));
             (wire.headers)(request, target)
         };
         self.call_over(target, wire, &post, body, request.response_id, live)
@@ -412,6 +448,11 @@ impl Upstream {
                 UpstreamError::Parse(e.to_string())
             }
         })
+    }
+
+    /// A `POST` to `url`, parsed once per process.
+    fn post(&self, url: &str) -> reqwest::RequestBuilder {
+        self.endpoints.post(&self.http, url)
     }
 
     /// The whole of a non-streaming answer must arrive within this.
