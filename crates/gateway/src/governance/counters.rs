@@ -2,7 +2,7 @@
 //! from slices leased from a shared minute that never passes its limit; tokens (per minute) and spend (per budget
 //! period, in nano-dollars) are added to a shared window and the other replicas' read back, at most every `sync`.
 
-use std::collections::HashMap;
+use foldhash::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 

@@ -19,7 +19,7 @@ mod counters;
 mod running;
 mod usage;
 
-use std::collections::HashMap;
+use foldhash::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 

@@ -4,7 +4,7 @@
 //! not get leaves its count in doubt, and the replica then writes its part of that count afresh, from the places
 //! it holds, until the store takes it.
 
-use std::collections::HashMap;
+use foldhash::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
