@@ -22,7 +22,10 @@ use tower_http::request_id::{
 };
 use tower_http::trace::TraceLayer;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
+use tracing_subscriber::field::RecordFields;
 use tracing_subscriber::filter::{filter_fn, EnvFilter};
+use tracing_subscriber::fmt::format::Writer;
+use tracing_subscriber::fmt::{FormatFields, FormattedFields};
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::Layer;
@@ -82,6 +85,7 @@ pub fn init(log: &LogConfig, telemetry: &TelemetryConfig) -> anyhow::Result<Tele
     let json_lines = json.then(|| {
         tracing_subscriber::fmt::layer()
             .json()
+            .fmt_fields(SpanFieldsAsJson)
             .with_filter(filter.clone())
     });
     // Colours only for a terminal: a redirected file gets plain text.
@@ -120,6 +124,99 @@ pub fn init(log: &LogConfig, telemetry: &TelemetryConfig) -> anyhow::Result<Tele
         });
     }
     Ok(Telemetry { provider })
+}
+
+/// The JSON log lines' span fields, kept as the text of a JSON object: written once when a span opens, with a
+/// field recorded later (a request's `response.id`) appended to the object's text. tracing-subscriber's own
+/// `JsonFields` parses the whole object and writes it again on every record, which cost every request a few
+/// percent of its CPU. Log lines read them as before.
+struct SpanFieldsAsJson;
+
+impl<'writer> FormatFields<'writer> for SpanFieldsAsJson {
+    fn format_fields<R: RecordFields>(
+        &self,
+        mut writer: Writer<'writer>,
+        fields: R,
+    ) -> std::fmt::Result {
+        let mut members = JsonMembers::default();
+        fields.record(&mut members);
+        writer.write_char('{')?;
+        writer.write_str(&members.0)?;
+        writer.write_char('}')
+    }
+
+    fn add_fields(
+        &self,
+        current: &'writer mut FormattedFields<Self>,
+        fields: &tracing::span::Record<'_>,
+    ) -> std::fmt::Result {
+        let mut members = JsonMembers::default();
+        fields.record(&mut members);
+        if members.0.is_empty() {
+            return Ok(());
+        }
+        let text = &mut current.fields;
+        match text.pop() {
+            Some('}') if text.len() > 1 => text.push(','),
+            Some('}') => {}
+            // Not an object of ours (nothing was written yet): start one.
+            _ => {
+                text.clear();
+                text.push('{');
+            }
+        }
+        text.push_str(&members.0);
+        text.push('}');
+        Ok(())
+    }
+}
+
+/// Fields as the members of a JSON object (`"name":value,…`), as `JsonFields` would write them: numbers and booleans
+/// as such, anything else as a string (its `Debug`, which for `%value` fields is its `Display`).
+#[derive(Default)]
+struct JsonMembers(String);
+
+impl JsonMembers {
+    fn member(&mut self, field: &tracing::field::Field, value: impl serde::Serialize) {
+        let name = field.name();
+        let name = name.strip_prefix("r#").unwrap_or(name);
+        let (Ok(name), Ok(value)) = (serde_json::to_string(name), serde_json::to_string(&value))
+        else {
+            return;
+        };
+        if !self.0.is_empty() {
+            self.0.push(',');
+        }
+        self.0.push_str(&name);
+        self.0.push(':');
+        self.0.push_str(&value);
+    }
+}
+
+impl tracing::field::Visit for JsonMembers {
+    fn record_f64(&mut self, field: &tracing::field::Field, value: f64) {
+        self.member(field, value);
+    }
+
+    fn record_i64(&mut self, field: &tracing::field::Field, value: i64) {
+        self.member(field, value);
+    }
+
+    fn record_u64(&mut self, field: &tracing::field::Field, value: u64) {
+        self.member(field, value);
+    }
+
+    fn record_bool(&mut self, field: &tracing::field::Field, value: bool) {
+        self.member(field, value);
+    }
+
+    fn record_str(&mut self, field: &tracing::field::Field, value: &str) {
+        self.member(field, value);
+    }
+
+    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+        self.member(field, format!("{value:?}"));
+    }
 }
 
 /// The exporter: batches of spans to `{endpoint}/v1/traces`, sampled by ratio unless the parent decided.
@@ -277,4 +374,66 @@ pub fn with_trace_headers(mut request: reqwest::RequestBuilder) -> reqwest::Requ
 pub fn context_from_traceparent(traceparent: &str) -> opentelemetry::Context {
     let carrier = HashMap::from([("traceparent".to_owned(), traceparent.to_owned())]);
     TraceContextPropagator::new().extract(&carrier)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+
+    use super::SpanFieldsAsJson;
+
+    /// A log destination in memory.
+    #[derive(Clone, Default)]
+    struct Lines(Arc<Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Lines {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(bytes);
+            Ok(bytes.len())
+        }
+
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_field_recorded_after_the_span_opened_is_in_the_json_log_lines_with_the_others() {
+        let lines = Lines::default();
+        let writer = lines.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .json()
+            .fmt_fields(SpanFieldsAsJson)
+            .with_writer(move || writer.clone())
+            .finish();
+        tracing::subscriber::with_default(subscriber, || {
+            let span = tracing::info_span!(
+                "request",
+                request.id = %"req \"1\"",
+                attempts = 2_u64,
+                response.id = tracing::field::Empty,
+                later = tracing::field::Empty,
+            );
+            let _entered = span.enter();
+            tracing::info!("before");
+            span.record("response.id", "resp_1");
+            span.record("later", true);
+            tracing::info!("after");
+        });
+        let text = String::from_utf8(lines.0.lock().unwrap().clone()).unwrap();
+        let lines: Vec<serde_json::Value> = text
+            .lines()
+            .map(|line| serde_json::from_str(line).unwrap())
+            .collect();
+        assert_eq!(
+            lines[0]["span"],
+            serde_json::json!({"name": "request", "request.id": "req \"1\"", "attempts": 2})
+        );
+        assert_eq!(
+            lines[1]["span"],
+            serde_json::json!({
+                "name": "request", "request.id": "req \"1\"", "attempts": 2, "response.id": "resp_1", "later": true
+            })
+        );
+    }
 }
