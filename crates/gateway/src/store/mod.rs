@@ -85,6 +85,7 @@ mod backend;
 mod compaction;
 pub mod conversations;
 pub mod governance;
+mod json_text;
 mod multirow;
 pub mod notify;
 pub mod observe;

@@ -10,13 +10,13 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
-use serde_json::Value;
 use tokio::sync::{mpsc, oneshot, Semaphore};
 
 use super::rows::StepRow;
 use super::writes::{EndingColumns, CREATE_CONFLICT, STEP_CONFLICT};
 use super::Durability;
 use crate::store::governance::UsageRecord;
+use crate::store::json_text::JsonText;
 use crate::store::observe::StoreObserver;
 use crate::store::{Backend, StoreError};
 
@@ -29,21 +29,21 @@ pub(super) struct CreateRows {
     pub(super) deployment_id: String,
     pub(super) model: String,
     pub(super) status: &'static str,
-    pub(super) params: Value,
-    pub(super) server_tools: Value,
+    pub(super) params: JsonText,
+    pub(super) server_tools: JsonText,
     pub(super) previous_response_id: Option<String>,
     pub(super) store: bool,
     pub(super) background: bool,
     pub(super) created_at: i64,
     pub(super) idempotency_key: Option<String>,
-    pub(super) usage: Option<Value>,
+    pub(super) usage: Option<JsonText>,
     pub(super) ending: EndingColumns,
     pub(super) owner: Option<String>,
     pub(super) deadline_in_ms: Option<i64>,
     pub(super) api_key_id: Option<String>,
     pub(super) trace_context: Option<String>,
     /// The context: position, item id, item.
-    pub(super) items: Vec<(i32, String, Value)>,
+    pub(super) items: Vec<(i32, String, JsonText)>,
     pub(super) steps: Vec<StepRow>,
     pub(super) usage_records: Vec<UsageRecord>,
 }
@@ -63,10 +63,10 @@ pub(super) struct BoundaryRows {
     pub(super) epoch: i64,
     pub(super) at: i64,
     pub(super) ending: EndingColumns,
-    pub(super) usage: Option<Value>,
+    pub(super) usage: Option<JsonText>,
     pub(super) notify: bool,
     /// Stored steps changed: seq, state, body.
-    pub(super) changed: Vec<(i32, &'static str, Value)>,
+    pub(super) changed: Vec<(i32, &'static str, JsonText)>,
     pub(super) added: Vec<StepRow>,
     pub(super) usage_records: Vec<UsageRecord>,
 }
@@ -289,10 +289,10 @@ mod postgres {
 
     use std::collections::HashMap;
 
-    use serde_json::Value;
     use sqlx::postgres::PgPool;
 
     use super::{BoundaryRows, CreateRows, Write, Written};
+    use crate::store::json_text::JsonText;
     use crate::store::responses::rows::StepRow;
     use crate::store::responses::Durability;
     use crate::store::StoreError;
@@ -406,7 +406,7 @@ FROM owned o"
         seq: Vec<i32>,
         kind: Vec<&'static str>,
         state: Vec<&'static str>,
-        body: Vec<&'a Value>,
+        body: Vec<&'a JsonText>,
         call_id: Vec<Option<&'a str>>,
         tool_name: Vec<Option<&'a str>>,
     }
@@ -530,7 +530,7 @@ FROM owned o"
             .bind(&item_id)
             .bind(&item);
         bind_step_columns!(query, steps)
-            .bind(super::super::writes::usage_json(usage))
+            .bind(super::super::writes::usage_json(usage)?)
             .bind(synchronous_commit)
             .execute(pool)
             .await
@@ -619,7 +619,7 @@ FROM owned o"
             .bind(&changed_state)
             .bind(&changed_body);
         let owned = bind_step_columns!(query, added)
-            .bind(super::super::writes::usage_json(usage))
+            .bind(super::super::writes::usage_json(usage)?)
             .bind(synchronous_commit)
             .fetch_all(pool)
             .await
@@ -642,6 +642,7 @@ mod sqlite {
 
     use super::{BoundaryRows, CreateRows, EndingColumns, Write, Written};
     use crate::store::governance::UsageRecord;
+    use crate::store::json_text::JsonText;
     use crate::store::multirow::{
         in_statements, insert_usage, values, KEPT_PREPARED_ROWS, MAX_BOUND,
     };
@@ -667,12 +668,12 @@ mod sqlite {
                 .filter(|b| owned.contains_key(&b.id))
                 .collect();
             insert_responses(&mut tx, &creates).await?;
-            let items: Vec<(&str, &(i32, String, serde_json::Value))> = creates
+            let items: Vec<(&str, &(i32, String, JsonText))> = creates
                 .iter()
                 .flat_map(|c| c.items.iter().map(|item| (c.id.as_str(), item)))
                 .collect();
             insert_items(&mut tx, &items).await?;
-            let changed: Vec<(&BoundaryRows, &(i32, &'static str, serde_json::Value))> = boundaries
+            let changed: Vec<(&BoundaryRows, &(i32, &'static str, JsonText))> = boundaries
                 .iter()
                 .flat_map(|b| b.changed.iter().map(move |change| (*b, change)))
                 .collect();
@@ -798,7 +799,7 @@ mod sqlite {
     /// New responses' context items: response, (position, item id, item).
     async fn insert_items(
         tx: &mut SqliteConnection,
-        items: &[(&str, &(i32, String, serde_json::Value))],
+        items: &[(&str, &(i32, String, JsonText))],
     ) -> Result<(), sqlx::Error> {
         in_statements(tx, items, 4, |query, part| {
             query.push("INSERT INTO response_input_items (response_id, position, item_id, item) ");
@@ -816,7 +817,7 @@ mod sqlite {
     /// Stored steps changed at a boundary; one that starts running counts an attempt.
     async fn update_steps(
         tx: &mut SqliteConnection,
-        changed: &[(&BoundaryRows, &(i32, &'static str, serde_json::Value))],
+        changed: &[(&BoundaryRows, &(i32, &'static str, JsonText))],
     ) -> Result<(), sqlx::Error> {
         in_statements(tx, changed, 5, |query, part| {
             query.push(

@@ -9,6 +9,7 @@ use serde::Serialize;
 use serde_json::Value;
 
 use super::StoredResponse;
+use crate::store::json_text::JsonText;
 use crate::store::StoreError;
 
 /// A response row of a project: `$1` its id, `$2` the project.
@@ -28,7 +29,7 @@ pub(super) struct StepRow {
     pub(super) seq: i32,
     pub(super) kind: &'static str,
     pub(super) state: &'static str,
-    pub(super) body: Value,
+    pub(super) body: JsonText,
     pub(super) call_id: Option<String>,
     pub(super) tool_name: Option<String>,
 }
@@ -168,8 +169,8 @@ impl TryFrom<ResponseRow> for StoredResponse {
 }
 
 /// `value` as a JSON column; a value that cannot be written as JSON is corrupt.
-pub(super) fn to_json<T: Serialize>(value: &T) -> Result<Value, StoreError> {
-    serde_json::to_value(value).map_err(|e| StoreError::Corrupt(e.to_string()))
+pub(super) fn to_json<T: Serialize + ?Sized>(value: &T) -> Result<JsonText, StoreError> {
+    JsonText::of(value).map_err(|e| StoreError::Corrupt(e.to_string()))
 }
 
 /// A JSON column read back as `T`; one that does not read is corrupt.

@@ -3,12 +3,12 @@
 //! embedded store), and the row's own changes (start, ending, cancel, delete).
 
 use gateway_core::response::{Ending, FailureCode, ResponseRecord, ResponseState};
-use serde_json::Value;
 
 use super::group::{self, BoundaryRows, CreateRows, Write, Written};
 use super::rows::{step_rows, to_json};
 use super::{Durability, NewResponse, StepWrite, WriteOutcome};
 use crate::store::governance::UsageRecord;
+use crate::store::json_text::JsonText;
 use crate::store::{Store, StoreError};
 
 /// What a refused create clashed with.
@@ -66,13 +66,10 @@ impl EndingColumns {
 }
 
 /// Usage records as the JSON array `usage_recordset!` reads.
-pub(super) fn usage_json<'a>(records: impl IntoIterator<Item = &'a UsageRecord>) -> Value {
-    Value::Array(
-        records
-            .into_iter()
-            .filter_map(|record| serde_json::to_value(record).ok())
-            .collect(),
-    )
+pub(super) fn usage_json<'a>(
+    records: impl IntoIterator<Item = &'a UsageRecord>,
+) -> Result<JsonText, StoreError> {
+    to_json(&records.into_iter().collect::<Vec<_>>())
 }
 
 impl Store {
@@ -250,7 +247,8 @@ impl Store {
             usage: write
                 .ended
                 .and_then(|r| r.usage)
-                .map(|u| serde_json::to_value(u).unwrap_or(Value::Null)),
+                .map(|u| to_json(&u))
+                .transpose()?,
             notify: write.notify,
             changed,
             added: step_rows(write.added)?,
