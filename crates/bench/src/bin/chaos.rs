@@ -183,6 +183,7 @@ async fn run(
         key.clone(),
         args.responses,
         Duration::from_secs(args.chaos_seconds) * 9 / 10,
+        "chaotic",
     ));
     let mut kills = 0;
     let mut takeovers = Vec::new();
@@ -234,6 +235,7 @@ async fn run(
         key.clone(),
         args.responses,
         Duration::from_secs(5),
+        "calm",
     )
     .await?;
     let calm = wait_all(
@@ -270,6 +272,22 @@ async fn run(
         &chaotic_ids,
         tool_steps(&ended_chaotic, |name| name.starts_with(MCP_PREFIX)),
     );
+    // A send under a key that is not its own response's is named, with the record it was found in, so that a
+    // failed audit can be followed up.
+    let records = std::iter::repeat_n("chaotic", chaotic_mcp.len())
+        .chain(std::iter::repeat_n("calm", calm_mcp.len()))
+        .map(|record| ("MCP", record))
+        .zip(&mcp_sends)
+        .chain(std::iter::repeat(("HTTP", "both")).zip(&http_sends));
+    for ((kind, record), send) in records {
+        if send
+            .key
+            .as_deref()
+            .is_some_and(|key| !own_key(key, &send.response_id))
+        {
+            eprintln!("[chaos] {kind} send in the {record} record under a key not of its response: {send:?}");
+        }
+    }
 
     let mut statuses: BTreeMap<String, usize> = BTreeMap::new();
     let (mut stuck, mut lost, mut different) = (0, 0, 0);
@@ -453,12 +471,7 @@ fn audit(sends: &[Sent], chaotic: &HashSet<&str>, steps: usize) -> KeyAudit {
             result.without_key += 1;
             continue;
         };
-        let own = key.rsplit_once(':').is_some_and(|(response, seq)| {
-            response == send.response_id
-                && !seq.is_empty()
-                && seq.bytes().all(|b| b.is_ascii_digit())
-        });
-        if !own {
+        if !own_key(key, &send.response_id) {
             result.foreign_keys += 1;
         }
         keys_of_step
@@ -476,6 +489,13 @@ fn audit(sends: &[Sent], chaotic: &HashSet<&str>, steps: usize) -> KeyAudit {
     result
 }
 
+/// Whether `key` is `<response_id>:<seq>`.
+fn own_key(key: &str, response_id: &str) -> bool {
+    key.rsplit_once(':').is_some_and(|(response, seq)| {
+        response == response_id && !seq.is_empty() && seq.bytes().all(|b| b.is_ascii_digit())
+    })
+}
+
 /// A xorshift step: the chaos needs variety, not quality.
 fn next_random(state: &mut u64) -> u64 {
     *state ^= *state << 13;
@@ -484,14 +504,16 @@ fn next_random(state: &mut u64) -> u64 {
     *state
 }
 
-/// Submits `count` background responses, evenly over `over`, each to the next replica that answers; returns
-/// their ids in input order.
+/// Submits `count` background responses, evenly over `over`, each to the next replica that answers and each
+/// under an `Idempotency-Key` of its own (`run` tells the chaotic and the calm run's apart); returns their ids in
+/// input order.
 async fn submit_all(
     http: Client,
     urls: Arc<Mutex<Vec<String>>>,
     key: String,
     count: usize,
     over: Duration,
+    run: &'static str,
 ) -> anyhow::Result<Vec<String>> {
     let gap = over / count.max(1) as u32;
     let mut ids = Vec::with_capacity(count);
@@ -502,9 +524,16 @@ async fn submit_all(
             let candidates = urls.lock().unwrap_or_else(|e| e.into_inner()).clone();
             let url = &candidates[(i + attempt) % candidates.len()];
             attempt += 1;
+            // A create sent again after its replica was killed may have been stored before the kill: under the
+            // same key it answers that response, instead of starting a second one for the same request (whose
+            // tool calls the audit would take for this one's under a foreign key).
             match http
                 .post(format!("{url}/v1/responses"))
                 .bearer_auth(&key)
+                .header(
+                    "Idempotency-Key",
+                    format!("chaos-{}-{run}-{i}", std::process::id()),
+                )
                 .json(&body)
                 .send()
                 .await
