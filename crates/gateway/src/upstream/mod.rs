@@ -9,7 +9,6 @@ mod sse;
 
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use futures::future::BoxFuture;
@@ -156,35 +155,31 @@ pub struct Upstream {
     endpoints: Endpoints,
 }
 
-/// The most endpoint URLs kept parsed; past it the cache starts again (deployments are few, this only bounds it).
-const MAX_ENDPOINTS: usize = 1024;
+/// The most endpoint URLs kept parsed (deployments are few; this only bounds it).
+const MAX_ENDPOINTS: u64 = 1024;
 
 /// Endpoint URLs parsed once: parsing one (host, IDNA, path) took a twentieth of an unstored call's CPU when it
 /// was done on every call.
-#[derive(Debug, Clone, Default)]
-struct Endpoints(Arc<RwLock<foldhash::HashMap<String, reqwest::Url>>>);
+#[derive(Debug, Clone)]
+struct Endpoints(moka::sync::Cache<String, reqwest::Url>);
+
+impl Default for Endpoints {
+    fn default() -> Endpoints {
+        Endpoints(moka::sync::Cache::new(MAX_ENDPOINTS))
+    }
+}
 
 impl Endpoints {
     /// A `POST` to `url` on `http`. A URL that does not parse is handed to reqwest as it is, which fails the
     /// request with its own error, as it did before the cache.
     fn post(&self, http: &reqwest::Client, url: &str) -> reqwest::RequestBuilder {
-        let known = self
-            .0
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(url)
-            .cloned();
-        if let Some(parsed) = known {
+        if let Some(parsed) = self.0.get(url) {
             return http.post(parsed);
         }
         let Ok(parsed) = reqwest::Url::parse(url) else {
             return http.post(url);
         };
-        let mut endpoints = self.0.write().unwrap_or_else(|e| e.into_inner());
-        if endpoints.len() >= MAX_ENDPOINTS {
-            endpoints.clear();
-        }
-        endpoints.insert(url.to_owned(), parsed.clone());
+        self.0.insert(url.to_owned(), parsed.clone());
         http.post(parsed)
     }
 }
