@@ -59,6 +59,10 @@ pub(super) async fn connect(
     }
 }
 
+/// The statements each connection of the embedded store keeps prepared: the writer's multi-row writes alone come in
+/// seven kinds of seven sizes (`multirow::parts`), past sqlx's default of 100 with the rest.
+const KEPT_STATEMENTS: usize = 256;
+
 /// Opens the embedded store: WAL (readers never wait for the writer), foreign keys enforced, and the file and
 /// its directory created if missing.
 ///
@@ -78,7 +82,8 @@ async fn connect_sqlite(
     let mut options = SqliteConnectOptions::from_str(url)?
         .create_if_missing(true)
         .foreign_keys(true)
-        .busy_timeout(SQLITE_BUSY_TIMEOUT);
+        .busy_timeout(SQLITE_BUSY_TIMEOUT)
+        .statement_cache_capacity(KEPT_STATEMENTS);
     // One connection that never closes: for memory, separate connections would each see a database of their
     // own; for a file, it is the one writer (and keeps its prepared statements and page cache warm).
     let writer = SqlitePoolOptions::new()

@@ -643,9 +643,7 @@ mod sqlite {
     use super::{BoundaryRows, CreateRows, EndingColumns, Write, Written};
     use crate::store::governance::UsageRecord;
     use crate::store::json_text::JsonText;
-    use crate::store::multirow::{
-        in_statements, insert_usage, values, KEPT_PREPARED_ROWS, MAX_BOUND,
-    };
+    use crate::store::multirow::{in_statements, insert_usage, parts, values};
     use crate::store::responses::rows::StepRow;
     use crate::store::StoreError;
 
@@ -725,7 +723,7 @@ mod sqlite {
         boundaries: &[&BoundaryRows],
     ) -> Result<HashMap<String, bool>, sqlx::Error> {
         let mut owned = HashMap::with_capacity(boundaries.len());
-        for part in boundaries.chunks(MAX_BOUND / 4) {
+        for part in parts(boundaries, 4) {
             let mut query =
                 QueryBuilder::<Sqlite>::new("UPDATE responses SET updated_at = v.column3 FROM (");
             values(&mut query, part, |row, b| {
@@ -739,11 +737,7 @@ mod sqlite {
                     AND responses.claim_epoch = v.column4
                  RETURNING id, cancel_requested",
             );
-            let rows: Vec<(String, bool)> = query
-                .build_query_as()
-                .persistent(part.len() <= KEPT_PREPARED_ROWS)
-                .fetch_all(&mut *tx)
-                .await?;
+            let rows: Vec<(String, bool)> = query.build_query_as().fetch_all(&mut *tx).await?;
             owned.extend(rows);
         }
         Ok(owned)
