@@ -141,11 +141,10 @@ impl Counters {
     /// (a trip to the store that began before the minute turned) is a throwaway: its results no longer count.
     fn with<T>(&self, name: &str, start: i64, f: impl FnOnce(&mut Window) -> T) -> T {
         let mut windows = self.windows.lock().unwrap_or_else(|e| e.into_inner());
-        if !windows.contains_key(name) {
-            windows.insert(name.to_owned(), Window::default());
-        }
-        let Some(window) = windows.get_mut(name) else {
-            unreachable!("inserted above");
+        // One lookup for a counter seen before (all but its first use); the name is copied only to add it.
+        let window = match windows.get_mut(name) {
+            Some(window) => window,
+            None => windows.entry(name.to_owned()).or_default(),
         };
         if window.start > start {
             return f(&mut Window {
