@@ -4,6 +4,9 @@
 //! process would stay at its peak: these calls let the gateway see how much it holds that is not in use, and give
 //! it back to the system.
 
+use std::cell::Cell;
+use std::sync::atomic::{AtomicU64, Ordering};
+
 /// The global allocator of every binary that links the gateway.
 #[global_allocator]
 static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
@@ -43,15 +46,48 @@ pub fn free_bytes() -> Option<usize> {
 
 /// Gives the unused pages of every arena back to the system, keeping every live allocation where it is; whether
 /// the allocator did it.
-#[allow(unsafe_code)]
 pub fn give_back() -> bool {
-    // "arena.<MALLCTL_ARENAS_ALL>.purge": every arena, with no value read or written.
-    const PURGE_ALL: &[u8] = b"arena.4096.purge\0";
+    // "arena.<MALLCTL_ARENAS_ALL>.purge": every arena.
+    control(b"arena.4096.purge\0")
+}
+
+/// How many times the threads were asked to flush their caches (see [`flush_if_asked`]).
+static FLUSHES_ASKED: AtomicU64 = AtomicU64::new(0);
+
+thread_local! {
+    /// The last of [`FLUSHES_ASKED`] this thread has answered.
+    static FLUSHES_DONE: Cell<u64> = const { Cell::new(0) };
+}
+
+/// Asks every thread that calls [`flush_if_asked`] when it goes idle to flush its cache once, the next time.
+///
+/// Each thread keeps a cache of the blocks it freed last, for its next allocations. After a burst they stay there
+/// while the thread is idle, and each keeps a page of the arena in use that could otherwise be given back.
+pub fn ask_threads_to_flush() {
+    FLUSHES_ASKED.fetch_add(1, Ordering::Relaxed);
+}
+
+/// Flushes this thread's cache of freed blocks back to the arenas if it was asked to since it last did; cheap
+/// otherwise (two loads). For a thread that is about to go idle, such as the runtime's `on_thread_park`.
+pub fn flush_if_asked() {
+    let asked = FLUSHES_ASKED.load(Ordering::Relaxed);
+    FLUSHES_DONE.with(|done| {
+        if done.get() != asked {
+            done.set(asked);
+            control(b"thread.tcache.flush\0");
+        }
+    });
+}
+
+/// Runs a control that reads and writes nothing; whether the allocator did it.
+#[allow(unsafe_code)]
+fn control(name: &[u8]) -> bool {
+    debug_assert!(name.ends_with(&[0]));
     // SAFETY: the name is a NUL-terminated string naming a control that reads and writes nothing, so the null
     // pointers and zero length are what it expects; jemalloc serialises it with every other call.
     let status = unsafe {
         tikv_jemalloc_sys::mallctl(
-            PURGE_ALL.as_ptr().cast(),
+            name.as_ptr().cast(),
             std::ptr::null_mut(),
             std::ptr::null_mut(),
             std::ptr::null_mut(),
@@ -82,5 +118,45 @@ mod tests {
             "giving back returns it to the system: {freed} bytes held before, {after} after"
         );
         drop(kept);
+    }
+
+    /// Bytes in every thread's cache of freed blocks, as of now.
+    #[allow(unsafe_code)]
+    fn cached_bytes() -> usize {
+        tikv_jemalloc_ctl::epoch::advance().expect("epoch");
+        // SAFETY: the name is NUL-terminated and names a `size_t` statistic.
+        unsafe { tikv_jemalloc_ctl::raw::read::<usize>(b"stats.arenas.4096.tcache_bytes\0") }
+            .expect("tcache_bytes")
+    }
+
+    #[test]
+    fn a_thread_flushes_its_cache_once_when_asked_and_not_otherwise() {
+        std::thread::spawn(|| {
+            let fill = || {
+                let blocks: Vec<Box<[u8; 256]>> = (0..200).map(|_| Box::new([1u8; 256])).collect();
+                drop(blocks);
+            };
+            fill();
+            let cached = cached_bytes();
+            assert!(
+                cached >= 40 * 256,
+                "freed blocks are cached: {cached} bytes"
+            );
+            super::flush_if_asked();
+            assert!(cached_bytes() >= cached, "not asked: nothing flushed");
+            super::ask_threads_to_flush();
+            super::flush_if_asked();
+            let flushed = cached_bytes();
+            assert!(
+                flushed + 40 * 256 <= cached,
+                "asked: the cache is flushed ({cached} bytes before, {flushed} after)"
+            );
+            fill();
+            let refilled = cached_bytes();
+            super::flush_if_asked();
+            assert!(cached_bytes() >= refilled, "asked once: flushed once");
+        })
+        .join()
+        .expect("the test thread");
     }
 }

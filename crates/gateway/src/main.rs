@@ -33,8 +33,17 @@ enum Command {
     Demo,
 }
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
+fn main() -> anyhow::Result<()> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        // A worker about to go idle flushes its cache of freed blocks when the memory upkeep asked for it (see
+        // `gateway::memory`), so that what a burst freed can be given back.
+        .on_thread_park(gateway_allocator::flush_if_asked)
+        .build()?
+        .block_on(serve_or_migrate())
+}
+
+async fn serve_or_migrate() -> anyhow::Result<()> {
     let cli = Cli::parse();
     let config = Config::load(&config_file(cli.config)?)
         .map_err(|e| anyhow::anyhow!("invalid configuration: {e}"))?;
