@@ -99,8 +99,12 @@ fn control(name: &[u8]) -> bool {
 
 #[cfg(test)]
 mod tests {
+    /// The tests read the allocator's process-wide figures: one at a time, so that another test's frees (or its
+    /// thread's cache, flushed as the thread ends) never land between a test's two readings.
+    static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
     #[test]
     fn memory_freed_in_a_burst_is_counted_free_until_it_is_given_back() {
+        let _alone = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
         // Many small blocks with one kept past the end, so that what is freed is not one span at the top.
         let mut blocks: Vec<Vec<u8>> = (0..40_000).map(|i| vec![(i % 251) as u8; 1_000]).collect();
         let kept = blocks.pop();
@@ -131,6 +135,7 @@ mod tests {
 
     #[test]
     fn a_thread_flushes_its_cache_once_when_asked_and_not_otherwise() {
+        let _alone = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
         std::thread::spawn(|| {
             let fill = || {
                 let blocks: Vec<Box<[u8; 256]>> = (0..200).map(|_| Box::new([1u8; 256])).collect();
