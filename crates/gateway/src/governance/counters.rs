@@ -117,12 +117,23 @@ fn reset_secs(now: i64) -> u64 {
     (window_start(now) + WINDOW_SECS - now) as u64
 }
 
+/// What this replica knows of one counter's window, shared by every handle of the counter.
+type SharedWindow = Arc<Mutex<Window>>;
+
+/// One counter: its name in the store, and what this replica knows of its window. Got once per name from
+/// [`Counters::counter`] and kept by whoever counts with it, so that counting looks nothing up.
+#[derive(Debug, Clone)]
+pub(super) struct Counter {
+    name: Arc<str>,
+    window: SharedWindow,
+}
+
 /// Every counter this replica has used, by name.
 #[derive(Clone)]
 pub(super) struct Counters {
     store: Store,
     sync: Duration,
-    windows: Arc<Mutex<HashMap<String, Window>>>,
+    windows: Arc<Mutex<HashMap<Arc<str>, SharedWindow>>>,
     /// Told whenever a lease of requests answered (or failed).
     leased: Arc<Notify>,
 }
@@ -137,15 +148,27 @@ impl Counters {
         }
     }
 
+    /// The counter `name`: the same window for every caller that names it.
+    pub(super) fn counter(&self, name: String) -> Counter {
+        let mut windows = self.windows.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((name, window)) = windows.get_key_value(name.as_str()) {
+            return Counter {
+                name: Arc::clone(name),
+                window: Arc::clone(window),
+            };
+        }
+        let counter = Counter {
+            name: Arc::from(name),
+            window: Arc::default(),
+        };
+        windows.insert(Arc::clone(&counter.name), Arc::clone(&counter.window));
+        counter
+    }
+
     /// Runs `f` on the counter's window that starts at `start`. A window older than the one the counter is at
     /// (a trip to the store that began before the minute turned) is a throwaway: its results no longer count.
-    fn with<T>(&self, name: &str, start: i64, f: impl FnOnce(&mut Window) -> T) -> T {
-        let mut windows = self.windows.lock().unwrap_or_else(|e| e.into_inner());
-        // One lookup for a counter seen before (all but its first use); the name is copied only to add it.
-        let window = match windows.get_mut(name) {
-            Some(window) => window,
-            None => windows.entry(name.to_owned()).or_default(),
-        };
+    fn with<T>(&self, counter: &Counter, start: i64, f: impl FnOnce(&mut Window) -> T) -> T {
+        let mut window = counter.window.lock().unwrap_or_else(|e| e.into_inner());
         if window.start > start {
             return f(&mut Window {
                 start,
@@ -161,13 +184,13 @@ impl Counters {
     /// quarter of the last one is left.
     pub(super) async fn request(
         &self,
-        name: &str,
+        counter: &Counter,
         limit: u64,
         now: i64,
     ) -> Result<Result<Standing, Standing>, StoreError> {
         let start = window_start(now);
         loop {
-            let next = self.with(name, start, |window| {
+            let next = self.with(counter, start, |window| {
                 if window.taken < window.leased {
                     window.taken += 1;
                     let ahead = slice(limit) / 4;
@@ -191,8 +214,8 @@ impl Counters {
             match next {
                 Take::Taken(standing, lease_ahead) => {
                     if lease_ahead {
-                        let lease = self.spawn_lease(name, start, limit, now, false);
-                        let name = name.to_owned();
+                        let lease = self.spawn_lease(counter, start, limit, now, false);
+                        let name = Arc::clone(&counter.name);
                         tokio::spawn(async move {
                             if let Ok(Err(e)) = lease.await {
                                 tracing::warn!(counter = %name, error = %e, "could not lease requests ahead");
@@ -205,7 +228,7 @@ impl Counters {
                 Take::Wait(leased) => leased.await,
                 Take::Lease => {
                     if let Some(taken) =
-                        joined(self.spawn_lease(name, start, limit, now, true)).await??
+                        joined(self.spawn_lease(counter, start, limit, now, true)).await??
                     {
                         return Ok(taken);
                     }
@@ -220,20 +243,20 @@ impl Counters {
     /// nothing was granted.
     fn spawn_lease(
         &self,
-        name: &str,
+        counter: &Counter,
         start: i64,
         limit: u64,
         now: i64,
         take: bool,
     ) -> tokio::task::JoinHandle<Result<Option<Result<Standing, Standing>>, StoreError>> {
         let counters = self.clone();
-        let name = name.to_owned();
+        let counter = counter.clone();
         tokio::spawn(async move {
             let lease = counters
                 .store
-                .lease_window(&name, start, slice(limit), limit)
+                .lease_window(&counter.name, start, slice(limit), limit)
                 .await;
-            let taken = counters.with(&name, start, |window| {
+            let taken = counters.with(&counter, start, |window| {
                 window.leasing = false;
                 let lease = lease.as_ref().ok()?;
                 window.leased += lease.granted;
@@ -255,11 +278,11 @@ impl Counters {
     /// The standing of `limit` tokens in the minute of `now` (see [`Counters::total`]).
     pub(super) async fn tokens(
         &self,
-        name: &str,
+        counter: &Counter,
         limit: u64,
         now: i64,
     ) -> Result<Standing, StoreError> {
-        let used = self.total(name, window_start(now), limit).await?;
+        let used = self.total(counter, window_start(now), limit).await?;
         Ok(Standing {
             limit,
             remaining: limit.saturating_sub(used),
@@ -267,18 +290,18 @@ impl Counters {
         })
     }
 
-    /// What the counter `name` holds in the window that starts at `start`, every replica's part included, never
+    /// What `counter` holds in the window that starts at `start`, every replica's part included, never
     /// older than `sync`: read from the shared window when the last read is older than `sync`, when the count is
     /// within a slice of `limit`, or when it was never read (this replica's unsynced part added to it on the
     /// way). Read ahead, without waiting, once the last read is half of `sync` old, so that under steady use no
     /// caller waits. One read at a time: while one is on its way, others use what is known.
     pub(super) async fn total(
         &self,
-        name: &str,
+        counter: &Counter,
         start: i64,
         limit: u64,
     ) -> Result<u64, StoreError> {
-        let read = self.with(name, start, |window| {
+        let read = self.with(counter, start, |window| {
             let used = window.shared + window.unsynced + window.syncing;
             let due = read_due(
                 window.synced_at.map(|at| at.elapsed()),
@@ -290,12 +313,12 @@ impl Counters {
         });
         if read.is_some() {
             let counters = self.clone();
-            let owned = name.to_owned();
+            let owned = counter.clone();
             let reading = tokio::spawn(async move {
                 let read = counters.sync(&owned, start).await;
                 counters.with(&owned, start, |window| window.reading = false);
                 if let Err(e) = &read {
-                    tracing::warn!(counter = %owned, error = %e, "could not read a shared count");
+                    tracing::warn!(counter = %owned.name, error = %e, "could not read a shared count");
                 }
                 read
             });
@@ -303,20 +326,20 @@ impl Counters {
                 joined(reading).await??;
             }
         }
-        Ok(self.with(name, start, |window| {
+        Ok(self.with(counter, start, |window| {
             window.shared + window.unsynced + window.syncing
         }))
     }
 
     /// Adds this replica's unsynced part to the shared window and reads back what it holds.
-    async fn sync(&self, name: &str, start: i64) -> Result<(), StoreError> {
-        let pending = self.with(name, start, |window| {
+    async fn sync(&self, counter: &Counter, start: i64) -> Result<(), StoreError> {
+        let pending = self.with(counter, start, |window| {
             let pending = std::mem::take(&mut window.unsynced);
             window.syncing += pending;
             pending
         });
-        let added = self.store.add_to_window(name, start, pending).await;
-        self.with(name, start, |window| {
+        let added = self.store.add_to_window(&counter.name, start, pending).await;
+        self.with(counter, start, |window| {
             window.syncing -= pending.min(window.syncing);
             match &added {
                 // What the shared window holds now includes this part.
@@ -331,14 +354,14 @@ impl Counters {
     }
 
     /// Counts `tokens` a model call used in the minute of `now` against `limit` (see [`Counters::add`]).
-    pub(super) fn add_tokens(&self, name: &str, tokens: u64, limit: u64, now: i64) {
-        self.add(name, tokens, limit, window_start(now));
+    pub(super) fn add_tokens(&self, counter: &Counter, tokens: u64, limit: u64, now: i64) {
+        self.add(counter, tokens, limit, window_start(now));
     }
 
-    /// Counts `amount` in the window of counter `name` that starts at `start`: it reaches the shared window within
+    /// Counts `amount` in the window of `counter` that starts at `start`: it reaches the shared window within
     /// `sync`, or at once when this replica's unsynced part makes a slice of `limit`.
-    pub(super) fn add(&self, name: &str, amount: u64, limit: u64, start: i64) {
-        let (schedule, at_once) = self.with(name, start, |window| {
+    pub(super) fn add(&self, counter: &Counter, amount: u64, limit: u64, start: i64) {
+        let (schedule, at_once) = self.with(counter, start, |window| {
             window.unsynced += amount;
             let at_once = window.unsynced >= token_slice(limit);
             (!std::mem::replace(&mut window.flushing, true), at_once)
@@ -347,14 +370,14 @@ impl Counters {
             return;
         }
         let counters = self.clone();
-        let name = name.to_owned();
+        let counter = counter.clone();
         tokio::spawn(async move {
             if !at_once {
                 tokio::time::sleep(counters.sync).await;
             }
-            counters.with(&name, start, |window| window.flushing = false);
-            if let Err(e) = counters.sync(&name, start).await {
-                tracing::warn!(counter = %name, error = %e, "could not add to a shared count");
+            counters.with(&counter, start, |window| window.flushing = false);
+            if let Err(e) = counters.sync(&counter, start).await {
+                tracing::warn!(counter = %counter.name, error = %e, "could not add to a shared count");
             }
         });
     }
@@ -410,7 +433,7 @@ mod tests {
     /// Takes `n` requests of a limit of 1,000, each admitted.
     async fn take(counters: &Counters, n: usize) {
         for _ in 0..n {
-            let taken = counters.request("rpm", 1000, NOW).await.expect("store");
+            let taken = counters.request(&counters.counter("rpm".into()), 1000, NOW).await.expect("store");
             assert!(taken.is_ok());
         }
     }
@@ -418,7 +441,7 @@ mod tests {
     /// Takes one request of a limit of 1,000 that leaves `remaining`, and waits for the lease it started ahead.
     async fn take_one_that_leases_ahead(counters: &Counters, remaining: u64) {
         let leased = Arc::clone(&counters.leased).notified_owned();
-        let standing = counters.request("rpm", 1000, NOW).await.expect("store");
+        let standing = counters.request(&counters.counter("rpm".into()), 1000, NOW).await.expect("store");
         assert_eq!(standing.expect("admitted").remaining, remaining);
         tokio::time::timeout(Duration::from_secs(30), leased)
             .await
@@ -445,7 +468,9 @@ mod tests {
     #[tokio::test]
     async fn requests_that_find_the_slice_used_up_together_lease_one_slice() {
         let (_db, store, counters) = counters().await;
-        let requests = (0..10).map(|_| counters.request("rpm", 1000, NOW));
+        // Each with a counter of its own for the same name: they share its window.
+        let handles: Vec<Counter> = (0..10).map(|_| counters.counter("rpm".into())).collect();
+        let requests = handles.iter().map(|rpm| counters.request(rpm, 1000, NOW));
         for taken in futures::future::join_all(requests).await {
             assert!(taken.expect("store").is_ok());
         }
@@ -455,10 +480,11 @@ mod tests {
     #[tokio::test]
     async fn a_request_dropped_while_its_lease_is_on_its_way_leaves_the_lease_to_the_next() {
         let (_db, store, counters) = counters().await;
-        let mut first = Box::pin(counters.request("rpm", 1000, NOW));
+        let rpm = counters.counter("rpm".into());
+        let mut first = Box::pin(counters.request(&rpm, 1000, NOW));
         assert!(futures::poll!(&mut first).is_pending());
         drop(first);
-        let standing = counters.request("rpm", 1000, NOW).await.expect("store");
+        let standing = counters.request(&counters.counter("rpm".into()), 1000, NOW).await.expect("store");
         // The dropped request's lease came through and was used: one slice, two requests taken of it.
         assert_eq!(shared(&store, "rpm", NOW).await, 50);
         assert_eq!(standing.expect("admitted").remaining, 1000 - 50 + 48);
@@ -468,12 +494,12 @@ mod tests {
     async fn a_full_window_refuses_without_asking_the_store_again() {
         let (_db, store, counters) = counters().await;
         for expected in [true, true, false] {
-            let taken = counters.request("rpm", 2, NOW).await.expect("store");
+            let taken = counters.request(&counters.counter("rpm".into()), 2, NOW).await.expect("store");
             assert_eq!(taken.is_ok(), expected);
         }
         store.close().await;
         let refused = counters
-            .request("rpm", 2, NOW)
+            .request(&counters.counter("rpm".into()), 2, NOW)
             .await
             .expect("no trip to the store");
         assert_eq!(refused.expect_err("refused").remaining, 0);

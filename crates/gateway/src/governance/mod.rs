@@ -32,7 +32,7 @@ pub use usage::UsageWriter;
 use crate::clock::now;
 use crate::store::governance::{KeyGrant, UsageRecord};
 use crate::store::{Store, StoreError};
-use counters::Counters;
+use counters::{Counter, Counters};
 
 /// Which of a key's scopes a limit or budget belongs to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -140,33 +140,34 @@ impl Payer {
     }
 }
 
-/// The names of one owner's counters (`key:<id>:rpm`, `project:<id>:spend:month`), made once per owner and
-/// replica rather than on every create.
+/// One owner's counters (named `key:<id>:rpm`, `project:<id>:spend:month`), got once per owner and replica
+/// rather than looked up by name on every create.
 #[derive(Debug)]
 struct CounterNames {
-    tpm: String,
-    rpm: String,
+    tpm: Counter,
+    rpm: Counter,
     running: String,
     /// What was spent per budget period, in nano-dollars: day, month, total.
-    spend: [String; 3],
+    spend: [Counter; 3],
 }
 
 impl CounterNames {
-    fn of(scope: Scope, owner: &str) -> CounterNames {
+    fn of(counters: &Counters, scope: Scope, owner: &str) -> CounterNames {
         let prefix = match scope {
             Scope::Key => "key",
             Scope::Project => "project",
         };
         let name = |what: &str| format!("{prefix}:{owner}:{what}");
         CounterNames {
-            tpm: name("tpm"),
-            rpm: name("rpm"),
+            tpm: counters.counter(name("tpm")),
+            rpm: counters.counter(name("rpm")),
             running: name("running"),
-            spend: BudgetPeriod::ALL.map(|period| name(&format!("spend:{}", period.as_str()))),
+            spend: BudgetPeriod::ALL
+                .map(|period| counters.counter(name(&format!("spend:{}", period.as_str())))),
         }
     }
 
-    fn spend(&self, period: BudgetPeriod) -> &str {
+    fn spend(&self, period: BudgetPeriod) -> &Counter {
         let index = match period {
             BudgetPeriod::Day => 0,
             BudgetPeriod::Month => 1,
@@ -236,7 +237,7 @@ impl Governor {
         if owners.len() >= MAX_NAMED_OWNERS {
             owners.clear();
         }
-        let names = Arc::new(CounterNames::of(scope, owner));
+        let names = Arc::new(CounterNames::of(&self.counters, scope, owner));
         owners.insert(owner.to_owned(), Arc::clone(&names));
         names
     }
@@ -249,12 +250,17 @@ impl Governor {
             return Ok(Admission::default());
         }
         let now = now();
-        for (scope, owner, governance) in payer.scopes() {
+        // Each scope's counters, got once for all the checks below.
+        let scopes: Vec<_> = payer
+            .scopes()
+            .map(|(scope, owner, governance)| (scope, owner, governance, self.names(scope, owner)))
+            .collect();
+        for (scope, owner, governance, names) in &scopes {
             if let Some(budget) = governance.budget {
-                if self.spent(scope, owner, budget, now).await? {
+                if self.spent(names, budget, now).await? {
                     return Err(Refusal::BudgetSpent {
-                        scope,
-                        owner: owner.to_owned(),
+                        scope: *scope,
+                        owner: owner.to_string(),
                         budget,
                     });
                 }
@@ -262,13 +268,10 @@ impl Governor {
         }
         let mut headers = RateHeaders::default();
         let mut tokens = Vec::new();
-        for (scope, owner, governance) in payer.scopes() {
+        for (scope, owner, governance, names) in &scopes {
             if let Some(limit) = governance.limits.tpm {
-                let standing = self
-                    .counters
-                    .tokens(&self.names(scope, owner).tpm, limit, now)
-                    .await?;
-                tokens.push((scope, owner, limit, standing));
+                let standing = self.counters.tokens(&names.tpm, limit, now).await?;
+                tokens.push((*scope, *owner, limit, standing));
                 headers.tokens = Standing::tighter(headers.tokens, Some(standing));
             }
         }
@@ -284,19 +287,16 @@ impl Governor {
                 });
             }
         }
-        for (scope, owner, governance) in payer.scopes() {
+        for (scope, owner, governance, names) in &scopes {
             if let Some(limit) = governance.limits.rpm {
-                let standing = self
-                    .counters
-                    .request(&self.names(scope, owner).rpm, limit, now)
-                    .await?;
+                let standing = self.counters.request(&names.rpm, limit, now).await?;
                 headers.requests = Standing::tighter(headers.requests, standing.ok());
                 if let Err(standing) = standing {
                     headers.requests = Some(standing);
                     return Err(Refusal::Limited {
                         kind: LimitKind::RequestsPerMinute,
-                        scope,
-                        owner: owner.to_owned(),
+                        scope: *scope,
+                        owner: owner.to_string(),
                         limit,
                         headers,
                         retry_after_secs: standing.reset_secs.max(1),
@@ -305,14 +305,13 @@ impl Governor {
             }
         }
         let mut running = self.places.place();
-        for (scope, owner, governance) in payer.scopes() {
+        for (scope, owner, governance, names) in &scopes {
             if let Some(limit) = governance.limits.max_concurrent {
-                let name = self.names(scope, owner).running.clone();
-                if !running.take(name, limit).await? {
+                if !running.take(names.running.clone(), limit).await? {
                     return Err(Refusal::Limited {
                         kind: LimitKind::Concurrent,
-                        scope,
-                        owner: owner.to_owned(),
+                        scope: *scope,
+                        owner: owner.to_string(),
                         limit,
                         headers,
                         retry_after_secs: 1,
@@ -348,7 +347,7 @@ impl Governor {
         let now = now();
         for (scope, owner, governance) in payer.scopes() {
             if let Some(budget) = governance.budget {
-                match self.spent(scope, owner, budget, now).await {
+                match self.spent(&self.names(scope, owner), budget, now).await {
                     Ok(true) => return true,
                     Ok(false) => {}
                     // A store that does not answer does not stop a running response: the next check may.
@@ -359,16 +358,14 @@ impl Governor {
         false
     }
 
-    /// Whether `owner` has spent `budget` in the period that holds `now`.
+    /// Whether the owner of `names` has spent `budget` in the period that holds `now`.
     async fn spent(
         &self,
-        scope: Scope,
-        owner: &str,
+        names: &CounterNames,
         budget: Budget,
         now: i64,
     ) -> Result<bool, StoreError> {
         let limit = nanos(budget.usd);
-        let names = self.names(scope, owner);
         let spent = self
             .counters
             .total(names.spend(budget.period), budget.period.start(now), limit)
