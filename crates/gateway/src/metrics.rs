@@ -9,7 +9,10 @@
 //! `responses_resumed_total{reason}`, `leases_taken_over_total`, `queue_depth`, `queue_oldest_age_seconds`,
 //! `webhook_tries_total{outcome}`.
 
-use std::sync::OnceLock;
+use std::borrow::Borrow;
+use std::collections::HashMap;
+use std::hash::Hash;
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
 
 use axum::extract::{MatchedPath, Request};
@@ -55,28 +58,92 @@ pub async fn render() -> Response {
 
 /// Counts every request and times it, labelled by its route pattern (never the raw path, which holds ids).
 pub async fn track_requests(request: Request, next: Next) -> Response {
-    let route = request
-        .extensions()
-        .get::<MatchedPath>()
-        .map(|p| p.as_str().to_owned())
-        .unwrap_or_else(|| "unmatched".into());
-    let method = request.method().as_str().to_owned();
+    let route = request.extensions().get::<MatchedPath>().cloned();
+    let method = request.method().clone();
     let started = Instant::now();
     let response = next.run(request).await;
-    let status = response.status().as_u16().to_string();
-    metrics::counter!("gateway_http_requests_total", "route" => route.clone(), "method" => method, "status" => status)
-        .increment(1);
-    metrics::histogram!("gateway_http_request_duration_seconds", "route" => route)
-        .record(started.elapsed().as_secs_f64());
+    let route = route.as_ref().map_or("unmatched", MatchedPath::as_str);
+    let status = response.status().as_u16();
+    let handles = REQUEST_HANDLES.get(route, &(method, status), |(method, status)| {
+        RequestHandles {
+            count: metrics::counter!("gateway_http_requests_total", "route" => route.to_owned(), "method" => method.as_str().to_owned(), "status" => status.to_string()),
+            duration: metrics::histogram!("gateway_http_request_duration_seconds", "route" => route.to_owned()),
+        }
+    });
+    handles.count.increment(1);
+    handles.duration.record(started.elapsed().as_secs_f64());
     response
 }
 
+/// The metrics of the requests of one route, method and status.
+struct RequestHandles {
+    count: metrics::Counter,
+    duration: metrics::Histogram,
+}
+
+static REQUEST_HANDLES: HandleBook<(axum::http::Method, u16), RequestHandles> = HandleBook::new();
+
+/// The metrics of one deployment's model calls, by outcome.
+struct UpstreamHandles {
+    count: metrics::Counter,
+    duration: metrics::Histogram,
+}
+
+static UPSTREAM_HANDLES: HandleBook<bool, UpstreamHandles> = HandleBook::new();
+
 /// One upstream model call ended (after the adapter's retries).
 pub fn upstream_call(deployment: &str, started: Instant, ok: bool) {
-    let outcome = if ok { "ok" } else { "error" };
-    metrics::counter!("gateway_upstream_calls_total", "deployment" => deployment.to_owned(), "outcome" => outcome).increment(1);
-    metrics::histogram!("gateway_upstream_call_duration_seconds", "deployment" => deployment.to_owned())
-        .record(started.elapsed().as_secs_f64());
+    let handles = UPSTREAM_HANDLES.get(deployment, &ok, |ok| {
+        let outcome = if *ok { "ok" } else { "error" };
+        UpstreamHandles {
+            count: metrics::counter!("gateway_upstream_calls_total", "deployment" => deployment.to_owned(), "outcome" => outcome),
+            duration: metrics::histogram!("gateway_upstream_call_duration_seconds", "deployment" => deployment.to_owned()),
+        }
+    });
+    handles.count.increment(1);
+    handles.duration.record(started.elapsed().as_secs_f64());
+}
+
+/// Metric handles by two of their labels, made once and then looked up without building labels: the registry's
+/// own lookup builds every label (allocating) and hashes them all on each use, which with several metrics per
+/// request took a fiftieth of an unstored create's CPU.
+struct HandleBook<K, V>(Mutex<Option<BookPages<K, V>>>);
+
+/// A book's handles, by the first label, then the second.
+type BookPages<K, V> = HashMap<String, HashMap<K, Arc<V>>>;
+
+/// Handles a book keeps at the most; past it the book starts again.
+const MAX_BOOK_HANDLES: usize = 10_000;
+
+impl<K: Hash + Eq, V> HandleBook<K, V> {
+    const fn new() -> Self {
+        HandleBook(Mutex::new(None))
+    }
+
+    /// The handles under `outer` and `inner`, made by `make` the first time.
+    fn get<Q>(&self, outer: &str, inner: &Q, make: impl FnOnce(&Q) -> V) -> Arc<V>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        // Handles made before the recorder is installed would count nowhere: only keep those made after.
+        if !matches!(HANDLE.get(), Some(Some(_))) {
+            return Arc::new(make(inner));
+        }
+        let mut book = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let book = book.get_or_insert_with(HashMap::new);
+        if let Some(handles) = book.get(outer).and_then(|inners| inners.get(inner)) {
+            return Arc::clone(handles);
+        }
+        if book.values().map(HashMap::len).sum::<usize>() >= MAX_BOOK_HANDLES {
+            book.clear();
+        }
+        let handles = Arc::new(make(inner));
+        book.entry(outer.to_owned())
+            .or_default()
+            .insert(inner.to_owned(), Arc::clone(&handles));
+        handles
+    }
 }
 
 /// A model call's usage and cost (SPEC 13): `gateway_tokens_total` by project, deployment and kind, and
@@ -102,22 +169,12 @@ struct UsageHandles {
     cost: metrics::Gauge,
 }
 
-/// Usage handles by project, then deployment: looked up without building labels once made (the registry's own
-/// lookup hashes every label on each use).
-type UsageBook = std::collections::HashMap<
-    String,
-    std::collections::HashMap<String, std::sync::Arc<UsageHandles>>,
->;
+static USAGE_HANDLES: HandleBook<String, UsageHandles> = HandleBook::new();
 
-static USAGE_HANDLES: std::sync::Mutex<Option<UsageBook>> = std::sync::Mutex::new(None);
-
-/// Pairs kept at the most; past it the book starts again.
-const MAX_USAGE_PAIRS: usize = 10_000;
-
-fn usage_handles(project: &str, deployment: &str) -> std::sync::Arc<UsageHandles> {
-    let make = || {
+fn usage_handles(project: &str, deployment: &str) -> Arc<UsageHandles> {
+    USAGE_HANDLES.get(project, deployment, |deployment| {
         let kind = |kind: &'static str| metrics::counter!("gateway_tokens_total", "project" => project.to_owned(), "deployment" => deployment.to_owned(), "kind" => kind);
-        std::sync::Arc::new(UsageHandles {
+        UsageHandles {
             tokens: [
                 kind("input"),
                 kind("cached_input"),
@@ -125,33 +182,8 @@ fn usage_handles(project: &str, deployment: &str) -> std::sync::Arc<UsageHandles
                 kind("reasoning"),
             ],
             cost: metrics::gauge!("gateway_cost_usd_total", "project" => project.to_owned(), "deployment" => deployment.to_owned()),
-        })
-    };
-    // Handles made before the recorder is installed would count nowhere: only keep those made after.
-    if !matches!(HANDLE.get(), Some(Some(_))) {
-        return make();
-    }
-    let mut book = USAGE_HANDLES.lock().unwrap_or_else(|e| e.into_inner());
-    let book = book.get_or_insert_with(UsageBook::new);
-    if let Some(handles) = book
-        .get(project)
-        .and_then(|deployments| deployments.get(deployment))
-    {
-        return std::sync::Arc::clone(handles);
-    }
-    if book
-        .values()
-        .map(std::collections::HashMap::len)
-        .sum::<usize>()
-        >= MAX_USAGE_PAIRS
-    {
-        book.clear();
-    }
-    let handles = make();
-    book.entry(project.to_owned())
-        .or_default()
-        .insert(deployment.to_owned(), std::sync::Arc::clone(&handles));
-    handles
+        }
+    })
 }
 
 /// One try of a webhook delivery ended (`delivered`, `failed`, `given_up`, `not_yet`, `superseded`).
@@ -161,10 +193,22 @@ pub fn webhook_try(outcome: &'static str) {
 
 /// A response ended with `status` after these steps.
 pub fn response_finished(status: &'static str, steps: &[gateway_core::Step]) {
-    metrics::counter!("gateway_responses_total", "status" => status).increment(1);
+    let handles = FINISHED_HANDLES.get(status, &(), |()| FinishedHandles {
+        count: metrics::counter!("gateway_responses_total", "status" => status),
+        model_calls: metrics::histogram!("gateway_loop_model_calls", "status" => status),
+    });
+    handles.count.increment(1);
     let model_calls = steps.iter().filter(|s| s.model().is_some()).count();
-    metrics::histogram!("gateway_loop_model_calls", "status" => status).record(model_calls as f64);
+    handles.model_calls.record(model_calls as f64);
 }
+
+/// The metrics of the responses that ended with one status.
+struct FinishedHandles {
+    count: metrics::Counter,
+    model_calls: metrics::Histogram,
+}
+
+static FINISHED_HANDLES: HandleBook<(), FinishedHandles> = HandleBook::new();
 
 /// A replica took a response to run: a queued background one, or one it took over from a replica that stopped
 /// beating (or a process before it).
@@ -196,6 +240,8 @@ pub fn response_refused(reason: &'static str) {
     metrics::counter!("gateway_responses_refused_total", "reason" => reason).increment(1);
 }
 
+static STORE_HANDLES: HandleBook<(), metrics::Histogram> = HandleBook::new();
+
 /// Counts an open response stream for as long as this guard lives.
 pub struct ActiveStream;
 
@@ -219,7 +265,10 @@ pub struct StoreMetrics;
 
 impl crate::store::StoreObserver for StoreMetrics {
     fn statement(&self, name: &'static str, elapsed: std::time::Duration) {
-        metrics::histogram!("gateway_store_duration_seconds", "op" => name)
+        STORE_HANDLES
+            .get(name, &(), |()| {
+                metrics::histogram!("gateway_store_duration_seconds", "op" => name)
+            })
             .record(elapsed.as_secs_f64());
     }
 
