@@ -3,7 +3,7 @@
 
 use axum::http::{HeaderName, HeaderValue, StatusCode};
 use axum::response::Response;
-use gateway_core::governance::{reset_duration, Standing};
+use gateway_core::governance::reset_duration;
 
 use super::error::ApiError;
 use super::AppState;
@@ -43,42 +43,38 @@ pub fn with_rate_headers(mut response: Response, standings: &RateHeaders) -> Res
     response
 }
 
+/// The names of OpenAI's `x-ratelimit-{limit,remaining,reset}-` headers of requests, then of tokens: made at
+/// compile time rather than checked against the standard names on every answer.
+const REQUEST_HEADERS: [HeaderName; 3] = [
+    HeaderName::from_static("x-ratelimit-limit-requests"),
+    HeaderName::from_static("x-ratelimit-remaining-requests"),
+    HeaderName::from_static("x-ratelimit-reset-requests"),
+];
+const TOKEN_HEADERS: [HeaderName; 3] = [
+    HeaderName::from_static("x-ratelimit-limit-tokens"),
+    HeaderName::from_static("x-ratelimit-remaining-tokens"),
+    HeaderName::from_static("x-ratelimit-reset-tokens"),
+];
+
 /// OpenAI's `x-ratelimit-{limit,remaining,reset}-{requests,tokens}` headers of the limits that apply.
 pub fn rate_headers(standings: &RateHeaders) -> Vec<(HeaderName, HeaderValue)> {
     let mut headers = Vec::new();
-    let mut add = |names: [&'static str; 3], standing: Option<Standing>| {
+    for (names, standing) in [
+        (REQUEST_HEADERS, standings.requests),
+        (TOKEN_HEADERS, standings.tokens),
+    ] {
         let Some(standing) = standing else {
-            return;
+            continue;
         };
         let [limit, remaining, reset] = names;
-        for (name, value) in [
+        let reset_value = HeaderValue::from_str(&reset_duration(standing.reset_secs))
+            .unwrap_or(HeaderValue::from_static("0s"));
+        headers.extend([
             (limit, HeaderValue::from(standing.limit)),
             (remaining, HeaderValue::from(standing.remaining)),
-            (
-                reset,
-                HeaderValue::from_str(&reset_duration(standing.reset_secs))
-                    .unwrap_or(HeaderValue::from_static("0s")),
-            ),
-        ] {
-            headers.push((HeaderName::from_static(name), value));
-        }
-    };
-    add(
-        [
-            "x-ratelimit-limit-requests",
-            "x-ratelimit-remaining-requests",
-            "x-ratelimit-reset-requests",
-        ],
-        standings.requests,
-    );
-    add(
-        [
-            "x-ratelimit-limit-tokens",
-            "x-ratelimit-remaining-tokens",
-            "x-ratelimit-reset-tokens",
-        ],
-        standings.tokens,
-    );
+            (reset, reset_value),
+        ]);
+    }
     headers
 }
 
@@ -145,6 +141,7 @@ impl From<Refusal> for ApiError {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use gateway_core::governance::Standing;
 
     #[test]
     fn the_headers_are_openais_names_and_formats() {
