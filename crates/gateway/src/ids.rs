@@ -80,7 +80,9 @@ mod tests {
         assert_eq!(item.len(), "fc_".len() + 40, "{item}");
         assert!(item[3..].starts_with(hex), "{item}");
         assert!(
-            item[3..].bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)),
+            item[3..]
+                .bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)),
             "lower-case hex: {item}"
         );
     }

@@ -266,9 +266,11 @@ pub struct StoreMetrics;
 impl crate::store::StoreObserver for StoreMetrics {
     fn statement(&self, name: &'static str, elapsed: std::time::Duration) {
         STORE_HANDLES
-            .get(name, &(), |()| {
-                metrics::histogram!("gateway_store_duration_seconds", "op" => name)
-            })
+            .get(
+                name,
+                &(),
+                |()| metrics::histogram!("gateway_store_duration_seconds", "op" => name),
+            )
             .record(elapsed.as_secs_f64());
     }
 

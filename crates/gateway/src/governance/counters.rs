@@ -338,7 +338,10 @@ impl Counters {
             window.syncing += pending;
             pending
         });
-        let added = self.store.add_to_window(&counter.name, start, pending).await;
+        let added = self
+            .store
+            .add_to_window(&counter.name, start, pending)
+            .await;
         self.with(counter, start, |window| {
             window.syncing -= pending.min(window.syncing);
             match &added {
@@ -433,7 +436,10 @@ mod tests {
     /// Takes `n` requests of a limit of 1,000, each admitted.
     async fn take(counters: &Counters, n: usize) {
         for _ in 0..n {
-            let taken = counters.request(&counters.counter("rpm".into()), 1000, NOW).await.expect("store");
+            let taken = counters
+                .request(&counters.counter("rpm".into()), 1000, NOW)
+                .await
+                .expect("store");
             assert!(taken.is_ok());
         }
     }
@@ -441,7 +447,10 @@ mod tests {
     /// Takes one request of a limit of 1,000 that leaves `remaining`, and waits for the lease it started ahead.
     async fn take_one_that_leases_ahead(counters: &Counters, remaining: u64) {
         let leased = Arc::clone(&counters.leased).notified_owned();
-        let standing = counters.request(&counters.counter("rpm".into()), 1000, NOW).await.expect("store");
+        let standing = counters
+            .request(&counters.counter("rpm".into()), 1000, NOW)
+            .await
+            .expect("store");
         assert_eq!(standing.expect("admitted").remaining, remaining);
         tokio::time::timeout(Duration::from_secs(30), leased)
             .await
@@ -484,7 +493,10 @@ mod tests {
         let mut first = Box::pin(counters.request(&rpm, 1000, NOW));
         assert!(futures::poll!(&mut first).is_pending());
         drop(first);
-        let standing = counters.request(&counters.counter("rpm".into()), 1000, NOW).await.expect("store");
+        let standing = counters
+            .request(&counters.counter("rpm".into()), 1000, NOW)
+            .await
+            .expect("store");
         // The dropped request's lease came through and was used: one slice, two requests taken of it.
         assert_eq!(shared(&store, "rpm", NOW).await, 50);
         assert_eq!(standing.expect("admitted").remaining, 1000 - 50 + 48);
@@ -494,7 +506,10 @@ mod tests {
     async fn a_full_window_refuses_without_asking_the_store_again() {
         let (_db, store, counters) = counters().await;
         for expected in [true, true, false] {
-            let taken = counters.request(&counters.counter("rpm".into()), 2, NOW).await.expect("store");
+            let taken = counters
+                .request(&counters.counter("rpm".into()), 2, NOW)
+                .await
+                .expect("store");
             assert_eq!(taken.is_ok(), expected);
         }
         store.close().await;
