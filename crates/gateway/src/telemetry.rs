@@ -370,6 +370,18 @@ pub fn with_trace_headers(mut request: reqwest::RequestBuilder) -> reqwest::Requ
     request
 }
 
+/// Adds the current span's trace context to `headers` (SPEC 14), when traces are on.
+pub fn add_trace_headers(headers: &mut HeaderMap) {
+    for (name, value) in current_trace_headers() {
+        if let (Ok(name), Ok(value)) = (
+            HeaderName::from_bytes(name.as_bytes()),
+            axum::http::HeaderValue::from_str(&value),
+        ) {
+            headers.insert(name, value);
+        }
+    }
+}
+
 /// The context a stored `traceparent` names, to parent a resumed run's spans.
 pub fn context_from_traceparent(traceparent: &str) -> opentelemetry::Context {
     let carrier = HashMap::from([("traceparent".to_owned(), traceparent.to_owned())]);

@@ -291,21 +291,22 @@ pub fn install_tls_provider() {
     });
 }
 
-/// rustls with ring and the webpki roots (as the gateway's other client), offering HTTP/1.1 only: the client is
+/// rustls with ring and the webpki roots (also the model calls' TLS), offering HTTP/1.1 only: the client is
 /// built without HTTP/2. Handed to reqwest preconfigured, so no process-wide crypto provider is needed.
-static TLS_CONFIG: LazyLock<Result<rustls::ClientConfig, rustls::Error>> = LazyLock::new(|| {
-    let roots = rustls::RootCertStore {
-        roots: webpki_roots::TLS_SERVER_ROOTS.to_vec(),
-    };
-    let mut config = rustls::ClientConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()?
-    .with_root_certificates(roots)
-    .with_no_client_auth();
-    config.alpn_protocols = vec![b"http/1.1".to_vec()];
-    Ok(config)
-});
+pub(crate) static TLS_CONFIG: LazyLock<Result<rustls::ClientConfig, rustls::Error>> =
+    LazyLock::new(|| {
+        let roots = rustls::RootCertStore {
+            roots: webpki_roots::TLS_SERVER_ROOTS.to_vec(),
+        };
+        let mut config = rustls::ClientConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+        config.alpn_protocols = vec![b"http/1.1".to_vec()];
+        Ok(config)
+    });
 
 /// Answers the checked host with the checked addresses, and every other name with an error: nothing the client
 /// does can reach an address that was not checked through DNS.

@@ -4,7 +4,9 @@
 use gateway_core::anthropic::{self, AnthropicStream};
 use secrecy::ExposeSecret;
 
-use super::{sse, Body, Wire};
+use http::header::{HeaderName, HeaderValue};
+
+use super::{secret_header, sse, Body, Wire};
 
 /// How Anthropic Messages speaks (SPEC 8: the base URL excludes the version, as Anthropic's SDKs have it).
 /// Overloaded (529), rate-limited (429) and other 5xx answers are retried by the shared rule.
@@ -17,12 +19,18 @@ pub(super) const WIRE: Wire = Wire {
             input,
         ))
     },
-    headers: |request, target| {
-        let request = request.header("anthropic-version", anthropic::API_VERSION);
-        match &target.api_key {
-            Some(key) => request.header("x-api-key", key.expose_secret()),
-            None => request,
+    headers: |headers, target| {
+        headers.insert(
+            HeaderName::from_static("anthropic-version"),
+            HeaderValue::from_static(anthropic::API_VERSION),
+        );
+        if let Some(key) = &target.api_key {
+            headers.insert(
+                HeaderName::from_static("x-api-key"),
+                secret_header(key.expose_secret())?,
+            );
         }
+        Ok(())
     },
     parse: anthropic::parse_response,
     include_usage: false,

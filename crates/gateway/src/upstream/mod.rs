@@ -6,10 +6,13 @@ pub mod count;
 mod openai_chat;
 mod openai_responses;
 mod sse;
+mod transport;
 
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
+
+use bytes::Bytes;
 
 use futures::future::BoxFuture;
 use gateway_core::chat::{ChatRequest, IdSource, ParseError};
@@ -21,6 +24,7 @@ use gateway_core::response::FailureCode;
 use gateway_core::steps::{ModelDelta, ModelOutput};
 use gateway_core::toolset::{custom_as_functions, unwrap_custom_inputs, OfferedTool, ToolInput};
 use gateway_core::Item;
+use http::header::{HeaderMap, HeaderValue, InvalidHeaderValue, AUTHORIZATION};
 use secrecy::{ExposeSecret, SecretString};
 use serde_json::Value;
 use tokio::sync::mpsc;
@@ -28,6 +32,9 @@ use tokio::sync::mpsc;
 use crate::config::UpstreamConfig;
 use crate::ids::{item_id, new_id};
 use crate::retry::RetryPolicy;
+use transport::{Answer, ModelHttp};
+
+pub use transport::BuildError;
 
 /// Why a model call failed for good. Detail is for logs; clients get a generic message.
 #[derive(Debug, thiserror::Error)]
@@ -149,55 +156,19 @@ pub struct Live<'a> {
 /// Calls upstream models; holds one pooled HTTP client for all of them.
 #[derive(Debug, Clone)]
 pub struct Upstream {
-    http: reqwest::Client,
+    http: ModelHttp,
     config: UpstreamConfig,
     retry: RetryPolicy,
-    endpoints: Endpoints,
-}
-
-/// The most endpoint URLs kept parsed (deployments are few; this only bounds it).
-const MAX_ENDPOINTS: u64 = 1024;
-
-/// Endpoint URLs parsed once: parsing one (host, IDNA, path) took a twentieth of an unstored call's CPU when it
-/// was done on every call.
-#[derive(Debug, Clone)]
-struct Endpoints(moka::sync::Cache<String, reqwest::Url>);
-
-impl Default for Endpoints {
-    fn default() -> Endpoints {
-        Endpoints(moka::sync::Cache::new(MAX_ENDPOINTS))
-    }
-}
-
-impl Endpoints {
-    /// A `POST` to `url` on `http`. A URL that does not parse is handed to reqwest as it is, which fails the
-    /// request with its own error, as it did before the cache.
-    fn post(&self, http: &reqwest::Client, url: &str) -> reqwest::RequestBuilder {
-        if let Some(parsed) = self.0.get(url) {
-            return http.post(parsed);
-        }
-        let Ok(parsed) = reqwest::Url::parse(url) else {
-            return http.post(url);
-        };
-        self.0.insert(url.to_owned(), parsed.clone());
-        http.post(parsed)
-    }
 }
 
 impl Upstream {
-    pub fn new(config: UpstreamConfig) -> Result<Upstream, reqwest::Error> {
-        let http = reqwest::Client::builder()
-            // Streams may run long: a stalled read is what fails them, not their total length. Whole
-            // (non-streaming) answers get a total timeout per request (`whole_answer_timeout`).
-            .connect_timeout(Duration::from_millis(config.timeout_ms.min(10_000)))
-            .read_timeout(Duration::from_millis(config.timeout_ms))
-            .pool_max_idle_per_host(config.max_idle_connections)
-            .build()?;
+    pub fn new(config: UpstreamConfig) -> Result<Upstream, BuildError> {
+        // Streams may run long: a stalled read is what fails them, not their total length. Whole (non-streaming)
+        // answers get a total timeout per request (`whole_answer_timeout`).
         Ok(Upstream {
-            http,
+            http: ModelHttp::new(&config)?,
             retry: RetryPolicy::new(config.max_retries, config.backoff_ms),
             config,
-            endpoints: Endpoints::default(),
         })
     }
 
@@ -275,22 +246,26 @@ impl Upstream {
         };
         let body = count::only(body, fields);
         let url = format!("{}{path}", target.base_url.trim_end_matches('/'));
+        let headers = headers_for(wire, target)?;
+        let body = encode(&body)?;
+        let (url, headers, body) = (url.as_str(), &headers, &body);
         let answer: Value = self
             .retry
             .run(
-                |attempt| {
-                    let post = (wire.headers)(
-                        crate::telemetry::with_trace_headers(self.post(&url).json(&body)),
-                        target,
-                    )
-                    .timeout(self.whole_answer_timeout());
-                    async move {
-                        let response = self.send(target, post, attempt).await?;
-                        response.json::<Value>().await.map_err(|e| UpstreamError::Transport {
-                            attempts: attempt,
-                            detail: format!("the count's answer is not JSON: {e}"),
+                |attempt| async move {
+                    let bytes = self
+                        .within_whole_answer_timeout(attempt, async {
+                            let answer = self.send(target, url, headers, body, attempt).await?;
+                            answer.bytes().await.map_err(|e| UpstreamError::Transport {
+                                attempts: attempt,
+                                detail: format!("the count's answer could not be read: {e}"),
+                            })
                         })
-                    }
+                        .await?;
+                    serde_json::from_slice::<Value>(&bytes).map_err(|e| UpstreamError::Transport {
+                        attempts: attempt,
+                        detail: format!("the count's answer is not JSON: {e}"),
+                    })
                 },
                 UpstreamError::is_retryable,
                 |attempt, failure, wait| {
@@ -320,12 +295,13 @@ impl Upstream {
         let wire = wire_of(target.kind);
         let body = (wire.build)(target, &request.input());
         let url = format!("{}{}", target.base_url.trim_end_matches('/'), wire.path);
-        // With traces on, the provider gets the model call's span as its parent (SPEC 14).
-        let post = |body: &Body<'_>| {
-            let request = crate::telemetry::with_trace_headers(self.post(&url).json(body));
-            (wire.headers)(request, target)
+        let headers = headers_for(wire, target)?;
+        let call = Call {
+            target,
+            url: &url,
+            headers: &headers,
         };
-        self.call_over(target, wire, &post, body, request.response_id, live)
+        self.call_over(&call, wire, body, request.response_id, live)
             .await
     }
 
@@ -352,24 +328,30 @@ impl Upstream {
             .await
     }
 
-    /// Sends one attempt's request: a 4xx that is the client's problem is `Rejected` (with the provider's message,
-    /// `target`'s key and anything like a credential stripped), any other answer but 2xx is `Status` (with the
-    /// start of its body, for logs), no answer is `Transport`.
+    /// Sends one attempt of `call` with `body`: a 4xx that is the client's problem is `Rejected` (with the
+    /// provider's message, the target's key and anything like a credential stripped), any other answer but 2xx
+    /// is `Status` (with the start of its body, for logs), no answer is `Transport`.
     async fn send(
         &self,
         target: &Target,
-        request: reqwest::RequestBuilder,
+        url: &str,
+        headers: &HeaderMap,
+        body: &Bytes,
         attempt: u32,
-    ) -> Result<reqwest::Response, UpstreamError> {
-        let response = request.send().await.map_err(|e| UpstreamError::Transport {
-            attempts: attempt,
-            detail: e.to_string(),
-        })?;
-        let status = response.status();
+    ) -> Result<Answer, UpstreamError> {
+        let answer = self
+            .http
+            .post(url, headers.clone(), body.clone())
+            .await
+            .map_err(|detail| UpstreamError::Transport {
+                attempts: attempt,
+                detail,
+            })?;
+        let status = answer.status();
         if status.is_success() {
-            return Ok(response);
+            return Ok(answer);
         }
-        let detail = response.text().await.unwrap_or_default();
+        let detail = answer.text().await;
         if is_rejection(status.as_u16()) {
             let key = target.api_key.as_ref().map(|k| k.expose_secret());
             return Err(UpstreamError::Rejected {
@@ -384,29 +366,35 @@ impl Upstream {
         })
     }
 
-    /// One model call over `wire` with its retries, `body` built once and sent once per attempt by `post`: whole
-    /// when `live` is `None` (the JSON answer read and parsed), else streamed with its text passed on as it arrives.
+    /// One model call over `wire` with its retries, `body` built and encoded once and sent once per attempt:
+    /// whole when `live` is `None` (the JSON answer read and parsed), else streamed with its text passed on as it
+    /// arrives.
     async fn call_over(
         &self,
-        target: &Target,
+        call: &Call<'_>,
         wire: &Wire,
-        post: &(dyn Fn(&Body<'_>) -> reqwest::RequestBuilder + Sync),
         mut body: Body<'_>,
         response_id: &str,
         live: Option<Live<'_>>,
     ) -> Result<ModelOutput, UpstreamError> {
         let (parse, read_stream) = (wire.parse, wire.read_stream);
+        let Call {
+            target,
+            url,
+            headers,
+        } = *call;
         let Some(live) = live else {
+            let body = &encode(&body)?;
             return self
-                .with_retries(target, None, |attempt| {
-                    let body = &body;
-                    async move {
-                        let request = post(body).timeout(self.whole_answer_timeout());
-                        let response = self.send(target, request, attempt).await?;
-                        let answer = self.read_whole(response, attempt).await?;
-                        parse(&answer, &mut ResponseIds { response_id })
-                            .map_err(|e| UpstreamError::Parse(e.0))
-                    }
+                .with_retries(target, None, |attempt| async move {
+                    let answer = self
+                        .within_whole_answer_timeout(attempt, async {
+                            let answer = self.send(target, url, headers, body, attempt).await?;
+                            read_whole(answer, attempt).await
+                        })
+                        .await?;
+                    parse(&answer, &mut ResponseIds { response_id })
+                        .map_err(|e| UpstreamError::Parse(e.0))
                 })
                 .await;
         };
@@ -414,46 +402,83 @@ impl Upstream {
         if wire.include_usage {
             body.set("stream_options", serde_json::json!({"include_usage": true}));
         }
-        let body = &body;
+        let body = &encode(&body)?;
         let out = &Forwarder::new(live);
         self.with_retries(target, Some(out), |attempt| async move {
-            let response = self.send(target, post(body), attempt).await?;
-            let events = Box::pin(sse::upstream_events(response.bytes_stream(), attempt));
+            let answer = self.send(target, url, headers, body, attempt).await?;
+            let events = Box::pin(sse::upstream_events(answer.parts(), attempt));
             read_stream(events, attempt, out, response_id).await
         })
         .await
     }
 
-    /// Reads a whole (non-streamed) JSON answer. A body that breaks off, or ends before its JSON does, is
-    /// `Broken` and so tried again; a complete body that is not the JSON expected is `Parse`.
-    async fn read_whole(
+    /// `attempt` (sending and reading a whole answer) bounded by the whole-answer timeout; past it, a `Transport`
+    /// failure, retried like any other.
+    async fn within_whole_answer_timeout<T>(
         &self,
-        response: reqwest::Response,
         attempt: u32,
-    ) -> Result<serde_json::Value, UpstreamError> {
-        let broken = UpstreamError::broken_at(attempt);
-        let bytes = response
-            .bytes()
+        whole: impl Future<Output = Result<T, UpstreamError>>,
+    ) -> Result<T, UpstreamError> {
+        let timeout = self.whole_answer_timeout();
+        tokio::time::timeout(timeout, whole)
             .await
-            .map_err(|e| broken(format!("body error: {e}")))?;
-        serde_json::from_slice(&bytes).map_err(|e| {
-            if e.is_eof() {
-                broken(format!("the body ended before its JSON did: {e}"))
-            } else {
-                UpstreamError::Parse(e.to_string())
-            }
-        })
-    }
-
-    /// A `POST` to `url`, parsed once per process.
-    fn post(&self, url: &str) -> reqwest::RequestBuilder {
-        self.endpoints.post(&self.http, url)
+            .map_err(|_| UpstreamError::Transport {
+                attempts: attempt,
+                detail: format!("no whole answer within {} ms", timeout.as_millis()),
+            })?
     }
 
     /// The whole of a non-streaming answer must arrive within this.
     fn whole_answer_timeout(&self) -> Duration {
         Duration::from_millis(self.config.timeout_ms)
     }
+}
+
+/// Where one model call goes and with which headers (the same for each of its attempts).
+#[derive(Clone, Copy)]
+struct Call<'a> {
+    target: &'a Target,
+    url: &'a str,
+    headers: &'a HeaderMap,
+}
+
+/// Reads a whole (non-streamed) JSON answer. A body that breaks off, or ends before its JSON does, is `Broken` and
+/// so tried again; a complete body that is not the JSON expected is `Parse`.
+async fn read_whole(answer: Answer, attempt: u32) -> Result<Value, UpstreamError> {
+    let broken = UpstreamError::broken_at(attempt);
+    let bytes = answer
+        .bytes()
+        .await
+        .map_err(|e| broken(format!("body error: {e}")))?;
+    serde_json::from_slice(&bytes).map_err(|e| {
+        if e.is_eof() {
+            broken(format!("the body ended before its JSON did: {e}"))
+        } else {
+            UpstreamError::Parse(e.to_string())
+        }
+    })
+}
+
+/// The headers of a call to `target` over `wire`: the provider's own (its key, its version) and, with traces on,
+/// the model call's span as the provider's parent (SPEC 14). A key that cannot be a header fails the call.
+fn headers_for(wire: &Wire, target: &Target) -> Result<HeaderMap, UpstreamError> {
+    let mut headers = HeaderMap::new();
+    crate::telemetry::add_trace_headers(&mut headers);
+    (wire.headers)(&mut headers, target).map_err(|_| UpstreamError::Transport {
+        attempts: 1,
+        detail: format!(
+            "the key of deployment '{}' cannot be sent in a header",
+            target.name
+        ),
+    })?;
+    Ok(headers)
+}
+
+/// A request body written out as JSON once for all of a call's attempts.
+fn encode(body: &impl serde::Serialize) -> Result<Bytes, UpstreamError> {
+    serde_json::to_vec(body)
+        .map(Bytes::from)
+        .map_err(|e| UpstreamError::Parse(format!("the request could not be written: {e}")))
 }
 
 /// The request body of one model call: a JSON value, or a Chat request whose tools are written out from the
@@ -499,7 +524,7 @@ struct Wire {
     /// The request body of one call.
     build: for<'a> fn(&Target, &ModelInput<'a>) -> Body<'a>,
     /// The provider's own headers on an attempt (its key, its version).
-    headers: fn(reqwest::RequestBuilder, &Target) -> reqwest::RequestBuilder,
+    headers: fn(&mut HeaderMap, &Target) -> Result<(), InvalidHeaderValue>,
     /// Turns a whole JSON answer into the normalised one.
     parse: fn(&Value, &mut dyn IdSource) -> Result<ModelOutput, ParseError>,
     /// A streamed request asks for the usage (`stream_options.include_usage`), which Chat sends only when asked.
@@ -518,11 +543,21 @@ fn wire_of(kind: ProviderKind) -> &'static Wire {
 }
 
 /// The `Authorization: Bearer` of a deployment's key, if it has one.
-fn bearer(request: reqwest::RequestBuilder, target: &Target) -> reqwest::RequestBuilder {
-    match &target.api_key {
-        Some(key) => request.bearer_auth(key.expose_secret()),
-        None => request,
+fn bearer(headers: &mut HeaderMap, target: &Target) -> Result<(), InvalidHeaderValue> {
+    if let Some(key) = &target.api_key {
+        headers.insert(
+            AUTHORIZATION,
+            secret_header(&format!("Bearer {}", key.expose_secret()))?,
+        );
     }
+    Ok(())
+}
+
+/// A header value that holds a secret: marked so that it is never shown (in logs, in `Debug`).
+fn secret_header(value: &str) -> Result<HeaderValue, InvalidHeaderValue> {
+    let mut value = HeaderValue::from_str(value)?;
+    value.set_sensitive(true);
+    Ok(value)
 }
 
 /// A provider's stream reader: its events, the attempt's number, where the text goes and the response's id.
