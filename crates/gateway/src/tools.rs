@@ -121,7 +121,8 @@ impl ToolExecutor {
         }
         let mut taken: BTreeSet<String> = tools.iter().map(|t| t.name.clone()).collect();
         for server in servers {
-            for tool in self.mcp.tools_of(&server).await {
+            // Boxed: the MCP client's future is kilobytes, and every request's preparation would carry it.
+            for tool in Box::pin(self.mcp.tools_of(&server)).await {
                 if !taken.insert(tool.name.clone()) {
                     tracing::warn!(tool_source.name = %server.server.source_name, tool.name = %tool.name,
                         "MCP tool name clashes with another server tool; skipped");
@@ -248,11 +249,17 @@ impl ToolExecutor {
                 };
                 self.send(tool, call, at, sent).await
             }
+            // The MCP calls' futures are boxed: about 6 KB each, held inline they made every HTTP tool call's
+            // future (one per call of a batch) that size too.
             Target::Mcp(mcp) => {
-                let (outcome, failure) = self
-                    .mcp
-                    .call(&tool.name, mcp, &arguments, remaining, at.idempotency_key)
-                    .await;
+                let (outcome, failure) = Box::pin(self.mcp.call(
+                    &tool.name,
+                    mcp,
+                    &arguments,
+                    remaining,
+                    at.idempotency_key,
+                ))
+                .await;
                 (cap_output(outcome, policy.max_output_bytes()), failure)
             }
             Target::Remote(RemoteTool {
@@ -260,10 +267,14 @@ impl ToolExecutor {
                 access: Some(access),
                 ..
             }) => {
-                let (outcome, failure) = self
-                    .mcp
-                    .call_remote(access, name, &arguments, remaining, at.idempotency_key)
-                    .await;
+                let (outcome, failure) = Box::pin(self.mcp.call_remote(
+                    access,
+                    name,
+                    &arguments,
+                    remaining,
+                    at.idempotency_key,
+                ))
+                .await;
                 (cap_output(outcome, policy.max_output_bytes()), failure)
             }
             // A request's server is reached only through its checked address.

@@ -53,7 +53,8 @@ pub async fn create_response(
             .response_for_idempotency_key(&project, key)
             .await?
         {
-            return repeat(&state, &project, &id).await;
+            // Boxed, as `submit` below: a rare path's future would make every create's kilobytes larger.
+            return Box::pin(repeat(&state, &project, &id)).await;
         }
     }
     let (admitted, standings) = admit(&state, &grant).await?;
@@ -73,10 +74,13 @@ async fn start(
         // Answered at once; a background stream follows the response from its first event.
         let stream = request.stream;
         let project = admitted.payer.project_id.clone();
-        let (record, live) = state
-            .engine
-            .submit(admitted, request, idempotency_key, stream)
-            .await?;
+        let (record, live) = Box::pin(state.engine.submit(
+            admitted,
+            request,
+            idempotency_key,
+            stream,
+        ))
+        .await?;
         if stream {
             let engine = state.engine.clone();
             let following = Following {

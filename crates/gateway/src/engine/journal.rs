@@ -206,8 +206,10 @@ impl Engine {
         } else {
             Changes::default()
         };
+        // The call's future is boxed: held inline beside the write's, it made this future (and so the loop's,
+        // which is moved whole into its box) 13 KB, copied on every step.
         if changes.is_empty() {
-            return self.call_model(run, index, sink).await;
+            return Box::pin(self.call_model(run, index, sink)).await;
         }
         let sent = AtomicBool::new(false);
         let writing = Writing {
@@ -222,8 +224,8 @@ impl Engine {
                 sent.store(true, Ordering::Relaxed);
                 changes.save(&self.store, None, writing).await
             };
-            let call = self.call_model(run, index, sink);
-            tokio::pin!(write, call);
+            let mut call = Box::pin(self.call_model(run, index, sink));
+            tokio::pin!(write);
             tokio::select! {
                 () = &mut call => {
                     // A write already sent is awaited (never abandoned halfway); one still lingering is dropped.

@@ -35,18 +35,16 @@ impl Engine {
     ) -> Result<RemoteTools, EngineError> {
         let mut remote = RemoteTools::default();
         for (index, server) in remote_servers(declared) {
+            // Boxed here, as below: a request without remote servers should not carry these futures' size.
             let access = Arc::new(
-                self.remote_access(&server)
+                Box::pin(self.remote_access(&server))
                     .await
                     .map_err(|message| EngineError::RemoteMcpRefused { index, message })?,
             );
             let listed: Vec<Value> = match listed_in_chain(context, &server.server_label) {
                 Some(listing) => listing.tools.clone(),
                 None => {
-                    let tools = self
-                        .tools
-                        .mcp()
-                        .list_remote(&access)
+                    let tools = Box::pin(self.tools.mcp().list_remote(&access))
                         .await
                         .map_err(|message| EngineError::RemoteMcpUnlisted { index, message })?;
                     let tools: Vec<Value> = tools.iter().map(listed_tool_json).collect();
