@@ -381,11 +381,13 @@ pub fn current_traceparent() -> Option<String> {
 }
 
 /// `request` with the current span's trace context in its headers (SPEC 14), when traces are on.
-pub fn with_trace_headers(mut request: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
-    for (name, value) in current_trace_headers() {
-        request = request.header(name, value);
+pub fn with_trace_headers(request: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
+    let mut headers = HeaderMap::new();
+    add_trace_headers(&mut headers);
+    if headers.is_empty() {
+        return request;
     }
-    request
+    request.headers(headers)
 }
 
 /// Adds the current span's trace context to `headers` (SPEC 14), when traces are on.
