@@ -10,7 +10,7 @@ use std::collections::{HashMap, HashSet};
 
 use serde_json::{json, Map, Value};
 
-use crate::chat::{normalise_arguments, scrub_nul, IdSource, ParseError};
+use crate::chat::{normalise_arguments, scrub_nul, AnswerError, IdSource, ParseError};
 use crate::context::ModelInput;
 use crate::event_stream::TypedEventStream;
 use crate::items::{ContentPart, Item, MessageContent, Role};
@@ -369,6 +369,12 @@ fn image_block(url: &str) -> Value {
         }
     }
     json!({"type": "image", "source": {"type": "url", "url": url}})
+}
+
+/// Reads a non-streaming Messages answer, as sent, into the normalised model output.
+pub fn parse_answer(body: &[u8], ids: &mut dyn IdSource) -> Result<ModelOutput, AnswerError> {
+    let body: Value = serde_json::from_slice(body)?;
+    Ok(parse_response(&body, ids)?)
 }
 
 /// Reads a whole Messages answer.

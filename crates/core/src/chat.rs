@@ -3,7 +3,7 @@
 use std::collections::HashSet;
 
 use serde::ser::{SerializeMap, SerializeSeq};
-use serde::{Serialize, Serializer};
+use serde::{Deserialize, Serialize, Serializer};
 use serde_json::{json, Map, Value};
 
 use crate::context::ModelInput;
@@ -11,6 +11,8 @@ use crate::items::{parts_text, ContentPart, Item, MessageContent, Role};
 use crate::steps::{AssistantMessage, Finish, ModelOutput, ToolCall, Usage};
 use crate::toolset::{model_tool_choice, OfferedTool, ToolInput};
 use crate::walk::{call_of, results_by_call_id, Call};
+
+mod answer;
 
 /// Builds the Chat Completions request body for one model call, as a JSON value.
 pub fn build_request(upstream_model: &str, input: &ModelInput<'_>) -> Value {
@@ -330,18 +332,39 @@ pub trait IdSource {
     fn call_id(&mut self, index: usize) -> String;
 }
 
+/// A whole answer that cannot be read: not JSON (or cut short), or JSON without what a model's answer holds.
+#[derive(Debug, thiserror::Error)]
+pub enum AnswerError {
+    #[error("{0}")]
+    Json(#[from] serde_json::Error),
+    #[error(transparent)]
+    Shape(#[from] ParseError),
+}
+
+/// Reads a non-streaming Chat Completions answer, as sent, into the normalised model output.
+pub fn parse_answer(body: &[u8], ids: &mut dyn IdSource) -> Result<ModelOutput, AnswerError> {
+    let answer::Lenient(answer) = serde_json::from_slice(body)?;
+    Ok(output_of(answer, ids)?)
+}
+
 /// Reads a non-streaming Chat Completions answer into the normalised model output.
 pub fn parse_response(body: &Value, ids: &mut dyn IdSource) -> Result<ModelOutput, ParseError> {
-    let choice = body
-        .get("choices")
-        .and_then(Value::as_array)
-        .and_then(|choices| choices.first())
+    // Every shape of JSON reads as some answer: a tree cannot fail here.
+    let answer::Lenient(answer) =
+        answer::Lenient::deserialize(body).map_err(|e| ParseError(e.to_string()))?;
+    output_of(answer, ids)
+}
+
+/// The normalised model output of a read answer.
+fn output_of(answer: answer::Answer, ids: &mut dyn IdSource) -> Result<ModelOutput, ParseError> {
+    let choice = answer
+        .choice
         .ok_or_else(|| ParseError("no 'choices' in the answer".into()))?;
     let message = choice
-        .get("message")
+        .message
         .ok_or_else(|| ParseError("no 'message' in the first choice".into()))?;
-    let text = scrub_nul(match message.get("content") {
-        Some(Value::String(text)) => text.clone(),
+    let text = scrub_nul(match message.content {
+        Some(Value::String(text)) => text,
         Some(Value::Array(parts)) => parts
             .iter()
             .filter_map(|p| p.get("text").and_then(Value::as_str))
@@ -349,31 +372,25 @@ pub fn parse_response(body: &Value, ids: &mut dyn IdSource) -> Result<ModelOutpu
         _ => String::new(),
     });
     let mut tool_calls = Vec::new();
-    if let Some(calls) = message.get("tool_calls").and_then(Value::as_array) {
-        for (index, call) in calls.iter().enumerate() {
-            let function = call.get("function").unwrap_or(&Value::Null);
-            let name = function
-                .get("name")
-                .and_then(Value::as_str)
-                .unwrap_or_default();
-            if name.is_empty() {
-                return Err(ParseError(format!(
-                    "tool call {index} has no function name"
-                )));
-            }
-            let call_id = match call.get("id").and_then(Value::as_str) {
-                Some(id) if !id.is_empty() => id.to_owned(),
-                _ => ids.call_id(index),
-            };
-            tool_calls.push(ToolCall::function(
-                ids.item_id("fc"),
-                call_id,
-                name,
-                normalise_arguments(function.get("arguments")),
-            ));
+    for (index, call) in message.tool_calls.into_iter().flatten().enumerate() {
+        let name = call.name.unwrap_or_default();
+        if name.is_empty() {
+            return Err(ParseError(format!(
+                "tool call {index} has no function name"
+            )));
         }
+        let call_id = match call.id {
+            Some(id) if !id.is_empty() => id,
+            _ => ids.call_id(index),
+        };
+        tool_calls.push(ToolCall::function(
+            ids.item_id("fc"),
+            call_id,
+            name,
+            normalise_arguments(call.arguments.as_ref()),
+        ));
     }
-    let finish = match choice.get("finish_reason").and_then(Value::as_str) {
+    let finish = match choice.finish_reason.as_deref() {
         Some("length") => Finish::Length,
         Some("content_filter") => Finish::ContentFilter,
         Some("tool_calls") | Some("function_call") => Finish::ToolCalls,
@@ -383,7 +400,7 @@ pub fn parse_response(body: &Value, ids: &mut dyn IdSource) -> Result<ModelOutpu
         reasoning: Vec::new(),
         message: (!text.is_empty()).then(|| AssistantMessage::whole(ids.item_id("msg"), text)),
         tool_calls,
-        usage: body.get("usage").and_then(parse_usage),
+        usage: answer.usage.as_ref().and_then(parse_usage),
         finish,
     })
 }
@@ -408,11 +425,11 @@ pub(crate) fn openai_usage(usage: &Value, input: &str, output: &str) -> Option<U
     let usage = usage.as_object()?;
     let number = |v: Option<&Value>| v.and_then(Value::as_u64).unwrap_or(0);
     let detail = |count: &str, key: &str| {
-        number(
-            usage
-                .get(&format!("{count}_details"))
-                .and_then(|d| d.get(key)),
-        )
+        let details = usage
+            .iter()
+            .find(|(name, _)| name.strip_prefix(count) == Some("_details"))
+            .map(|(_, details)| details);
+        number(details.and_then(|d| d.get(key)))
     };
     Some(Usage {
         input_tokens: number(usage.get(input)),

@@ -11,7 +11,7 @@ use std::collections::HashSet;
 
 use serde_json::{json, Map, Value};
 
-use crate::chat::{normalise_arguments, scrub_nul, IdSource, ParseError};
+use crate::chat::{normalise_arguments, scrub_nul, AnswerError, IdSource, ParseError};
 use crate::context::ModelInput;
 use crate::event_stream::TypedEventStream;
 use crate::items::{Item, MessageItem, Role};
@@ -181,6 +181,12 @@ fn input(conversation: &[Item]) -> Vec<Value> {
     }
     flush(&mut items, &mut pending);
     items
+}
+
+/// Reads a non-streaming Responses answer, as sent, into the normalised model output.
+pub fn parse_answer(body: &[u8], ids: &mut dyn IdSource) -> Result<ModelOutput, AnswerError> {
+    let body: Value = serde_json::from_slice(body)?;
+    Ok(parse_response(&body, ids)?)
 }
 
 /// Reads a whole Responses answer (or the `response` of a stream's last event).

@@ -179,10 +179,23 @@ proptest! {
     fn a_chat_answer_parses_or_fails_cleanly(body in any_json(), choice in any_json()) {
         let _ = chat::parse_response(&body, &mut Counter(0));
         let wrapped = json!({"choices": [choice]});
-        if let Ok(output) = chat::parse_response(&wrapped, &mut Counter(0)) {
+        let from_tree = chat::parse_response(&wrapped, &mut Counter(0));
+        // Read as sent, the same answer reads the same (or fails the same way).
+        let bytes = serde_json::to_vec(&wrapped).unwrap();
+        let from_bytes = chat::parse_answer(&bytes, &mut Counter(0));
+        prop_assert_eq!(from_bytes.map_err(|e| e.to_string()), from_tree.clone().map_err(|e| e.to_string()));
+        if let Ok(output) = from_tree {
             let mut calls = output.tool_calls;
             name_calls(&[], &mut calls);
         }
+    }
+
+    #[test]
+    fn a_chat_answer_read_as_sent_takes_any_bytes(body in prop::collection::vec(any::<u8>(), 0..64), text in any_json()) {
+        let _ = chat::parse_answer(&body, &mut Counter(0));
+        let mut cut = serde_json::to_vec(&json!({"choices": [{"message": {"content": text}}]})).unwrap();
+        cut.truncate(cut.len() / 2);
+        prop_assert!(chat::parse_answer(&cut, &mut Counter(0)).is_err());
     }
 
     #[test]

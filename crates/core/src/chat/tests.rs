@@ -62,8 +62,21 @@ impl IdSource for CountingIds {
     }
 }
 
+/// The answer read as a tree and as sent (its bytes), which must agree.
 fn parse(body: Value) -> Result<ModelOutput, ParseError> {
-    parse_response(&body, &mut CountingIds::default())
+    let from_tree = parse_response(&body, &mut CountingIds::default());
+    let bytes = serde_json::to_vec(&body).unwrap();
+    let from_bytes = parse_answer(&bytes, &mut CountingIds::default()).map_err(|e| match e {
+        AnswerError::Shape(e) => e,
+        AnswerError::Json(e) => panic!("valid JSON was refused: {e}"),
+    });
+    assert_eq!(from_bytes, from_tree, "{body}");
+    from_tree
+}
+
+/// An answer read as sent, from its text.
+fn parse_text(body: &str) -> Result<ModelOutput, AnswerError> {
+    parse_answer(body.as_bytes(), &mut CountingIds::default())
 }
 
 /// A one-choice answer whose message holds these tool calls.
@@ -726,6 +739,75 @@ fn arguments_are_normalised_to_a_json_string() {
         "tool_calls",
     );
     assert_eq!(parse(missing).unwrap().tool_calls[0].arguments, "{}");
+}
+
+#[test]
+fn an_answer_read_as_sent_takes_any_shape_as_a_tree_would() {
+    let text = |body: &str| {
+        parse_text(body)
+            .unwrap()
+            .message
+            .map(|m| m.text)
+            .unwrap_or_default()
+    };
+    // Fields of other types, other choices and unknown fields (nested deeply) are skipped.
+    assert_eq!(
+        text(
+            r#"{"id": 7, "extra": {"a": [1, {"b": [null, true, 2.5, "x"]}]}, "choices": [
+                {"message": {"content": "first", "role": ["odd"]}, "finish_reason": 3, "logprobs": {"c": []}},
+                {"message": {"content": "second"}}]}"#
+        ),
+        "first"
+    );
+    // A key given twice keeps its last value; an escaped key is the key it spells.
+    assert_eq!(
+        text(r#"{"choices": [{"message": {"content": "old", "cont\u0065nt": "new"}}]}"#),
+        "new"
+    );
+    assert_eq!(
+        text(r#"{"choices": "none", "choices": [{"message": {"content": "kept"}}]}"#),
+        "kept"
+    );
+    // A message that is not an object is an empty one; tool calls that are not an array are none.
+    for message in [
+        "null",
+        "\"hi\"",
+        "[1, 2]",
+        "{\"tool_calls\": {\"id\": \"c\"}}",
+    ] {
+        let output = parse_text(&format!(r#"{{"choices": [{{"message": {message}}}]}}"#)).unwrap();
+        assert_eq!(
+            (output.message, output.tool_calls.len()),
+            (None, 0),
+            "{message}"
+        );
+    }
+    // A call that is not an object has no function name.
+    assert_eq!(
+        parse_text(r#"{"choices": [{"message": {"tool_calls": [7]}}]}"#)
+            .unwrap_err()
+            .to_string(),
+        "unreadable upstream answer: tool call 0 has no function name"
+    );
+    // A body that is not an answer, and one that is not JSON.
+    for body in [
+        "[]",
+        "{}",
+        r#"{"choices": []}"#,
+        r#"{"choices": {"0": {}}}"#,
+        r#"{"choices": [{}]}"#,
+    ] {
+        assert!(
+            matches!(parse_text(body), Err(AnswerError::Shape(_))),
+            "{body}"
+        );
+    }
+    assert!(
+        matches!(parse_text(r#"{"choices": [{"message": {"content": "cut"#), Err(AnswerError::Json(e)) if e.is_eof())
+    );
+    assert!(
+        matches!(parse_text(r#"{"choices": [] } trailing"#), Err(AnswerError::Json(e)) if !e.is_eof())
+    );
 }
 
 #[test]

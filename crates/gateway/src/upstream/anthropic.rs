@@ -32,7 +32,7 @@ pub(super) const WIRE: Wire = Wire {
         }
         Ok(())
     },
-    parse: anthropic::parse_response,
+    parse: anthropic::parse_answer,
     include_usage: false,
     read_stream: sse::read_typed_events::<AnthropicStream>,
 };

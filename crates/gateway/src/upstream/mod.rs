@@ -15,7 +15,7 @@ use std::time::Duration;
 use bytes::Bytes;
 
 use futures::future::BoxFuture;
-use gateway_core::chat::{ChatRequest, IdSource, ParseError};
+use gateway_core::chat::{AnswerError, ChatRequest, IdSource};
 use gateway_core::context::ModelInput;
 use gateway_core::entity::ProviderKind;
 use gateway_core::reasoning::replayed_to;
@@ -393,8 +393,13 @@ impl Upstream {
                             read_whole(answer, attempt).await
                         })
                         .await?;
-                    parse(&answer, &mut ResponseIds { response_id })
-                        .map_err(|e| UpstreamError::Parse(e.0))
+                    parse(&answer, &mut ResponseIds { response_id }).map_err(|e| match e {
+                        AnswerError::Json(e) if e.is_eof() => UpstreamError::broken_at(attempt)(
+                            format!("the body ended before its JSON did: {e}"),
+                        ),
+                        AnswerError::Json(e) => UpstreamError::Parse(e.to_string()),
+                        AnswerError::Shape(e) => UpstreamError::Parse(e.0),
+                    })
                 })
                 .await;
         };
@@ -442,21 +447,13 @@ struct Call<'a> {
     headers: &'a HeaderMap,
 }
 
-/// Reads a whole (non-streamed) JSON answer. A body that breaks off, or ends before its JSON does, is `Broken` and
-/// so tried again; a complete body that is not the JSON expected is `Parse`.
-async fn read_whole(answer: Answer, attempt: u32) -> Result<Value, UpstreamError> {
-    let broken = UpstreamError::broken_at(attempt);
-    let bytes = answer
+/// Reads a whole (non-streamed) answer. A body that breaks off is `Broken` and so tried again; one that ends before
+/// its JSON does is found so by `Wire::parse`.
+async fn read_whole(answer: Answer, attempt: u32) -> Result<Bytes, UpstreamError> {
+    answer
         .bytes()
         .await
-        .map_err(|e| broken(format!("body error: {e}")))?;
-    serde_json::from_slice(&bytes).map_err(|e| {
-        if e.is_eof() {
-            broken(format!("the body ended before its JSON did: {e}"))
-        } else {
-            UpstreamError::Parse(e.to_string())
-        }
-    })
+        .map_err(|e| UpstreamError::broken_at(attempt)(format!("body error: {e}")))
 }
 
 /// The headers of a call to `target` over `wire`: the provider's own (its key, its version) and, with traces on,
@@ -525,8 +522,8 @@ struct Wire {
     build: for<'a> fn(&Target, &ModelInput<'a>) -> Body<'a>,
     /// The provider's own headers on an attempt (its key, its version).
     headers: fn(&mut HeaderMap, &Target) -> Result<(), InvalidHeaderValue>,
-    /// Turns a whole JSON answer into the normalised one.
-    parse: fn(&Value, &mut dyn IdSource) -> Result<ModelOutput, ParseError>,
+    /// Turns a whole answer, as sent, into the normalised one.
+    parse: fn(&[u8], &mut dyn IdSource) -> Result<ModelOutput, AnswerError>,
     /// A streamed request asks for the usage (`stream_options.include_usage`), which Chat sends only when asked.
     include_usage: bool,
     /// Reads a streamed answer's events into the normalised answer, passing text on as it arrives.

@@ -15,7 +15,7 @@ pub(super) const WIRE: Wire = Wire {
     path: "/chat/completions",
     build: |target, input| Body::Chat(chat::build_chat_request(&target.model, input)),
     headers: bearer,
-    parse: chat::parse_response,
+    parse: chat::parse_answer,
     include_usage: true,
     read_stream,
 };

@@ -9,7 +9,7 @@ pub(super) const WIRE: Wire = Wire {
     path: "/responses",
     build: |target, input| Body::Json(openai_responses::build_request(&target.model, input)),
     headers: bearer,
-    parse: openai_responses::parse_response,
+    parse: openai_responses::parse_answer,
     include_usage: false,
     read_stream: sse::read_typed_events::<ResponsesStream>,
 };
