@@ -9,8 +9,8 @@
 //! `responses_resumed_total{reason}`, `leases_taken_over_total`, `queue_depth`, `queue_oldest_age_seconds`,
 //! `webhook_tries_total{outcome}`.
 
+use foldhash::HashMap;
 use std::borrow::Borrow;
-use std::collections::HashMap;
 use std::hash::Hash;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
@@ -131,7 +131,7 @@ impl<K: Hash + Eq, V> HandleBook<K, V> {
             return Arc::new(make(inner));
         }
         let mut book = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        let book = book.get_or_insert_with(HashMap::new);
+        let book = book.get_or_insert_with(HashMap::default);
         if let Some(handles) = book.get(outer).and_then(|inners| inners.get(inner)) {
             return Arc::clone(handles);
         }

@@ -2,9 +2,11 @@
 //! responses, its context assembled, and (for responses someone may look for while they run) its row written.
 //! Nothing is stored when any check fails.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+use foldhash::HashSet;
 
 use gateway_core::context::pair_calls;
 use gateway_core::decide::LoopInput;

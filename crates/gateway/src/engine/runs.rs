@@ -1,7 +1,7 @@
 //! The responses this replica drives right now: how to stop each one, and where its live events go while
 //! somebody follows it.
 
-use std::collections::HashMap;
+use foldhash::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};

@@ -2,7 +2,7 @@
 //! writes what gathered every `flush`, summed per project, key, deployment and tool source, in one statement. A
 //! crash loses at most the last `flush` of them.
 
-use std::collections::HashMap;
+use foldhash::HashMap;
 use std::time::Duration;
 
 use tokio::sync::mpsc;
@@ -64,7 +64,7 @@ impl UsageWriter {
 /// its own (`usage_…`, seq 0) and the time of its latest record.
 fn summed(records: Vec<UsageRecord>) -> Vec<UsageRecord> {
     type Group = (String, Option<String>, String, String, Option<String>);
-    let mut sums: HashMap<Group, UsageRecord> = HashMap::new();
+    let mut sums: HashMap<Group, UsageRecord> = HashMap::default();
     for record in records {
         let group = (
             record.project_id.clone(),

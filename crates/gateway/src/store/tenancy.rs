@@ -112,7 +112,12 @@ macro_rules! tool_source_columns {
 
 /// SHA-256 hex of an API key: what the store keeps instead of the key.
 pub fn hash_key(key: &str) -> String {
-    hex::encode(Sha256::digest(key.as_bytes()))
+    hex::encode(key_digest(key))
+}
+
+/// The SHA-256 of a key, as bytes: what a replica keys its cached grants by (the key itself is never kept).
+pub fn key_digest(key: &str) -> [u8; 32] {
+    Sha256::digest(key.as_bytes()).into()
 }
 
 impl Store {
