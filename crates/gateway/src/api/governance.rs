@@ -1,6 +1,8 @@
 //! Governance at the edge (SPEC 13): a create admitted against its key's and project's limits and budgets, or
 //! refused with OpenAI's `429`; the `x-ratelimit-*` headers of both answers.
 
+use std::sync::LazyLock;
+
 use axum::http::{HeaderName, HeaderValue, StatusCode};
 use axum::response::Response;
 use gateway_core::governance::reset_duration;
@@ -56,9 +58,19 @@ const TOKEN_HEADERS: [HeaderName; 3] = [
     HeaderName::from_static("x-ratelimit-reset-tokens"),
 ];
 
+/// The `x-ratelimit-reset-*` values of every second of a minute (a limit's window resets within one), made once
+/// rather than formatted on every answer.
+static MINUTE_RESETS: LazyLock<Vec<HeaderValue>> =
+    LazyLock::new(|| (0..=60).map(reset_header).collect());
+
+/// The `x-ratelimit-reset-*` value of `secs`.
+fn reset_header(secs: u64) -> HeaderValue {
+    HeaderValue::from_str(&reset_duration(secs)).unwrap_or(HeaderValue::from_static("0s"))
+}
+
 /// OpenAI's `x-ratelimit-{limit,remaining,reset}-{requests,tokens}` headers of the limits that apply.
 pub fn rate_headers(standings: &RateHeaders) -> Vec<(HeaderName, HeaderValue)> {
-    let mut headers = Vec::new();
+    let mut headers = Vec::with_capacity(6);
     for (names, standing) in [
         (REQUEST_HEADERS, standings.requests),
         (TOKEN_HEADERS, standings.tokens),
@@ -67,8 +79,10 @@ pub fn rate_headers(standings: &RateHeaders) -> Vec<(HeaderName, HeaderValue)> {
             continue;
         };
         let [limit, remaining, reset] = names;
-        let reset_value = HeaderValue::from_str(&reset_duration(standing.reset_secs))
-            .unwrap_or(HeaderValue::from_static("0s"));
+        let reset_value = usize::try_from(standing.reset_secs)
+            .ok()
+            .and_then(|secs| MINUTE_RESETS.get(secs).cloned())
+            .unwrap_or_else(|| reset_header(standing.reset_secs));
         headers.extend([
             (limit, HeaderValue::from(standing.limit)),
             (remaining, HeaderValue::from(standing.remaining)),
@@ -166,5 +180,24 @@ mod tests {
             headers,
             expected.map(|(n, v)| (n.to_owned(), v.to_owned())).to_vec()
         );
+        // Within a minute the values come made already; past it they are made on the spot: the same either way.
+        for (secs, expected) in [
+            (0, "0s"),
+            (1, "1s"),
+            (59, "59s"),
+            (60, "1m0s"),
+            (3_723, "1h2m3s"),
+        ] {
+            let standings = RateHeaders {
+                requests: None,
+                tokens: Some(Standing {
+                    limit: 1,
+                    remaining: 1,
+                    reset_secs: secs,
+                }),
+            };
+            let reset = rate_headers(&standings).pop().unwrap().1;
+            assert_eq!(reset.to_str().unwrap(), expected, "{secs} s");
+        }
     }
 }

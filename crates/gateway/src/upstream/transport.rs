@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use futures::Stream;
-use http::header::{HeaderMap, HeaderValue, ACCEPT, CONTENT_TYPE};
+use http::header::{HeaderMap, HeaderValue, ACCEPT, CONTENT_TYPE, HOST};
 use http::{Method, Request, StatusCode, Uri};
 use http_body_util::{BodyExt, Full};
 use hyper_rustls::HttpsConnector;
@@ -47,6 +47,8 @@ pub(super) struct ModelHttp {
 #[derive(Debug, Clone)]
 struct Endpoint {
     uri: Uri,
+    /// Its `Host` header, made once: hyper's client would format it again on every request.
+    host: Option<HeaderValue>,
     /// The URL again for reqwest, when a proxy is to be used for it.
     proxied: Option<reqwest::Url>,
 }
@@ -126,6 +128,9 @@ impl ModelHttp {
         if let Some(url) = endpoint.proxied {
             return self.post_proxied(url, headers, body).await;
         }
+        if let Some(host) = endpoint.host {
+            headers.insert(HOST, host);
+        }
         let mut request = Request::new(Full::new(body));
         *request.method_mut() = Method::POST;
         *request.uri_mut() = endpoint.uri;
@@ -178,7 +183,11 @@ impl ModelHttp {
             .parse()
             .map_err(|e| format!("the deployment's URL is not valid: {e}"))?;
         let proxied = self.proxies.intercept(&uri).map(|_| parsed);
-        let endpoint = Endpoint { uri, proxied };
+        let endpoint = Endpoint {
+            host: host_header(&uri),
+            uri,
+            proxied,
+        };
         self.endpoints.insert(url.to_owned(), endpoint.clone());
         Ok(endpoint)
     }
@@ -186,6 +195,22 @@ impl ModelHttp {
     fn no_answer(&self) -> String {
         format!("no answer within {} ms", self.read_timeout.as_millis())
     }
+}
+
+/// The `Host` header of `uri` as hyper's client writes it: the host, with the port when it is not the scheme's
+/// default.
+fn host_header(uri: &Uri) -> Option<HeaderValue> {
+    let host = uri.host()?;
+    let default_port = if uri.scheme_str() == Some("https") {
+        443
+    } else {
+        80
+    };
+    let value = match uri.port_u16() {
+        Some(port) if port != default_port => format!("{host}:{port}"),
+        _ => host.to_owned(),
+    };
+    HeaderValue::from_str(&value).ok()
 }
 
 /// An answer whose head has arrived; its body is read part by part, each within the read timeout.
@@ -330,6 +355,15 @@ mod tests {
         let proxied = post("http://model.invalid/v1/chat/completions".to_owned()).await;
         assert!(proxied.contains("through the proxy"), "{proxied}");
         assert_eq!(model.requests().len(), 2);
+        let hosts: Vec<String> = model
+            .request_headers()
+            .iter()
+            .map(|headers| {
+                let host = headers.iter().find(|(name, _)| name == "host");
+                host.map(|(_, value)| value.clone()).unwrap_or_default()
+            })
+            .collect();
+        assert_eq!(hosts, [model.addr().to_string(), "model.invalid".into()]);
         let chosen = |url: &str| http.endpoint(url).unwrap().proxied.is_some();
         assert!(chosen("http://model.invalid/v1/chat/completions"));
         assert!(!chosen(&format!("{}/chat/completions", model.base_url())));
@@ -347,6 +381,17 @@ mod tests {
             .endpoints
             .get("http://model.example:8080/v1/chat/completions")
             .is_some());
+        let host = |url: &str| http.endpoint(url).unwrap().host.unwrap();
+        for (url, expected) in [
+            ("http://model.example:8080/v1", "model.example:8080"),
+            ("http://model.example:80/v1", "model.example"),
+            ("https://model.example/v1", "model.example"),
+            ("https://model.example:443/v1", "model.example"),
+            ("https://model.example:8443/v1", "model.example:8443"),
+            ("http://[::1]:9000/v1", "[::1]:9000"),
+        ] {
+            assert_eq!(host(url), expected, "{url}");
+        }
         let refused = http.endpoint("not a url").unwrap_err();
         assert!(refused.contains("not valid"), "{refused}");
     }
