@@ -212,7 +212,7 @@ pub struct ResponseObject<'a> {
     truncation: &'a str,
     presence_penalty: f64,
     frequency_penalty: f64,
-    usage: Option<Value>,
+    usage: Option<UsageObject>,
     user: Option<&'a str>,
     metadata: &'a std::collections::BTreeMap<String, String>,
 }
@@ -370,15 +370,42 @@ fn echoed_text(text: &Value) -> Value {
     echoed
 }
 
-/// The Responses API `usage` object. OpenAI's schema requires `cache_write_tokens`; upstreams do not report it.
-pub fn usage_object(usage: &Usage) -> Value {
-    json!({
-        "input_tokens": usage.input_tokens,
-        "input_tokens_details": {"cached_tokens": usage.cached_tokens, "cache_write_tokens": 0},
-        "output_tokens": usage.output_tokens,
-        "output_tokens_details": {"reasoning_tokens": usage.reasoning_tokens},
-        "total_tokens": usage.total_tokens(),
-    })
+/// The Responses API `usage` object, written straight out (its keys in the order they always had). OpenAI's schema
+/// requires `cache_write_tokens`; upstreams do not report it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct UsageObject {
+    input_tokens: u64,
+    input_tokens_details: InputTokensDetails,
+    output_tokens: u64,
+    output_tokens_details: OutputTokensDetails,
+    total_tokens: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+struct InputTokensDetails {
+    cache_write_tokens: u64,
+    cached_tokens: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+struct OutputTokensDetails {
+    reasoning_tokens: u64,
+}
+
+/// The Responses API `usage` object of `usage`.
+pub fn usage_object(usage: &Usage) -> UsageObject {
+    UsageObject {
+        input_tokens: usage.input_tokens,
+        input_tokens_details: InputTokensDetails {
+            cache_write_tokens: 0,
+            cached_tokens: usage.cached_tokens,
+        },
+        output_tokens: usage.output_tokens,
+        output_tokens_details: OutputTokensDetails {
+            reasoning_tokens: usage.reasoning_tokens,
+        },
+        total_tokens: usage.total_tokens(),
+    }
 }
 
 #[cfg(test)]

@@ -779,3 +779,17 @@ fn the_object_written_straight_out_reads_back_as_the_response_object() {
         );
     }
 }
+
+#[test]
+fn the_usage_object_is_written_with_its_keys_in_the_order_they_always_had() {
+    let usage = Usage {
+        input_tokens: 12,
+        output_tokens: 5,
+        cached_tokens: 3,
+        reasoning_tokens: 2,
+    };
+    assert_eq!(
+        serde_json::to_string(&usage_object(&usage)).unwrap(),
+        r#"{"input_tokens":12,"input_tokens_details":{"cache_write_tokens":0,"cached_tokens":3},"output_tokens":5,"output_tokens_details":{"reasoning_tokens":2},"total_tokens":17}"#
+    );
+}
