@@ -41,7 +41,7 @@ pub(super) struct CallParts {
     pub(super) arguments: Option<Value>,
 }
 
-/// Reads `Answer` from any JSON: `serde_json::from_slice::<Lenient<Answer>>` never fails on a valid document.
+/// Reads `T`'s shape from any JSON value: reading a `Lenient<Answer>` never fails on a valid JSON document.
 pub(super) struct Lenient<T>(pub(super) T);
 
 /// What a part of an answer is read from, by the JSON type found where it is expected; anything it does not read

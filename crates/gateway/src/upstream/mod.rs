@@ -393,13 +393,8 @@ impl Upstream {
                             read_whole(answer, attempt).await
                         })
                         .await?;
-                    parse(&answer, &mut ResponseIds { response_id }).map_err(|e| match e {
-                        AnswerError::Json(e) if e.is_eof() => UpstreamError::broken_at(attempt)(
-                            format!("the body ended before its JSON did: {e}"),
-                        ),
-                        AnswerError::Json(e) => UpstreamError::Parse(e.to_string()),
-                        AnswerError::Shape(e) => UpstreamError::Parse(e.0),
-                    })
+                    parse(&answer, &mut ResponseIds { response_id })
+                        .map_err(|e| unreadable(e, attempt))
                 })
                 .await;
         };
@@ -448,12 +443,24 @@ struct Call<'a> {
 }
 
 /// Reads a whole (non-streamed) answer. A body that breaks off is `Broken` and so tried again; one that ends before
-/// its JSON does is found so by `Wire::parse`.
+/// its JSON does is found so when it is read (`unreadable`).
 async fn read_whole(answer: Answer, attempt: u32) -> Result<Bytes, UpstreamError> {
     answer
         .bytes()
         .await
         .map_err(|e| UpstreamError::broken_at(attempt)(format!("body error: {e}")))
+}
+
+/// Why a whole answer could not be read: one that ends before its JSON does is `Broken` and so tried again; a
+/// complete body that is not JSON, or not an answer, is `Parse`.
+fn unreadable(failure: AnswerError, attempt: u32) -> UpstreamError {
+    match failure {
+        AnswerError::Json(e) if e.is_eof() => {
+            UpstreamError::broken_at(attempt)(format!("the body ended before its JSON did: {e}"))
+        }
+        AnswerError::Json(e) => UpstreamError::Parse(e.to_string()),
+        AnswerError::Shape(e) => UpstreamError::Parse(e.0),
+    }
 }
 
 /// The headers of a call to `target` over `wire`: the provider's own (its key, its version) and, with traces on,
