@@ -101,6 +101,12 @@ struct Window {
 }
 
 impl Window {
+    /// Whether nothing of this window is on its way to or from the store, or owed to it: letting it go loses
+    /// nothing the store does not hold.
+    fn idle(&self) -> bool {
+        self.unsynced == 0 && self.syncing == 0 && !self.flushing && !self.reading && !self.leasing
+    }
+
     fn at(&mut self, start: i64) -> &mut Window {
         if self.start != start {
             *self = Window {
@@ -128,12 +134,38 @@ pub(super) struct Counter {
     window: SharedWindow,
 }
 
+/// The windows of the counters this replica has used, by name; those nobody holds any more are let go as it grows.
+#[derive(Default)]
+struct WindowBook {
+    windows: HashMap<Arc<str>, SharedWindow>,
+    /// How many windows the book holds before it lets go of those nobody holds.
+    prune_at: usize,
+}
+
+/// The fewest windows a book holds before it looks for some to let go.
+const MIN_PRUNE_AT: usize = 1024;
+
+impl WindowBook {
+    /// Lets go of every window that no counter holds and that owes the shared window nothing, and sets the size
+    /// of the next look at twice what is left, so that looking costs a constant share of the names added.
+    /// Nothing is lost: a window let go is read or leased afresh from the store when its name is used again (a
+    /// slice leased and not used is lost for its window, as it is at the turn of the minute).
+    fn prune(&mut self) {
+        self.windows.retain(|_, window| {
+            // Only the book holds it, and the book is locked: nobody can take it while it is looked at.
+            Arc::strong_count(window) > 1
+                || !window.lock().unwrap_or_else(|e| e.into_inner()).idle()
+        });
+        self.prune_at = (self.windows.len() * 2).max(MIN_PRUNE_AT);
+    }
+}
+
 /// Every counter this replica has used, by name.
 #[derive(Clone)]
 pub(super) struct Counters {
     store: Store,
     sync: Duration,
-    windows: Arc<Mutex<HashMap<Arc<str>, SharedWindow>>>,
+    windows: Arc<Mutex<WindowBook>>,
     /// Told whenever a lease of requests answered (or failed).
     leased: Arc<Notify>,
 }
@@ -150,18 +182,22 @@ impl Counters {
 
     /// The counter `name`: the same window for every caller that names it.
     pub(super) fn counter(&self, name: String) -> Counter {
-        let mut windows = self.windows.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some((name, window)) = windows.get_key_value(name.as_str()) {
+        let mut book = self.windows.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((name, window)) = book.windows.get_key_value(name.as_str()) {
             return Counter {
                 name: Arc::clone(name),
                 window: Arc::clone(window),
             };
         }
+        if book.windows.len() >= book.prune_at.max(MIN_PRUNE_AT) {
+            book.prune();
+        }
         let counter = Counter {
             name: Arc::from(name),
             window: Arc::default(),
         };
-        windows.insert(Arc::clone(&counter.name), Arc::clone(&counter.window));
+        book.windows
+            .insert(Arc::clone(&counter.name), Arc::clone(&counter.window));
         counter
     }
 
@@ -518,6 +554,60 @@ mod tests {
             .await
             .expect("no trip to the store");
         assert_eq!(refused.expect_err("refused").remaining, 0);
+    }
+
+    #[tokio::test]
+    async fn windows_nobody_holds_are_let_go_as_the_book_grows_and_the_rest_kept() {
+        let (_db, store, counters) = counters().await;
+        let held = counters.counter("held".into());
+        counters
+            .request(&held, 1000, NOW)
+            .await
+            .expect("store")
+            .expect("admitted");
+        // Tokens counted and not yet written (the flush waits an hour): the window owes the store.
+        let owing = counters.counter("owing".into());
+        counters.add_tokens(&owing, 7, 1_000_000, NOW);
+        drop(owing);
+        // A window nobody holds whose last write failed: its tokens wait for the next use of its name.
+        let unsynced = Window {
+            start: window_start(NOW),
+            unsynced: 3,
+            ..Window::default()
+        };
+        counters
+            .windows
+            .lock()
+            .unwrap()
+            .windows
+            .insert(Arc::from("unsynced"), Arc::new(Mutex::new(unsynced)));
+        for i in 0..MIN_PRUNE_AT * 3 {
+            drop(counters.counter(format!("passing-{i}")));
+        }
+        let book = counters.windows.lock().unwrap();
+        assert!(
+            book.windows.len() < MIN_PRUNE_AT + 2,
+            "{} windows kept",
+            book.windows.len()
+        );
+        assert!(
+            book.windows.contains_key("owing"),
+            "a window being flushed is kept"
+        );
+        assert!(
+            book.windows.contains_key("unsynced"),
+            "a window that owes tokens is kept"
+        );
+        let kept = Arc::clone(&book.windows["held"]);
+        drop(book);
+        assert!(
+            Arc::ptr_eq(&kept, &held.window),
+            "a held window is the one kept"
+        );
+        // The held counter goes on where it was: one slice leased, two requests taken of it.
+        let standing = counters.request(&held, 1000, NOW).await.expect("store");
+        assert_eq!(standing.expect("admitted").remaining, 1000 - 50 + 48);
+        assert_eq!(shared(&store, "held", NOW).await, 50);
     }
 
     #[test]
