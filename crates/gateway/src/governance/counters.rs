@@ -584,22 +584,23 @@ mod tests {
         for i in 0..MIN_PRUNE_AT * 3 {
             drop(counters.counter(format!("passing-{i}")));
         }
-        let book = counters.windows.lock().unwrap();
-        assert!(
-            book.windows.len() < MIN_PRUNE_AT + 2,
-            "{} windows kept",
-            book.windows.len()
-        );
-        assert!(
-            book.windows.contains_key("owing"),
-            "a window being flushed is kept"
-        );
-        assert!(
-            book.windows.contains_key("unsynced"),
-            "a window that owes tokens is kept"
-        );
-        let kept = Arc::clone(&book.windows["held"]);
-        drop(book);
+        let kept = {
+            let book = counters.windows.lock().unwrap();
+            assert!(
+                book.windows.len() < MIN_PRUNE_AT + 2,
+                "{} windows kept",
+                book.windows.len()
+            );
+            assert!(
+                book.windows.contains_key("owing"),
+                "a window being flushed is kept"
+            );
+            assert!(
+                book.windows.contains_key("unsynced"),
+                "a window that owes tokens is kept"
+            );
+            Arc::clone(&book.windows["held"])
+        };
         assert!(
             Arc::ptr_eq(&kept, &held.window),
             "a held window is the one kept"
