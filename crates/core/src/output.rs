@@ -410,6 +410,7 @@ pub fn usage_object(usage: &Usage) -> UsageObject {
 
 #[cfg(test)]
 mod tests;
+mod written;
 
 /// An input item as `GET /v1/responses/{id}/input_items` lists it: a message whose content the client sent
 /// as a bare string shows it as one text part (`input_text`, or `output_text` for the assistant), as OpenAI

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use super::*;
 use crate::decide::IncompleteReason;
 use crate::request::{FunctionTool, ResponseParams};
-use crate::response::{ResponseRecord, ResponseState, ResponseStatus};
+use crate::response::{FailureCode, ResponseRecord, ResponseState, ResponseStatus};
 use crate::steps::{AssistantMessage, Finish, ModelStep, StepState, ToolCall, UpstreamFailure};
 use crate::test_support::{answered_step, server_call_step};
 use crate::toolset::DeclaredTool;
@@ -792,4 +792,144 @@ fn the_usage_object_is_written_with_its_keys_in_the_order_they_always_had() {
         serde_json::to_string(&usage_object(&usage)).unwrap(),
         r#"{"input_tokens":12,"input_tokens_details":{"cache_write_tokens":0,"cached_tokens":3},"output_tokens":5,"output_tokens_details":{"reasoning_tokens":2},"total_tokens":17}"#
     );
+}
+
+/// The object's text written by hand and by serde_json's derive, which must be the same bytes.
+fn both_texts(r: &ResponseRecord, output: &[Item]) -> (String, String) {
+    let object = ResponseObject::new(r, output);
+    let mut by_hand = Vec::new();
+    object.write_json(&mut by_hand).unwrap();
+    let derived = serde_json::to_vec(&object).unwrap();
+    (
+        String::from_utf8(by_hand).unwrap(),
+        String::from_utf8(derived).unwrap(),
+    )
+}
+
+#[test]
+fn the_object_written_by_hand_is_the_derived_text_in_every_state() {
+    let output = render_output(
+        &[
+            model(0, Some("Hi \"there\"\n"), &[("a", "search")]),
+            tool(
+                1,
+                Some(0),
+                "a",
+                Some(ToolOutcome::Output { text: "x".into() }),
+            ),
+            hosted_search_step(),
+        ],
+        true,
+    );
+    let states = [
+        ResponseState::Queued,
+        ResponseState::InProgress,
+        ResponseState::Ended {
+            ending: Ending::Completed { handed_back: true },
+            completed_at: 7,
+        },
+        ResponseState::Ended {
+            ending: Ending::Incomplete {
+                reason: IncompleteReason::MaxToolCalls,
+            },
+            completed_at: 7,
+        },
+        ResponseState::Ended {
+            ending: Ending::Failed {
+                code: FailureCode::UpstreamRejected,
+                message: "no \\ way".into(),
+            },
+            completed_at: 7,
+        },
+    ];
+    for state in states {
+        let mut r = record();
+        r.state = state;
+        let (by_hand, derived) = both_texts(&r, &output);
+        assert_eq!(by_hand, derived);
+    }
+    let mut r = record();
+    r.usage = None;
+    r.previous_response_id = Some("resp_0".into());
+    r.params = ResponseParams {
+        instructions: Some("Be terse.\t".into()),
+        tools: vec![DeclaredTool::Function(FunctionTool {
+            name: "get_weather".into(),
+            description: Some("Weather".into()),
+            parameters: Some(json!({"type": "object"})),
+            strict: Some(true),
+        })],
+        tool_choice: json!({"type": "function", "name": "get_weather"}),
+        max_tool_calls: Some(4),
+        temperature: Some(0.2),
+        top_p: Some(1e-7),
+        max_output_tokens: Some(500),
+        text: json!({"verbosity": "low"}),
+        reasoning: Some(json!({"effort": "low"})),
+        metadata: BTreeMap::from([
+            ("team".to_string(), "search".to_string()),
+            ("é\u{1}".to_string(), "\"q\"".to_string()),
+        ]),
+        user: Some("u1".into()),
+        safety_identifier: Some("s1".into()),
+        prompt_cache_key: Some("k1".into()),
+        service_tier: Some("flex".into()),
+        include: Some(vec![crate::reasoning::INCLUDE_ENCRYPTED.to_owned()]),
+        top_logprobs: Some(2),
+        conversation: Some("conv_1".into()),
+        ..ResponseParams::default()
+    };
+    let (by_hand, derived) = both_texts(&r, &output);
+    assert_eq!(by_hand, derived);
+    let (by_hand, derived) = both_texts(&r, &[]);
+    assert_eq!(by_hand, derived);
+    // Messages of every role and content, with and without an id and a status.
+    let messages: Vec<Item> = [
+        json!({"type": "message", "role": "user", "content": "plain \"text\""}),
+        json!({"type": "message", "id": "msg_1", "role": "system", "content": [
+            {"type": "input_text", "text": "a"}, {"type": "output_text", "text": "b"}]}),
+        json!({"type": "message", "role": "developer", "status": "completed", "content": [
+            {"type": "output_text", "text": "c", "annotations": [{"type": "url_citation"}]},
+            {"type": "refusal", "refusal": "no"}]}),
+        json!({"type": "message", "role": "assistant", "content": []}),
+    ]
+    .into_iter()
+    .map(|item| serde_json::from_value(item).unwrap())
+    .collect();
+    let (by_hand, derived) = both_texts(&r, &messages);
+    assert_eq!(by_hand, derived);
+}
+
+proptest::proptest! {
+    /// Any text in any string field, and any number, comes out as the derived text does.
+    #[test]
+    fn the_object_written_by_hand_is_the_derived_text_for_any_strings_and_numbers(
+        texts in proptest::collection::vec(proptest::option::of(".*"), 6),
+        numbers in proptest::collection::vec(proptest::num::u32::ANY, 4),
+        created_at in proptest::num::i64::ANY,
+        temperature in proptest::num::f64::ANY,
+    ) {
+        let text = |i: usize| texts[i].clone();
+        let mut r = record();
+        r.id = text(0).unwrap_or_default();
+        r.model = text(1).unwrap_or_default();
+        r.created_at = created_at;
+        r.params.instructions = text(2);
+        r.params.user = text(3);
+        r.params.max_output_tokens = Some(numbers[0]);
+        r.params.top_logprobs = Some(numbers[1]);
+        r.params.temperature = Some(temperature);
+        if let (Some(key), Some(value)) = (text(4), text(5)) {
+            r.params.metadata.insert(key, value);
+        }
+        r.usage = Some(Usage {
+            input_tokens: u64::from(numbers[2]),
+            output_tokens: u64::from(numbers[3]),
+            cached_tokens: 3,
+            reasoning_tokens: 1,
+        });
+        let output = render_output(&[model(0, text(5).as_deref(), &[])], false);
+        let (by_hand, derived) = both_texts(&r, &output);
+        proptest::prop_assert_eq!(by_hand, derived);
+    }
 }

@@ -108,13 +108,16 @@ async fn start(
         .engine
         .create(admitted, request, idempotency_key)
         .await?;
-    answer(&finished.record, finished.view())
+    answer(&finished.record, |out| finished.view().write_json(out))
 }
 
 /// The answer to a finished create: the response, or, when it failed upstream, a 500 naming it that SDKs
 /// must not retry (server tools may already have run); a 400 `upstream_rejected` when the provider refused the
 /// request as the client's problem.
-fn answer(record: &ResponseRecord, object: impl serde::Serialize) -> Result<Response, ApiError> {
+fn answer(
+    record: &ResponseRecord,
+    write: impl FnOnce(&mut Vec<u8>) -> serde_json::Result<()>,
+) -> Result<Response, ApiError> {
     if let Some(Ending::Failed {
         code: FailureCode::UpstreamRejected,
         message,
@@ -132,25 +135,26 @@ fn answer(record: &ResponseRecord, object: impl serde::Serialize) -> Result<Resp
             record.id
         )));
     }
-    Ok(json_answer(&object))
+    Ok(json_answer(write))
 }
 
-/// A response object as the JSON answer, written into one buffer sized for a typical response: axum's `Json`
-/// starts at 128 bytes and grows its buffer several times on the way, a copy each time.
-fn json_answer(object: &impl serde::Serialize) -> Response {
+/// A response object as the JSON answer, written by `write` into one buffer sized for a typical response: axum's
+/// `Json` starts at 128 bytes and grows its buffer several times on the way, a copy each time.
+fn json_answer(write: impl FnOnce(&mut Vec<u8>) -> serde_json::Result<()>) -> Response {
     let mut body = Vec::with_capacity(4096);
-    if let Err(e) = serde_json::to_writer(&mut body, object) {
+    if let Err(e) = write(&mut body) {
         return ApiError::server(format!("the response could not be written as JSON: {e}"))
             .into_response();
     }
-    (
-        [(
-            axum::http::header::CONTENT_TYPE,
-            axum::http::HeaderValue::from_static("application/json"),
-        )],
-        body,
-    )
-        .into_response()
+    let mut response = Response::new(axum::body::Body::from(body));
+    let headers = response.headers_mut();
+    // Room for the `x-ratelimit-*` headers added after, so that the map is not grown on the way.
+    headers.reserve(8);
+    headers.insert(
+        axum::http::header::CONTENT_TYPE,
+        axum::http::HeaderValue::from_static("application/json"),
+    );
+    response
 }
 
 /// Answers a repeated create with what the first one answered: a background response as it stands now; a
@@ -168,7 +172,7 @@ async fn repeat(state: &AppState, project: &str, id: &str) -> Result<Response, A
     if record.background {
         return Ok(Json(object).into_response());
     }
-    answer(&record, object)
+    answer(&record, |out| serde_json::to_writer(out, &object))
 }
 
 /// Waits, for at most `durability.wait_ms`, until response `id` ends, whichever replica runs it; `None` when it
