@@ -20,7 +20,7 @@ mod running;
 mod usage;
 
 use foldhash::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use gateway_core::governance::{Budget, BudgetPeriod, Governance, Pricing, Standing};
@@ -107,6 +107,16 @@ pub struct Payer {
     pub key_id: Option<String>,
     pub key: Governance,
     pub project: Governance,
+    /// Each scope's counters, got from the governor's name book the first time they are used and kept with the
+    /// payer for the rest of its run (admission, the budget checks before each model call, the usage after it).
+    counters: OnceLock<ScopeCounters>,
+}
+
+/// The counters of a payer's key (when it has one) and project.
+#[derive(Debug, Clone)]
+struct ScopeCounters {
+    key: Option<Arc<CounterNames>>,
+    project: Arc<CounterNames>,
 }
 
 impl Payer {
@@ -116,6 +126,7 @@ impl Payer {
             key_id: Some(grant.key_id.clone()),
             key: grant.key,
             project: grant.project,
+            counters: OnceLock::new(),
         }
     }
 
@@ -126,6 +137,7 @@ impl Payer {
             key_id: None,
             key: Governance::default(),
             project,
+            counters: OnceLock::new(),
         }
     }
 
@@ -242,6 +254,27 @@ impl Governor {
         names
     }
 
+    /// Each of `payer`'s scopes with an owner, with what it is held to and its counters (looked up in the name
+    /// book once per payer).
+    fn counted_scopes<'p>(
+        &self,
+        payer: &'p Payer,
+    ) -> impl Iterator<Item = (Scope, &'p str, &'p Governance, &'p CounterNames)> {
+        let counters = payer.counters.get_or_init(|| ScopeCounters {
+            key: payer.key_id.as_deref().map(|id| self.names(Scope::Key, id)),
+            project: self.names(Scope::Project, &payer.project_id),
+        });
+        payer
+            .scopes()
+            .zip(
+                counters
+                    .key
+                    .iter()
+                    .chain(std::iter::once(&counters.project)),
+            )
+            .map(|((scope, owner, governance), names)| (scope, owner, governance, &**names))
+    }
+
     /// Admits a create of `payer`'s, or says why not: budgets first, then tokens per minute, requests per minute
     /// (which counts the create), and the responses running (which takes a place). Nothing is counted for a
     /// key and project without limits or budgets.
@@ -250,16 +283,11 @@ impl Governor {
             return Ok(Admission::default());
         }
         let now = now();
-        // Each scope's counters, got once for all the checks below.
-        let scopes: Vec<_> = payer
-            .scopes()
-            .map(|(scope, owner, governance)| (scope, owner, governance, self.names(scope, owner)))
-            .collect();
-        for (scope, owner, governance, names) in &scopes {
+        for (scope, owner, governance, names) in self.counted_scopes(payer) {
             if let Some(budget) = governance.budget {
                 if self.spent(names, budget, now).await? {
                     return Err(Refusal::BudgetSpent {
-                        scope: *scope,
+                        scope,
                         owner: owner.to_string(),
                         budget,
                     });
@@ -268,10 +296,10 @@ impl Governor {
         }
         let mut headers = RateHeaders::default();
         let mut tokens = Vec::new();
-        for (scope, owner, governance, names) in &scopes {
+        for (scope, owner, governance, names) in self.counted_scopes(payer) {
             if let Some(limit) = governance.limits.tpm {
                 let standing = self.counters.tokens(&names.tpm, limit, now).await?;
-                tokens.push((*scope, *owner, limit, standing));
+                tokens.push((scope, owner, limit, standing));
                 headers.tokens = Standing::tighter(headers.tokens, Some(standing));
             }
         }
@@ -287,7 +315,7 @@ impl Governor {
                 });
             }
         }
-        for (scope, owner, governance, names) in &scopes {
+        for (scope, owner, governance, names) in self.counted_scopes(payer) {
             if let Some(limit) = governance.limits.rpm {
                 let standing = self.counters.request(&names.rpm, limit, now).await?;
                 headers.requests = Standing::tighter(headers.requests, standing.ok());
@@ -295,7 +323,7 @@ impl Governor {
                     headers.requests = Some(standing);
                     return Err(Refusal::Limited {
                         kind: LimitKind::RequestsPerMinute,
-                        scope: *scope,
+                        scope,
                         owner: owner.to_string(),
                         limit,
                         headers,
@@ -305,12 +333,12 @@ impl Governor {
             }
         }
         let mut running = self.places.place();
-        for (scope, owner, governance, names) in &scopes {
+        for (scope, owner, governance, names) in self.counted_scopes(payer) {
             if let Some(limit) = governance.limits.max_concurrent {
                 if !running.take(names.running.clone(), limit).await? {
                     return Err(Refusal::Limited {
                         kind: LimitKind::Concurrent,
-                        scope: *scope,
+                        scope,
                         owner: owner.to_string(),
                         limit,
                         headers,
@@ -331,9 +359,9 @@ impl Governor {
     /// a store that does not answer leaves the response running without a place (logged).
     pub async fn hold_running(&self, payer: &Payer) -> Option<RunningPlace> {
         let mut running = self.places.place();
-        for (scope, owner, governance) in payer.scopes() {
+        for (_, _, governance, names) in self.counted_scopes(payer) {
             if governance.limits.max_concurrent.is_some() {
-                let name = self.names(scope, owner).running.clone();
+                let name = names.running.clone();
                 if let Err(e) = running.take(name, i64::MAX as u64).await {
                     tracing::warn!(error = %e, "could not take a running place for a resumed response");
                 }
@@ -345,9 +373,9 @@ impl Governor {
     /// Whether `payer`'s key or project has spent its budget: a running response makes no further model call.
     pub async fn budget_spent(&self, payer: &Payer) -> bool {
         let now = now();
-        for (scope, owner, governance) in payer.scopes() {
+        for (_, _, governance, names) in self.counted_scopes(payer) {
             if let Some(budget) = governance.budget {
-                match self.spent(&self.names(scope, owner), budget, now).await {
+                match self.spent(names, budget, now).await {
                     Ok(true) => return true,
                     Ok(false) => {}
                     // A store that does not answer does not stop a running response: the next check may.
@@ -377,21 +405,21 @@ impl Governor {
     pub fn count_model_call(&self, payer: &Payer, deployment: &str, usage: &Usage, cost: f64) {
         let now = now();
         crate::metrics::model_usage(&payer.project_id, deployment, usage, cost);
-        for (scope, owner, governance) in payer.scopes() {
-            let names = self.names(scope, owner);
+        let period_starts = BudgetPeriod::ALL.map(|period| (period, period.start(now)));
+        for (_, _, governance, names) in self.counted_scopes(payer) {
             if let Some(limit) = governance.limits.tpm {
                 self.counters
                     .add_tokens(&names.tpm, usage.total_tokens(), limit, now);
             }
             if cost > 0.0 {
                 // Every period is counted, so that a budget set later, or of another period, finds its spend.
-                for period in BudgetPeriod::ALL {
+                for (period, start) in period_starts {
                     let limit = match governance.budget {
                         Some(budget) if budget.period == period => nanos(budget.usd),
                         _ => u64::MAX,
                     };
                     self.counters
-                        .add(names.spend(period), nanos(cost), limit, period.start(now));
+                        .add(names.spend(period), nanos(cost), limit, start);
                 }
             }
         }
