@@ -400,7 +400,12 @@ fn output_of(answer: answer::Answer, ids: &mut dyn IdSource) -> Result<ModelOutp
         reasoning: Vec::new(),
         message: (!text.is_empty()).then(|| AssistantMessage::whole(ids.item_id("msg"), text)),
         tool_calls,
-        usage: answer.usage.as_ref().and_then(parse_usage),
+        usage: answer.usage.map(|usage| Usage {
+            input_tokens: usage.prompt_tokens.unwrap_or(0),
+            output_tokens: usage.completion_tokens.unwrap_or(0),
+            cached_tokens: usage.cached_tokens.unwrap_or(0),
+            reasoning_tokens: usage.reasoning_tokens.unwrap_or(0),
+        }),
         finish,
     })
 }

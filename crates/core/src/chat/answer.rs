@@ -14,7 +14,18 @@ use serde_json::Value;
 pub(super) struct Answer {
     /// The first of `choices`; `None` when there is none (or `choices` is not an array).
     pub(super) choice: Option<Choice>,
-    pub(super) usage: Option<Value>,
+    /// `None` when there is no `usage` or it is not an object.
+    pub(super) usage: Option<UsageParts>,
+}
+
+/// The counts of a `usage` object the gateway reads. A count that is not a whole number of `u64` reads as none,
+/// as `Value::as_u64` reads it.
+#[derive(Default)]
+pub(super) struct UsageParts {
+    pub(super) prompt_tokens: Option<u64>,
+    pub(super) completion_tokens: Option<u64>,
+    pub(super) cached_tokens: Option<u64>,
+    pub(super) reasoning_tokens: Option<u64>,
 }
 
 /// An answer's first choice.
@@ -64,6 +75,17 @@ trait Shape<'de>: Default {
         let _ = text;
         Self::default()
     }
+
+    /// Reads a number that is a whole `u64`.
+    fn unsigned(number: u64) -> Self {
+        let _ = number;
+        Self::default()
+    }
+
+    /// What an object starts as, before its fields are read.
+    fn object() -> Self {
+        Self::default()
+    }
 }
 
 impl<'de, T: Shape<'de>> Deserialize<'de> for Lenient<T> {
@@ -82,7 +104,7 @@ impl<'de, T: Shape<'de>> Visitor<'de> for LenientVisitor<T> {
     }
 
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-        let mut value = T::default();
+        let mut value = T::object();
         while let Some(Key(key)) = map.next_key::<Key<'de>>()? {
             value.field(&key, &mut map)?;
         }
@@ -105,8 +127,8 @@ impl<'de, T: Shape<'de>> Visitor<'de> for LenientVisitor<T> {
         Ok(Lenient(T::default()))
     }
 
-    fn visit_u64<E>(self, _: u64) -> Result<Self::Value, E> {
-        Ok(Lenient(T::default()))
+    fn visit_u64<E>(self, number: u64) -> Result<Self::Value, E> {
+        Ok(Lenient(T::unsigned(number)))
     }
 
     fn visit_f64<E>(self, _: f64) -> Result<Self::Value, E> {
@@ -166,7 +188,63 @@ impl<'de> Shape<'de> for Answer {
     fn field<A: MapAccess<'de>>(&mut self, key: &str, map: &mut A) -> Result<(), A::Error> {
         match key {
             "choices" => self.choice = next::<FirstChoice, _>(map)?.0,
-            "usage" => self.usage = Some(map.next_value()?),
+            "usage" => self.usage = next::<MaybeUsage, _>(map)?.0,
+            _ => drop(map.next_value::<IgnoredAny>()?),
+        }
+        Ok(())
+    }
+}
+
+/// `usage` when it is an object.
+#[derive(Default)]
+struct MaybeUsage(Option<UsageParts>);
+
+impl<'de> Shape<'de> for MaybeUsage {
+    fn object() -> Self {
+        MaybeUsage(Some(UsageParts::default()))
+    }
+
+    fn field<A: MapAccess<'de>>(&mut self, key: &str, map: &mut A) -> Result<(), A::Error> {
+        let Some(usage) = &mut self.0 else {
+            return map.next_value::<IgnoredAny>().map(drop);
+        };
+        match key {
+            "prompt_tokens" => usage.prompt_tokens = next::<Count, _>(map)?.0,
+            "completion_tokens" => usage.completion_tokens = next::<Count, _>(map)?.0,
+            "prompt_tokens_details" => {
+                usage.cached_tokens = next::<Details, _>(map)?.cached_tokens;
+            }
+            "completion_tokens_details" => {
+                usage.reasoning_tokens = next::<Details, _>(map)?.reasoning_tokens;
+            }
+            _ => drop(map.next_value::<IgnoredAny>()?),
+        }
+        Ok(())
+    }
+}
+
+/// A whole `u64`, or `None` for any other JSON.
+#[derive(Default)]
+struct Count(Option<u64>);
+
+impl Shape<'_> for Count {
+    fn unsigned(number: u64) -> Self {
+        Count(Some(number))
+    }
+}
+
+/// A usage's `*_details`: the counts read of either kind.
+#[derive(Default)]
+struct Details {
+    cached_tokens: Option<u64>,
+    reasoning_tokens: Option<u64>,
+}
+
+impl<'de> Shape<'de> for Details {
+    fn field<A: MapAccess<'de>>(&mut self, key: &str, map: &mut A) -> Result<(), A::Error> {
+        match key {
+            "cached_tokens" => self.cached_tokens = next::<Count, _>(map)?.0,
+            "reasoning_tokens" => self.reasoning_tokens = next::<Count, _>(map)?.0,
             _ => drop(map.next_value::<IgnoredAny>()?),
         }
         Ok(())

@@ -928,3 +928,63 @@ fn provider_settings_a_client_sets_are_passed_on_in_chats_names() {
         );
     }
 }
+
+/// Any JSON a `usage` may hold: the keys read, and others, nested, with values of every type.
+fn usage_like() -> impl proptest::strategy::Strategy<Value = Value> {
+    use proptest::prelude::*;
+    let leaf = prop_oneof![
+        any::<u64>().prop_map(Value::from),
+        any::<i64>().prop_map(Value::from),
+        any::<f64>().prop_map(Value::from),
+        Just(Value::Null),
+        any::<bool>().prop_map(Value::from),
+        "[a-z]{0,3}".prop_map(Value::from),
+    ];
+    let key = prop_oneof![
+        Just("prompt_tokens"),
+        Just("completion_tokens"),
+        Just("prompt_tokens_details"),
+        Just("completion_tokens_details"),
+        Just("cached_tokens"),
+        Just("reasoning_tokens"),
+        Just("total_tokens"),
+        Just("other"),
+    ];
+    leaf.prop_recursive(3, 24, 6, move |inner| {
+        prop_oneof![
+            proptest::collection::vec(inner.clone(), 0..3).prop_map(Value::Array),
+            proptest::collection::btree_map(key.clone().prop_map(str::to_owned), inner, 0..6)
+                .prop_map(|map| Value::Object(map.into_iter().collect())),
+        ]
+    })
+}
+
+proptest::proptest! {
+    /// The usage read from an answer's bytes is the usage `parse_usage` reads from the same JSON as a tree.
+    #[test]
+    fn a_usage_read_from_the_bytes_is_the_usage_read_from_a_tree(usage in usage_like()) {
+        let body = json!({"choices": [{"message": {"content": "x"}}], "usage": usage});
+        let read = parse(body).expect("an answer").usage;
+        proptest::prop_assert_eq!(read, parse_usage(&usage));
+    }
+}
+
+#[test]
+fn a_usage_key_given_twice_keeps_its_last_value_as_a_tree_would() {
+    let text = r#"{"choices":[{"message":{"content":"x"}}],"usage":{"prompt_tokens":3,"prompt_tokens":"x","completion_tokens":2,"completion_tokens_details":{"reasoning_tokens":1},"completion_tokens_details":{"reasoning_tokens":4},"prompt_tokens_details":{"cached_tokens":2}}}"#;
+    let usage = parse_text(text).expect("an answer").usage.expect("a usage");
+    let tree: Value = serde_json::from_str(text).unwrap();
+    assert_eq!(Some(usage), parse_usage(&tree["usage"]));
+    assert_eq!(
+        (
+            usage.input_tokens,
+            usage.output_tokens,
+            usage.cached_tokens,
+            usage.reasoning_tokens
+        ),
+        (0, 2, 2, 4)
+    );
+    let not_an_object =
+        r#"{"choices":[{"message":{"content":"x"}}],"usage":{"prompt_tokens":3},"usage":null}"#;
+    assert_eq!(parse_text(not_an_object).expect("an answer").usage, None);
+}
