@@ -1,7 +1,8 @@
 //! `docs/operator-quickstart.md`, run as written: its `sh` blocks, in order, in one `bash` with `set -e`, in a
 //! fresh directory, with the binaries this build made on `PATH` (the page's own build step is the one block left
 //! out) and free ports in `GW_PORT`, `MODEL_PORT` and `TOOLS_PORT`. A command of the page that fails (a `curl
-//! -f` refused, a `jq -e` check false) fails the test.
+//! -f` refused, a `jq -e` check false) fails the test. A port found free and taken by another test before a
+//! server of the page bound it is the one failure tried again, with new ports.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -49,6 +50,12 @@ impl Drop for Group {
     }
 }
 
+/// The servers' logs of the page, where a port already taken shows.
+const SERVER_LOGS: [&str; 3] = ["gateway.log", "mock-model.log", "example-tools.log"];
+
+/// Tries of the page when a port was taken under it.
+const TRIES: usize = 3;
+
 #[test]
 fn the_operator_quick_start_runs_as_written() {
     let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
@@ -66,39 +73,52 @@ fn the_operator_quick_start_runs_as_written() {
             bin_dir.display()
         );
     }
-    let dir = std::env::temp_dir().join(format!("gw-quickstart-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("dir");
     let script = format!("set -euo pipefail\n{}", blocks.join("\n"));
-    let path = format!(
-        "{}:{}",
-        bin_dir.display(),
-        std::env::var("PATH").unwrap_or_default()
-    );
-    let child = Command::new("bash")
-        .arg("-c")
-        .arg(&script)
-        .current_dir(&dir)
-        .env("PATH", path)
-        .env("GW_PORT", free_port().to_string())
-        .env("MODEL_PORT", free_port().to_string())
-        .env("TOOLS_PORT", free_port().to_string())
-        .env_remove("DATABASE_URL")
-        .env_remove("RUST_LOG")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .process_group(0)
-        .spawn()
-        .expect("bash");
-    let _group = Group(child.id() as i32);
-    let output = child.wait_with_output().expect("the script ends");
-    let log = std::fs::read_to_string(dir.join("gateway.log")).unwrap_or_default();
-    assert!(
-        output.status.success(),
-        "the quick start failed ({}):\nstdout:\n{}\nstderr:\n{}\ngateway.log:\n{log}",
-        output.status,
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr),
-    );
-    assert!(log.contains("gateway listening"), "{log}");
-    let _ = std::fs::remove_dir_all(&dir);
+    for attempt in 1..=TRIES {
+        let dir =
+            std::env::temp_dir().join(format!("gw-quickstart-{}-{attempt}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let path = format!(
+            "{}:{}",
+            bin_dir.display(),
+            std::env::var("PATH").unwrap_or_default()
+        );
+        let child = Command::new("bash")
+            .arg("-c")
+            .arg(&script)
+            .current_dir(&dir)
+            .env("PATH", path)
+            .env("GW_PORT", free_port().to_string())
+            .env("MODEL_PORT", free_port().to_string())
+            .env("TOOLS_PORT", free_port().to_string())
+            .env_remove("DATABASE_URL")
+            .env_remove("RUST_LOG")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .process_group(0)
+            .spawn()
+            .expect("bash");
+        let group = Group(child.id() as i32);
+        let output = child.wait_with_output().expect("the script ends");
+        drop(group);
+        let read = |name: &str| std::fs::read_to_string(dir.join(name)).unwrap_or_default();
+        let log = read("gateway.log");
+        let port_taken = SERVER_LOGS
+            .iter()
+            .any(|name| read(name).contains("Address already in use"));
+        if !output.status.success() && port_taken && attempt < TRIES {
+            let _ = std::fs::remove_dir_all(&dir);
+            continue;
+        }
+        assert!(
+            output.status.success(),
+            "the quick start failed ({}):\nstdout:\n{}\nstderr:\n{}\ngateway.log:\n{log}",
+            output.status,
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr),
+        );
+        assert!(log.contains("gateway listening"), "{log}");
+        let _ = std::fs::remove_dir_all(&dir);
+        return;
+    }
 }
