@@ -135,7 +135,6 @@ pub(super) struct Counter {
 }
 
 /// The windows of the counters this replica has used, by name; those nobody holds any more are let go as it grows.
-#[derive(Default)]
 struct WindowBook {
     windows: HashMap<Arc<str>, SharedWindow>,
     /// How many windows the book holds before it lets go of those nobody holds.
@@ -144,6 +143,15 @@ struct WindowBook {
 
 /// The fewest windows a book holds before it looks for some to let go.
 const MIN_PRUNE_AT: usize = 1024;
+
+impl Default for WindowBook {
+    fn default() -> WindowBook {
+        WindowBook {
+            windows: HashMap::default(),
+            prune_at: MIN_PRUNE_AT,
+        }
+    }
+}
 
 impl WindowBook {
     /// Lets go of every window that no counter holds and that owes the shared window nothing, and sets the size
@@ -189,7 +197,7 @@ impl Counters {
                 window: Arc::clone(window),
             };
         }
-        if book.windows.len() >= book.prune_at.max(MIN_PRUNE_AT) {
+        if book.windows.len() >= book.prune_at {
             book.prune();
         }
         let counter = Counter {
