@@ -412,6 +412,8 @@ pub fn usage_object(usage: &Usage) -> UsageObject {
 mod tests;
 mod written;
 
+pub use written::{push_json_string, push_json_string_contents};
+
 /// An input item as `GET /v1/responses/{id}/input_items` lists it: a message whose content the client sent
 /// as a bare string shows it as one text part (`input_text`, or `output_text` for the assistant), as OpenAI
 /// lists it and as openai-node types it; a bound hosted call shows as its hosted item. Everything else is listed

@@ -8,6 +8,7 @@ use std::time::Duration;
 use axum::extract::MatchedPath;
 use axum::http::{HeaderMap, HeaderName, Request};
 use axum::Router;
+use gateway_core::output::{push_json_string, push_json_string_contents};
 use opentelemetry::propagation::{Extractor, TextMapPropagator};
 use opentelemetry::trace::TracerProvider as _;
 use opentelemetry_otlp::{WithExportConfig, WithHttpConfig};
@@ -138,11 +139,13 @@ impl<'writer> FormatFields<'writer> for SpanFieldsAsJson {
         mut writer: Writer<'writer>,
         fields: R,
     ) -> std::fmt::Result {
-        let mut members = JsonMembers::default();
-        fields.record(&mut members);
-        writer.write_char('{')?;
-        writer.write_str(members.text())?;
-        writer.write_char('}')
+        // The whole object in one buffer of the size a request's span takes, handed on in one piece: the text
+        // the writer holds grows once.
+        let mut object = JsonMembers(Vec::with_capacity(256));
+        object.0.push(b'{');
+        fields.record(&mut object);
+        object.0.push(b'}');
+        writer.write_str(object.text())
     }
 
     fn add_fields(
@@ -150,7 +153,7 @@ impl<'writer> FormatFields<'writer> for SpanFieldsAsJson {
         current: &'writer mut FormattedFields<Self>,
         fields: &tracing::span::Record<'_>,
     ) -> std::fmt::Result {
-        let mut members = JsonMembers::default();
+        let mut members = JsonMembers(Vec::with_capacity(64));
         fields.record(&mut members);
         if members.0.is_empty() {
             return Ok(());
@@ -171,43 +174,48 @@ impl<'writer> FormatFields<'writer> for SpanFieldsAsJson {
     }
 }
 
-/// Fields as the members of a JSON object (`"name":value,…`), as `JsonFields` would write them: numbers and booleans
-/// as such, anything else as a string (its `Debug`, which for `%value` fields is its `Display`). Each member is
-/// written straight into the one buffer (a `Debug` value escaped as it is formatted): every request's span opens
-/// with three such fields, and building each name and value as a string of its own first cost six allocations.
-#[derive(Default)]
+/// Fields as the members of a JSON object (`"name":value,…`), after an opening `{` when it holds one, as
+/// `JsonFields` would write them: numbers and booleans as such, anything else as a string (its `Debug`, which for
+/// `%value` fields is its `Display`). Each member is written straight into the one buffer, strings copied as they
+/// are unless they need escaping (a `Debug` value escaped as it is formatted): every request's span opens with
+/// three such fields, and serde_json's writer, escaping byte by byte into a growing buffer, made them a few
+/// percent of a request's CPU.
 struct JsonMembers(Vec<u8>);
 
 impl JsonMembers {
-    /// Appends `"name":value`; a value that fails to serialise leaves nothing behind.
-    fn member(&mut self, field: &tracing::field::Field, value: impl serde::Serialize) {
+    /// Starts the member `name`: a comma after any member before it, the name, the colon.
+    fn name(&mut self, field: &tracing::field::Field) {
         let name = field.name();
         let name = name.strip_prefix("r#").unwrap_or(name);
-        let start = self.0.len();
-        if start > 0 {
+        if !matches!(self.0.last(), None | Some(b'{')) {
             self.0.push(b',');
         }
-        let written = serde_json::to_writer(&mut self.0, name).and_then(|()| {
-            self.0.push(b':');
-            serde_json::to_writer(&mut self.0, &value)
-        });
-        if written.is_err() {
+        push_json_string(&mut self.0, name);
+        self.0.push(b':');
+    }
+
+    /// Appends `"name":value`; a value that fails to serialise leaves nothing behind.
+    fn member(&mut self, field: &tracing::field::Field, value: impl serde::Serialize) {
+        let start = self.0.len();
+        self.name(field);
+        if serde_json::to_writer(&mut self.0, &value).is_err() {
             self.0.truncate(start);
         }
     }
 
-    /// The members written (serde_json writes only UTF-8).
+    /// The text written (only ever UTF-8: names and strings are copied or escaped whole).
     fn text(&self) -> &str {
         std::str::from_utf8(&self.0).unwrap_or_default()
     }
 }
 
-/// A `Debug` value serialised as a JSON string, escaped as it is formatted.
-struct DebugText<'a>(&'a dyn std::fmt::Debug);
+/// A string being formatted into a JSON text, escaped piece by piece.
+struct EscapedInto<'a>(&'a mut Vec<u8>);
 
-impl serde::Serialize for DebugText<'_> {
-    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.collect_str(&format_args!("{:?}", self.0))
+impl std::fmt::Write for EscapedInto<'_> {
+    fn write_str(&mut self, piece: &str) -> std::fmt::Result {
+        push_json_string_contents(self.0, piece);
+        Ok(())
     }
 }
 
@@ -229,11 +237,21 @@ impl tracing::field::Visit for JsonMembers {
     }
 
     fn record_str(&mut self, field: &tracing::field::Field, value: &str) {
-        self.member(field, value);
+        self.name(field);
+        push_json_string(&mut self.0, value);
     }
 
     fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
-        self.member(field, DebugText(value));
+        let start = self.0.len();
+        self.name(field);
+        self.0.push(b'"');
+        if std::fmt::Write::write_fmt(&mut EscapedInto(&mut self.0), format_args!("{value:?}"))
+            .is_err()
+        {
+            self.0.truncate(start);
+            return;
+        }
+        self.0.push(b'"');
     }
 }
 

@@ -933,3 +933,23 @@ proptest::proptest! {
         proptest::prop_assert_eq!(by_hand, derived);
     }
 }
+
+proptest::proptest! {
+    /// A string written whole, or in pieces between quotes, is the text serde_json writes for it.
+    #[test]
+    fn a_string_written_by_hand_is_the_text_serde_json_writes(
+        pieces in proptest::collection::vec("(?s).{0,12}", 0..4),
+    ) {
+        let whole: String = pieces.concat();
+        let expected = serde_json::to_vec(&whole).unwrap();
+        let mut at_once = b"[".to_vec();
+        push_json_string(&mut at_once, &whole);
+        proptest::prop_assert_eq!(&at_once[1..], &expected[..]);
+        let mut in_pieces = b"[\"".to_vec();
+        for piece in &pieces {
+            push_json_string_contents(&mut in_pieces, piece);
+        }
+        in_pieces.push(b'"');
+        proptest::prop_assert_eq!(&in_pieces[1..], &expected[..]);
+    }
+}

@@ -71,6 +71,26 @@ impl Out<'_> {
     }
 }
 
+/// Appends `text` as a JSON string, quotes and all: the text serde_json writes for it, copied as it is when it
+/// needs no escaping.
+pub fn push_json_string(out: &mut Vec<u8>, text: &str) {
+    Out(out).str(text);
+}
+
+/// Appends `text` as the inside of a JSON string, without its quotes: for a string written in pieces (a value
+/// being formatted).
+pub fn push_json_string_contents(out: &mut Vec<u8>, text: &str) {
+    if needs_no_escape(text) {
+        out.extend_from_slice(text.as_bytes());
+    } else {
+        let start = out.len();
+        // Writing a string into a vector cannot fail; its quotes are taken off again.
+        let _ = serde_json::to_writer(&mut *out, text);
+        out.pop();
+        out.remove(start);
+    }
+}
+
 /// Whether `text` holds nothing JSON escapes (a control character, `"` or `\`). Every byte is looked at without
 /// an early exit, which the compiler turns into a scan of many bytes at once.
 fn needs_no_escape(text: &str) -> bool {

@@ -53,8 +53,10 @@ pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
             Some("invalid_nul_character"),
         ));
     }
+    // Read once without following where it is: tracking the path costs every body a share of its parse, and only
+    // a failure needs it, named by reading the body again.
     let mut deserializer = serde_json::Deserializer::from_slice(bytes);
-    let value = serde_path_to_error::deserialize(&mut deserializer).map_err(deserialize_error)?;
+    let value = T::deserialize(&mut deserializer).map_err(|e| failure_explained::<T>(bytes, e))?;
     // One JSON value and nothing after it but whitespace: `{...} xyz` is not a body OpenAI accepts.
     deserializer.end().map_err(|inner| {
         ApiError::invalid(
@@ -71,9 +73,23 @@ pub fn from_value<T: DeserializeOwned>(value: serde_json::Value) -> Result<T, Ap
     serde_path_to_error::deserialize(value).map_err(deserialize_error)
 }
 
+/// The error of a body that `T` could not be read from, naming where it failed: the body read again, following
+/// its path. The same bytes fail the same way; `plain`, the first failure, stands if they somehow did not.
+fn failure_explained<T: DeserializeOwned>(bytes: &[u8], plain: serde_json::Error) -> ApiError {
+    let mut deserializer = serde_json::Deserializer::from_slice(bytes);
+    match serde_path_to_error::deserialize::<_, T>(&mut deserializer) {
+        Err(error) => deserialize_error(error),
+        Ok(_) => invalid_body(String::new(), plain),
+    }
+}
+
 fn deserialize_error(error: serde_path_to_error::Error<serde_json::Error>) -> ApiError {
     let path = error.path().to_string();
-    let inner = error.into_inner();
+    invalid_body(path, error.into_inner())
+}
+
+/// The 400 for a body that could not be read at `path` (`.` or empty: the body as a whole).
+fn invalid_body(path: String, inner: serde_json::Error) -> ApiError {
     if inner.is_syntax() || inner.is_eof() {
         ApiError::invalid(
             format!("We could not parse the JSON body of your request: {inner}."),
