@@ -447,8 +447,18 @@ mod tests {
         }
     }
 
-    #[test]
-    fn a_field_recorded_after_the_span_opened_is_in_the_json_log_lines_with_the_others() {
+    /// A value whose `Debug` fails after writing part of itself.
+    struct FailingDebug;
+
+    impl std::fmt::Debug for FailingDebug {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("half \"written")?;
+            Err(std::fmt::Error)
+        }
+    }
+
+    /// The JSON log lines `log` writes, each parsed.
+    fn json_log_lines(log: impl FnOnce()) -> Vec<serde_json::Value> {
         let lines = Lines::default();
         let writer = lines.clone();
         let subscriber = tracing_subscriber::fmt()
@@ -456,7 +466,34 @@ mod tests {
             .fmt_fields(SpanFieldsAsJson)
             .with_writer(move || writer.clone())
             .finish();
-        tracing::subscriber::with_default(subscriber, || {
+        tracing::subscriber::with_default(subscriber, log);
+        let text = String::from_utf8(lines.0.lock().unwrap().clone()).unwrap();
+        text.lines()
+            .map(|line| serde_json::from_str(line).unwrap())
+            .collect()
+    }
+
+    #[test]
+    fn a_field_that_cannot_be_formatted_is_left_out_and_a_raw_name_loses_its_prefix() {
+        let lines = json_log_lines(|| {
+            let span = tracing::info_span!(
+                "request",
+                first = ?FailingDebug,
+                r#type = "a\u{1}b",
+                last = ?FailingDebug,
+            );
+            let _entered = span.enter();
+            tracing::info!("inside");
+        });
+        assert_eq!(
+            lines[0]["span"],
+            serde_json::json!({"name": "request", "type": "a\u{1}b"})
+        );
+    }
+
+    #[test]
+    fn a_field_recorded_after_the_span_opened_is_in_the_json_log_lines_with_the_others() {
+        let lines = json_log_lines(|| {
             let span = tracing::info_span!(
                 "request",
                 request.id = %"req \"1\"",
@@ -471,11 +508,6 @@ mod tests {
             span.record("later", true);
             tracing::info!("after");
         });
-        let text = String::from_utf8(lines.0.lock().unwrap().clone()).unwrap();
-        let lines: Vec<serde_json::Value> = text
-            .lines()
-            .map(|line| serde_json::from_str(line).unwrap())
-            .collect();
         assert_eq!(
             lines[0]["span"],
             serde_json::json!({

@@ -951,5 +951,11 @@ proptest::proptest! {
         }
         in_pieces.push(b'"');
         proptest::prop_assert_eq!(&in_pieces[1..], &expected[..]);
+        // Into an empty buffer: nothing before the text to take for a quote.
+        let mut bare = Vec::new();
+        for piece in &pieces {
+            push_json_string_contents(&mut bare, piece);
+        }
+        proptest::prop_assert_eq!(&bare[..], &expected[1..expected.len() - 1]);
     }
 }
