@@ -31,8 +31,13 @@ impl Out<'_> {
     }
 
     fn opt_str(&mut self, text: Option<&str>) {
-        match text {
-            Some(text) => self.str(text),
+        self.opt(text, Self::str);
+    }
+
+    /// `value` written by `write`, or `null`.
+    fn opt<T>(&mut self, value: Option<T>, write: impl FnOnce(&mut Self, T)) {
+        match value {
+            Some(value) => write(self, value),
             None => self.raw("null"),
         }
     }
@@ -42,10 +47,7 @@ impl Out<'_> {
     }
 
     fn opt_int(&mut self, number: Option<impl itoa::Integer>) {
-        match number {
-            Some(number) => self.int(number),
-            None => self.raw("null"),
-        }
+        self.opt(number, Self::int);
     }
 
     fn bool(&mut self, value: bool) {
@@ -113,38 +115,29 @@ impl ResponseObject<'_> {
         out.raw(r#","completed_at":"#);
         out.opt_int(self.completed_at);
         out.raw(r#","conversation":"#);
-        match &self.conversation {
-            Some(conversation) => {
-                out.raw(r#"{"id":"#);
-                out.str(conversation.id);
-                out.raw("}");
-            }
-            None => out.raw("null"),
-        }
+        out.opt(self.conversation.as_ref(), |out, conversation| {
+            out.raw(r#"{"id":"#);
+            out.str(conversation.id);
+            out.raw("}");
+        });
         out.raw(r#","status":"#);
         out.str(self.status);
         out.raw(r#","background":"#);
         out.bool(self.background);
         out.raw(r#","error":"#);
-        match &self.error {
-            Some(error) => {
-                out.raw(r#"{"code":"#);
-                out.str(error.code);
-                out.raw(r#","message":"#);
-                out.str(error.message);
-                out.raw("}");
-            }
-            None => out.raw("null"),
-        }
+        out.opt(self.error.as_ref(), |out, error| {
+            out.raw(r#"{"code":"#);
+            out.str(error.code);
+            out.raw(r#","message":"#);
+            out.str(error.message);
+            out.raw("}");
+        });
         out.raw(r#","incomplete_details":"#);
-        match &self.incomplete_details {
-            Some(details) => {
-                out.raw(r#"{"reason":"#);
-                out.str(details.reason);
-                out.raw("}");
-            }
-            None => out.raw("null"),
-        }
+        out.opt(self.incomplete_details.as_ref(), |out, details| {
+            out.raw(r#"{"reason":"#);
+            out.str(details.reason);
+            out.raw("}");
+        });
         out.raw(r#","instructions":"#);
         out.opt_str(self.instructions);
         out.raw(r#","max_output_tokens":"#);
@@ -200,10 +193,7 @@ impl ResponseObject<'_> {
         out.raw(r#","frequency_penalty":"#);
         out.value(&self.frequency_penalty)?;
         out.raw(r#","usage":"#);
-        match &self.usage {
-            Some(usage) => write_usage(&mut out, usage),
-            None => out.raw("null"),
-        }
+        out.opt(self.usage.as_ref(), write_usage);
         out.raw(r#","user":"#);
         out.opt_str(self.user);
         out.raw(r#","metadata":{"#);
