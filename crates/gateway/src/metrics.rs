@@ -56,10 +56,14 @@ pub async fn render() -> Response {
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], body).into_response()
 }
 
-/// Counts every request and times it, labelled by its route pattern (never the raw path, which holds ids).
+/// Counts every request and times it, labelled by its route pattern (never the raw path, which holds ids), and
+/// names the request's span by that pattern.
 pub async fn track_requests(request: Request, next: Next) -> Response {
     let route = request.extensions().get::<MatchedPath>().cloned();
     let method = request.method().clone();
+    if let Some(route) = &route {
+        crate::telemetry::name_request_span(&method, route.as_str());
+    }
     let started = Instant::now();
     let response = next.run(request).await;
     let route = route.as_ref().map_or("unmatched", MatchedPath::as_str);

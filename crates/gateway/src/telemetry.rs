@@ -2,15 +2,15 @@
 //! SPEC 14), the per-request span with its request id, and the W3C trace context taken in and sent on.
 
 use std::collections::HashMap;
+use std::convert::Infallible;
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use axum::extract::MatchedPath;
-use axum::http::{HeaderMap, HeaderName, Request};
-use axum::Router;
+use axum::body::Body;
+use axum::http::{HeaderMap, HeaderName, Method, Request};
 use gateway_core::output::{push_json_string, push_json_string_contents};
 use opentelemetry::propagation::{Extractor, TextMapPropagator};
-use opentelemetry::trace::TracerProvider as _;
+use opentelemetry::trace::{TraceContextExt as _, TracerProvider as _};
 use opentelemetry_otlp::{WithExportConfig, WithHttpConfig};
 use opentelemetry_sdk::propagation::TraceContextPropagator;
 use opentelemetry_sdk::trace::{
@@ -18,6 +18,7 @@ use opentelemetry_sdk::trace::{
 };
 use opentelemetry_sdk::Resource;
 use secrecy::ExposeSecret;
+use tower::{Service, ServiceBuilder};
 use tower_http::request_id::{
     MakeRequestUuid, PropagateRequestIdLayer, RequestId, SetRequestIdLayer,
 };
@@ -311,11 +312,32 @@ pub fn log_filter(directives: &str) -> Result<EnvFilter, tracing_subscriber::fil
 
 /// Gives every request an `x-request-id` (the client's, or a new UUID), returns it in the answer, and opens a
 /// span carrying it, with the method and path; bodies and headers are never logged. With traces on, the span is
-/// the request's server span, a child of the client's `traceparent` when it sent one.
-pub fn with_request_ids(router: Router) -> Router {
+/// the request's server span, a child of the client's `traceparent` when it sent one, named by its route once
+/// the router matched one ([`name_request_span`]).
+///
+/// The layers wrap the whole service rather than being added to the `Router`: a router's layer is applied to
+/// every route, each boxed again, so each of them cost a box for the service and one for its future on every
+/// request.
+pub fn with_request_ids<S>(
+    service: S,
+) -> impl Service<
+    Request<Body>,
+    Response = axum::response::Response,
+    Error = Infallible,
+    Future: Send + 'static,
+> + Clone
+       + Send
+       + 'static
+where
+    S: Service<Request<Body>, Response = axum::response::Response, Error = Infallible>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+{
     let header = HeaderName::from_static("x-request-id");
     let trace = TraceLayer::new_for_http()
-        .make_span_with(|request: &Request<axum::body::Body>| {
+        .make_span_with(|request: &Request<Body>| {
             let id = request
                 .extensions()
                 .get::<RequestId>()
@@ -333,21 +355,17 @@ pub fn with_request_ids(router: Router) -> Router {
                 http.response.status_code = tracing::field::Empty,
             );
             if traces_on() {
-                let route = request
-                    .extensions()
-                    .get::<MatchedPath>()
-                    .map_or_else(|| request.uri().path(), MatchedPath::as_str);
-                span.record("otel.name", format!("{} {route}", request.method()));
+                // Named by the path until the router names it by the route it matched.
+                let path = request.uri().path();
+                span.record("otel.name", format!("{} {path}", request.method()));
                 span.record("otel.kind", "server");
-                span.record("http.route", route);
+                span.record("http.route", path);
                 let _ = span.set_parent(context_of(request.headers()));
             }
             span
         })
         .on_response(
-            |response: &axum::http::Response<axum::body::Body>,
-             _latency: Duration,
-             span: &tracing::Span| {
+            |response: &axum::http::Response<Body>, _latency: Duration, span: &tracing::Span| {
                 if traces_on() {
                     span.record(
                         "http.response.status_code",
@@ -356,11 +374,27 @@ pub fn with_request_ids(router: Router) -> Router {
                 }
             },
         );
-    // The last layer added runs first: set the id, then trace, and copy the id to the answer.
-    router
+    // The first layer listed runs first: set the id, copy it to the answer, then trace.
+    ServiceBuilder::new()
+        .map_response(|response: axum::http::Response<_>| response.map(Body::new))
+        .layer(SetRequestIdLayer::new(header.clone(), MakeRequestUuid))
+        .layer(PropagateRequestIdLayer::new(header))
         .layer(trace)
-        .layer(PropagateRequestIdLayer::new(header.clone()))
-        .layer(SetRequestIdLayer::new(header, MakeRequestUuid))
+        .service(service)
+}
+
+/// Names the current request's span by the route the router matched (`POST /v1/responses`, not the path with
+/// its ids), when traces are exported.
+pub fn name_request_span(method: &Method, route: &str) {
+    if traces_on() {
+        let span = tracing::Span::current();
+        span.record("http.route", route);
+        // Started when first entered, the span takes a new name only through OpenTelemetry itself: a later
+        // `otel.name` is not read.
+        span.context()
+            .span()
+            .update_name(format!("{method} {route}"));
+    }
 }
 
 /// The trace context a client sent (`traceparent`, `tracestate`).

@@ -105,14 +105,29 @@ async fn a_tool_round_is_one_trace_under_the_clients_traceparent_with_chat_and_e
     )
     .await;
     assert_eq!(response["status"], "completed", "{response:#}");
+    // Read back in the same trace: a path holding an id is named by its route.
+    let id = response["id"].as_str().unwrap();
+    let fetched = cluster
+        .http
+        .get(format!("{}/v1/responses/{id}", replica.base_url))
+        .bearer_auth(&cluster.key)
+        .header("traceparent", &traceparent)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(fetched.status(), 200);
 
     let spans = spans_of(&receiver, CLIENT_TRACE, |spans| {
         count(spans, "chat mock-model") == 2
             && count(spans, "execute_tool add") == 1
             && count(spans, "invoke_agent gateway") == 1
             && count(spans, "POST /v1/responses") == 1
+            && count(spans, "GET /v1/responses/{response_id}") == 1
     })
     .await;
+    let read = named(&spans, "GET /v1/responses/{response_id}")[0];
+    assert_eq!(read.attribute("http.route"), "/v1/responses/{response_id}");
+    assert_eq!(read.parent_span_id, CLIENT_SPAN);
 
     // The request is the client's child, the run the request's, the calls the run's.
     let request = named(&spans, "POST /v1/responses")[0];

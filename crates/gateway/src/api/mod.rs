@@ -13,6 +13,7 @@ pub mod shared_reads;
 pub mod stream;
 pub mod ws;
 
+use std::convert::Infallible;
 use std::sync::Arc;
 
 use axum::extract::DefaultBodyLimit;
@@ -91,8 +92,8 @@ impl AppState {
     }
 }
 
-/// The whole router.
-pub fn router(state: AppState, body_limit_bytes: usize) -> Router {
+/// The whole router; [`bounded`] puts the limits of the head and the body in front of it.
+pub fn router(state: AppState) -> Router {
     Router::new()
         .route(
             "/v1/responses",
@@ -147,23 +148,73 @@ pub fn router(state: AppState, body_limit_bytes: usize) -> Router {
         .route_layer(axum::middleware::from_fn(crate::metrics::track_requests))
         .fallback(not_found)
         .method_not_allowed_fallback(admin::method_not_allowed)
-        .layer(DefaultBodyLimit::max(body_limit_bytes))
-        .layer(axum::middleware::from_fn(bounded_head))
         .with_state(state)
 }
 
+/// The router behind the limits every request meets before routing: the head's size ([`BoundedHead`]) and the
+/// body's (`DefaultBodyLimit`, which the body extractors read).
+///
+/// Wrapped around the router rather than added to it: a router's layer is applied to every route, each boxed
+/// again, at the cost of a box for the service and one for its future on every request.
+pub fn bounded(
+    router: Router,
+    body_limit_bytes: usize,
+) -> BoundedHead<DefaultBodyLimitService<Router>> {
+    BoundedHead {
+        inner: tower::Layer::layer(&DefaultBodyLimit::max(body_limit_bytes), router),
+    }
+}
+
+/// The service [`DefaultBodyLimit`] makes.
+pub type DefaultBodyLimitService<S> = <DefaultBodyLimit as tower::Layer<S>>::Service;
+
 /// Refuses a request whose URL or headers are larger than the gateway reads, in OpenAI's error shape, before
 /// any route sees it.
-async fn bounded_head(
-    request: axum::extract::Request,
-    next: axum::middleware::Next,
-) -> axum::response::Response {
-    use axum::response::IntoResponse;
+#[derive(Clone)]
+pub struct BoundedHead<S> {
+    inner: S,
+}
+
+impl<S> tower::Service<axum::extract::Request> for BoundedHead<S>
+where
+    S: tower::Service<
+        axum::extract::Request,
+        Response = axum::response::Response,
+        Error = Infallible,
+    >,
+{
+    type Response = axum::response::Response;
+    type Error = Infallible;
+    type Future = futures::future::Either<
+        std::future::Ready<Result<axum::response::Response, Infallible>>,
+        S::Future,
+    >;
+
+    fn poll_ready(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Infallible>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: axum::extract::Request) -> Self::Future {
+        use axum::response::IntoResponse;
+        match head_refusal(&request) {
+            Some(refusal) => {
+                futures::future::Either::Left(std::future::ready(Ok(refusal.into_response())))
+            }
+            None => futures::future::Either::Right(self.inner.call(request)),
+        }
+    }
+}
+
+/// Why a request's URL or headers are too large to read, if they are.
+fn head_refusal(request: &axum::extract::Request) -> Option<error::ApiError> {
     let uri = request.uri();
     let url = uri.path_and_query().map_or(0, |p| p.as_str().len())
         + uri.authority().map_or(0, |a| a.as_str().len());
     if url > MAX_URL_BYTES {
-        return error::ApiError::url_too_long(Some(url)).into_response();
+        return Some(error::ApiError::url_too_long(Some(url)));
     }
     // As sent: `name: value\r\n`.
     let headers: usize = request
@@ -172,9 +223,9 @@ async fn bounded_head(
         .map(|(name, value)| name.as_str().len() + value.len() + 4)
         .sum();
     if headers > MAX_HEADER_BYTES {
-        return error::ApiError::headers_too_large(Some(headers)).into_response();
+        return Some(error::ApiError::headers_too_large(Some(headers)));
     }
-    next.run(request).await
+    None
 }
 
 /// After an admin write, cached key and model resolutions are dropped, so the change holds from the next
