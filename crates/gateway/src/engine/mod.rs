@@ -20,6 +20,7 @@ mod driver;
 mod error;
 mod journal;
 mod model_call;
+mod outlive;
 mod prepare;
 mod progress;
 mod remote;
@@ -58,6 +59,7 @@ use crate::tools::ServerTools;
 use crate::tools::ToolExecutor;
 use crate::upstream::Upstream;
 use journal::Journal;
+use outlive::Outliving;
 use runs::Registration;
 
 /// Runs responses: preparation against the tenancy and the stored context, and the loop itself. Cheap to clone:
@@ -278,8 +280,9 @@ impl Engine {
         self.tell_all(Notification::Tenancy).await;
     }
 
-    /// Prepares and runs a response to its end, reporting to nobody. The loop runs on its own task, so a client
-    /// that goes away does not abandon the response halfway.
+    /// Prepares and runs a response to its end, reporting to nobody. The loop is polled on the request's task,
+    /// and goes on on a task of its own if the request is dropped (its client went away), so that a client that
+    /// leaves does not abandon the response halfway.
     pub async fn create(
         &self,
         admitted: Admitted,
@@ -288,16 +291,14 @@ impl Engine {
     ) -> Result<Finished, EngineError> {
         let run = self.prepare(admitted, request, idempotency_key).await?;
         let engine = self.clone();
-        // The task keeps the request's span, so its log lines carry the request id. Boxed, so that the task is
-        // small: tokio moves a task's future whole when it starts and ends it.
-        tokio::spawn(tracing::Instrument::in_current_span(Box::pin(async move {
-            engine.run(run, Silent).await
-        })))
-        .await
-        .map_err(|e| {
-            tracing::error!(error = %e, "response task failed");
-            EngineError::TaskFailed
-        })?
+        // Left behind, it keeps the request's span, so its log lines carry the request id. Boxed inside, so that
+        // the request's future stays small.
+        Outliving::new(async move { engine.run(run, Silent).await })
+            .await
+            .map_err(|outlive::Unanswered| {
+                tracing::error!("response task failed: the run panicked");
+                EngineError::TaskFailed
+            })?
     }
 
     /// Starts `run` on its own task, reporting to `sink`; its end is not awaited.

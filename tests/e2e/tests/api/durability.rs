@@ -4,13 +4,14 @@
 
 use std::time::Duration;
 
+use gateway_testkit::mock_model::Call;
 use gateway_testkit::{Reply, ToolServer};
 use reqwest::Method;
 use serde_json::{json, Value};
 
 use crate::common::sse::{assert_replay_equals_stream, check_stream, parse_frames, FrameReader};
 use crate::common::*;
-use gateway_e2e::{Tenant, TestGateway};
+use gateway_e2e::{items_of, Tenant, TestGateway};
 
 /// How long a test waits for something that must happen, before it fails.
 const PATIENCE: Duration = Duration::from_secs(30);
@@ -310,6 +311,57 @@ async fn a_create_repeated_with_its_idempotency_key_while_the_first_runs_answers
     assert_eq!(repeat.status(), 200);
     assert_eq!(repeat.json::<Value>().await.expect("json"), first);
     assert_eq!(gw.tools.calls().len(), 1, "the tool ran once");
+}
+
+#[tokio::test]
+async fn a_create_whose_client_leaves_runs_on_to_its_end_and_calls_its_tool_once() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let (gw, tenant) = gateway_with_tools(&["gate"]).await;
+    gw.model
+        .push(Reply::tool_calls(vec![Call::new("gate", json!({}))]));
+    gw.model.push(Reply::text("Through the gate."));
+    let body = json!({"model": "mock", "input": "Go through the gate."}).to_string();
+    let head = format!(
+        "POST /v1/responses HTTP/1.1\r\nhost: gateway\r\nauthorization: Bearer {}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+        tenant.key,
+        body.len()
+    );
+    let mut client = tokio::net::TcpStream::connect(gw.base_url.trim_start_matches("http://"))
+        .await
+        .expect("connect");
+    client.write_all(head.as_bytes()).await.expect("send");
+    gate_calls(&gw.tools, 1).await;
+
+    // The client stops sending; the gateway, seeing the end of its input mid-request, drops the connection and
+    // the request with it, before any answer: the read ends with nothing.
+    client.shutdown().await.expect("half-close");
+    let mut answer = Vec::new();
+    tokio::time::timeout(PATIENCE, client.read_to_end(&mut answer))
+        .await
+        .expect("the gateway closes the connection")
+        .expect("read");
+    assert!(
+        answer.is_empty(),
+        "answered: {}",
+        String::from_utf8_lossy(&answer)
+    );
+
+    // The response was not abandoned with its request: its tool call answers into it and it ends.
+    let statuses = stored_statuses(&gw).await;
+    assert_eq!(statuses.len(), 1, "{statuses:?}");
+    let id = statuses[0].0.clone();
+    gw.tools.open_gate();
+    follow(&gw, &tenant.key, &id, None).await;
+    let response = get_response(&gw, &tenant.key, &id).await;
+    assert_eq!(response.body["status"], "completed", "{:#}", response.body);
+    let texts: Vec<&Value> = items_of(&response.body, "message")
+        .into_iter()
+        .map(|m| &m["content"][0]["text"])
+        .collect();
+    assert_eq!(texts, [&json!("Through the gate.")], "{:#}", response.body);
+    // Had the run been dropped with the request, a takeover would have sent the held call again.
+    assert_eq!(gw.tools.calls().len(), 1, "the tool ran once");
+    assert_eq!(gw.model.requests().len(), 2);
 }
 
 #[tokio::test]
