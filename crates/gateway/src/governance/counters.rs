@@ -319,14 +319,16 @@ impl Counters {
         })
     }
 
-    /// The standing of `limit` tokens in the minute of `now` (see [`Counters::total`]).
+    /// The standing of `limit` tokens in the minute of `now` (see [`Counters::total`]; `at` is the same moment on
+    /// this process's monotonic clock).
     pub(super) async fn tokens(
         &self,
         counter: &Counter,
         limit: u64,
         now: i64,
+        at: Instant,
     ) -> Result<Standing, StoreError> {
-        let used = self.total(counter, window_start(now), limit).await?;
+        let used = self.total(counter, window_start(now), limit, at).await?;
         Ok(Standing {
             limit,
             remaining: limit.saturating_sub(used),
@@ -338,17 +340,21 @@ impl Counters {
     /// older than `sync`: read from the shared window when the last read is older than `sync`, when the count is
     /// within a slice of `limit`, or when it was never read (this replica's unsynced part added to it on the
     /// way). Read ahead, without waiting, once the last read is half of `sync` old, so that under steady use no
-    /// caller waits. One read at a time: while one is on its way, others use what is known.
+    /// caller waits. One read at a time: while one is on its way, others use what is known. The last read's
+    /// age is taken at `at`, read once by a caller that checks several counters.
     pub(super) async fn total(
         &self,
         counter: &Counter,
         start: i64,
         limit: u64,
+        at: Instant,
     ) -> Result<u64, StoreError> {
         let read = self.with(counter, start, |window| {
             let used = window.shared + window.unsynced + window.syncing;
             let due = read_due(
-                window.synced_at.map(|at| at.elapsed()),
+                window
+                    .synced_at
+                    .map(|synced| at.saturating_duration_since(synced)),
                 used,
                 limit,
                 self.sync,

@@ -21,7 +21,7 @@ mod usage;
 
 use foldhash::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use gateway_core::governance::{Budget, BudgetPeriod, Governance, Pricing, Standing};
 use gateway_core::steps::Usage;
@@ -283,9 +283,10 @@ impl Governor {
             return Ok(Admission::default());
         }
         let now = now();
+        let at = Instant::now();
         for (scope, owner, governance, names) in self.counted_scopes(payer) {
             if let Some(budget) = governance.budget {
-                if self.spent(names, budget, now).await? {
+                if self.spent(names, budget, now, at).await? {
                     return Err(Refusal::BudgetSpent {
                         scope,
                         owner: owner.to_string(),
@@ -298,7 +299,7 @@ impl Governor {
         let mut tokens = Vec::new();
         for (scope, owner, governance, names) in self.counted_scopes(payer) {
             if let Some(limit) = governance.limits.tpm {
-                let standing = self.counters.tokens(&names.tpm, limit, now).await?;
+                let standing = self.counters.tokens(&names.tpm, limit, now, at).await?;
                 tokens.push((scope, owner, limit, standing));
                 headers.tokens = Standing::tighter(headers.tokens, Some(standing));
             }
@@ -373,9 +374,10 @@ impl Governor {
     /// Whether `payer`'s key or project has spent its budget: a running response makes no further model call.
     pub async fn budget_spent(&self, payer: &Payer) -> bool {
         let now = now();
+        let at = Instant::now();
         for (_, _, governance, names) in self.counted_scopes(payer) {
             if let Some(budget) = governance.budget {
-                match self.spent(names, budget, now).await {
+                match self.spent(names, budget, now, at).await {
                     Ok(true) => return true,
                     Ok(false) => {}
                     // A store that does not answer does not stop a running response: the next check may.
@@ -392,11 +394,17 @@ impl Governor {
         names: &CounterNames,
         budget: Budget,
         now: i64,
+        at: Instant,
     ) -> Result<bool, StoreError> {
         let limit = nanos(budget.usd);
         let spent = self
             .counters
-            .total(names.spend(budget.period), budget.period.start(now), limit)
+            .total(
+                names.spend(budget.period),
+                budget.period.start(now),
+                limit,
+                at,
+            )
             .await?;
         Ok(spent >= limit)
     }
