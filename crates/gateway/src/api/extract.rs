@@ -53,9 +53,25 @@ pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
             Some("invalid_nul_character"),
         ));
     }
+    // UTF-8 is checked once for the whole body, rather than string by string as it is read; a body that is not
+    // UTF-8 is read as bytes, so that its error names where it fails, as before.
+    match std::str::from_utf8(bytes) {
+        Ok(text) => read_whole(serde_json::Deserializer::from_str(text), bytes),
+        Err(_) => read_whole(serde_json::Deserializer::from_slice(bytes), bytes),
+    }
+}
+
+/// Reads `T` from `deserializer` (reading `bytes`), and nothing after it.
+fn read_whole<'de, R, T>(
+    mut deserializer: serde_json::Deserializer<R>,
+    bytes: &[u8],
+) -> Result<T, ApiError>
+where
+    R: serde_json::de::Read<'de>,
+    T: DeserializeOwned,
+{
     // Read once without following where it is: tracking the path costs every body a share of its parse, and only
     // a failure needs it, named by reading the body again.
-    let mut deserializer = serde_json::Deserializer::from_slice(bytes);
     let value = T::deserialize(&mut deserializer).map_err(|e| failure_explained::<T>(bytes, e))?;
     // One JSON value and nothing after it but whitespace: `{...} xyz` is not a body OpenAI accepts.
     deserializer.end().map_err(|inner| {
