@@ -55,7 +55,13 @@ impl Engine {
         .await;
         super::spans::run_ended(&span, run.record.status().as_str());
         let source = match driven {
-            Ok(finished) => return Ok(finished),
+            // The run ends here: its record is moved out rather than copied.
+            Ok(Ended { output }) => {
+                return Ok(Finished {
+                    record: run.record,
+                    output,
+                })
+            }
             Err(Interrupted::GivenUp) => return Err(Box::pin(self.given_up(&run)).await),
             Err(Interrupted::Store(source))
                 if source.is_transient() && !run.journal.nothing_stored() =>
@@ -146,7 +152,7 @@ impl Engine {
         &self,
         run: &mut Run,
         sink: &mut S,
-    ) -> Result<Finished, Interrupted> {
+    ) -> Result<Ended, Interrupted> {
         self.begin(run, sink).await?;
         loop {
             self.check_lease(run).await;
@@ -299,7 +305,7 @@ impl Engine {
         run: &mut Run,
         ending: Ending,
         sink: &mut S,
-    ) -> Result<Finished, Interrupted> {
+    ) -> Result<Ended, Interrupted> {
         // A model call recorded with the response but never made (the stream's client left first) did not
         // start: the store says so.
         for index in 0..run.steps.len() {
@@ -326,18 +332,20 @@ impl Engine {
         if queued_events {
             self.deliverer.wake();
         }
-        let finished = Finished {
-            record: run.record.clone(),
-            output: render_output(&run.steps, handed_back),
-        };
-        crate::metrics::response_finished(finished.record.status().as_str(), &run.steps);
+        let output = render_output(&run.steps, handed_back);
+        crate::metrics::response_finished(run.record.status().as_str(), &run.steps);
         sink.report(Progress::Ended {
-            record: &finished.record,
-            output: &finished.output,
+            record: &run.record,
+            output: &output,
         })
         .await;
-        Ok(finished)
+        Ok(Ended { output })
     }
+}
+
+/// A run's loop reached the response's end, recorded: the output clients see (the record is the run's).
+pub(super) struct Ended {
+    output: Vec<gateway_core::Item>,
 }
 
 /// What a cancelled model or tool call records as its failure.
