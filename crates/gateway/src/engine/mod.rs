@@ -121,7 +121,7 @@ pub struct Run {
     project_id: String,
     /// Created with an `Idempotency-Key`: a repeated create may wait for its end.
     keyed: bool,
-    deployment: Deployment,
+    deployment: Arc<Deployment>,
     /// The server tools it may call, by name; the other tools are the client's.
     server_tools: ServerTools,
     context: Vec<Item>,

@@ -314,13 +314,13 @@ fn mark_approvals(server_tools: &ServerTools, response_id: &str, calls: &mut [To
 }
 
 /// What upstream needs of `deployment` to call its provider.
-pub(super) fn target(deployment: &Deployment) -> Target {
+pub(super) fn target(deployment: &Deployment) -> Target<'_> {
     Target {
-        name: deployment.name.clone(),
+        name: &deployment.name,
         kind: deployment.provider_kind,
-        base_url: deployment.base_url.clone(),
-        model: deployment.upstream_model.clone(),
-        api_key: deployment.api_key.clone(),
+        base_url: &deployment.base_url,
+        model: &deployment.upstream_model,
+        api_key: deployment.api_key.as_ref(),
         max_tokens: deployment.max_tokens,
     }
 }

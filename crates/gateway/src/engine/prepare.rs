@@ -175,7 +175,7 @@ impl Engine {
             write_now: request.store
                 && (request.stream || request.background || idempotency_key.is_some()),
             record: new_record(response_id, request),
-            deployment: resolution.deployment.clone(),
+            deployment: Arc::clone(&resolution.deployment),
             server_tools,
             context,
             steps,
@@ -475,7 +475,7 @@ struct Plan<'a> {
     /// Its row is written as it is prepared.
     write_now: bool,
     record: ResponseRecord,
-    deployment: Deployment,
+    deployment: Arc<Deployment>,
     server_tools: ServerTools,
     context: Vec<Item>,
     steps: Vec<Step>,

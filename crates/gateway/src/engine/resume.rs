@@ -2,6 +2,7 @@
 //! again, a tool call that was in flight is sent again under the same `Idempotency-Key`, pending steps run, all
 //! through `decide_next_action`. A queued background response starts the same way.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use gateway_core::response::{Ending, FailureCode, ResponseStatus};
@@ -91,7 +92,7 @@ impl Engine {
             limits: self.limits_for(stored.record.params.max_tool_calls),
             project_id: stored.project_id,
             keyed: stored.keyed,
-            deployment,
+            deployment: Arc::new(deployment),
             server_tools,
             context: stored.context,
             journal: Journal::resumed(stored.steps.len()),

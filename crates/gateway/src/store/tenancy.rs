@@ -89,7 +89,8 @@ impl SourceKind {
 /// What a project may use when it names a model.
 #[derive(Debug, Clone)]
 pub struct Resolution {
-    pub deployment: Deployment,
+    /// Shared with the runs it starts, which keep it while they run.
+    pub deployment: std::sync::Arc<Deployment>,
     pub tools: Vec<ToolSource>,
 }
 
@@ -163,7 +164,10 @@ impl Store {
             .into_iter()
             .map(ToolSource::from)
             .collect();
-            Ok(Some(Resolution { deployment, tools }))
+            Ok(Some(Resolution {
+                deployment: std::sync::Arc::new(deployment),
+                tools,
+            }))
         })
     }
 

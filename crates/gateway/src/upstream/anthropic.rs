@@ -14,7 +14,7 @@ pub(super) const WIRE: Wire = Wire {
     path: "/v1/messages",
     build: |target, input| {
         Body::Json(anthropic::build_request(
-            &target.model,
+            target.model,
             target.max_tokens,
             input,
         ))

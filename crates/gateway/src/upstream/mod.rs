@@ -107,17 +107,17 @@ impl UpstreamError {
     }
 }
 
-/// Where a model call goes: what upstream needs of a deployment, built by the engine from the stored one.
-#[derive(Debug, Clone)]
-pub struct Target {
+/// Where a model call goes: what upstream needs of a deployment, borrowed by the engine from the stored one.
+#[derive(Debug, Clone, Copy)]
+pub struct Target<'a> {
     /// The deployment's name, for logs.
-    pub name: String,
+    pub name: &'a str,
     pub kind: ProviderKind,
     /// The provider's base URL; each adapter adds its own path.
-    pub base_url: String,
+    pub base_url: &'a str,
     /// The model the provider is asked for.
-    pub model: String,
-    pub api_key: Option<SecretString>,
+    pub model: &'a str,
+    pub api_key: Option<&'a SecretString>,
     /// Anthropic's required `max_tokens` when the request sets no `max_output_tokens`.
     pub max_tokens: u32,
 }
@@ -176,7 +176,7 @@ impl Upstream {
     /// they arrive), whole otherwise; retried as SPEC 8 says.
     pub async fn call(
         &self,
-        target: &Target,
+        target: &Target<'_>,
         request: &ModelRequest<'_>,
         live: Option<Live<'_>>,
     ) -> Result<ModelOutput, UpstreamError> {
@@ -222,7 +222,7 @@ impl Upstream {
     /// counting endpoint (the call's body sent there, reduced to the fields it takes), this gateway otherwise.
     pub async fn count_input_tokens(
         &self,
-        target: &Target,
+        target: &Target<'_>,
         request: &ModelRequest<'_>,
     ) -> Result<(u64, count::CountedBy), UpstreamError> {
         let kept: Vec<Item> = request
@@ -237,7 +237,7 @@ impl Upstream {
         };
         let wire = wire_of(target.kind);
         let body = (wire.build)(target, &request.input()).into_value();
-        let (counted_by, endpoint) = count::counting(target.kind, &target.model);
+        let (counted_by, endpoint) = count::counting(target.kind, target.model);
         let Some((path, fields)) = endpoint else {
             let count::CountedBy::Local(encoding) = counted_by else {
                 return Ok((0, counted_by));
@@ -288,7 +288,7 @@ impl Upstream {
 
     async fn call_provider(
         &self,
-        target: &Target,
+        target: &Target<'_>,
         request: &ModelRequest<'_>,
         live: Option<Live<'_>>,
     ) -> Result<ModelOutput, UpstreamError> {
@@ -310,7 +310,7 @@ impl Upstream {
     /// the client saw text, a new attempt could not take it back.
     async fn with_retries<Fut>(
         &self,
-        target: &Target,
+        target: &Target<'_>,
         out: Option<&Forwarder<'_>>,
         attempt: impl FnMut(u32) -> Fut,
     ) -> Result<ModelOutput, UpstreamError>
@@ -333,7 +333,7 @@ impl Upstream {
     /// is `Status` (with the start of its body, for logs), no answer is `Transport`.
     async fn send(
         &self,
-        target: &Target,
+        target: &Target<'_>,
         url: &str,
         headers: &HeaderMap,
         body: &Bytes,
@@ -437,7 +437,7 @@ impl Upstream {
 /// Where one model call goes and with which headers (the same for each of its attempts).
 #[derive(Clone, Copy)]
 struct Call<'a> {
-    target: &'a Target,
+    target: &'a Target<'a>,
     url: &'a str,
     headers: &'a HeaderMap,
 }
@@ -465,7 +465,7 @@ fn unreadable(failure: AnswerError, attempt: u32) -> UpstreamError {
 
 /// The headers of a call to `target` over `wire`: the provider's own (its key, its version) and, with traces on,
 /// the model call's span as the provider's parent (SPEC 14). A key that cannot be a header fails the call.
-fn headers_for(wire: &Wire, target: &Target) -> Result<HeaderMap, UpstreamError> {
+fn headers_for(wire: &Wire, target: &Target<'_>) -> Result<HeaderMap, UpstreamError> {
     let mut headers = HeaderMap::new();
     crate::telemetry::add_trace_headers(&mut headers);
     (wire.headers)(&mut headers, target).map_err(|_| UpstreamError::Transport {
@@ -526,9 +526,9 @@ struct Wire {
     /// Put after the deployment's base URL.
     path: &'static str,
     /// The request body of one call.
-    build: for<'a> fn(&Target, &ModelInput<'a>) -> Body<'a>,
+    build: for<'a> fn(&Target<'_>, &ModelInput<'a>) -> Body<'a>,
     /// The provider's own headers on an attempt (its key, its version).
-    headers: fn(&mut HeaderMap, &Target) -> Result<(), InvalidHeaderValue>,
+    headers: fn(&mut HeaderMap, &Target<'_>) -> Result<(), InvalidHeaderValue>,
     /// Turns a whole answer, as sent, into the normalised one.
     parse: fn(&[u8], &mut dyn IdSource) -> Result<ModelOutput, AnswerError>,
     /// A streamed request asks for the usage (`stream_options.include_usage`), which Chat sends only when asked.
@@ -547,7 +547,7 @@ fn wire_of(kind: ProviderKind) -> &'static Wire {
 }
 
 /// The `Authorization: Bearer` of a deployment's key, if it has one.
-fn bearer(headers: &mut HeaderMap, target: &Target) -> Result<(), InvalidHeaderValue> {
+fn bearer(headers: &mut HeaderMap, target: &Target<'_>) -> Result<(), InvalidHeaderValue> {
     if let Some(key) = &target.api_key {
         headers.insert(
             AUTHORIZATION,

@@ -13,7 +13,7 @@ use super::{bearer, sse, Body, Forwarder, UpstreamError, Wire};
 /// How an OpenAI-compatible Chat Completions upstream speaks.
 pub(super) const WIRE: Wire = Wire {
     path: "/chat/completions",
-    build: |target, input| Body::Chat(chat::build_chat_request(&target.model, input)),
+    build: |target, input| Body::Chat(chat::build_chat_request(target.model, input)),
     headers: bearer,
     parse: chat::parse_answer,
     include_usage: true,

@@ -7,7 +7,7 @@ use gateway_core::openai_responses::{self, ResponsesStream};
 /// How a Responses upstream speaks.
 pub(super) const WIRE: Wire = Wire {
     path: "/responses",
-    build: |target, input| Body::Json(openai_responses::build_request(&target.model, input)),
+    build: |target, input| Body::Json(openai_responses::build_request(target.model, input)),
     headers: bearer,
     parse: openai_responses::parse_answer,
     include_usage: false,

@@ -111,10 +111,10 @@ pub async fn project_resolution(
         project_id,
         model: query.model,
         deployment: DeploymentView {
-            id: deployment.id,
-            name: deployment.name,
+            id: deployment.id.clone(),
+            name: deployment.name.clone(),
             kind: deployment.provider_kind.as_str(),
-            upstream_model: deployment.upstream_model,
+            upstream_model: deployment.upstream_model.clone(),
             fallbacks,
         },
         tools,
