@@ -373,7 +373,7 @@ fn image_block(url: &str) -> Value {
 
 /// Reads a non-streaming Messages answer, as sent, into the normalised model output.
 pub fn parse_answer(body: &[u8], ids: &mut dyn IdSource) -> Result<ModelOutput, AnswerError> {
-    let body: Value = serde_json::from_slice(body)?;
+    let body: Value = crate::json::from_bytes(body)?;
     Ok(parse_response(&body, ids)?)
 }
 

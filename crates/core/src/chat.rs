@@ -343,12 +343,7 @@ pub enum AnswerError {
 
 /// Reads a non-streaming Chat Completions answer, as sent, into the normalised model output.
 pub fn parse_answer(body: &[u8], ids: &mut dyn IdSource) -> Result<ModelOutput, AnswerError> {
-    // UTF-8 checked once for the whole answer rather than string by string; an answer that is not UTF-8 is read
-    // as bytes, for the error that says where.
-    let answer::Lenient(answer) = match std::str::from_utf8(body) {
-        Ok(text) => serde_json::from_str(text)?,
-        Err(_) => serde_json::from_slice(body)?,
-    };
+    let answer::Lenient(answer) = crate::json::from_bytes(body)?;
     Ok(output_of(answer, ids)?)
 }
 

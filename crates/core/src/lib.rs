@@ -15,6 +15,7 @@ pub mod event_stream;
 pub mod events;
 pub mod governance;
 pub mod items;
+pub mod json;
 pub mod openai_responses;
 pub mod output;
 pub mod preparation;

@@ -53,8 +53,8 @@ pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
             Some("invalid_nul_character"),
         ));
     }
-    // UTF-8 is checked once for the whole body, rather than string by string as it is read; a body that is not
-    // UTF-8 is read as bytes, so that its error names where it fails, as before.
+    // As `gateway_core::json::from_bytes` reads (UTF-8 checked once for the whole body), but with the reader kept:
+    // what follows the value is refused with an error of its own.
     match std::str::from_utf8(bytes) {
         Ok(text) => read_whole(serde_json::Deserializer::from_str(text), bytes),
         Err(_) => read_whole(serde_json::Deserializer::from_slice(bytes), bytes),

@@ -97,7 +97,7 @@ pub enum EngineError {
     /// A read of the store failed while preparing the response.
     #[error(transparent)]
     Store(#[from] StoreError),
-    /// The task running the response ended without an answer (it panicked).
+    /// The response's run ended without an answer (it panicked), on the request's task or its own.
     #[error("the response's task failed")]
     TaskFailed,
 }
