@@ -4,6 +4,7 @@
 use std::collections::HashMap;
 
 use anyhow::bail;
+use futures::future::OptionFuture;
 use reqwest::Client;
 
 use gateway_bench::procs::{self, ChildProcess};
@@ -26,10 +27,11 @@ pub(crate) struct Harness {
     pub(crate) _traces: Option<gateway_testkit::OtlpReceiver>,
 }
 
-/// The gateway compared with (`--baseline-bin-dir`): its process, its database, its URL and key.
+/// What the gateway is compared with: another gateway (`--baseline-bin-dir`) with its database, or the floor
+/// (`--baseline-floor`), which has none; its process, URL and key.
 pub(crate) struct Baseline {
     pub(crate) process: ChildProcess,
-    pub(crate) database: Database,
+    pub(crate) database: Option<Database>,
     pub(crate) key: String,
 }
 
@@ -119,6 +121,20 @@ impl Harness {
                     return Err(e.context("start the baseline gateway"));
                 }
             }
+        } else if args.baseline_floor {
+            match procs::start_floor(&bin_dir, &harness.endpoints.mock) {
+                Ok(process) => {
+                    harness.baseline = Some(Baseline {
+                        process,
+                        database: None,
+                        key: "floor-reads-no-key".to_owned(),
+                    })
+                }
+                Err(e) => {
+                    harness.stop().await;
+                    return Err(e.context("start the floor"));
+                }
+            }
         }
         Ok(harness)
     }
@@ -162,7 +178,7 @@ impl Harness {
         match started {
             Ok((process, key)) => Ok(Baseline {
                 process,
-                database,
+                database: Some(database),
                 key,
             }),
             Err(e) => {
@@ -230,7 +246,7 @@ impl Harness {
                 process, database, ..
             } = baseline;
             drop(process);
-            if let Err(e) = database.drop_database().await {
+            if let Some(Err(e)) = OptionFuture::from(database.map(Database::drop_database)).await {
                 eprintln!("could not drop the baseline's bench database: {e:#}");
             }
         }

@@ -94,6 +94,11 @@ struct Args {
     /// what governance costs.
     #[arg(long, requires = "baseline_bin_dir")]
     baseline_ungoverned: bool,
+    /// The baseline is `gateway-floor` from the bin dir instead of a gateway: the least a Responses-to-Chat proxy
+    /// does on the gateway's stack (no keys, limits, store, logs or metrics), against the same mock model, so that
+    /// the ratio says how far the gateway is from that floor, and its CPU per request beside the gateway's.
+    #[arg(long, conflicts_with_all = ["gateway_url", "baseline_bin_dir"])]
+    baseline_floor: bool,
     /// The measured gateway (and the baseline) run on the embedded store, a SQLite file in a fresh temporary
     /// directory, instead of a Postgres database.
     #[arg(long, conflicts_with = "gateway_url")]
@@ -158,6 +163,8 @@ impl Bench<'_> {
         };
         let mut direct_stats = Stats::new()?;
         let mut cpu_spans = Vec::new();
+        let baseline_pid = harness.baseline.as_ref().map(|b| b.process.pid);
+        let mut baseline_ticks: Option<u64> = baseline_pid.map(|_| 0);
         let mut sampled = None;
         let mut timings = Histograms::default();
         let mut commits: Option<i64> = None;
@@ -167,7 +174,12 @@ impl Bench<'_> {
             let baseline_first = index % 2 == 1;
             if baseline_first {
                 if let (Some(target), Some(stats)) = (&baseline, &mut baseline_stats) {
+                    let before = baseline_pid.and_then(procs::cpu_ticks);
                     stats.merge(&load::run(http, target, self.load, slice).await?);
+                    let spent = before.zip(baseline_pid.and_then(procs::cpu_ticks));
+                    baseline_ticks = baseline_ticks
+                        .zip(spent)
+                        .map(|(sum, (before, after))| sum + after.saturating_sub(before));
                     reset_mocks(http, endpoints).await?;
                 }
             }
@@ -193,7 +205,12 @@ impl Bench<'_> {
             reset_mocks(http, endpoints).await?;
             if !baseline_first {
                 if let (Some(target), Some(stats)) = (&baseline, &mut baseline_stats) {
+                    let before = baseline_pid.and_then(procs::cpu_ticks);
                     stats.merge(&load::run(http, target, self.load, slice).await?);
+                    let spent = before.zip(baseline_pid.and_then(procs::cpu_ticks));
+                    baseline_ticks = baseline_ticks
+                        .zip(spent)
+                        .map(|(sum, (before, after))| sum + after.saturating_sub(before));
                     reset_mocks(http, endpoints).await?;
                 }
             }
@@ -211,6 +228,12 @@ impl Bench<'_> {
             load_average,
             plan: plan_text,
             cpu: CpuSnapshot::per_request(&cpu_spans, gateway_stats.ok, self.ticks_per_second),
+            baseline_cpu: baseline_ticks
+                .zip(baseline_stats.as_ref())
+                .filter(|(_, stats)| stats.ok > 0)
+                .map(|(ticks, stats)| {
+                    ticks as f64 * 1e6 / self.ticks_per_second as f64 / stats.ok as f64
+                }),
             timings: timings.describe(gateway_stats.ok + gateway_stats.errors),
             writes: WriteFigures::of(&timings, commits, gateway_stats.ok + gateway_stats.errors),
             gateway: gateway_stats,
@@ -393,7 +416,7 @@ async fn main() -> anyhow::Result<()> {
         started: utc_now(),
         machine: machine(),
         settings: format!(
-            "{} s per target after {} s warm-up, gateway{}{}{} and direct alternating {}, {}{}",
+            "{} s per target after {} s warm-up, gateway{}{}{}{} and direct alternating {}, {}{}",
             args.duration,
             args.warmup,
             if args.embedded {
@@ -405,6 +428,11 @@ async fn main() -> anyhow::Result<()> {
                 " (traces on, every request sampled)"
             } else {
                 ""
+            },
+            if args.baseline_floor {
+                ", baseline (the floor, gateway-floor)".to_owned()
+            } else {
+                String::new()
             },
             args.baseline_bin_dir
                 .as_ref()

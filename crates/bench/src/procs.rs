@@ -120,6 +120,26 @@ pub fn start_testkit(bin_dir: &Path, name: &str) -> anyhow::Result<ChildProcess>
     .with_context(|| format!("start {}", path.display()))
 }
 
+/// Starts `gateway-floor` (the least a Responses-to-Chat proxy does on the gateway's stack) on port 0, calling the
+/// mock model at `mock_url`, and reads its address from its `listening on http://HOST:PORT` line.
+pub fn start_floor(bin_dir: &Path, mock_url: &str) -> anyhow::Result<ChildProcess> {
+    let path = bin_dir.join("gateway-floor");
+    let mut command = Command::new(&path);
+    command
+        .args(["--bind", "127.0.0.1:0", "--upstream"])
+        .arg(format!("{}/v1", mock_url.trim_end_matches('/')))
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit());
+    start("gateway-floor", command, |line| {
+        line.trim().strip_prefix("listening on ").map(|url| Ready {
+            url: url.to_owned(),
+            ident: String::new(),
+        })
+    })
+    .with_context(|| format!("start {}", path.display()))
+}
+
 /// Starts `gateway serve` on port 0 with JSON logs and reads its address from the `gateway listening`
 /// log line.
 pub fn start_gateway(

@@ -33,6 +33,8 @@ pub struct Measured {
     /// What the gateway run's writes cost the database.
     pub writes: WriteFigures,
     pub cpu: CpuPerRequest,
+    /// The baseline's CPU per request over its slices, in µs.
+    pub baseline_cpu: Option<f64>,
 }
 
 /// What a run's writes cost the database: commits (Postgres' write transactions, every process included) and
@@ -167,14 +169,14 @@ fn render_baseline(out: &mut String, measured: &[&Measured]) {
     );
     let _ = writeln!(
         out,
-        "| scenario | load | gw req/s | baseline req/s | ratio | gw p50 | baseline p50 | gw p99 | baseline p99 | errors gw/baseline |"
+        "| scenario | load | gw req/s | baseline req/s | ratio | gw p50 | baseline p50 | gw p99 | baseline p99 | errors gw/baseline | CPU µs/req gw/baseline |"
     );
-    let _ = writeln!(out, "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|");
+    let _ = writeln!(out, "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|");
     for (m, baseline) in compared {
         let ratio = (baseline.rps() > 0.0).then(|| m.gateway.rps() / baseline.rps());
         let _ = writeln!(
             out,
-            "| {} | {} | {:.0} | {:.0} | {} | {} | {} | {} | {} | {}/{} |",
+            "| {} | {} | {:.0} | {:.0} | {} | {} | {} | {} | {} | {}/{} | {}/{} |",
             m.scenario.name(),
             m.load.describe(),
             m.gateway.rps(),
@@ -186,6 +188,8 @@ fn render_baseline(out: &mut String, measured: &[&Measured]) {
             ms(baseline.ms(0.99)),
             m.gateway.errors,
             baseline.errors,
+            us(m.cpu.gateway),
+            us(m.baseline_cpu),
         );
     }
     out.push('\n');
