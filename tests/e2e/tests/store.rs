@@ -78,6 +78,7 @@ on_both_backends!(
     the_deadline_is_set_and_read_by_the_database_clock,
     writes_that_share_a_batch_are_answered_each_its_own_way,
     a_run_that_lost_its_response_writes_nothing_even_queued_beside_the_run_that_took_it_back,
+    additions_to_counted_windows_in_one_statement_answer_each_its_windows_total,
 );
 
 // ---- scratch databases ----
@@ -2569,4 +2570,36 @@ async fn a_relaxed_write_leaves_the_connections_commit_setting_as_it_was() {
             .len(),
         1
     );
+}
+
+async fn additions_to_counted_windows_in_one_statement_answer_each_its_windows_total(store: Store) {
+    const MINUTE: i64 = 1_800_000_000;
+    assert_eq!(store.add_to_window("key:tpm", MINUTE, 5).await.unwrap(), 5);
+    // Out of order, one window twice, one new, one of the next minute: each answer is its window's total after
+    // the whole statement, and the same window named twice got both amounts.
+    let totals = store
+        .add_to_windows(&[
+            ("project:tpm", MINUTE, 7),
+            ("key:tpm", MINUTE, 10),
+            ("key:spend", MINUTE, 0),
+            ("key:tpm", MINUTE, 1),
+            ("key:tpm", MINUTE + 60, 3),
+        ])
+        .await
+        .unwrap();
+    assert_eq!(totals, vec![7, 16, 0, 16, 3]);
+    // Written: read back one at a time, adding nothing.
+    for (scope, start, total) in [
+        ("project:tpm", MINUTE, 7),
+        ("key:tpm", MINUTE, 16),
+        ("key:spend", MINUTE, 0),
+        ("key:tpm", MINUTE + 60, 3),
+    ] {
+        assert_eq!(
+            store.add_to_window(scope, start, 0).await.unwrap(),
+            total,
+            "{scope} {start}"
+        );
+    }
+    assert_eq!(store.add_to_windows(&[]).await.unwrap(), Vec::<u64>::new());
 }

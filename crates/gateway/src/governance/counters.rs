@@ -3,10 +3,10 @@
 //! period, in nano-dollars) are added to a shared window and the other replicas' read back, at most every `sync`.
 
 use foldhash::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use tokio::sync::Notify;
+use tokio::sync::{mpsc, oneshot, Notify};
 
 use gateway_core::governance::{window_start, Standing, WINDOW_SECS};
 
@@ -176,6 +176,53 @@ pub(super) struct Counters {
     windows: Arc<Mutex<WindowBook>>,
     /// Told whenever a lease of requests answered (or failed).
     leased: Arc<Notify>,
+    /// The writer of additions to shared windows, started with the first one.
+    additions: Arc<OnceLock<mpsc::UnboundedSender<Addition>>>,
+}
+
+/// A part of a count on its way to its shared window, and who waits for the window's total.
+struct Addition {
+    name: Arc<str>,
+    start: i64,
+    amount: u64,
+    answer: oneshot::Sender<Result<u64, StoreError>>,
+}
+
+/// The most additions written in one statement.
+const MAX_ADDITIONS: usize = 256;
+
+/// Writes the additions to shared windows one statement at a time: each statement takes every addition handed in
+/// while the last one ran (a request's counters come due together: its key's and its project's tokens and spend),
+/// and answers each with its window's total. Ends when the counters are gone.
+async fn write_additions(store: Store, mut pending: mpsc::UnboundedReceiver<Addition>) {
+    let mut batch = Vec::new();
+    while pending.recv_many(&mut batch, MAX_ADDITIONS).await > 0 {
+        let rows: Vec<(&str, i64, u64)> = batch
+            .iter()
+            .map(|addition| (&*addition.name, addition.start, addition.amount))
+            .collect();
+        let written = store.add_to_windows(&rows).await;
+        drop(rows);
+        match written {
+            Ok(totals) => {
+                for (addition, total) in batch.drain(..).zip(totals) {
+                    let _ = addition.answer.send(Ok(total));
+                }
+            }
+            Err(e) => {
+                let busy = matches!(e, StoreError::Busy);
+                let message = e.to_string();
+                for addition in batch.drain(..) {
+                    let error = if busy {
+                        StoreError::Busy
+                    } else {
+                        StoreError::Database(sqlx::Error::Protocol(message.clone()))
+                    };
+                    let _ = addition.answer.send(Err(error));
+                }
+            }
+        }
+    }
 }
 
 impl Counters {
@@ -185,7 +232,35 @@ impl Counters {
             sync,
             windows: Arc::default(),
             leased: Arc::default(),
+            additions: Arc::default(),
         }
+    }
+
+    /// Adds `amount` to the shared window of `name` that starts at `start`, in the next statement of the writer
+    /// of additions, and answers what the window holds then.
+    async fn add_to_shared(
+        &self,
+        name: &Arc<str>,
+        start: i64,
+        amount: u64,
+    ) -> Result<u64, StoreError> {
+        let additions = self.additions.get_or_init(|| {
+            let (sender, receiver) = mpsc::unbounded_channel();
+            tokio::spawn(write_additions(self.store.clone(), receiver));
+            sender
+        });
+        let (answer, total) = oneshot::channel();
+        let addition = Addition {
+            name: Arc::clone(name),
+            start,
+            amount,
+            answer,
+        };
+        if additions.send(addition).is_err() {
+            return Err(StoreError::Busy);
+        }
+        // A writer stopped by the runtime's shutdown drops the answer: the store is as good as busy.
+        total.await.unwrap_or(Err(StoreError::Busy))
     }
 
     /// The counter `name`: the same window for every caller that names it.
@@ -388,10 +463,7 @@ impl Counters {
             window.syncing += pending;
             pending
         });
-        let added = self
-            .store
-            .add_to_window(&counter.name, start, pending)
-            .await;
+        let added = self.add_to_shared(&counter.name, start, pending).await;
         self.with(counter, start, |window| {
             window.syncing -= pending.min(window.syncing);
             match &added {

@@ -290,6 +290,77 @@ impl Store {
         Ok(u64::try_from(used).unwrap_or(0))
     }
 
+    /// Adds each `(scope, window_start, amount)` to its counted window in one statement, and answers what each
+    /// window holds now, in the order given. The same window named twice gets both amounts, and both answers are
+    /// its total. On Postgres, rows are taken in one order (scope, then window), so that two replicas' batches
+    /// over the same windows wait for each other instead of deadlocking; the embedded store's one writer runs the
+    /// additions in one transaction.
+    pub async fn add_to_windows(
+        &self,
+        additions: &[(&str, i64, u64)],
+    ) -> Result<Vec<u64>, StoreError> {
+        let mut totals: std::collections::BTreeMap<(&str, i64), u64> =
+            std::collections::BTreeMap::new();
+        for &(scope, window_start, amount) in additions {
+            *totals.entry((scope, window_start)).or_default() += amount;
+        }
+        let mut used: std::collections::HashMap<(String, i64), u64> =
+            std::collections::HashMap::with_capacity(totals.len());
+        match &self.backend {
+            Backend::Postgres(pool) => {
+                let (scopes, (starts, amounts)): (Vec<&str>, (Vec<i64>, Vec<i64>)) = totals
+                    .iter()
+                    .map(|(&(scope, start), &amount)| (scope, (start, amount as i64)))
+                    .unzip();
+                let rows: Vec<(String, i64, i64)> = sqlx::query_as(
+                    "INSERT INTO rate_windows (scope, window_start, used)
+                     SELECT scope, window_start, amount
+                     FROM UNNEST($1::text[], $2::bigint[], $3::bigint[]) AS added(scope, window_start, amount)
+                     ORDER BY scope, window_start
+                     ON CONFLICT (scope, window_start) DO UPDATE SET used = rate_windows.used + excluded.used
+                     RETURNING scope, window_start, used",
+                )
+                .bind(&scopes)
+                .bind(&starts)
+                .bind(&amounts)
+                .fetch_all(pool)
+                .await?;
+                for (scope, start, total) in rows {
+                    used.insert((scope, start), u64::try_from(total).unwrap_or(0));
+                }
+            }
+            Backend::Sqlite(pool) => {
+                let mut transaction = pool.begin().await?;
+                for (&(scope, start), &amount) in &totals {
+                    let total: i64 = sqlx::query_scalar(
+                        "INSERT INTO rate_windows (scope, window_start, used) VALUES ($1, $2, $3)
+                         ON CONFLICT (scope, window_start) DO UPDATE SET used = rate_windows.used + excluded.used
+                         RETURNING used",
+                    )
+                    .bind(scope)
+                    .bind(start)
+                    .bind(amount as i64)
+                    .fetch_one(&mut *transaction)
+                    .await?;
+                    used.insert((scope.to_owned(), start), u64::try_from(total).unwrap_or(0));
+                }
+                transaction.commit().await?;
+            }
+        }
+        additions
+            .iter()
+            .map(|&(scope, start, _)| {
+                used.get(&(scope.to_owned(), start))
+                    .copied()
+                    .ok_or_else(|| {
+                        StoreError::Corrupt(format!(
+                            "no total answered for the window {scope} at {start}"
+                        ))
+                    })
+            })
+            .collect()
+    }
+
     /// Takes one place of the `max_concurrent` count `scope` for `replica`, if fewer than `limit` run: `false`
     /// when it is full. One statement on Postgres (the counter's row lock orders replicas).
     pub async fn acquire_running(
