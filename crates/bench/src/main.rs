@@ -128,6 +128,25 @@ impl Bench<'_> {
         slices
     }
 
+    /// Runs the baseline for one slice: its figures into `stats`, the CPU ticks its process `pid` spent into
+    /// `ticks` (which stays `None` once a reading is missing).
+    async fn baseline_slice(
+        &self,
+        target: &Target,
+        pid: Option<u32>,
+        stats: &mut Stats,
+        ticks: &mut Option<u64>,
+        slice: Duration,
+    ) -> anyhow::Result<()> {
+        let before = pid.and_then(procs::cpu_ticks);
+        stats.merge(&load::run(&self.http, target, self.load, slice).await?);
+        let spent = before.zip(pid.and_then(procs::cpu_ticks));
+        *ticks = ticks
+            .zip(spent)
+            .map(|(sum, (before, after))| sum + after.saturating_sub(before));
+        Ok(())
+    }
+
     async fn scenario(&self, harness: &Harness, scenario: Scenario) -> anyhow::Result<Outcome> {
         if scenario == Scenario::OpenStreams {
             return self.open_streams(harness).await;
@@ -174,12 +193,8 @@ impl Bench<'_> {
             let baseline_first = index % 2 == 1;
             if baseline_first {
                 if let (Some(target), Some(stats)) = (&baseline, &mut baseline_stats) {
-                    let before = baseline_pid.and_then(procs::cpu_ticks);
-                    stats.merge(&load::run(http, target, self.load, slice).await?);
-                    let spent = before.zip(baseline_pid.and_then(procs::cpu_ticks));
-                    baseline_ticks = baseline_ticks
-                        .zip(spent)
-                        .map(|(sum, (before, after))| sum + after.saturating_sub(before));
+                    self.baseline_slice(target, baseline_pid, stats, &mut baseline_ticks, slice)
+                        .await?;
                     reset_mocks(http, endpoints).await?;
                 }
             }
@@ -205,12 +220,8 @@ impl Bench<'_> {
             reset_mocks(http, endpoints).await?;
             if !baseline_first {
                 if let (Some(target), Some(stats)) = (&baseline, &mut baseline_stats) {
-                    let before = baseline_pid.and_then(procs::cpu_ticks);
-                    stats.merge(&load::run(http, target, self.load, slice).await?);
-                    let spent = before.zip(baseline_pid.and_then(procs::cpu_ticks));
-                    baseline_ticks = baseline_ticks
-                        .zip(spent)
-                        .map(|(sum, (before, after))| sum + after.saturating_sub(before));
+                    self.baseline_slice(target, baseline_pid, stats, &mut baseline_ticks, slice)
+                        .await?;
                     reset_mocks(http, endpoints).await?;
                 }
             }

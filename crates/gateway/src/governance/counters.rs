@@ -210,14 +210,19 @@ async fn write_additions(store: Store, mut pending: mpsc::UnboundedReceiver<Addi
                 }
             }
             Err(e) => {
+                // The first addition gets the error itself; the others, which an error cannot be cloned for, its
+                // kind (a busy store) or its text.
                 let busy = matches!(e, StoreError::Busy);
                 let message = e.to_string();
+                let mut error = Some(e);
                 for addition in batch.drain(..) {
-                    let error = if busy {
-                        StoreError::Busy
-                    } else {
-                        StoreError::Database(sqlx::Error::Protocol(message.clone()))
-                    };
+                    let error = error.take().unwrap_or_else(|| {
+                        if busy {
+                            StoreError::Busy
+                        } else {
+                            StoreError::Database(sqlx::Error::Protocol(message.clone()))
+                        }
+                    });
                     let _ = addition.answer.send(Err(error));
                 }
             }

@@ -60,6 +60,12 @@ pub struct Lease {
     pub used: u64,
 }
 
+/// Adds an amount to one counted window and answers what it holds then (`$1` scope, `$2` window start, `$3` amount).
+const ADD_TO_WINDOW: &str =
+    "INSERT INTO rate_windows (scope, window_start, used) VALUES ($1, $2, $3)
+     ON CONFLICT (scope, window_start) DO UPDATE SET used = rate_windows.used + excluded.used
+     RETURNING used";
+
 /// Reads a limit column: writers keep it at zero or more; anything else reads as no limit.
 fn limit(column: Option<i64>) -> Option<u64> {
     column.and_then(|n| u64::try_from(n).ok())
@@ -276,16 +282,12 @@ impl Store {
         amount: u64,
     ) -> Result<u64, StoreError> {
         let used: i64 = with_pool!(self, |pool| {
-            sqlx::query_scalar(
-            "INSERT INTO rate_windows (scope, window_start, used) VALUES ($1, $2, $3)
-             ON CONFLICT (scope, window_start) DO UPDATE SET used = rate_windows.used + excluded.used
-             RETURNING used"
-        )
-        .bind(scope)
-        .bind(window_start)
-        .bind(amount as i64)
-        .fetch_one(pool)
-        .await
+            sqlx::query_scalar(ADD_TO_WINDOW)
+                .bind(scope)
+                .bind(window_start)
+                .bind(amount as i64)
+                .fetch_one(pool)
+                .await
         })?;
         Ok(u64::try_from(used).unwrap_or(0))
     }
@@ -332,16 +334,12 @@ impl Store {
             Backend::Sqlite(pool) => {
                 let mut transaction = pool.begin().await?;
                 for (&(scope, start), &amount) in &totals {
-                    let total: i64 = sqlx::query_scalar(
-                        "INSERT INTO rate_windows (scope, window_start, used) VALUES ($1, $2, $3)
-                         ON CONFLICT (scope, window_start) DO UPDATE SET used = rate_windows.used + excluded.used
-                         RETURNING used",
-                    )
-                    .bind(scope)
-                    .bind(start)
-                    .bind(amount as i64)
-                    .fetch_one(&mut *transaction)
-                    .await?;
+                    let total: i64 = sqlx::query_scalar(ADD_TO_WINDOW)
+                        .bind(scope)
+                        .bind(start)
+                        .bind(amount as i64)
+                        .fetch_one(&mut *transaction)
+                        .await?;
                     used.insert((scope.to_owned(), start), u64::try_from(total).unwrap_or(0));
                 }
                 transaction.commit().await?;
