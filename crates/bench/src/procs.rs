@@ -56,7 +56,12 @@ pub struct LogTail {
     pub last_problems: VecDeque<String>,
 }
 
-/// A child process, killed (and reaped) when dropped.
+/// How long a child asked to stop (SIGTERM) may take to exit before it is killed: the gateway finishes what it
+/// has in flight (nothing, once a bench's phases ended) and exits, so that a build that writes something at exit
+/// (an instrumented build's profile, for `scripts/build-pgo.sh`) gets to write it.
+const STOP_GRACE: Duration = Duration::from_secs(10);
+
+/// A child process, asked to stop, then killed if it must be, and reaped, when dropped.
 pub struct ChildProcess {
     pub name: String,
     pub pid: u32,
@@ -69,8 +74,7 @@ pub struct ChildProcess {
 
 impl Drop for ChildProcess {
     fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.stop();
     }
 }
 
@@ -81,6 +85,30 @@ impl ChildProcess {
             Some(status) => bail!("{} exited with {status}", self.name),
             None => Ok(()),
         }
+    }
+
+    /// Asks the child to stop (SIGTERM), as an orchestrator does; kills it when it has not exited within
+    /// [`STOP_GRACE`], and reaps it.
+    pub fn stop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(Some(_))) {
+            return;
+        }
+        let asked = Command::new("kill")
+            .args(["-TERM", &self.pid.to_string()])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|status| status.success());
+        if asked {
+            let deadline = std::time::Instant::now() + STOP_GRACE;
+            while std::time::Instant::now() < deadline {
+                if !matches!(self.child.try_wait(), Ok(None)) {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+        self.kill();
     }
 
     /// Kills the child (SIGKILL) and reaps it: nothing of it runs on.
