@@ -102,10 +102,12 @@ impl ChildProcess {
         if asked {
             let deadline = std::time::Instant::now() + STOP_GRACE;
             while std::time::Instant::now() < deadline {
-                if !matches!(self.child.try_wait(), Ok(None)) {
-                    return;
+                match self.child.try_wait() {
+                    Ok(Some(_)) => return,
+                    Ok(None) => std::thread::sleep(Duration::from_millis(20)),
+                    // Not known to have exited: killed and reaped below.
+                    Err(_) => break,
                 }
-                std::thread::sleep(Duration::from_millis(20));
             }
         }
         self.kill();
