@@ -79,6 +79,7 @@ on_both_backends!(
     writes_that_share_a_batch_are_answered_each_its_own_way,
     a_run_that_lost_its_response_writes_nothing_even_queued_beside_the_run_that_took_it_back,
     additions_to_counted_windows_in_one_statement_answer_each_its_windows_total,
+    an_amount_beyond_what_a_window_holds_fills_it_and_fails_no_other_window_of_its_batch,
 );
 
 // ---- scratch databases ----
@@ -2498,21 +2499,8 @@ async fn deleting_a_project_while_a_step_write_holds_one_of_its_responses_waits_
         let (store, project_id) = (store.clone(), project_id.clone());
         async move { store.delete_project(&project_id).await }
     });
-    // Until the deletion waits on a lock.
-    loop {
-        let waiting: i64 = sqlx::query_scalar(
-            "SELECT COUNT(*) FROM pg_stat_activity
-             WHERE datname = current_database() AND wait_event_type = 'Lock'",
-        )
-        .fetch_one(pool)
-        .await
-        .expect("activity");
-        // (A deletion that ended without waiting fails below.)
-        if waiting > 0 || deletion.is_finished() {
-            break;
-        }
-        tokio::task::yield_now().await;
-    }
+    // Until the deletion waits on a lock (a deletion that ended without waiting fails below).
+    until_a_statement_waits_on_a_lock(pool, || deletion.is_finished()).await;
     // The write goes on to its step: had the deletion taken the step rows first, the two would wait on each
     // other, and Postgres would fail one of them.
     sqlx::query("UPDATE steps SET state = 'running' WHERE response_id = 'resp_busy' AND seq = 0")
@@ -2602,4 +2590,119 @@ async fn additions_to_counted_windows_in_one_statement_answer_each_its_windows_t
         );
     }
     assert_eq!(store.add_to_windows(&[]).await.unwrap(), Vec::<u64>::new());
+}
+
+async fn an_amount_beyond_what_a_window_holds_fills_it_and_fails_no_other_window_of_its_batch(
+    store: Store,
+) {
+    const MINUTE: i64 = 1_800_000_000;
+    const FULL: u64 = i64::MAX as u64;
+    // An upstream that reported absurd usage: more than the column holds, at once and added up.
+    assert_eq!(
+        store
+            .add_to_window("key:tpm", MINUTE, u64::MAX)
+            .await
+            .unwrap(),
+        FULL
+    );
+    let totals = store
+        .add_to_windows(&[
+            ("key:tpm", MINUTE, 5),
+            ("project:tpm", MINUTE, u64::MAX),
+            ("project:tpm", MINUTE, u64::MAX),
+            ("key:spend", MINUTE, 7),
+        ])
+        .await
+        .expect("the batch is written whole");
+    assert_eq!(totals, vec![FULL, FULL, FULL, 7]);
+    assert_eq!(
+        store.add_to_window("key:spend", MINUTE, 0).await.unwrap(),
+        7
+    );
+}
+
+/// Polls until a statement of `pool`'s database waits on a row lock (or `done` says the statement ended without
+/// waiting, which the caller's checks then catch).
+async fn until_a_statement_waits_on_a_lock(pool: &sqlx::PgPool, done: impl Fn() -> bool) {
+    loop {
+        let waiting: i64 = sqlx::query_scalar(
+            "SELECT COUNT(*) FROM pg_stat_activity
+             WHERE datname = current_database() AND wait_event_type = 'Lock'",
+        )
+        .fetch_one(pool)
+        .await
+        .expect("activity");
+        if waiting > 0 || done() {
+            return;
+        }
+        tokio::task::yield_now().await;
+    }
+}
+
+#[tokio::test]
+async fn giving_back_or_rewriting_a_place_locks_the_count_before_the_replicas_part_as_taking_one_does(
+) {
+    let scratch = Scratch::postgres().await;
+    let store = &scratch.store;
+    let Backend::Postgres(pool) = store.backend() else {
+        unreachable!("Postgres")
+    };
+    assert!(store
+        .acquire_running("key:k:running", "replica_a", 10)
+        .await
+        .unwrap());
+    // Taking a place locks the count's row, then the replica's part. Another transaction holds the part: a
+    // give-back (or a rewrite of the part) must then wait holding the count, never holding nothing yet, or a take
+    // holding the count and waiting for the part would deadlock with it.
+    for rewrite in [false, true] {
+        let mut holder = pool.begin().await.expect("begin");
+        sqlx::query(
+            "SELECT 1 FROM running_counts WHERE scope = 'key:k:running' AND replica_id = 'replica_a' FOR UPDATE",
+        )
+        .execute(&mut *holder)
+        .await
+        .expect("hold the replica's part");
+        let writer = tokio::spawn({
+            let store = store.clone();
+            async move {
+                if rewrite {
+                    store
+                        .set_running_part("key:k:running", "replica_a", 1)
+                        .await
+                } else {
+                    store.release_running("key:k:running", "replica_a").await
+                }
+            }
+        });
+        until_a_statement_waits_on_a_lock(pool, || writer.is_finished()).await;
+        let count_free = sqlx::query(
+            "SELECT 1 FROM rate_windows WHERE scope = 'key:k:running' AND window_start = 0 FOR UPDATE NOWAIT",
+        )
+        .execute(&mut *holder)
+        .await;
+        let error = count_free.expect_err("the waiting write holds the count's row");
+        assert!(
+            error.to_string().contains("could not obtain lock"),
+            "rewrite {rewrite}: {error}"
+        );
+        holder.rollback().await.expect("rollback");
+        writer
+            .await
+            .expect("task")
+            .expect("written once the part is free");
+    }
+    // Given back (one place to none), then rewritten as one: the count and the part agree.
+    let count: i64 = sqlx::query_scalar(
+        "SELECT used FROM rate_windows WHERE scope = 'key:k:running' AND window_start = 0",
+    )
+    .fetch_one(pool)
+    .await
+    .expect("count");
+    let part: i64 = sqlx::query_scalar(
+        "SELECT running FROM running_counts WHERE scope = 'key:k:running' AND replica_id = 'replica_a'",
+    )
+    .fetch_one(pool)
+    .await
+    .expect("part");
+    assert_eq!((count, part), (1, 1));
 }

@@ -430,7 +430,10 @@ impl Counters {
         at: Instant,
     ) -> Result<u64, StoreError> {
         let read = self.with(counter, start, |window| {
-            let used = window.shared + window.unsynced + window.syncing;
+            let used = window
+                .shared
+                .saturating_add(window.unsynced)
+                .saturating_add(window.syncing);
             let due = read_due(
                 window
                     .synced_at
@@ -457,7 +460,10 @@ impl Counters {
             }
         }
         Ok(self.with(counter, start, |window| {
-            window.shared + window.unsynced + window.syncing
+            window
+                .shared
+                .saturating_add(window.unsynced)
+                .saturating_add(window.syncing)
         }))
     }
 
@@ -465,7 +471,7 @@ impl Counters {
     async fn sync(&self, counter: &Counter, start: i64) -> Result<(), StoreError> {
         let pending = self.with(counter, start, |window| {
             let pending = std::mem::take(&mut window.unsynced);
-            window.syncing += pending;
+            window.syncing = window.syncing.saturating_add(pending);
             pending
         });
         let added = self.add_to_shared(&counter.name, start, pending).await;
@@ -477,7 +483,7 @@ impl Counters {
                     window.shared = window.shared.max(*used);
                     window.synced_at = Some(Instant::now());
                 }
-                Err(_) => window.unsynced += pending,
+                Err(_) => window.unsynced = window.unsynced.saturating_add(pending),
             }
         });
         added.map(drop)
@@ -492,7 +498,7 @@ impl Counters {
     /// `sync`, or at once when this replica's unsynced part makes a slice of `limit`.
     pub(super) fn add(&self, counter: &Counter, amount: u64, limit: u64, start: i64) {
         let (schedule, at_once) = self.with(counter, start, |window| {
-            window.unsynced += amount;
+            window.unsynced = window.unsynced.saturating_add(amount);
             let at_once = window.unsynced >= token_slice(limit);
             (!std::mem::replace(&mut window.flushing, true), at_once)
         });

@@ -110,26 +110,46 @@ impl RunningPlace {
     /// Takes a place in `count` if fewer than `limit` run: `false` when it is full (places taken so far are
     /// given back when this is dropped). A store that did not answer may have taken it: the count is then in
     /// doubt until this replica writes its part again.
+    ///
+    /// The store's answer is awaited on a task of its own, which keeps the books and hands a place taken over as
+    /// a place of its own: a caller dropped meanwhile (its client went away during admission) drops that place
+    /// with the answer, which gives it back, instead of leaving it taken and its take pending for ever.
     pub(super) async fn take(&mut self, count: String, limit: u64) -> Result<bool, StoreError> {
-        let places = &self.places;
+        let places = self.places.clone();
         places.with(&count, |part| part.pending += 1);
-        let taken = places
-            .store
-            .acquire_running(&count, &places.replica_id, limit)
-            .await;
-        places.with(&count, |part| {
-            part.pending -= 1;
-            match taken {
-                Ok(true) => part.held += 1,
-                Ok(false) => {}
-                Err(_) => part.in_doubt = true,
-            }
+        let (answer, answered) = tokio::sync::oneshot::channel();
+        tokio::spawn(async move {
+            let taken = places
+                .store
+                .acquire_running(&count, &places.replica_id, limit)
+                .await;
+            places.with(&count, |part| {
+                part.pending -= 1;
+                match taken {
+                    Ok(true) => part.held += 1,
+                    Ok(false) => {}
+                    Err(_) => part.in_doubt = true,
+                }
+            });
+            let place = taken.map(|taken| {
+                taken.then(|| RunningPlace {
+                    places,
+                    counts: vec![count],
+                })
+            });
+            // Refused only when the caller is gone: the place dropped with the answer is given back.
+            let _ = answer.send(place);
         });
-        let taken = taken?;
-        if taken {
-            self.counts.push(count);
+        match answered.await {
+            Ok(Ok(Some(mut place))) => {
+                self.counts.append(&mut place.counts);
+                Ok(true)
+            }
+            Ok(Ok(None)) => Ok(false),
+            Ok(Err(e)) => Err(e),
+            // The task ended without an answer: the runtime is shutting down.
+            Err(_) => Err(StoreError::Busy),
         }
-        Ok(taken)
     }
 
     pub(super) fn holds_any(&self) -> bool {
@@ -169,5 +189,109 @@ impl Drop for RunningPlace {
                 });
             }
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::Backend;
+    use gateway_testkit::scratch::ScratchDatabase;
+
+    const COUNT: &str = "key:k:running";
+
+    /// The count's places taken, as the store has them: (all replicas', this replica's).
+    async fn taken(pool: &sqlx::PgPool) -> (i64, i64) {
+        sqlx::query_as(
+            "SELECT (SELECT used FROM rate_windows WHERE scope = $1 AND window_start = 0),
+                    COALESCE((SELECT running FROM running_counts WHERE scope = $1 AND replica_id = 'replica_a'), 0)",
+        )
+        .bind(COUNT)
+        .fetch_one(pool)
+        .await
+        .expect("count")
+    }
+
+    /// This replica's books of the count: (places held, takes and give-backs on their way to the store).
+    fn books(places: &Places) -> (u64, u64) {
+        places.with(COUNT, |part| (part.held, part.pending))
+    }
+
+    /// Polls until nothing is on its way to the store and the count's places are `expected` in the books and in
+    /// the store, failing after about ten seconds.
+    async fn until_settled(places: &Places, pool: &sqlx::PgPool, expected: (i64, i64)) {
+        let held = u64::try_from(expected.1).expect("places");
+        let mut now = (books(places), taken(pool).await);
+        for _ in 0..500 {
+            if now == ((held, 0), expected) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            now = (books(places), taken(pool).await);
+        }
+        assert_eq!(
+            now,
+            ((held, 0), expected),
+            "(held, pending) in the books, (all, this replica's) in the store"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_take_whose_caller_went_away_while_the_store_answered_gives_its_place_back() {
+        // A take left pending for ever would hang the test rather than fail it: a minute is far beyond need.
+        tokio::time::timeout(Duration::from_secs(60), a_take_whose_caller_went_away())
+            .await
+            .expect("the take settled within a minute");
+    }
+
+    async fn a_take_whose_caller_went_away() {
+        let db = ScratchDatabase::postgres().await.expect("database");
+        let store = Store::connect(db.url(), 4).await.expect("store");
+        store.migrate().await.expect("migrate");
+        let Backend::Postgres(pool) = store.backend().clone() else {
+            unreachable!("Postgres")
+        };
+        let places = Places::start(store, "replica_a".into(), Duration::from_secs(3600));
+        // The count's row, made by a take given back.
+        let mut first = places.place();
+        assert!(first.take(COUNT.into(), 1).await.expect("taken"));
+        drop(first);
+        until_settled(&places, &pool, (0, 0)).await;
+
+        // A take that waits for the store (another transaction holds the count) is dropped, as a create's
+        // admission is when its client goes away; then the store takes the place.
+        let mut holder = pool.begin().await.expect("begin");
+        sqlx::query("SELECT 1 FROM rate_windows WHERE scope = $1 AND window_start = 0 FOR UPDATE")
+            .bind(COUNT)
+            .execute(&mut *holder)
+            .await
+            .expect("hold the count");
+        let mut place = places.place();
+        {
+            let take = place.take(COUNT.into(), 1);
+            tokio::pin!(take);
+            assert!(futures::poll!(&mut take).is_pending());
+            loop {
+                let waiting: i64 = sqlx::query_scalar(
+                    "SELECT COUNT(*) FROM pg_stat_activity
+                     WHERE datname = current_database() AND wait_event_type = 'Lock'",
+                )
+                .fetch_one(&pool)
+                .await
+                .expect("activity");
+                if waiting > 0 {
+                    break;
+                }
+                tokio::task::yield_now().await;
+            }
+        }
+        drop(place);
+        holder.rollback().await.expect("rollback");
+
+        // Taken by the store after its caller left, and given back: the count has room again.
+        until_settled(&places, &pool, (0, 0)).await;
+        let mut again = places.place();
+        assert!(again.take(COUNT.into(), 1).await.expect("taken"));
+        assert_eq!(taken(&pool).await, (1, 1));
     }
 }

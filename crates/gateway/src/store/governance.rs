@@ -60,11 +60,28 @@ pub struct Lease {
     pub used: u64,
 }
 
+/// A window's count plus the amount added to it, held at the most a `BIGINT` holds: an amount no limit can reach
+/// (an upstream that reported absurd usage) fills its window instead of failing the statement, and with it every
+/// other window written in the same batch. Amounts are never negative ([`column_amount`]).
+macro_rules! saturating_sum {
+    () => {
+        "CASE WHEN rate_windows.used > 9223372036854775807 - excluded.used THEN 9223372036854775807
+              ELSE rate_windows.used + excluded.used END"
+    };
+}
+
+/// An amount to add as the column holds it: at the most `i64::MAX`, never wrapped to a negative number.
+fn column_amount(amount: u64) -> i64 {
+    i64::try_from(amount).unwrap_or(i64::MAX)
+}
+
 /// Adds an amount to one counted window and answers what it holds then (`$1` scope, `$2` window start, `$3` amount).
-const ADD_TO_WINDOW: &str =
+const ADD_TO_WINDOW: &str = concat!(
     "INSERT INTO rate_windows (scope, window_start, used) VALUES ($1, $2, $3)
-     ON CONFLICT (scope, window_start) DO UPDATE SET used = rate_windows.used + excluded.used
-     RETURNING used";
+     ON CONFLICT (scope, window_start) DO UPDATE SET used = ",
+    saturating_sum!(),
+    " RETURNING used"
+);
 
 /// Reads a limit column: writers keep it at zero or more; anything else reads as no limit.
 fn limit(column: Option<i64>) -> Option<u64> {
@@ -162,22 +179,30 @@ WITH gate AS (
 )
 SELECT COUNT(*) FROM gate";
 
-/// Postgres: gives back one place the replica holds; nothing when its part was taken back already.
+/// Postgres: gives back one place the replica holds; nothing when its part was taken back already. The count's
+/// row is locked before the replica's part, in the order taking a place locks them, so that a give-back and a
+/// take of the same count never wait for each other (a deadlock Postgres would break only after a second).
 const PG_RELEASE_RUNNING: &str = "
-WITH mine AS (
-    UPDATE running_counts SET running = running - 1 WHERE scope = $1 AND replica_id = $2 AND running > 0
+WITH gate AS (
+    SELECT 1 FROM rate_windows WHERE scope = $1 AND window_start = 0 FOR UPDATE
+), mine AS (
+    UPDATE running_counts SET running = running - 1
+    WHERE scope = $1 AND replica_id = $2 AND running > 0 AND (SELECT COUNT(*) FROM gate) >= 0
     RETURNING 1
 )
 UPDATE rate_windows SET used = used - 1
 WHERE scope = $1 AND window_start = 0 AND used > 0 AND EXISTS (SELECT 1 FROM mine)";
 
 /// Postgres: sets a replica's part of a `max_concurrent` count (`$3` places), moving the count by the difference
-/// from the part it had (read under the row's lock).
+/// from the part it had (read under the row's lock, taken after the count's, as taking a place takes them).
 const PG_SET_RUNNING_PART: &str = "
-WITH old AS (
-    SELECT COALESCE((SELECT running FROM running_counts WHERE scope = $1 AND replica_id = $2 FOR UPDATE), 0) AS n
+WITH gate AS (
+    SELECT 1 FROM rate_windows WHERE scope = $1 AND window_start = 0 FOR UPDATE
+), old AS (
+    SELECT COALESCE((SELECT running FROM running_counts
+        WHERE scope = $1 AND replica_id = $2 AND (SELECT COUNT(*) FROM gate) >= 0 FOR UPDATE), 0) AS n
 ), mine AS (
-    INSERT INTO running_counts (scope, replica_id, running) VALUES ($1, $2, $3)
+    INSERT INTO running_counts (scope, replica_id, running) SELECT $1, $2, $3 FROM old
     ON CONFLICT (scope, replica_id) DO UPDATE SET running = excluded.running
 )
 UPDATE rate_windows SET used = GREATEST(0, used + $3 - (SELECT n FROM old))
@@ -285,7 +310,7 @@ impl Store {
             sqlx::query_scalar(ADD_TO_WINDOW)
                 .bind(scope)
                 .bind(window_start)
-                .bind(amount as i64)
+                .bind(column_amount(amount))
                 .fetch_one(pool)
                 .await
         })?;
@@ -304,7 +329,8 @@ impl Store {
         let mut totals: std::collections::BTreeMap<(&str, i64), u64> =
             std::collections::BTreeMap::new();
         for &(scope, window_start, amount) in additions {
-            *totals.entry((scope, window_start)).or_default() += amount;
+            let total = totals.entry((scope, window_start)).or_default();
+            *total = total.saturating_add(amount);
         }
         let mut used: std::collections::HashMap<(String, i64), u64> =
             std::collections::HashMap::with_capacity(totals.len());
@@ -312,16 +338,17 @@ impl Store {
             Backend::Postgres(pool) => {
                 let (scopes, (starts, amounts)): (Vec<&str>, (Vec<i64>, Vec<i64>)) = totals
                     .iter()
-                    .map(|(&(scope, start), &amount)| (scope, (start, amount as i64)))
+                    .map(|(&(scope, start), &amount)| (scope, (start, column_amount(amount))))
                     .unzip();
-                let rows: Vec<(String, i64, i64)> = sqlx::query_as(
+                let rows: Vec<(String, i64, i64)> = sqlx::query_as(concat!(
                     "INSERT INTO rate_windows (scope, window_start, used)
                      SELECT scope, window_start, amount
                      FROM UNNEST($1::text[], $2::bigint[], $3::bigint[]) AS added(scope, window_start, amount)
                      ORDER BY scope, window_start
-                     ON CONFLICT (scope, window_start) DO UPDATE SET used = rate_windows.used + excluded.used
-                     RETURNING scope, window_start, used",
-                )
+                     ON CONFLICT (scope, window_start) DO UPDATE SET used = ",
+                    saturating_sum!(),
+                    " RETURNING scope, window_start, used"
+                ))
                 .bind(&scopes)
                 .bind(&starts)
                 .bind(&amounts)
@@ -337,7 +364,7 @@ impl Store {
                     let total: i64 = sqlx::query_scalar(ADD_TO_WINDOW)
                         .bind(scope)
                         .bind(start)
-                        .bind(amount as i64)
+                        .bind(column_amount(amount))
                         .fetch_one(&mut *transaction)
                         .await?;
                     used.insert((scope.to_owned(), start), u64::try_from(total).unwrap_or(0));
@@ -501,9 +528,20 @@ impl Store {
         let _timer = self.timed("reclaim_running");
         match &self.backend {
             Backend::Postgres(pool) => {
+                // The counts' rows are locked first, in one order, as every other statement on places locks
+                // a count before a replica's part of it; a part whose replica died meanwhile waits for the
+                // next sweep.
                 let forgotten: i64 = sqlx::query_scalar(concat!(
-                    "WITH dead AS (
-                        DELETE FROM running_counts c WHERE NOT EXISTS (
+                    "WITH gates AS (
+                        SELECT g.scope FROM rate_windows g WHERE g.window_start = 0 AND g.scope IN (
+                            SELECT c.scope FROM running_counts c WHERE NOT EXISTS (
+                                SELECT 1 FROM replicas p WHERE p.id = c.replica_id AND p.heartbeat_at > ",
+                    pg_now_ms!(),
+                    " - $1))
+                        ORDER BY g.scope FOR UPDATE
+                    ), dead AS (
+                        DELETE FROM running_counts c
+                        WHERE (SELECT COUNT(*) FROM gates) >= 0 AND c.scope IN (SELECT scope FROM gates) AND NOT EXISTS (
                             SELECT 1 FROM replicas p WHERE p.id = c.replica_id AND p.heartbeat_at > ",
                     pg_now_ms!(),
                     " - $1)

@@ -62,7 +62,7 @@ fn usage_object(bucket: UsageBucket, groups: &[UsageGroup]) -> UsageObject {
         cached_input_tokens: bucket.cached_tokens,
         output_tokens: bucket.output_tokens,
         reasoning_tokens: bucket.reasoning_tokens,
-        total_tokens: bucket.input_tokens + bucket.output_tokens,
+        total_tokens: bucket.input_tokens.saturating_add(bucket.output_tokens),
         model_calls: bucket.model_calls,
         tool_calls: bucket.tool_calls,
         cost_usd: bucket.cost_usd,
