@@ -2706,3 +2706,76 @@ async fn giving_back_or_rewriting_a_place_locks_the_count_before_the_replicas_pa
     .expect("part");
     assert_eq!((count, part), (1, 1));
 }
+
+// ---- group commit when no connection is free ----
+
+/// A batch that fails as a whole for a passing reason (here no connection became free in time) is answered as
+/// one: every write of it gets the failure at once. Written again one at a time, each write would wait for a
+/// connection in turn, a batch of many taking many times the pool's wait.
+mod a_batch_that_finds_no_connection_in_time_answers_every_write_busy_at_once {
+    use gateway_e2e::ScratchDatabase;
+
+    #[tokio::test]
+    async fn on_postgres() {
+        let db = ScratchDatabase::postgres().await.expect("test database");
+        super::batch_without_a_connection(&db).await;
+    }
+
+    #[tokio::test]
+    async fn on_sqlite() {
+        super::batch_without_a_connection(&ScratchDatabase::sqlite()).await;
+    }
+}
+
+async fn batch_without_a_connection(db: &ScratchDatabase) {
+    use futures::StreamExt;
+    let wait = std::time::Duration::from_millis(250);
+    let store = Store::connect_waiting(db.url(), 2, wait)
+        .await
+        .expect("connect store");
+    store.migrate().await.expect("migrate");
+    let (project_id, deployment_id) = tenant(&store, "acme").await;
+    let store = store.with_group_commit(1);
+
+    // Every connection that writes is taken (Postgres: the pool's two; the embedded store: its one writer).
+    let held = match store.backend() {
+        Backend::Postgres(pool) => {
+            let first = pool.acquire().await.expect("a connection");
+            let second = pool.acquire().await.expect("another");
+            (Some((first, second)), None)
+        }
+        Backend::Sqlite(pool) => (None, Some(pool.acquire().await.expect("the writer"))),
+    };
+    let records: Vec<ResponseRecord> = (0..8).map(|n| record(&format!("resp_{n}"))).collect();
+    let items = context(1);
+    // Polled together once, all eight are queued before the writer takes any: they make one batch.
+    let mut answers: futures::stream::FuturesUnordered<_> = records
+        .iter()
+        .map(|record| {
+            create(
+                &store,
+                &project_id,
+                &deployment_id,
+                record,
+                &items,
+                &[],
+                None,
+            )
+        })
+        .collect();
+    let first = answers.next().await.expect("an answer");
+    // The connections are free from the first answer on: a write of the batch that waited for one in turn
+    // would now be written.
+    drop(held);
+    let mut written = vec![first];
+    while let Some(answer) = answers.next().await {
+        written.push(answer);
+    }
+    assert_eq!(written.len(), 8);
+    for answer in &written {
+        assert!(
+            matches!(answer, Err(StoreError::Busy)),
+            "every write of the batch is answered with its failure: {answer:?}"
+        );
+    }
+}

@@ -129,6 +129,10 @@ pub enum StoreError {
     /// A write for a response this replica no longer drives: another replica took it over, or it was deleted.
     #[error("the response is no longer driven by this replica")]
     NotOwner,
+    /// A write that shared a batch (group commit) with others, which failed as a whole, for a passing reason (a
+    /// deadlock, a server restarting), before any of it was written; the text says what the batch met.
+    #[error("the batch this write was in failed: {0}")]
+    BatchFailed(String),
     #[error("database error: {0}")]
     Database(#[source] sqlx::Error),
     #[error("migration failed: {0}")]
@@ -166,7 +170,7 @@ impl StoreError {
     /// database failed (the server restarting, a network hiccup), as opposed to a refused or unreadable write.
     pub fn is_transient(&self) -> bool {
         match self {
-            StoreError::Busy => true,
+            StoreError::Busy | StoreError::BatchFailed(_) => true,
             StoreError::Database(error) => match error {
                 sqlx::Error::Io(_)
                 | sqlx::Error::Tls(_)

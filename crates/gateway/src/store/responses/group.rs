@@ -4,8 +4,10 @@
 //!
 //! A writer takes whatever is queued whenever one of its batch slots is free: alone under light load (no wait
 //! is added), many together under heavy load. Every write keeps its own fence (owner and claim epoch) and its own
-//! answer; a batch the database refuses as a whole is written again one write at a time, so one bad write fails
-//! alone; a batch whose reply was lost leaves each of its writes in doubt, as a lost reply of its own would.
+//! answer; a batch the database refuses as a whole for what one write holds is written again one write at a time,
+//! so one bad write fails alone; a batch whose reply was lost leaves each of its writes in doubt, as a lost reply
+//! of its own would; a batch that failed for a passing reason (no connection in time, a deadlock) answers every
+//! write with it at once.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -216,18 +218,23 @@ async fn write_and_answer(backend: &Backend, batch: Vec<Queued>) {
                 let _ = queued.answer.send(Ok(written));
             }
         }
-        Err(failure) if batch.len() == 1 || failure.may_have_committed() => {
-            // Every write of the batch shares its fate: a reply lost leaves each in doubt.
-            let cause = failure.to_string();
+        Err(failure)
+            if batch.len() == 1 || failure.may_have_committed() || failure.is_transient() =>
+        {
+            // Every write of the batch shares its fate: a reply lost leaves each in doubt; a passing failure (no
+            // connection free in time, a deadlock, a server restarting) wrote none of them, and writing them
+            // again one at a time would only meet it again, once per write (a full pool: the wait for a
+            // connection, times the batch's size).
+            let shared = shared_failure(&failure);
             let mut failure = Some(failure);
             for queued in batch {
-                let error = failure.take().unwrap_or_else(|| in_doubt(&cause));
+                let error = failure.take().unwrap_or_else(&shared);
                 let _ = queued.answer.send(Err(error));
             }
         }
         Err(_) => {
-            // Refused as a whole (one write's conflict aborts the statement): each is written alone, so that the
-            // refusal reaches only the write it belongs to.
+            // Refused as a whole by what one write holds (a conflict on its Idempotency-Key aborts the
+            // statement): each is written alone, so that the refusal reaches only the write it belongs to.
             for queued in batch {
                 let written = write_batch(backend, &[&queued.write], queued.durability)
                     .await
@@ -238,12 +245,24 @@ async fn write_and_answer(backend: &Backend, batch: Vec<Queued>) {
     }
 }
 
-/// A failure whose commit is in doubt, for a write that shared a batch with `cause`.
-fn in_doubt(cause: &str) -> StoreError {
-    StoreError::Database(sqlx::Error::Io(std::io::Error::new(
-        std::io::ErrorKind::ConnectionAborted,
-        format!("the batch this write was in failed: {cause}"),
-    )))
+/// The failure of a batch as each of its writes after the first is told it (the first gets `failure` itself):
+/// in doubt when the batch's commit is, else as passing and as surely unwritten as the batch's.
+fn shared_failure(failure: &StoreError) -> impl Fn() -> StoreError {
+    let in_doubt = failure.may_have_committed();
+    let busy = matches!(failure, StoreError::Busy);
+    let cause = failure.to_string();
+    move || {
+        if in_doubt {
+            StoreError::Database(sqlx::Error::Io(std::io::Error::new(
+                std::io::ErrorKind::ConnectionAborted,
+                format!("the batch this write was in failed: {cause}"),
+            )))
+        } else if busy {
+            StoreError::Busy
+        } else {
+            StoreError::BatchFailed(cause.clone())
+        }
+    }
 }
 
 /// Writes `writes` as one batch; answers in their order. Written directly (as a batch of one) when the store has
