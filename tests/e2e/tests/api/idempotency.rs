@@ -109,12 +109,8 @@ async fn a_repeat_while_the_first_still_runs_is_a_retryable_409() {
         )
     };
     let first = send().await;
-    // Stand in for a create that is still running, as a crashed or slow one would be.
-    gw.execute(
-        "UPDATE responses SET status = 'in_progress' WHERE id = $1",
-        first.body["id"].as_str().expect("id"),
-    )
-    .await;
+    // Stand in for a create that is still running, as a slow one would be.
+    running_elsewhere(&gw, first.body["id"].as_str().expect("id")).await;
 
     let second = send().await;
 

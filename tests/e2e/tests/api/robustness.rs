@@ -46,11 +46,7 @@ async fn a_response_recorded_as_running_is_deleted_with_everything_it_stored() {
     let body = create_ok(&gw, &tenant.key, json!({"model": "mock", "input": "hi"})).await;
     let id = body["id"].as_str().expect("id");
     // Stand in for a response whose loop runs elsewhere (`durability` deletes one that really runs).
-    gw.execute(
-        "UPDATE responses SET status = 'in_progress' WHERE id = $1",
-        id,
-    )
-    .await;
+    running_elsewhere(&gw, id).await;
 
     let answer = delete_response(&gw, &tenant.key, id).await;
 

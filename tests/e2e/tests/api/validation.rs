@@ -605,12 +605,8 @@ async fn a_previous_response_still_in_progress_is_a_400() {
     let (gw, tenant) = gateway().await;
     gw.model.push(Reply::text("first"));
     let first = create_ok(&gw, &tenant.key, json!({"model": "mock", "input": "hi"})).await;
-    // Simulates a response another request (or replica) is still running.
-    gw.execute(
-        "UPDATE responses SET status = 'in_progress', completed_at = NULL WHERE id = $1",
-        &id_of(&first),
-    )
-    .await;
+    // Simulates a response another replica is still running.
+    running_elsewhere(&gw, &id_of(&first)).await;
     let before = stored_rows(&gw).await;
 
     let answer = gw

@@ -112,6 +112,23 @@ pub fn sample(text: &str, name: &str, labels: &[&str]) -> f64 {
         .sum()
 }
 
+/// Stages response `id` as still running on another replica, one that beats: in progress and owned by it. (A
+/// response this gateway owned and ran nowhere would be handed over and resumed by its sweep.)
+pub async fn running_elsewhere(gw: &TestGateway, id: &str) {
+    gw.execute(
+        "INSERT INTO replicas (id, started_at, heartbeat_at) VALUES ($1, 0, 9000000000000000)
+         ON CONFLICT (id) DO NOTHING",
+        "replica_elsewhere",
+    )
+    .await;
+    gw.execute(
+        "UPDATE responses SET status = 'in_progress', completed_at = NULL, owner = 'replica_elsewhere'
+         WHERE id = $1",
+        id,
+    )
+    .await;
+}
+
 /// `(id, status)` of every stored response.
 pub async fn stored_statuses(gw: &TestGateway) -> Vec<(String, String)> {
     gw.fetch_text_pairs("SELECT id, status FROM responses ORDER BY created_at, id")
