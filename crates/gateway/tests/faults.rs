@@ -1,6 +1,7 @@
 //! Faults the durable loop must survive (SPEC 9), injected for real into `gateway serve` child processes: a
 //! replica paused with SIGSTOP while another takes its response over, database connections cut at random moments
-//! under a load of tool rounds, and a replica whose request pool is full while hundreds of followers read.
+//! under a load of tool rounds, a replica whose request pool is full while hundreds of followers read, and a
+//! client that leaves while its create's first write waits.
 //!
 //! Nothing here sleeps to synchronise: tests wait for tool calls, log lines, or rows in the database.
 
@@ -533,4 +534,131 @@ async fn a_full_pool_during_admission_answers_503_and_leaves_no_place_taken() {
     }
     assert_eq!(held, 0, "places left taken ({statuses:?})");
     eprintln!("statuses: {statuses:?}");
+}
+
+/// The status of the response created under Idempotency-Key `key` in the database at `url`, if it is there.
+async fn status_of_keyed(url: &str, key: &str) -> Option<(String, String)> {
+    let pool = sqlx::PgPool::connect(url).await.expect("connect");
+    let row = sqlx::query_as("SELECT id, status FROM responses WHERE idempotency_key = $1")
+        .bind(key)
+        .fetch_optional(&pool)
+        .await
+        .expect("read");
+    pool.close().await;
+    row
+}
+
+/// Waits (polling the database, for a few leases) until the response created under Idempotency-Key `key` has
+/// completed; its id.
+async fn completed_keyed(url: &str, key: &str) -> String {
+    let give_up = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        match status_of_keyed(url, key).await {
+            Some((id, status)) if status == "completed" => return id,
+            row => assert!(
+                tokio::time::Instant::now() < give_up,
+                "the response was left unfinished: {row:?}"
+            ),
+        }
+        // Polling the database: the condition is outside this process.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// `POST /v1/responses` on `replica` under Idempotency-Key `key`, answered with the response `id`, completed.
+async fn assert_repeat_answers(cluster: &Cluster, replica: &Replica, key: &str, id: &str) {
+    let repeated = cluster
+        .http
+        .post(format!("{}/v1/responses", replica.base_url))
+        .bearer_auth(&cluster.key)
+        .header("Idempotency-Key", key)
+        .json(&json!({"model": "mock", "input": "Hi"}))
+        .send()
+        .await
+        .expect("repeat");
+    assert_eq!(repeated.status(), 200);
+    let repeated: serde_json::Value = repeated.json().await.expect("JSON");
+    assert_eq!(repeated["id"], id, "{repeated:#}");
+    assert_eq!(repeated["status"], "completed", "{repeated:#}");
+}
+
+/// Waits (polling the database, at most `within`) until the statement that writes new responses waits on a lock.
+async fn a_create_waits_on_a_lock(pool: &sqlx::PgPool, within: Duration) {
+    let give_up = tokio::time::Instant::now() + within;
+    loop {
+        let waiting: i64 = sqlx::query_scalar(
+            "SELECT COUNT(*) FROM pg_stat_activity
+             WHERE datname = current_database() AND wait_event_type = 'Lock'
+               AND query LIKE '%INSERT INTO responses%'",
+        )
+        .fetch_one(pool)
+        .await
+        .expect("activity");
+        if waiting > 0 {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < give_up,
+            "no create waited on the lock"
+        );
+        // Polling the database: the condition is outside this process.
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_keyed_create_whose_client_leaves_while_its_row_waits_to_be_written_still_ends() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut cluster = Cluster::postgres().await;
+    let replica = cluster.replica(&[]);
+    cluster.configure(&replica).await;
+
+    // The first write of a keyed create (its row, context and first step) waits behind the test's lock on the
+    // steps table, queued in the replica's group commit.
+    let pool = sqlx::PgPool::connect(cluster.db.url())
+        .await
+        .expect("connect");
+    let mut lock = pool.begin().await.expect("begin");
+    sqlx::query("LOCK TABLE steps IN EXCLUSIVE MODE")
+        .execute(&mut *lock)
+        .await
+        .expect("lock");
+    let body = json!({"model": "mock", "input": "Hi"}).to_string();
+    let head = format!(
+        "POST /v1/responses HTTP/1.1\r\nhost: gateway\r\nauthorization: Bearer {}\r\nidempotency-key: left-early\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+        cluster.key,
+        body.len()
+    );
+    let address = replica.base_url.trim_start_matches("http://").to_owned();
+    let mut client = tokio::net::TcpStream::connect(address)
+        .await
+        .expect("connect");
+    client.write_all(head.as_bytes()).await.expect("send");
+    a_create_waits_on_a_lock(&pool, PATIENCE).await;
+
+    // The client leaves: the gateway drops the connection and the request with it, before any answer.
+    client.shutdown().await.expect("half-close");
+    let mut answer = Vec::new();
+    tokio::time::timeout(PATIENCE, client.read_to_end(&mut answer))
+        .await
+        .expect("the gateway closes the connection")
+        .expect("read");
+    assert!(
+        answer.is_empty(),
+        "answered: {}",
+        String::from_utf8_lossy(&answer)
+    );
+
+    // The write it queued lands all the same, as a response owned by the replica that nobody runs yet. It must
+    // not stay in progress: the replica hands it over, and a replica (this one) resumes it to its end.
+    lock.commit().await.expect("unlock");
+    let id = completed_keyed(cluster.db.url(), "left-early").await;
+    replica
+        .logs
+        .wait_for("a response this replica owns runs nowhere here; handing it over")
+        .await;
+
+    // A retry under the same key answers it.
+    assert_repeat_answers(&cluster, &replica, "left-early", &id).await;
+    assert_eq!(cluster.model.requests().len(), 1, "one model call");
 }

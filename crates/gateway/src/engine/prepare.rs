@@ -26,6 +26,7 @@ use tokio::sync::{broadcast, OwnedSemaphorePermit};
 use crate::store::notify::Notification;
 
 use super::journal::Journal;
+use super::runs::Registration;
 use super::server_tools::{bind_hosted_tools, remote_names, source_of, stored, unsent_step};
 use super::{Admitted, Engine, EngineError, Origin, Run};
 use crate::clock::now;
@@ -182,13 +183,31 @@ impl Engine {
             limits,
             governed,
         };
+        // A run here is registered before its row is written: a running row this replica owns and runs nowhere
+        // here is then one whose request went away while its write was queued (the write lands all the same), or
+        // whose run panicked, and the replica hands it over (`worker.rs`, `hand_over_unrun`).
+        let place = match admitted {
+            Some(permit) => Some((permit, self.register_new(&plan.record.id)?)),
+            None => None,
+        };
         if plan.write_now {
-            self.store_new(&plan, admitted.is_some()).await?;
+            self.store_new(&plan, place.is_some()).await?;
         }
-        match admitted {
-            Some(admitted) => self.start(plan, admitted).map(Prepared::Run),
+        match place {
+            Some((permit, registration)) => {
+                Ok(Prepared::Run(self.start(plan, permit, registration)))
+            }
             None => Ok(Prepared::Queued(plan.record)),
         }
+    }
+
+    /// The place among this replica's runs of a new response, `id`, under the first claim.
+    fn register_new(&self, id: &str) -> Result<Registration, EngineError> {
+        // A fresh id runs nowhere yet.
+        self.replica
+            .runs
+            .register(id, 0)
+            .ok_or(EngineError::TaskFailed)
     }
 
     /// A place among the responses running, or `None` for a background request that waits in the store for a
@@ -332,15 +351,15 @@ impl Engine {
         })
     }
 
-    /// The run of a prepared response, registered among this replica's runs.
-    fn start(&self, plan: Plan<'_>, admitted: OwnedSemaphorePermit) -> Result<Run, EngineError> {
-        let registration = self
-            .replica
-            .runs
-            .register(&plan.record.id, 0)
-            .ok_or(EngineError::TaskFailed)?;
+    /// The run of a prepared response, in its place among this replica's runs.
+    fn start(
+        &self,
+        plan: Plan<'_>,
+        admitted: OwnedSemaphorePermit,
+        registration: Registration,
+    ) -> Run {
         let store = plan.record.store;
-        Ok(Run {
+        Run {
             project_id: plan.project_id.to_owned(),
             keyed: plan.idempotency_key.is_some(),
             deployment: plan.deployment,
@@ -363,7 +382,7 @@ impl Engine {
             unrecorded_usage: Vec::new(),
             _running: plan.governed.running,
             trace_context: crate::telemetry::current_traceparent(),
-        })
+        }
     }
 
     /// The loop's limits for a request that asked for `max_tool_calls`: it may lower the operator's ceiling, not

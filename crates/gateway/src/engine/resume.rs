@@ -10,6 +10,7 @@ use gateway_core::steps::total_usage;
 use tokio::sync::OwnedSemaphorePermit;
 
 use super::journal::Journal;
+use super::runs::Registration;
 use super::server_tools::{
     bind_hosted_tools, restored, source_of, stored_remote_tools, stored_source_ids,
 };
@@ -22,11 +23,13 @@ use crate::store::StoreError;
 use crate::tools::ServerTools;
 
 impl Engine {
-    /// Resumes (or starts) a response this replica claimed, on its own task, in the place `admitted` holds.
+    /// Resumes (or starts) a response this replica claimed, on its own task, in the place `admitted` holds and
+    /// under the `registration` its claimer made for it.
     pub(super) async fn resume(
         &self,
         claimed: Claimed,
         admitted: OwnedSemaphorePermit,
+        registration: Registration,
     ) -> Result<(), StoreError> {
         let stored = match self.store.load_run(&claimed.project_id, &claimed.id).await {
             Ok(Some(stored)) => stored,
@@ -53,9 +56,6 @@ impl Engine {
         if stored.record.ending().is_some() {
             return Ok(());
         }
-        let Some(registration) = self.replica.runs.register(&claimed.id, claimed.epoch) else {
-            return Ok(()); // it runs here already, under this claim
-        };
         let origin = if stored.record.status() == ResponseStatus::Queued {
             Origin::Queued
         } else {

@@ -4,6 +4,7 @@
 //! shutdown lets its runs finish within the grace, then hands the rest over at once. It also delivers webhooks
 //! from the outbox (`crate::webhooks`).
 
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -174,9 +175,12 @@ async fn give_up_lost_responses(engine: &Engine, ownership: &Store) -> Result<()
 }
 
 /// Takes what needs a replica, as much as this one has room for: every sweep interval, and at once when told a
-/// response is waiting.
+/// response is waiting. Every sweep interval it also hands over what this replica owns but runs nowhere
+/// (`hand_over_unrun`), then takes it back (or another replica does) like any other.
 async fn claim(engine: Engine, ownership: Store) {
     let replica = Arc::clone(&engine.replica);
+    let mut unrun = HashSet::new();
+    let mut next_look = tokio::time::Instant::now();
     loop {
         tokio::select! {
             () = tokio::time::sleep(replica.sweep_interval) => {}
@@ -184,6 +188,12 @@ async fn claim(engine: Engine, ownership: Store) {
         }
         if !replica.is_accepting() {
             continue;
+        }
+        if tokio::time::Instant::now() >= next_look {
+            next_look = tokio::time::Instant::now() + replica.sweep_interval;
+            if hand_over_unrun(&engine, &ownership, &mut unrun).await {
+                let _ = ownership.notify(&Notification::Work).await;
+            }
         }
         // The `max_concurrent` places of replicas that stopped beating go back to their counts (SPEC 13).
         if let Err(e) = engine.governor.reclaim_running(replica.lease_ms()).await {
@@ -222,16 +232,64 @@ async fn claim(engine: Engine, ownership: Store) {
                 }
                 continue;
             };
+            // Registered here, before anything else is awaited: a response this replica owns is then always either
+            // registered or truly run nowhere (see `hand_over_unrun`).
+            let Some(registration) = replica.runs.register(&taken.id, taken.epoch) else {
+                continue; // it runs here already, under this claim
+            };
             let engine = engine.clone();
             tokio::spawn(async move {
                 let (id, epoch) = (taken.id.clone(), taken.epoch);
-                if let Err(e) = engine.resume(taken, admitted).await {
+                if let Err(e) = engine.resume(taken, admitted, registration).await {
                     tracing::warn!(response.id = %id, error = %e, "could not resume a response; releasing it");
                     engine.replica.release_later(&id, epoch);
                 }
             });
         }
     }
+}
+
+/// Hands over the running responses this replica owns but runs nowhere here, so that a replica (maybe this one)
+/// resumes them: the row of a create whose request went away while its first write was queued (the write lands
+/// all the same), of a run that panicked, of a resume that failed. Nothing else would: the other replicas see it
+/// owned by a live replica, and this one only watches the runs it knows. Answers whether it handed any over.
+///
+/// A run is registered before its row is written (a create) or, on this task, right after its claim (a
+/// takeover), and the registry is read after the rows: a row read here whose run is not registered has no run
+/// about to start. As a margin against a path that writes first, a response is handed over only when two looks
+/// in a row, a sweep interval apart, found it so under the same claim (`unrun` holds what the last look found);
+/// the release is fenced on that claim.
+async fn hand_over_unrun(
+    engine: &Engine,
+    ownership: &Store,
+    unrun: &mut HashSet<(String, i64)>,
+) -> bool {
+    let replica = &engine.replica;
+    let owned = match ownership.owned_by(&replica.id).await {
+        Ok(owned) => owned,
+        Err(e) => {
+            tracing::warn!(error = %e, "could not read which responses this replica owns");
+            return false;
+        }
+    };
+    let running: HashMap<String, i64> = replica.runs.epochs().into_iter().collect();
+    let found: HashSet<(String, i64)> = owned
+        .into_iter()
+        .filter(|(id, epoch)| running.get(id).is_none_or(|running| running < epoch))
+        .collect();
+    let mut handed_over = false;
+    for (id, epoch) in found.intersection(unrun) {
+        tracing::warn!(response.id = %id, "a response this replica owns runs nowhere here; handing it over");
+        match ownership.release_one(id, &replica.id, *epoch).await {
+            Ok(()) => handed_over = true,
+            // The next look finds it again.
+            Err(e) => {
+                tracing::warn!(response.id = %id, error = %e, "could not hand a response over")
+            }
+        }
+    }
+    *unrun = found;
+    handed_over
 }
 
 /// Hears the other replicas: progress for followers, cancels, work waiting, admin changes.

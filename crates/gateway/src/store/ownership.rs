@@ -116,6 +116,19 @@ impl Store {
         Ok(claims)
     }
 
+    /// The running responses `replica` owns, each with the claim epoch it owns it under.
+    pub async fn owned_by(&self, replica: &str) -> Result<Vec<(String, i64)>, StoreError> {
+        let _timer = self.timed("owned_by");
+        let owned = with_pool!(self, |pool| sqlx::query_as(
+            "SELECT id, claim_epoch FROM responses
+             WHERE owner = $1 AND status IN ('queued', 'in_progress')"
+        )
+        .bind(replica)
+        .fetch_all(pool)
+        .await)?;
+        Ok(owned)
+    }
+
     /// Takes up to `limit` running responses that no live replica drives, oldest first: queued ones nobody took,
     /// and those whose owner has not beaten for `lease_ms`. Two replicas never take the same one.
     pub async fn claim(
