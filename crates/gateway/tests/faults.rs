@@ -662,3 +662,54 @@ async fn a_keyed_create_whose_client_leaves_while_its_row_waits_to_be_written_st
     assert_repeat_answers(&cluster, &replica, "left-early", &id).await;
     assert_eq!(cluster.model.requests().len(), 1, "one model call");
 }
+
+// The proxy must forward while the test starts the replica (which blocks its thread reading its output).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_keyed_create_whose_first_write_is_in_doubt_is_handed_over_whatever_its_retry_met() {
+    let mut cluster = Cluster::postgres().await;
+    let (proxy, through_proxy) = through_fault_proxy(&cluster, 0xd0b7).await;
+    // One pooled connection: once it is cut, a retry needs a new one.
+    let replica = cluster.replica(&[
+        ("DATABASE_URL", through_proxy.as_str()),
+        ("GATEWAY__DATABASE__MAX_CONNECTIONS", "1"),
+        ("GATEWAY__DATABASE__ACQUIRE_TIMEOUT_MS", "1000"),
+    ]);
+    cluster.configure(&replica).await;
+
+    // The create's first write commits and its reply is lost; its retry then gets no connection in time (the
+    // database stopped answering): a failure that surely wrote nothing, after one that may have written it all.
+    proxy.lose_reply_then_stall(b"a create in doubt");
+    let answer = cluster
+        .http
+        .post(format!("{}/v1/responses", replica.base_url))
+        .bearer_auth(&cluster.key)
+        .header("Idempotency-Key", "in-doubt")
+        .json(&json!({"model": "mock", "input": "a create in doubt"}))
+        .send()
+        .await
+        .expect("an answer");
+    assert!(proxy.is_stalled(), "the reply was never lost");
+    proxy.heal();
+    let status = answer.status().as_u16();
+    let retry = answer
+        .headers()
+        .get("x-should-retry")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    let body: serde_json::Value = answer.json().await.expect("JSON");
+
+    // The response is stored: the client is not told that nothing was, but which response it is, and (its create
+    // carried a key) that the repeat is safe.
+    let (id, _) = status_of_keyed(cluster.db.url(), "in-doubt")
+        .await
+        .expect("the first write committed");
+    assert_eq!(status, 500, "{body:#}");
+    assert_eq!(retry.as_deref(), Some("true"), "{body:#}");
+    let message = body["error"]["message"].as_str().expect("a message");
+    assert!(message.contains(&id), "{body:#}");
+
+    // Handed over, it is resumed to its end, and the repeat answers it.
+    assert_eq!(completed_keyed(cluster.db.url(), "in-doubt").await, id);
+    assert_repeat_answers(&cluster, &replica, "in-doubt", &id).await;
+    assert_eq!(cluster.model.requests().len(), 1, "one model call");
+}

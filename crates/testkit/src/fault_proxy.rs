@@ -3,11 +3,13 @@
 //! restarting server would.
 //!
 //! Cuts are decided by a seeded generator (the same seed cuts the same way, given the same traffic), and stop
-//! when the proxy is told to heal or is dropped.
+//! when the proxy is told to heal or is dropped. One fault can also be placed exactly: the reply of the statement
+//! that carries given bytes is lost after its commit, and then nothing more goes through until the proxy heals
+//! (`lose_reply_then_stall`).
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -29,7 +31,15 @@ struct Shared {
     state: AtomicU64,
     /// Connections cut so far.
     cuts: AtomicU64,
+    /// Bytes that mark the statement whose reply is lost (`lose_reply_then_stall`), until a connection sends them.
+    marker: Mutex<Option<Vec<u8>>>,
+    /// Whether nothing is forwarded, either way, on any connection (after a lost reply, until `heal`).
+    stalled: watch::Sender<bool>,
 }
+
+/// Postgres's ReadyForQuery with an idle status: the server's last message for a transaction that ended (after
+/// its commit, for a statement that committed).
+const READY_AND_IDLE: &[u8] = b"Z\0\0\0\x05I";
 
 impl Shared {
     fn next(&self) -> u64 {
@@ -49,6 +59,25 @@ impl Shared {
         self.cuts.fetch_add(1, Ordering::Relaxed);
         true
     }
+
+    /// Whether `chunk` carries the marker of the statement whose reply is to be lost (once: the first connection
+    /// that sends it is the one).
+    fn takes_marker(&self, chunk: &[u8]) -> bool {
+        let mut marker = self.marker.lock().unwrap_or_else(|e| e.into_inner());
+        let found = marker
+            .as_deref()
+            .is_some_and(|m| chunk.windows(m.len()).any(|w| w == m));
+        if found {
+            *marker = None;
+        }
+        found
+    }
+
+    /// Waits while the proxy is stalled.
+    async fn unstalled(&self) {
+        let mut stalled = self.stalled.subscribe();
+        let _ = stalled.wait_for(|stalled| !*stalled).await;
+    }
 }
 
 impl FaultProxy {
@@ -63,6 +92,8 @@ impl FaultProxy {
             one_in: one_in.max(1),
             state: AtomicU64::new(seed | 1),
             cuts: AtomicU64::new(0),
+            marker: Mutex::new(None),
+            stalled: watch::Sender::new(false),
         });
         let (stop, stopped) = watch::channel(());
         let accepting = Arc::clone(&shared);
@@ -101,9 +132,25 @@ impl FaultProxy {
         self.shared.cutting.store(true, Ordering::Relaxed);
     }
 
-    /// Stops cutting: connections made from now on, and those still open, are left alone.
+    /// Stops cutting, and lets a stalled proxy forward again: connections made from now on, and those still open,
+    /// are left alone.
     pub fn heal(&self) {
         self.shared.cutting.store(false, Ordering::Relaxed);
+        *self.shared.marker.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        self.shared.stalled.send_replace(false);
+    }
+
+    /// Loses the reply of the next statement that carries `marker`: the connection that sent it is cut once the
+    /// server says its transaction ended (committed, for a statement that did), before the client hears it. From
+    /// then on the proxy forwards nothing, on any connection, new ones included, until `heal`: a client that tries
+    /// again waits (for a pooled connection, say) as it would for a database that stopped answering.
+    pub fn lose_reply_then_stall(&self, marker: &[u8]) {
+        *self.shared.marker.lock().unwrap_or_else(|e| e.into_inner()) = Some(marker.to_vec());
+    }
+
+    /// Whether a reply was lost and the proxy is stalled since.
+    pub fn is_stalled(&self) -> bool {
+        *self.shared.stalled.borrow()
     }
 
     /// How many connections were cut.
@@ -124,11 +171,31 @@ async fn pipe(
     let _ = server.set_nodelay(true);
     let (mut client_read, mut client_write) = client.into_split();
     let (mut server_read, mut server_write) = server.into_split();
+    // Whether this connection sent the marker of the statement whose reply is lost.
+    let marked = Arc::new(AtomicBool::new(false));
     let up = {
-        let shared = Arc::clone(&shared);
-        async move { forward(&mut client_read, &mut server_write, &shared).await }
+        let (shared, marked) = (Arc::clone(&shared), Arc::clone(&marked));
+        async move {
+            forward(
+                &mut client_read,
+                &mut server_write,
+                &shared,
+                Way::Up,
+                &marked,
+            )
+            .await
+        }
     };
-    let down = async move { forward(&mut server_read, &mut client_write, &shared).await };
+    let down = async move {
+        forward(
+            &mut server_read,
+            &mut client_write,
+            &shared,
+            Way::Down,
+            &marked,
+        )
+        .await
+    };
     tokio::select! {
         () = up => {}
         () = down => {}
@@ -136,10 +203,21 @@ async fn pipe(
     }
 }
 
+/// Which way a chunk goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Way {
+    /// From the client to the server.
+    Up,
+    /// From the server back to the client.
+    Down,
+}
+
 async fn forward(
     from: &mut (impl AsyncReadExt + Unpin),
     to: &mut (impl AsyncWriteExt + Unpin),
     shared: &Shared,
+    way: Way,
+    marked: &AtomicBool,
 ) {
     let mut buffer = vec![0u8; 16 * 1024];
     loop {
@@ -149,7 +227,24 @@ async fn forward(
         if read == 0 || shared.cut_now() {
             return;
         }
-        if to.write_all(&buffer[..read]).await.is_err() {
+        let chunk = &buffer[..read];
+        match way {
+            Way::Up if shared.takes_marker(chunk) => marked.store(true, Ordering::Relaxed),
+            Way::Down
+                if marked.load(Ordering::Relaxed)
+                    && chunk
+                        .windows(READY_AND_IDLE.len())
+                        .any(|w| w == READY_AND_IDLE) =>
+            {
+                // The transaction ended: its reply is lost with the connection, and nothing else goes through.
+                shared.cuts.fetch_add(1, Ordering::Relaxed);
+                shared.stalled.send_replace(true);
+                return;
+            }
+            _ => {}
+        }
+        shared.unstalled().await;
+        if to.write_all(chunk).await.is_err() {
             return;
         }
     }

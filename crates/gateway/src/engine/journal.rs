@@ -28,6 +28,16 @@ pub(super) const WRITE_LINGER: Duration = Duration::from_millis(5);
 /// The first wait before a write that must land is tried again, after the store failed for a moment.
 pub(super) const STORE_RETRY_BASE_MS: u64 = 100;
 
+/// A new response's row that could not be written.
+#[derive(Debug)]
+pub(super) struct RowUnwritten {
+    /// Why the last try failed.
+    pub(super) failure: StoreError,
+    /// Some try failed in a way that leaves it unknown whether it committed (its reply was lost): the row may be
+    /// in the store, whatever the tries after it met.
+    pub(super) in_doubt: bool,
+}
+
 /// What of a run is in the store.
 #[derive(Debug)]
 pub(super) struct Journal {
@@ -359,20 +369,23 @@ impl Engine {
         &self,
         new: &NewResponse<'_>,
         durability: Durability,
-    ) -> Result<(), StoreError> {
+    ) -> Result<(), RowUnwritten> {
         let give_up_at = tokio::time::Instant::now() + self.replica.lease;
         let mut waits = RetryPolicy::new(u32::MAX, STORE_RETRY_BASE_MS).waits();
+        let mut in_doubt = false;
         loop {
             let failure = match self.store.create_response(new, durability).await {
                 Ok(()) => return Ok(()),
                 Err(failure) => failure,
             };
-            // A write that surely did not commit is answered at once: nothing was stored.
+            // Once in doubt, always: a later try that surely wrote nothing says nothing of the earlier one.
+            in_doubt |= failure.may_have_committed();
+            // A write that surely did not commit is answered at once.
             let wait = waits.next().filter(|wait| {
                 failure.may_have_committed() && tokio::time::Instant::now() + *wait < give_up_at
             });
             let Some(wait) = wait else {
-                return Err(failure);
+                return Err(RowUnwritten { failure, in_doubt });
             };
             tracing::warn!(response.id = %new.record.id, error = %failure, "writing a new response failed; trying again");
             tokio::time::sleep(wait).await;

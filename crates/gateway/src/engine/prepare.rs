@@ -25,7 +25,7 @@ use tokio::sync::{broadcast, OwnedSemaphorePermit};
 
 use crate::store::notify::Notification;
 
-use super::journal::Journal;
+use super::journal::{Journal, RowUnwritten};
 use super::runs::Registration;
 use super::server_tools::{bind_hosted_tools, remote_names, source_of, stored, unsent_step};
 use super::{Admitted, Engine, EngineError, Origin, Run};
@@ -337,17 +337,23 @@ impl Engine {
             },
         )
         .await
-        .map_err(|e| match e {
+        .map_err(|RowUnwritten { failure, in_doubt }| match failure {
             // Two creates with one Idempotency-Key raced: the other one is running it.
             StoreError::Conflict(_) => EngineError::IdempotencyInProgress,
-            other => {
-                if owned && other.may_have_committed() {
-                    // It may have committed with its reply lost: once the store answers, the response is
-                    // handed to whichever replica claims it, rather than left owned by nobody running.
+            failure if in_doubt => {
+                // A try may have committed with its reply lost, whatever the last one met: the response may be
+                // stored, and is run by whichever replica claims it (once the store answers, this one hands it
+                // over), never left owned by nobody running. Its client is told so, not that nothing was stored.
+                tracing::warn!(response.id = %plan.record.id, error = %failure, "a new response may be stored though writing it failed; handing it over");
+                if owned {
                     self.replica.release_later(&plan.record.id, 0);
                 }
-                EngineError::NothingStored(other)
+                EngineError::HandedOver {
+                    response_id: plan.record.id.clone(),
+                    retry_safe: plan.idempotency_key.is_some(),
+                }
             }
+            failure => EngineError::NothingStored(failure),
         })
     }
 
