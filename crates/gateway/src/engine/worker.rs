@@ -120,6 +120,7 @@ async fn beat(engine: Engine, ownership: Store) {
         };
         if !beat.lease_kept {
             tracing::warn!(replica.id = %replica.id, "this replica's lease lapsed; checking which responses are still its own");
+            engine.governor.lease_lapsed();
             if let Err(e) = give_up_lost_responses(&engine, &ownership).await {
                 tracing::warn!(error = %e, "could not check which responses are still this replica's");
                 continue;

@@ -438,6 +438,12 @@ impl Governor {
         self.unstored.send(records);
     }
 
+    /// This replica's lease lapsed: its parts of the `max_concurrent` counts may have been taken back by another
+    /// replica, so they are written again from the places its runs hold.
+    pub fn lease_lapsed(&self) {
+        self.places.doubt_held();
+    }
+
     /// Takes back the `max_concurrent` places held by replicas whose lease lapsed.
     pub async fn reclaim_running(&self, lease_ms: i64) -> Result<u64, StoreError> {
         self.store.reclaim_running(lease_ms).await

@@ -90,6 +90,18 @@ impl Places {
         }
     }
 
+    /// Leaves in doubt every count this replica holds places in: its lease lapsed, so another replica may have
+    /// taken its parts back from the counts (as a dead replica's) while its runs went on. Written afresh from the
+    /// places held, the counts again say what runs.
+    pub(super) fn doubt_held(&self) {
+        let mut parts = self.parts.lock().unwrap_or_else(|e| e.into_inner());
+        for part in parts.values_mut() {
+            if part.held > 0 {
+                part.in_doubt = true;
+            }
+        }
+    }
+
     /// A place of this replica's, none taken yet.
     pub(super) fn place(&self) -> RunningPlace {
         RunningPlace {
@@ -236,6 +248,18 @@ mod tests {
         );
     }
 
+    /// A fresh Postgres store and the places of `replica_a` on it (whose reconciler stays idle).
+    async fn replica_a() -> (ScratchDatabase, Store, sqlx::PgPool, Places) {
+        let db = ScratchDatabase::postgres().await.expect("database");
+        let store = Store::connect(db.url(), 4).await.expect("store");
+        store.migrate().await.expect("migrate");
+        let Backend::Postgres(pool) = store.backend().clone() else {
+            unreachable!("Postgres")
+        };
+        let places = Places::start(store.clone(), "replica_a".into(), Duration::from_secs(3600));
+        (db, store, pool, places)
+    }
+
     #[tokio::test]
     async fn a_take_whose_caller_went_away_while_the_store_answered_gives_its_place_back() {
         // A take left pending for ever would hang the test rather than fail it: a minute is far beyond need.
@@ -245,13 +269,7 @@ mod tests {
     }
 
     async fn a_take_whose_caller_went_away() {
-        let db = ScratchDatabase::postgres().await.expect("database");
-        let store = Store::connect(db.url(), 4).await.expect("store");
-        store.migrate().await.expect("migrate");
-        let Backend::Postgres(pool) = store.backend().clone() else {
-            unreachable!("Postgres")
-        };
-        let places = Places::start(store, "replica_a".into(), Duration::from_secs(3600));
+        let (_db, _store, pool, places) = replica_a().await;
         // The count's row, made by a take given back.
         let mut first = places.place();
         assert!(first.take(COUNT.into(), 1).await.expect("taken"));
@@ -293,5 +311,25 @@ mod tests {
         let mut again = places.place();
         assert!(again.take(COUNT.into(), 1).await.expect("taken"));
         assert_eq!(taken(&pool).await, (1, 1));
+    }
+
+    #[tokio::test]
+    async fn places_taken_back_while_this_replica_was_cut_off_are_counted_again_once_doubted() {
+        let (_db, store, pool, places) = replica_a().await;
+        let mut place = places.place();
+        assert!(place.take(COUNT.into(), 5).await.expect("taken"));
+        // Its lease lapsed: another replica took its part back, as a dead replica's (this one never beat).
+        assert_eq!(store.reclaim_running(1).await.expect("reclaimed"), 1);
+        assert_eq!(taken(&pool).await, (0, 0));
+
+        places.doubt_held();
+        places.reconcile().await;
+        assert_eq!(
+            taken(&pool).await,
+            (1, 1),
+            "the place still held is counted again"
+        );
+        drop(place);
+        until_settled(&places, &pool, (0, 0)).await;
     }
 }
