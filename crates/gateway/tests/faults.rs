@@ -208,14 +208,7 @@ async fn a_replica_with_a_full_pool_and_hundreds_of_followers_keeps_its_leases()
 
     // The pool's one connection is taken by writes that wait on a lock: creates whose first write touches the
     // steps table, held behind the test's lock on it. Followers meanwhile find no connection.
-    let pool = sqlx::PgPool::connect(cluster.db.url())
-        .await
-        .expect("connect");
-    let mut lock = pool.begin().await.expect("begin");
-    sqlx::query("LOCK TABLE steps IN EXCLUSIVE MODE")
-        .execute(&mut *lock)
-        .await
-        .expect("lock");
+    let (pool, lock) = lock_steps_table(&cluster).await;
     let mut held = Vec::new();
     for _ in 0..2 {
         let (http, key, url) = (
@@ -606,6 +599,22 @@ async fn a_create_waits_on_a_lock(pool: &sqlx::PgPool, within: Duration) {
     }
 }
 
+/// A connection to the cluster's database, and a transaction on it that holds the `steps` table locked against
+/// writes (committing it unlocks the table): the first write of a create waits behind it.
+async fn lock_steps_table(
+    cluster: &Cluster,
+) -> (sqlx::PgPool, sqlx::Transaction<'static, sqlx::Postgres>) {
+    let pool = sqlx::PgPool::connect(cluster.db.url())
+        .await
+        .expect("connect");
+    let mut lock = pool.begin().await.expect("begin");
+    sqlx::query("LOCK TABLE steps IN EXCLUSIVE MODE")
+        .execute(&mut *lock)
+        .await
+        .expect("lock");
+    (pool, lock)
+}
+
 #[tokio::test]
 async fn a_keyed_create_whose_client_leaves_while_its_row_waits_to_be_written_still_ends() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -615,14 +624,7 @@ async fn a_keyed_create_whose_client_leaves_while_its_row_waits_to_be_written_st
 
     // The first write of a keyed create (its row, context and first step) waits behind the test's lock on the
     // steps table, queued in the replica's group commit.
-    let pool = sqlx::PgPool::connect(cluster.db.url())
-        .await
-        .expect("connect");
-    let mut lock = pool.begin().await.expect("begin");
-    sqlx::query("LOCK TABLE steps IN EXCLUSIVE MODE")
-        .execute(&mut *lock)
-        .await
-        .expect("lock");
+    let (pool, lock) = lock_steps_table(&cluster).await;
     let body = json!({"model": "mock", "input": "Hi"}).to_string();
     let head = format!(
         "POST /v1/responses HTTP/1.1\r\nhost: gateway\r\nauthorization: Bearer {}\r\nidempotency-key: left-early\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
