@@ -63,14 +63,18 @@ pub enum FailureCode {
     DeploymentGone,
     /// A running response could not be resumed because what the store holds of it cannot be read.
     UnreadableState,
+    /// A running response was claimed more often than `durability.max_claims` allows (its run crashed or
+    /// panicked its replica every time, or it was handed over that often): it ends rather than loop for ever.
+    ResumedTooOften,
 }
 
 impl FailureCode {
-    pub const ALL: [FailureCode; 4] = [
+    pub const ALL: [FailureCode; 5] = [
         FailureCode::ServerError,
         FailureCode::UpstreamRejected,
         FailureCode::DeploymentGone,
         FailureCode::UnreadableState,
+        FailureCode::ResumedTooOften,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -79,6 +83,7 @@ impl FailureCode {
             FailureCode::UpstreamRejected => "upstream_rejected",
             FailureCode::DeploymentGone => "deployment_gone",
             FailureCode::UnreadableState => "unreadable_state",
+            FailureCode::ResumedTooOften => "resumed_too_often",
         }
     }
 
@@ -87,7 +92,8 @@ impl FailureCode {
         match self {
             FailureCode::ServerError
             | FailureCode::DeploymentGone
-            | FailureCode::UnreadableState => "server_error",
+            | FailureCode::UnreadableState
+            | FailureCode::ResumedTooOften => "server_error",
             FailureCode::UpstreamRejected => "invalid_request_error",
         }
     }

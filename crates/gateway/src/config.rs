@@ -175,6 +175,12 @@ pub struct DurabilityConfig {
     /// are refused with `503 server_overloaded`, which SDKs retry.
     #[default(1_000)]
     pub max_followers: usize,
+    /// How many times one running response may be claimed (taken over from a replica that stopped beating, or
+    /// resumed after it was handed over) before it ends `failed` (`resumed_too_often`) instead of being resumed
+    /// again: a response whose run crashes or panics its replica every time stops here rather than loop for ever
+    /// (SPEC 9). Rolling restarts hand a long response over once each.
+    #[default(25)]
+    pub max_claims: u32,
 }
 
 /// The WebSocket transport of `/v1/responses` (SPEC 11).
@@ -326,6 +332,10 @@ impl Config {
                 self.database.acquire_timeout_ms,
             ),
             ("durability.lease_ms", self.durability.lease_ms),
+            (
+                "durability.max_claims",
+                u64::from(self.durability.max_claims),
+            ),
             (
                 "durability.max_followers",
                 self.durability.max_followers as u64,

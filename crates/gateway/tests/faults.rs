@@ -326,6 +326,44 @@ async fn running_responses_that_cannot_be_resumed_end_failed_with_a_code_instead
     assert_eq!(body["error"]["code"], "deployment_gone", "{body:#}");
 }
 
+#[tokio::test]
+async fn a_response_claimed_more_often_than_allowed_ends_failed_instead_of_being_resumed_again() {
+    let mut cluster = Cluster::postgres().await;
+    let mut first = cluster.replica(&[]);
+    cluster.configure(&first).await;
+    let worn = cluster.background_gate_call(&first).await;
+    let within = cluster.background_gate_call(&first).await;
+    cluster.gate_calls(2).await;
+    first.kill();
+
+    // As if their runs had died on the replicas that took them, again and again: one has used up its claims
+    // (`durability.max_claims` is 3 here), the other has one left.
+    let pool = sqlx::PgPool::connect(cluster.db.url())
+        .await
+        .expect("connect");
+    for (id, epoch) in [(&worn, 3_i64), (&within, 2)] {
+        sqlx::query("UPDATE responses SET claim_epoch = $2 WHERE id = $1")
+            .bind(id)
+            .bind(epoch)
+            .execute(&pool)
+            .await
+            .expect("wear");
+    }
+
+    cluster.tools.open_gate();
+    let second = cluster.replica(&[("GATEWAY__DURABILITY__MAX_CLAIMS", "3")]);
+    all_ended(cluster.db.url(), PATIENCE).await;
+    let (status, body) = cluster.get(&second, &worn).await;
+    assert_eq!(status, 200);
+    assert_eq!(body["status"], "failed", "{body:#}");
+    assert_eq!(body["error"]["code"], "resumed_too_often", "{body:#}");
+    let (status, body) = cluster.get(&second, &within).await;
+    assert_eq!(status, 200);
+    assert_gate_round(&body);
+    // The worn one was not run again: only the other's tool call went out a second time.
+    assert_eq!(cluster.tools.calls().len(), 3);
+}
+
 /// A fault proxy in front of the cluster's database, cutting connections (once told to) at random from `seed`,
 /// and the database URL that goes through it.
 async fn through_fault_proxy(cluster: &Cluster, seed: u64) -> (FaultProxy, String) {

@@ -56,6 +56,23 @@ impl Engine {
         if stored.record.ending().is_some() {
             return Ok(());
         }
+        // Claimed this often, its runs keep dying where they run (a crash or a panic each time, or hand-overs
+        // without end): it ends here rather than be resumed again (SPEC 9).
+        if claimed.epoch > self.replica.max_claims {
+            let message = format!(
+                "This response was taken up {} times without finishing (its run kept stopping where it ran), more \
+                 than the gateway allows; it is not resumed again.",
+                claimed.epoch
+            );
+            return self
+                .end_unresumable(
+                    stored,
+                    claimed.epoch,
+                    FailureCode::ResumedTooOften,
+                    &message,
+                )
+                .await;
+        }
         let origin = if stored.record.status() == ResponseStatus::Queued {
             Origin::Queued
         } else {
@@ -77,6 +94,7 @@ impl Engine {
                 .end_unresumable(
                     stored,
                     claimed.epoch,
+                    FailureCode::DeploymentGone,
                     "The deployment this response ran on no longer exists; it cannot be resumed.",
                 )
                 .await;
@@ -149,18 +167,20 @@ impl Engine {
         })
     }
 
-    /// Ends a taken response whose deployment is gone, with `message` as its failure.
+    /// Ends a taken response that is not resumed (its deployment is gone, or it was claimed too often), failed
+    /// with `code` and `message`.
     async fn end_unresumable(
         &self,
         stored: StoredRun,
         epoch: i64,
+        code: FailureCode,
         message: &str,
     ) -> Result<(), StoreError> {
         tracing::warn!(response.id = %stored.record.id, "{message}");
         let mut record = stored.record;
         record.end(
             Ending::Failed {
-                code: FailureCode::DeploymentGone,
+                code,
                 message: message.to_owned(),
             },
             total_usage(&stored.steps),
