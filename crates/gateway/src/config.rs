@@ -84,6 +84,18 @@ pub struct DatabaseConfig {
     /// writes each alone. The embedded store writes one batch at a time whatever this says.
     #[default(2)]
     pub group_commit_batches: usize,
+    /// Postgres: a session left idle inside a transaction for this long (its replica paused, or cut off, between
+    /// two statements of one) is ended by the database, which gives its row locks back, so that the other
+    /// replicas can take that replica's responses over instead of waiting behind its locks. 0 leaves the
+    /// database's own setting. Sent at connection start-up (a pooler in front must pass startup options on).
+    #[default(10_000)]
+    pub idle_in_transaction_timeout_ms: u64,
+    /// Postgres: after this many seconds of silence the database probes whether the replica at the other end of a
+    /// session is still there (then every third of it, three times), and data it sent may wait this long twice
+    /// for an acknowledgement: a session whose replica's machine or network vanished is ended, and its locks
+    /// given back, within about half a minute rather than hours. 0 leaves the database's own settings.
+    #[default(10)]
+    pub server_keepalive_secs: u64,
 }
 
 /// Operator ceilings of the loop; a request may lower them, never raise them.

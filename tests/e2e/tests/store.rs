@@ -2779,3 +2779,74 @@ async fn batch_without_a_connection(db: &ScratchDatabase) {
         );
     }
 }
+
+#[tokio::test]
+async fn a_session_left_idle_in_a_transaction_is_ended_by_the_database_and_its_row_locks_given_back(
+) {
+    let db = ScratchDatabase::postgres().await.expect("test database");
+    let session = gateway::store::SessionLimits {
+        idle_in_transaction_ms: 200,
+        keepalive_secs: 7,
+    };
+    let store = Store::connect_limited(db.url(), 2, std::time::Duration::from_secs(5), session)
+        .await
+        .expect("connect store");
+    let Backend::Postgres(pool) = store.backend() else {
+        unreachable!("Postgres")
+    };
+
+    // Every session of the store was told its limits when it started.
+    let told: (String, String, String, String, String) = sqlx::query_as(
+        "SELECT current_setting('idle_in_transaction_session_timeout'), current_setting('tcp_keepalives_idle'),
+                current_setting('tcp_keepalives_interval'), current_setting('tcp_keepalives_count'),
+                current_setting('tcp_user_timeout')",
+    )
+    .fetch_one(pool)
+    .await
+    .expect("settings");
+    assert_eq!(
+        told,
+        (
+            "200ms".to_owned(),
+            "7".to_owned(),
+            "2".to_owned(),
+            "3".to_owned(),
+            "14000".to_owned()
+        )
+    );
+
+    // A replica stopped (paused, cut off) between two statements of a transaction that locked a row.
+    sqlx::query("CREATE TABLE held (id int PRIMARY KEY)")
+        .execute(pool)
+        .await
+        .expect("table");
+    sqlx::query("INSERT INTO held VALUES (1)")
+        .execute(pool)
+        .await
+        .expect("row");
+    let mut stopped = pool.begin().await.expect("begin");
+    sqlx::query("SELECT id FROM held WHERE id = 1 FOR UPDATE")
+        .execute(&mut *stopped)
+        .await
+        .expect("lock");
+
+    // Another replica's statement that needs the row waits until the database ends the idle session, not for
+    // ever (the guard only keeps a broken build from hanging the suite).
+    let other = sqlx::PgPool::connect(db.url()).await.expect("connect");
+    let mut waiting = other.begin().await.expect("begin");
+    tokio::time::timeout(
+        std::time::Duration::from_secs(60),
+        sqlx::query("SELECT id FROM held WHERE id = 1 FOR UPDATE").execute(&mut *waiting),
+    )
+    .await
+    .expect("the idle transaction still holds its lock")
+    .expect("locked by the other replica");
+    waiting.rollback().await.expect("rollback");
+    assert!(
+        sqlx::query("SELECT 1")
+            .execute(&mut *stopped)
+            .await
+            .is_err(),
+        "the idle session was not ended"
+    );
+}

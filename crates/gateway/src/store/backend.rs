@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::str::FromStr;
 use std::time::Duration;
 
-use sqlx::postgres::PgPoolOptions;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions};
 
 use super::{Backend, StoreError};
@@ -16,6 +16,43 @@ pub const DEFAULT_URL: &str = "sqlite://data/gateway.db?mode=rwc";
 /// How long a SQLite statement waits for the file's lock before it fails with "database is locked": only a
 /// checkpoint, or another program opening the file, holds it against this process's one writer.
 const SQLITE_BUSY_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// What every Postgres session of the gateway is told when it starts (startup options: no round trip), so that a
+/// replica that stops between two statements of a transaction, or whose machine or network vanishes, does not hold
+/// row locks (and other replicas' takeovers) for hours: the database ends such a session itself.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SessionLimits {
+    /// `idle_in_transaction_session_timeout`, in milliseconds; 0 leaves the database's setting.
+    pub idle_in_transaction_ms: u64,
+    /// `tcp_keepalives_idle` in seconds (probes every third of it, three of them) and `tcp_user_timeout` twice
+    /// as long; 0 leaves the database's settings.
+    pub keepalive_secs: u64,
+}
+
+impl SessionLimits {
+    /// The settings as startup options of a connection.
+    fn applied_to(self, options: PgConnectOptions) -> PgConnectOptions {
+        let mut settings = Vec::new();
+        if self.idle_in_transaction_ms > 0 {
+            settings.push((
+                "idle_in_transaction_session_timeout",
+                self.idle_in_transaction_ms.to_string(),
+            ));
+        }
+        if self.keepalive_secs > 0 {
+            let idle = self.keepalive_secs;
+            settings.push(("tcp_keepalives_idle", idle.to_string()));
+            settings.push(("tcp_keepalives_interval", (idle / 3).max(1).to_string()));
+            settings.push(("tcp_keepalives_count", "3".to_owned()));
+            settings.push(("tcp_user_timeout", idle.saturating_mul(2_000).to_string()));
+        }
+        if settings.is_empty() {
+            options
+        } else {
+            options.options(settings)
+        }
+    }
+}
 
 /// A backend as opened: its pool, and on the embedded store the connections kept for reads.
 pub(super) struct Opened {
@@ -28,6 +65,7 @@ pub(super) async fn connect(
     url: &str,
     max_connections: u32,
     acquire_timeout: Duration,
+    session: SessionLimits,
 ) -> Result<Opened, StoreError> {
     let scheme = url
         .split_once(':')
@@ -40,7 +78,7 @@ pub(super) async fn connect(
                 // No ping before every checkout: a dead connection fails its query and is dropped anyway.
                 .test_before_acquire(false)
                 .acquire_timeout(acquire_timeout)
-                .connect(url)
+                .connect_with(session.applied_to(PgConnectOptions::from_str(url)?))
                 .await?;
             Ok(Opened {
                 backend: Backend::Postgres(pool),

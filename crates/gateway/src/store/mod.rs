@@ -99,7 +99,7 @@ use sqlx::migrate::Migrator;
 use sqlx::postgres::PgPool;
 use sqlx::sqlite::SqlitePool;
 
-pub use backend::{EmbeddedLock, DEFAULT_URL};
+pub use backend::{EmbeddedLock, SessionLimits, DEFAULT_URL};
 pub use observe::StoreObserver;
 
 use std::sync::Arc;
@@ -315,7 +315,22 @@ impl Store {
         max_connections: u32,
         acquire_timeout: std::time::Duration,
     ) -> Result<Store, StoreError> {
-        let opened = backend::connect(url, max_connections, acquire_timeout).await?;
+        let defaults = DatabaseConfig::default();
+        let session = SessionLimits {
+            idle_in_transaction_ms: defaults.idle_in_transaction_timeout_ms,
+            keepalive_secs: defaults.server_keepalive_secs,
+        };
+        Store::connect_limited(url, max_connections, acquire_timeout, session).await
+    }
+
+    /// Like `connect_waiting`, with every Postgres session told `session` when it starts.
+    pub async fn connect_limited(
+        url: &str,
+        max_connections: u32,
+        acquire_timeout: std::time::Duration,
+        session: SessionLimits,
+    ) -> Result<Store, StoreError> {
+        let opened = backend::connect(url, max_connections, acquire_timeout, session).await?;
         Ok(Store(Arc::new(StoreParts {
             backend: opened.backend,
             embedded_reads: opened.embedded_reads,
@@ -327,10 +342,14 @@ impl Store {
     /// Connects as `database` says: to its URL, or to the embedded store at `DEFAULT_URL` when there is none.
     pub async fn connect_configured(database: &DatabaseConfig) -> Result<Store, StoreError> {
         let url = database.url.as_ref().map(|u| u.expose_secret());
-        Store::connect_waiting(
+        Store::connect_limited(
             url.unwrap_or(DEFAULT_URL),
             database.max_connections,
             std::time::Duration::from_millis(database.acquire_timeout_ms),
+            SessionLimits {
+                idle_in_transaction_ms: database.idle_in_transaction_timeout_ms,
+                keepalive_secs: database.server_keepalive_secs,
+            },
         )
         .await
     }
