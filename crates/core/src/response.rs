@@ -63,8 +63,9 @@ pub enum FailureCode {
     DeploymentGone,
     /// A running response could not be resumed because what the store holds of it cannot be read.
     UnreadableState,
-    /// A running response was claimed more often than `durability.max_claims` allows (its run crashed or
-    /// panicked its replica every time, or it was handed over that often): it ends rather than loop for ever.
+    /// A running response was started from its stored steps more often than `durability.max_resumes` allows (its
+    /// run crashed or panicked its replica every time, or it was handed over that often): it ends rather than loop
+    /// for ever.
     ResumedTooOften,
 }
 

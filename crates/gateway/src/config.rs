@@ -187,12 +187,13 @@ pub struct DurabilityConfig {
     /// are refused with `503 server_overloaded`, which SDKs retry.
     #[default(1_000)]
     pub max_followers: usize,
-    /// How many times one running response may be claimed (taken over from a replica that stopped beating, or
-    /// resumed after it was handed over) before it ends `failed` (`resumed_too_often`) instead of being resumed
-    /// again: a response whose run crashes or panics its replica every time stops here rather than loop for ever
-    /// (SPEC 9). Rolling restarts hand a long response over once each.
+    /// How many times one running response may be started from its stored steps (taken over from a replica that
+    /// stopped beating, resumed after a hand-over; a queued background response's first start counts too) before
+    /// it ends `failed` (`resumed_too_often`) instead of running again: a response whose run crashes or panics its
+    /// replica every time stops here rather than loop for ever (SPEC 9). A resume that fails before its run starts
+    /// (the database busy) does not count; a rolling restart hands a long response over once.
     #[default(25)]
-    pub max_claims: u32,
+    pub max_resumes: u32,
 }
 
 /// The WebSocket transport of `/v1/responses` (SPEC 11).
@@ -345,8 +346,8 @@ impl Config {
             ),
             ("durability.lease_ms", self.durability.lease_ms),
             (
-                "durability.max_claims",
-                u64::from(self.durability.max_claims),
+                "durability.max_resumes",
+                u64::from(self.durability.max_resumes),
             ),
             (
                 "durability.max_followers",

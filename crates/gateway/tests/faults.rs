@@ -327,7 +327,8 @@ async fn running_responses_that_cannot_be_resumed_end_failed_with_a_code_instead
 }
 
 #[tokio::test]
-async fn a_response_claimed_more_often_than_allowed_ends_failed_instead_of_being_resumed_again() {
+async fn a_response_started_from_the_store_more_often_than_allowed_ends_failed_instead_of_running_again(
+) {
     let mut cluster = Cluster::postgres().await;
     let mut first = cluster.replica(&[]);
     cluster.configure(&first).await;
@@ -336,22 +337,22 @@ async fn a_response_claimed_more_often_than_allowed_ends_failed_instead_of_being
     cluster.gate_calls(2).await;
     first.kill();
 
-    // As if their runs had died on the replicas that took them, again and again: one has used up its claims
-    // (`durability.max_claims` is 3 here), the other has one left.
+    // As if their runs had died on the replicas that took them, again and again: one has used up its starts
+    // from the store (`durability.max_resumes` is 3 here), the other has one left.
     let pool = sqlx::PgPool::connect(cluster.db.url())
         .await
         .expect("connect");
-    for (id, epoch) in [(&worn, 3_i64), (&within, 2)] {
-        sqlx::query("UPDATE responses SET claim_epoch = $2 WHERE id = $1")
+    for (id, resumes) in [(&worn, 3_i32), (&within, 2)] {
+        sqlx::query("UPDATE responses SET resumes = $2 WHERE id = $1")
             .bind(id)
-            .bind(epoch)
+            .bind(resumes)
             .execute(&pool)
             .await
             .expect("wear");
     }
 
     cluster.tools.open_gate();
-    let second = cluster.replica(&[("GATEWAY__DURABILITY__MAX_CLAIMS", "3")]);
+    let second = cluster.replica(&[("GATEWAY__DURABILITY__MAX_RESUMES", "3")]);
     all_ended(cluster.db.url(), PATIENCE).await;
     let (status, body) = cluster.get(&second, &worn).await;
     assert_eq!(status, 200);
@@ -362,6 +363,14 @@ async fn a_response_claimed_more_often_than_allowed_ends_failed_instead_of_being
     assert_gate_round(&body);
     // The worn one was not run again: only the other's tool call went out a second time.
     assert_eq!(cluster.tools.calls().len(), 3);
+    let counted: Vec<i32> =
+        sqlx::query_scalar("SELECT resumes FROM responses WHERE id = ANY($1) ORDER BY id = $2")
+            .bind([worn.clone(), within.clone()])
+            .bind(&within)
+            .fetch_all(&pool)
+            .await
+            .expect("read");
+    assert_eq!(counted, [4, 3]);
 }
 
 /// A fault proxy in front of the cluster's database, cutting connections (once told to) at random from `seed`,

@@ -24,8 +24,8 @@ pub struct Replica {
     pub sweep_interval: Duration,
     /// How long a repeated create or a cancel waits for a response to end.
     pub wait: Duration,
-    /// How many claims one response may have before it ends failed rather than be resumed again.
-    pub max_claims: i64,
+    /// How many starts from the store one response may have before it ends failed rather than run again.
+    pub max_resumes: i64,
     pub runs: Arc<Runs>,
     /// Cleared when the replica shuts down: it takes no new work.
     accepting: AtomicBool,
@@ -57,7 +57,7 @@ impl Replica {
             lease: Duration::from_millis(config.lease_ms),
             sweep_interval: Duration::from_millis(config.sweep_interval_ms),
             wait: Duration::from_millis(config.wait_ms),
-            max_claims: i64::from(config.max_claims),
+            max_resumes: i64::from(config.max_resumes),
             runs: Arc::default(),
             accepting: AtomicBool::new(true),
             progress: broadcast::channel(PROGRESS_CAPACITY).0,

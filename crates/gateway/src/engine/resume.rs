@@ -56,13 +56,28 @@ impl Engine {
         if stored.record.ending().is_some() {
             return Ok(());
         }
-        // Claimed this often, its runs keep dying where they run (a crash or a panic each time, or hand-overs
-        // without end): it ends here rather than be resumed again (SPEC 9).
-        if claimed.epoch > self.replica.max_claims {
+        let origin = if stored.record.status() == ResponseStatus::Queued {
+            Origin::Queued
+        } else {
+            Origin::Resumed
+        };
+        // Every start from the store is counted (a resume that failed before this point is not): a response whose
+        // runs keep dying where they run (a crash or a panic each time, or hand-overs without end) ends here
+        // rather than be resumed again (SPEC 9).
+        let resumes = match self
+            .store
+            .count_resume(&claimed.id, &self.replica.id, claimed.epoch)
+            .await
+        {
+            Ok(resumes) => resumes,
+            Err(StoreError::NotOwner) => return Ok(()), // taken by another replica meanwhile
+            Err(e) => return Err(e),
+        };
+        if resumes > self.replica.max_resumes {
             let message = format!(
-                "This response was taken up {} times without finishing (its run kept stopping where it ran), more \
-                 than the gateway allows; it is not resumed again.",
-                claimed.epoch
+                "This response was started {} times from what the gateway stored of it without finishing (its \
+                 run kept stopping where it ran), more than the gateway allows; it is not resumed again.",
+                resumes - 1
             );
             return self
                 .end_unresumable(
@@ -73,11 +88,6 @@ impl Engine {
                 )
                 .await;
         }
-        let origin = if stored.record.status() == ResponseStatus::Queued {
-            Origin::Queued
-        } else {
-            Origin::Resumed
-        };
         crate::metrics::response_resumed(origin == Origin::Queued, claimed.taken_over);
         tracing::info!(
             response.id = %claimed.id,

@@ -189,6 +189,26 @@ impl Store {
         Ok(())
     }
 
+    /// Counts one more start of running response `id` from its stored steps (a resume, or a queued response's
+    /// first start) by `owner` under claim `epoch`, and answers how many there were, this one included.
+    /// `StoreError::NotOwner` when the claim no longer holds.
+    pub async fn count_resume(&self, id: &str, owner: &str, epoch: i64) -> Result<i64, StoreError> {
+        let _timer = self.timed("count_resume");
+        let resumes: Option<i64> = with_pool!(self, |pool| {
+            sqlx::query_scalar(
+            "UPDATE responses SET resumes = resumes + 1
+             WHERE id = $1 AND owner = $2 AND claim_epoch = $3 AND status IN ('queued', 'in_progress')
+             RETURNING CAST(resumes AS BIGINT)",
+        )
+        .bind(id)
+        .bind(owner)
+        .bind(epoch)
+        .fetch_optional(pool)
+        .await
+        })?;
+        resumes.ok_or(StoreError::NotOwner)
+    }
+
     /// Ends as `cancelled` a queued background response of `project_id` that no replica took: nobody else will.
     /// `false` when it is not (or no longer) such a response.
     pub async fn cancel_queued(
