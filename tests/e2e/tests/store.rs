@@ -80,6 +80,7 @@ on_both_backends!(
     a_run_that_lost_its_response_writes_nothing_even_queued_beside_the_run_that_took_it_back,
     additions_to_counted_windows_in_one_statement_answer_each_its_windows_total,
     an_amount_beyond_what_a_window_holds_fills_it_and_fails_no_other_window_of_its_batch,
+    counted_windows_that_ended_long_ago_are_pruned_and_the_others_kept,
 );
 
 // ---- scratch databases ----
@@ -2849,4 +2850,43 @@ async fn a_session_left_idle_in_a_transaction_is_ended_by_the_database_and_its_r
             .is_err(),
         "the idle session was not ended"
     );
+}
+
+async fn counted_windows_that_ended_long_ago_are_pruned_and_the_others_kept(store: Store) {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_secs() as i64;
+    let minute = now - now % 60;
+    let day = now - now % 86_400;
+    let windows: [(&str, i64, bool); 10] = [
+        ("key:k:rpm", minute - 2 * 3600, false),
+        ("key:k:rpm", minute, true),
+        ("project:p:tpm", minute - 2 * 3600, false),
+        ("project:p:tpm", minute - 60, true),
+        ("key:k:spend:day", day - 3 * 86_400, false),
+        ("key:k:spend:day", day - 86_400, true),
+        ("key:k:spend:month", day - 70 * 86_400, false),
+        ("key:k:spend:month", day - 20 * 86_400, true),
+        ("key:k:spend:total", 0, true),
+        ("key:k:running", 0, true),
+    ];
+    let added: Vec<(&str, i64, u64)> = windows
+        .iter()
+        .map(|&(scope, start, _)| (scope, start, 5))
+        .collect();
+    store.add_to_windows(&added).await.expect("counted");
+
+    assert_eq!(store.prune_windows().await.expect("pruned"), 4);
+    assert_eq!(store.prune_windows().await.expect("pruned again"), 0);
+
+    // What a window holds now: a pruned one starts again from nothing.
+    let read: Vec<(&str, i64, u64)> = windows
+        .iter()
+        .map(|&(scope, start, _)| (scope, start, 0))
+        .collect();
+    let held = store.add_to_windows(&read).await.expect("read");
+    for ((scope, start, kept), held) in windows.iter().zip(held) {
+        assert_eq!(held, if *kept { 5 } else { 0 }, "{scope} at {start}");
+    }
 }

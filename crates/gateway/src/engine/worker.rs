@@ -15,6 +15,9 @@ use crate::store::notify::{Listener, Notification};
 use crate::store::{Store, StoreError};
 
 /// Responses a replica takes at once, at most (it takes no more than it has room for).
+/// How often a replica deletes the counted windows (`rate_windows`) that ended long ago.
+const PRUNE_EVERY: Duration = Duration::from_secs(600);
+
 const CLAIM_BATCH: usize = 32;
 
 /// How long runs that were told to give their response up may take to stop, at shutdown.
@@ -182,6 +185,7 @@ async fn claim(engine: Engine, ownership: Store) {
     let replica = Arc::clone(&engine.replica);
     let mut unrun = HashSet::new();
     let mut next_look = tokio::time::Instant::now();
+    let mut next_prune = tokio::time::Instant::now();
     loop {
         tokio::select! {
             () = tokio::time::sleep(replica.sweep_interval) => {}
@@ -199,6 +203,18 @@ async fn claim(engine: Engine, ownership: Store) {
         // The `max_concurrent` places of replicas that stopped beating go back to their counts (SPEC 13).
         if let Err(e) = engine.governor.reclaim_running(replica.lease_ms()).await {
             tracing::warn!(error = %e, "could not take back the running places of stopped replicas");
+        }
+        if tokio::time::Instant::now() >= next_prune {
+            next_prune = tokio::time::Instant::now() + PRUNE_EVERY;
+            match engine.governor.prune_windows().await {
+                Ok(0) => {}
+                Ok(pruned) => {
+                    tracing::debug!(pruned, "deleted counted windows that ended long ago")
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "could not delete the counted windows that ended long ago")
+                }
+            }
         }
         // As many as there is room for now; each takes its place when it starts. Holding places before knowing
         // whether anything waits would turn requests away for nothing.

@@ -444,6 +444,12 @@ impl Governor {
         self.places.doubt_held();
     }
 
+    /// Deletes the shared windows of `rpm`, `tpm` and spend that ended long ago, so that the table holds what
+    /// is counted now rather than every minute ever counted.
+    pub async fn prune_windows(&self) -> Result<u64, StoreError> {
+        self.store.prune_windows().await
+    }
+
     /// Takes back the `max_concurrent` places held by replicas whose lease lapsed.
     pub async fn reclaim_running(&self, lease_ms: i64) -> Result<u64, StoreError> {
         self.store.reclaim_running(lease_ms).await

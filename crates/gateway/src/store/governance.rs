@@ -11,6 +11,22 @@ mod usage;
 
 pub use usage::{UsageBucket, UsageGroup, UsageQuery};
 
+/// The most rows `prune_windows` deletes in one statement.
+const PRUNE_BATCH: i64 = 10_000;
+
+/// The condition on `rate_windows` rows whose window ended long before `$now` (an SQL expression of seconds): see
+/// `Store::prune_windows`. Scopes are named `<owner>:<id>:rpm`, `…:tpm`, `…:spend:day`, `…:spend:month`.
+macro_rules! ended_windows {
+    ($($now:tt)+) => {
+        concat!(
+            "window_start > 0 AND (
+                (window_start < ", $($now)+, " - 3600 AND (scope LIKE '%:rpm' OR scope LIKE '%:tpm'))
+                OR (window_start < ", $($now)+, " - 172800 AND scope LIKE '%:spend:day')
+                OR (window_start < ", $($now)+, " - 5356800 AND scope LIKE '%:spend:month'))"
+        )
+    };
+}
+
 /// A live key as the gateway admits it: its project, when it expires, and what the key and project are held to.
 #[derive(Debug, Clone, PartialEq)]
 pub struct KeyGrant {
@@ -519,6 +535,38 @@ impl Store {
             }
         }
         Ok(())
+    }
+
+    /// Deletes the counted windows that ended long ago: a minute of `rpm` or `tpm` an hour after it ended, a day of
+    /// spend two days after it began, a month of spend 62 days after. Counts that never end (`running`, spend in
+    /// `total`, at window 0) are kept. Deletes at most `PRUNE_BATCH` rows a statement, until none is left, so that
+    /// no statement holds many locks; nobody writes such old windows any more. Answers how many it deleted.
+    pub async fn prune_windows(&self) -> Result<u64, StoreError> {
+        let _timer = self.timed("prune_windows");
+        let delete = match &self.backend {
+            Backend::Postgres(_) => concat!(
+                "DELETE FROM rate_windows WHERE ctid = ANY(ARRAY(SELECT ctid FROM rate_windows WHERE ",
+                ended_windows!(concat!("(", pg_now_ms!(), " / 1000)")),
+                " LIMIT $1))"
+            ),
+            Backend::Sqlite(_) => concat!(
+                "DELETE FROM rate_windows WHERE rowid IN (SELECT rowid FROM rate_windows WHERE ",
+                ended_windows!(concat!("(", sqlite_now_ms!(), " / 1000)")),
+                " LIMIT $1)"
+            ),
+        };
+        let mut deleted = 0;
+        loop {
+            let done = with_pool!(self, |pool| sqlx::query(delete)
+                .bind(PRUNE_BATCH)
+                .execute(pool)
+                .await
+                .map(|done| done.rows_affected()))?;
+            deleted += done;
+            if done < PRUNE_BATCH as u64 {
+                return Ok(deleted);
+            }
+        }
     }
 
     /// Takes back from every `max_concurrent` count the places held by replicas that have not beaten for
