@@ -7,6 +7,7 @@ pub mod compaction;
 pub mod config;
 #[cfg(feature = "demo")]
 pub mod demo;
+pub mod duty;
 pub mod engine;
 pub mod governance;
 pub mod ids;

@@ -224,6 +224,11 @@ pub fn response_resumed(queued: bool, taken_over: bool) {
     }
 }
 
+/// A background duty (`duty::spawn`) panicked and was started again.
+pub fn duty_restarted(duty: &'static str) {
+    metrics::counter!("gateway_duty_restarts_total", "duty" => duty).increment(1);
+}
+
 /// What the allocator holds: in live allocations, and resident (what the process's memory is made of).
 pub fn memory(allocated: usize, resident: usize) {
     metrics::gauge!("gateway_memory_allocated_bytes").set(allocated as f64);

@@ -11,14 +11,15 @@ use std::time::Duration;
 use tokio::task::JoinHandle;
 
 use super::{Engine, Stop};
+use crate::duty;
 use crate::store::notify::{Listener, Notification};
 use crate::store::{Store, StoreError};
 
 /// Responses a replica takes at once, at most (it takes no more than it has room for).
+const CLAIM_BATCH: usize = 32;
+
 /// How often a replica deletes the counted windows (`rate_windows`) that ended long ago.
 const PRUNE_EVERY: Duration = Duration::from_secs(600);
-
-const CLAIM_BATCH: usize = 32;
 
 /// How long runs that were told to give their response up may take to stop, at shutdown.
 const ABANDON_WAIT: Duration = Duration::from_secs(5);
@@ -47,12 +48,27 @@ impl Worker {
             replica.set_exclusive();
         }
         let mut tasks = vec![
-            tokio::spawn(beat(engine.clone(), ownership.clone())),
-            tokio::spawn(claim(engine.clone(), ownership.clone())),
-            tokio::spawn(engine.deliverer.clone().run()),
+            duty::spawn("beat", {
+                let (engine, ownership) = (engine.clone(), ownership.clone());
+                move || beat(engine.clone(), ownership.clone())
+            }),
+            duty::spawn("claim", {
+                let (engine, ownership) = (engine.clone(), ownership.clone());
+                move || claim(engine.clone(), ownership.clone())
+            }),
+            duty::spawn("deliver_webhooks", {
+                let deliverer = engine.deliverer.clone();
+                move || deliverer.clone().run()
+            }),
         ];
         if let Some(listener) = engine.store.listen() {
-            tasks.push(tokio::spawn(listen(engine.clone(), listener)));
+            // A listener that panicked is opened afresh.
+            let mut first = Some(listener);
+            let engine = engine.clone();
+            tasks.push(duty::spawn("listen", move || {
+                let listener = first.take().or_else(|| engine.store.listen());
+                listen(engine.clone(), listener)
+            }));
         }
         replica.work.notify_one();
         tracing::info!(replica.id = %replica.id, "replica started");
@@ -310,7 +326,10 @@ async fn hand_over_unrun(
 }
 
 /// Hears the other replicas: progress for followers, cancels, work waiting, admin changes.
-async fn listen(engine: Engine, mut listener: Listener) {
+async fn listen(engine: Engine, listener: Option<Listener>) {
+    let Some(mut listener) = listener else {
+        return;
+    };
     loop {
         let notification = listener.next().await;
         engine.hear(&notification);

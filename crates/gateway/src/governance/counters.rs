@@ -10,6 +10,7 @@ use tokio::sync::{mpsc, oneshot, Notify};
 
 use gateway_core::governance::{window_start, Standing, WINDOW_SECS};
 
+use crate::duty;
 use crate::store::{Store, StoreError};
 
 /// The requests of a window leased at once: a twentieth of the limit, between 1 and 100.
@@ -194,7 +195,7 @@ const MAX_ADDITIONS: usize = 256;
 /// Writes the additions to shared windows one statement at a time: each statement takes every addition handed in
 /// while the last one ran (a request's counters come due together: its key's and its project's tokens and spend),
 /// and answers each with its window's total. Ends when the counters are gone.
-async fn write_additions(store: Store, mut pending: mpsc::UnboundedReceiver<Addition>) {
+async fn write_additions(store: Store, pending: &mut mpsc::UnboundedReceiver<Addition>) {
     let mut batch = Vec::new();
     while pending.recv_many(&mut batch, MAX_ADDITIONS).await > 0 {
         let rows: Vec<(&str, i64, u64)> = batch
@@ -251,7 +252,11 @@ impl Counters {
     ) -> Result<u64, StoreError> {
         let additions = self.additions.get_or_init(|| {
             let (sender, receiver) = mpsc::unbounded_channel();
-            tokio::spawn(write_additions(self.store.clone(), receiver));
+            let (store, queue) = (self.store.clone(), duty::Queue::new(receiver));
+            duty::spawn("counter_additions", move || {
+                let (store, queue) = (store.clone(), queue.clone());
+                async move { write_additions(store, &mut *queue.take().await).await }
+            });
             sender
         });
         let (answer, total) = oneshot::channel();

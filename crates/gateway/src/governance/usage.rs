@@ -22,30 +22,11 @@ pub struct UsageWriter {
 impl UsageWriter {
     /// Starts the writing task on the current runtime.
     pub fn start(store: Store, flush: Duration) -> UsageWriter {
-        let (sender, mut receiver) = mpsc::channel::<Vec<UsageRecord>>(MAX_QUEUED);
-        tokio::spawn(async move {
-            // Rows whose write failed: written again as they are (same ids), so that a write whose answer was
-            // lost is not counted twice.
-            let mut unwritten: Vec<UsageRecord> = Vec::new();
-            loop {
-                let Some(first) = receiver.recv().await else {
-                    return;
-                };
-                let mut batch = first;
-                tokio::time::sleep(flush).await;
-                while let Ok(more) = receiver.try_recv() {
-                    batch.extend(more);
-                }
-                unwritten.extend(summed(batch));
-                if let Err(e) = store.record_usage(&unwritten).await {
-                    tracing::warn!(rows = unwritten.len(), error = %e, "could not record the usage of unstored responses; trying again with the next batch");
-                    if unwritten.len() > MAX_QUEUED {
-                        unwritten.clear();
-                    }
-                    continue;
-                }
-                unwritten.clear();
-            }
+        let (sender, receiver) = mpsc::channel::<Vec<UsageRecord>>(MAX_QUEUED);
+        let queue = crate::duty::Queue::new(receiver);
+        crate::duty::spawn("unstored_usage", move || {
+            let (store, queue) = (store.clone(), queue.clone());
+            async move { write_usage(store, &mut *queue.take().await, flush).await }
         });
         UsageWriter { sender }
     }
@@ -57,6 +38,36 @@ impl UsageWriter {
         if let Err(e) = self.sender.try_send(records) {
             tracing::warn!(error = %e, "the usage writer is behind; usage of an unstored response was not recorded");
         }
+    }
+}
+
+/// Writes the usage handed in, a batch every `flush`, until every sender is gone.
+async fn write_usage(
+    store: Store,
+    receiver: &mut mpsc::Receiver<Vec<UsageRecord>>,
+    flush: Duration,
+) {
+    // Rows whose write failed: written again as they are (same ids), so that a write whose answer was lost is not
+    // counted twice.
+    let mut unwritten: Vec<UsageRecord> = Vec::new();
+    loop {
+        let Some(first) = receiver.recv().await else {
+            return;
+        };
+        let mut batch = first;
+        tokio::time::sleep(flush).await;
+        while let Ok(more) = receiver.try_recv() {
+            batch.extend(more);
+        }
+        unwritten.extend(summed(batch));
+        if let Err(e) = store.record_usage(&unwritten).await {
+            tracing::warn!(rows = unwritten.len(), error = %e, "could not record the usage of unstored responses; trying again with the next batch");
+            if unwritten.len() > MAX_QUEUED {
+                unwritten.clear();
+            }
+            continue;
+        }
+        unwritten.clear();
     }
 }
 

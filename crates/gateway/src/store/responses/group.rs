@@ -17,6 +17,7 @@ use tokio::sync::{mpsc, oneshot, Semaphore};
 use super::rows::StepRow;
 use super::writes::{EndingColumns, CREATE_CONFLICT, STEP_CONFLICT};
 use super::Durability;
+use crate::duty;
 use crate::store::governance::UsageRecord;
 use crate::store::json_text::JsonText;
 use crate::store::observe::StoreObserver;
@@ -133,7 +134,11 @@ impl GroupCommit {
             Backend::Postgres(_) => in_flight.max(1),
         };
         let (queue, jobs) = mpsc::unbounded_channel();
-        tokio::spawn(write_batches(backend, observer, jobs, in_flight));
+        let jobs = duty::Queue::new(jobs);
+        duty::spawn("group_commit", move || {
+            let (backend, observer, jobs) = (backend.clone(), Arc::clone(&observer), jobs.clone());
+            async move { write_batches(backend, observer, &mut *jobs.take().await, in_flight).await }
+        });
         GroupCommit { queue }
     }
 
@@ -162,7 +167,7 @@ impl GroupCommit {
 async fn write_batches(
     backend: Backend,
     observer: Arc<dyn StoreObserver>,
-    mut jobs: mpsc::UnboundedReceiver<Queued>,
+    jobs: &mut mpsc::UnboundedReceiver<Queued>,
     in_flight: usize,
 ) {
     let slots = Arc::new(Semaphore::new(in_flight));
