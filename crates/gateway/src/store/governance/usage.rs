@@ -1,7 +1,7 @@
 //! Sums of the usage records for `GET /admin/v1/usage`: filtered by time, project, key and deployment, grouped
 //! by time buckets and by who used what, a page at a time.
 
-use super::super::{Store, StoreError};
+use super::super::{Backend, Store, StoreError};
 
 /// What usage may be grouped by.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -62,7 +62,18 @@ pub struct UsageBucket {
 
 /// The SQL of a usage read grouped by `groups`; parameters `$1`..`$7`: start, end, project, key, deployment,
 /// limit, offset.
-fn usage_sql(groups: &[UsageGroup]) -> String {
+fn usage_sql(groups: &[UsageGroup], backend: &Backend) -> String {
+    // A sum held at the most a `BIGINT` holds, never failing the read: an upstream that reported absurd usage
+    // fills its own total. Postgres sums `BIGINT`s as `NUMERIC`; SQLite's `TOTAL` sums as a float (exact up to
+    // 2^53) where its `SUM` would fail on overflow.
+    let total = |expression: &str| match backend {
+        Backend::Postgres(_) => {
+            format!("CAST(LEAST(COALESCE(SUM({expression}), 0), 9223372036854775807) AS BIGINT)")
+        }
+        Backend::Sqlite(_) => {
+            format!("CAST(MIN(TOTAL({expression}), 9223372036854775807.0) AS INTEGER)")
+        }
+    };
     let has = |group| groups.contains(&group);
     let bucket = if has(UsageGroup::Hour) {
         "(created_at / 3600) * 3600"
@@ -100,12 +111,10 @@ fn usage_sql(groups: &[UsageGroup]) -> String {
     };
     format!(
         "SELECT {bucket} AS bucket_start, {project}, {key}, {deployment}, {source},
-            CAST(COALESCE(SUM(input_tokens), 0) AS BIGINT) AS input_tokens,
-            CAST(COALESCE(SUM(cached_tokens), 0) AS BIGINT) AS cached_tokens,
-            CAST(COALESCE(SUM(output_tokens), 0) AS BIGINT) AS output_tokens,
-            CAST(COALESCE(SUM(reasoning_tokens), 0) AS BIGINT) AS reasoning_tokens,
-            CAST(COALESCE(SUM(CASE WHEN tool_source IS NULL THEN calls ELSE 0 END), 0) AS BIGINT) AS model_calls,
-            CAST(COALESCE(SUM(CASE WHEN tool_source IS NULL THEN 0 ELSE calls END), 0) AS BIGINT) AS tool_calls,
+            {input} AS input_tokens, {cached} AS cached_tokens, {output} AS output_tokens,
+            {reasoning} AS reasoning_tokens,
+            {model_calls} AS model_calls,
+            {tool_calls} AS tool_calls,
             CAST(COALESCE(SUM(cost_usd), 0.0) AS DOUBLE PRECISION) AS cost_usd
          FROM usage_records
          WHERE created_at >= $1 AND created_at < $2
@@ -116,6 +125,12 @@ fn usage_sql(groups: &[UsageGroup]) -> String {
         key = column(UsageGroup::ApiKey, "api_key_id"),
         deployment = column(UsageGroup::Deployment, "deployment"),
         source = column(UsageGroup::ToolSource, "tool_source"),
+        input = total("input_tokens"),
+        cached = total("cached_tokens"),
+        output = total("output_tokens"),
+        reasoning = total("reasoning_tokens"),
+        model_calls = total("CASE WHEN tool_source IS NULL THEN calls ELSE 0 END"),
+        tool_calls = total("CASE WHEN tool_source IS NULL THEN 0 ELSE calls END"),
     )
 }
 
@@ -123,7 +138,7 @@ impl Store {
     /// One page of usage sums, in the order of the groups' keys.
     pub async fn usage_report(&self, query: &UsageQuery) -> Result<Vec<UsageBucket>, StoreError> {
         let _timer = self.timed("usage_report");
-        let sql = usage_sql(&query.group_by);
+        let sql = usage_sql(&query.group_by, &self.backend);
         let buckets = with_read_pool!(self, |pool| sqlx::query_as::<_, UsageBucket>(&sql)
             .bind(query.start)
             .bind(query.end)
