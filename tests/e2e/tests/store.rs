@@ -81,6 +81,7 @@ on_both_backends!(
     additions_to_counted_windows_in_one_statement_answer_each_its_windows_total,
     an_amount_beyond_what_a_window_holds_fills_it_and_fails_no_other_window_of_its_batch,
     counted_windows_that_ended_long_ago_are_pruned_and_the_others_kept,
+    usage_sums_beyond_what_a_bigint_holds_read_as_the_largest_one,
 );
 
 // ---- scratch databases ----
@@ -2889,4 +2890,49 @@ async fn counted_windows_that_ended_long_ago_are_pruned_and_the_others_kept(stor
     for ((scope, start, kept), held) in windows.iter().zip(held) {
         assert_eq!(held, if *kept { 5 } else { 0 }, "{scope} at {start}");
     }
+}
+
+async fn usage_sums_beyond_what_a_bigint_holds_read_as_the_largest_one(store: Store) {
+    use gateway::store::governance::{UsageQuery, UsageRecord};
+    let record = |id: &str, input_tokens| UsageRecord {
+        response_id: id.to_owned(),
+        seq: 0,
+        project_id: "proj_absurd".to_owned(),
+        api_key_id: None,
+        deployment: "mock".to_owned(),
+        provider_kind: "openai".to_owned(),
+        tool_source: None,
+        input_tokens,
+        cached_tokens: 0,
+        output_tokens: 1,
+        reasoning_tokens: 0,
+        cost_usd: 0.0,
+        created_at: 1_000,
+        calls: 1,
+    };
+    // Two model calls whose upstream reported absurd usage: their sum is past what a `BIGINT` holds.
+    store
+        .record_usage(&[
+            record("resp_absurd_1", i64::MAX),
+            record("resp_absurd_2", i64::MAX),
+        ])
+        .await
+        .expect("recorded");
+    let buckets = store
+        .usage_report(&UsageQuery {
+            start: 0,
+            end: 2_000,
+            project_id: Some("proj_absurd".to_owned()),
+            api_key_id: None,
+            deployment: None,
+            group_by: Vec::new(),
+            offset: 0,
+            limit: 10,
+        })
+        .await
+        .expect("the sums read back");
+    assert_eq!(buckets.len(), 1);
+    assert_eq!(buckets[0].input_tokens, i64::MAX);
+    assert_eq!(buckets[0].output_tokens, 2);
+    assert_eq!(buckets[0].model_calls, 2);
 }

@@ -20,6 +20,9 @@ struct Part {
     held: u64,
     pending: u64,
     in_doubt: bool,
+    /// Takes and give-backs started, ever: a rewrite of the part clears the doubt only if none started while it
+    /// was on its way (one could have landed before it, and another after).
+    moves: u64,
 }
 
 /// The places this replica holds in each `max_concurrent` count; cheap to clone (once per governed create).
@@ -64,25 +67,26 @@ impl Places {
 
     /// Writes this replica's part of every count in doubt as the places it holds say.
     async fn reconcile(&self) {
-        let doubtful: Vec<(String, u64)> = {
+        let doubtful: Vec<(String, u64, u64)> = {
             let parts = self.parts.lock().unwrap_or_else(|e| e.into_inner());
             parts
                 .iter()
                 // A take or give-back on its way would land after the part written and undo it: wait for it.
                 .filter(|(_, part)| part.in_doubt && part.pending == 0)
-                .map(|(count, part)| (count.clone(), part.held))
+                .map(|(count, part)| (count.clone(), part.held, part.moves))
                 .collect()
         };
-        for (count, held) in doubtful {
+        for (count, held, moves) in doubtful {
             match self
                 .store
                 .set_running_part(&count, &self.replica_id, held)
                 .await
             {
-                // A take or give-back that started meanwhile may land before or after the part written: the count
-                // stays in doubt, and is written again, unless nothing moved.
+                // A take or give-back that started meanwhile may have landed before or after the part written (a
+                // take before it and a give-back after leave the books as they were, and the store one low): the
+                // count stays in doubt, and is written again, unless nothing moved.
                 Ok(()) => self.with(&count, |part| {
-                    if part.held == held && part.pending == 0 {
+                    if part.moves == moves {
                         part.in_doubt = false;
                     }
                 }),
@@ -131,7 +135,10 @@ impl RunningPlace {
     /// with the answer, which gives it back, instead of leaving it taken and its take pending for ever.
     pub(super) async fn take(&mut self, count: String, limit: u64) -> Result<bool, StoreError> {
         let places = self.places.clone();
-        places.with(&count, |part| part.pending += 1);
+        places.with(&count, |part| {
+            part.pending += 1;
+            part.moves += 1;
+        });
         let (answer, answered) = tokio::sync::oneshot::channel();
         tokio::spawn(async move {
             let taken = places
@@ -185,6 +192,7 @@ impl Drop for RunningPlace {
             self.places.with(count, |part| {
                 part.held = part.held.saturating_sub(1);
                 part.pending += 1;
+                part.moves += 1;
             });
         }
         let places = self.places.clone();
@@ -251,6 +259,34 @@ mod tests {
         );
     }
 
+    /// A transaction of another session that holds the count's row, as a statement under way would.
+    async fn hold_the_count(pool: &sqlx::PgPool) -> sqlx::Transaction<'static, sqlx::Postgres> {
+        let mut holder = pool.begin().await.expect("begin");
+        sqlx::query("SELECT 1 FROM rate_windows WHERE scope = $1 AND window_start = 0 FOR UPDATE")
+            .bind(COUNT)
+            .execute(&mut *holder)
+            .await
+            .expect("hold the count");
+        holder
+    }
+
+    /// Polls until a statement of `pool`'s database waits on a lock.
+    async fn until_a_statement_waits_on_a_lock(pool: &sqlx::PgPool) {
+        loop {
+            let waiting: i64 = sqlx::query_scalar(
+                "SELECT COUNT(*) FROM pg_stat_activity
+                 WHERE datname = current_database() AND wait_event_type = 'Lock'",
+            )
+            .fetch_one(pool)
+            .await
+            .expect("activity");
+            if waiting > 0 {
+                return;
+            }
+            tokio::task::yield_now().await;
+        }
+    }
+
     /// A fresh Postgres store and the places of `replica_a` on it (whose reconciler stays idle).
     async fn replica_a() -> (ScratchDatabase, Store, sqlx::PgPool, Places) {
         let db = ScratchDatabase::postgres().await.expect("database");
@@ -281,30 +317,13 @@ mod tests {
 
         // A take that waits for the store (another transaction holds the count) is dropped, as a create's
         // admission is when its client goes away; then the store takes the place.
-        let mut holder = pool.begin().await.expect("begin");
-        sqlx::query("SELECT 1 FROM rate_windows WHERE scope = $1 AND window_start = 0 FOR UPDATE")
-            .bind(COUNT)
-            .execute(&mut *holder)
-            .await
-            .expect("hold the count");
+        let holder = hold_the_count(&pool).await;
         let mut place = places.place();
         {
             let take = place.take(COUNT.into(), 1);
             tokio::pin!(take);
             assert!(futures::poll!(&mut take).is_pending());
-            loop {
-                let waiting: i64 = sqlx::query_scalar(
-                    "SELECT COUNT(*) FROM pg_stat_activity
-                     WHERE datname = current_database() AND wait_event_type = 'Lock'",
-                )
-                .fetch_one(&pool)
-                .await
-                .expect("activity");
-                if waiting > 0 {
-                    break;
-                }
-                tokio::task::yield_now().await;
-            }
+            until_a_statement_waits_on_a_lock(&pool).await;
         }
         drop(place);
         holder.rollback().await.expect("rollback");
@@ -314,6 +333,53 @@ mod tests {
         let mut again = places.place();
         assert!(again.take(COUNT.into(), 1).await.expect("taken"));
         assert_eq!(taken(&pool).await, (1, 1));
+    }
+
+    #[tokio::test]
+    async fn a_rewrite_that_a_take_and_a_give_back_went_around_leaves_the_count_in_doubt() {
+        tokio::time::timeout(Duration::from_secs(60), a_rewrite_gone_around())
+            .await
+            .expect("the rewrite settled within a minute");
+    }
+
+    async fn a_rewrite_gone_around() {
+        let (_db, _store, pool, places) = replica_a().await;
+        let mut place = places.place();
+        assert!(place.take(COUNT.into(), 5).await.expect("taken"));
+        places.doubt_held();
+
+        // The rewrite of this replica's part waits for the count, which another transaction holds.
+        let holder = hold_the_count(&pool).await;
+        let reconciling = tokio::spawn({
+            let places = places.clone();
+            async move { places.reconcile().await }
+        });
+        until_a_statement_waits_on_a_lock(&pool).await;
+        // Meanwhile a take starts and ends, and a give-back: the books hold what they held before, but whether
+        // each landed before or after the rewrite, nobody here knows.
+        places.with(COUNT, |part| {
+            part.pending += 1;
+            part.moves += 1;
+        });
+        places.with(COUNT, |part| {
+            part.pending -= 1;
+            part.held += 1;
+        });
+        places.with(COUNT, |part| {
+            part.held -= 1;
+            part.pending += 1;
+            part.moves += 1;
+        });
+        places.with(COUNT, |part| part.pending -= 1);
+        holder.rollback().await.expect("rollback");
+        reconciling.await.expect("reconciled");
+
+        assert!(
+            places.with(COUNT, |part| part.in_doubt),
+            "the count must be written again"
+        );
+        drop(place);
+        until_settled(&places, &pool, (0, 0)).await;
     }
 
     #[tokio::test]
