@@ -84,6 +84,12 @@ pub struct DatabaseConfig {
     /// writes each alone. The embedded store writes one batch at a time whatever this says.
     #[default(2)]
     pub group_commit_batches: usize,
+    /// How long a write of responses' rows (a group-commit batch, or one write alone) waits for the database's
+    /// answer; past it each of its writes is answered as in doubt (a lost reply: tried again, and recognised if it
+    /// had committed). A connection whose database vanished without closing it (a network that drops everything)
+    /// would otherwise keep the batch, and with it the writer, waiting for ever.
+    #[default(30_000)]
+    pub write_timeout_ms: u64,
     /// Postgres: a session left idle inside a transaction for this long (its replica paused, or cut off, between
     /// two statements of one) is ended by the database, which gives its row locks back, so that the other
     /// replicas can take that replica's responses over instead of waiting behind its locks. 0 leaves the
@@ -344,6 +350,7 @@ impl Config {
                 "database.acquire_timeout_ms",
                 self.database.acquire_timeout_ms,
             ),
+            ("database.write_timeout_ms", self.database.write_timeout_ms),
             ("durability.lease_ms", self.durability.lease_ms),
             (
                 "durability.max_resumes",

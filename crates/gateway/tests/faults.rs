@@ -762,3 +762,46 @@ async fn a_keyed_create_whose_first_write_is_in_doubt_is_handed_over_whatever_it
     assert_repeat_answers(&cluster, &replica, "in-doubt", &id).await;
     assert_eq!(cluster.model.requests().len(), 1, "one model call");
 }
+
+// The proxy must forward while the test starts the replica (which blocks its thread reading its output).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_whose_connection_fell_silent_is_in_doubt_after_the_write_timeout_and_the_response_ends() {
+    let mut cluster = Cluster::postgres().await;
+    let (proxy, through_proxy) = through_fault_proxy(&cluster, 0x51e7).await;
+    let replica = cluster.replica(&[
+        ("DATABASE_URL", through_proxy.as_str()),
+        ("GATEWAY__DATABASE__WRITE_TIMEOUT_MS", "1000"),
+    ]);
+    cluster.configure(&replica).await;
+
+    // The create's first write commits; its reply, and everything after it on that connection, never comes back,
+    // and the connection stays open: as when the network to the database drops everything without a reset.
+    proxy.silence_reply(b"a reply that never comes");
+    let create = cluster
+        .http
+        .post(format!("{}/v1/responses", replica.base_url))
+        .bearer_auth(&cluster.key)
+        .header("Idempotency-Key", "silent")
+        .json(&json!({"model": "mock", "input": "a reply that never comes"}))
+        .send();
+    // Without a bound on the write, the answer never comes: the guard fails the test instead of hanging it.
+    let answer = tokio::time::timeout(PATIENCE, create)
+        .await
+        .expect("the create was answered")
+        .expect("an answer");
+    assert_eq!(proxy.silenced(), 1, "the reply was never swallowed");
+    let status = answer.status().as_u16();
+    let body: serde_json::Value = answer.json().await.expect("JSON");
+
+    // Written once, whatever the client was told: it ends, and the repeat answers that end.
+    let (id, _) = status_of_keyed(cluster.db.url(), "silent")
+        .await
+        .expect("the first write committed");
+    assert!(
+        status == 200 || body["error"]["message"].as_str().is_some_and(|m| m.contains(&id)),
+        "{status}: {body:#}"
+    );
+    assert_eq!(completed_keyed(cluster.db.url(), "silent").await, id);
+    assert_repeat_answers(&cluster, &replica, "silent", &id).await;
+    assert_eq!(cluster.model.requests().len(), 1, "one model call");
+}

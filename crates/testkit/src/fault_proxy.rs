@@ -5,7 +5,7 @@
 //! Cuts are decided by a seeded generator (the same seed cuts the same way, given the same traffic), and stop
 //! when the proxy is told to heal or is dropped. One fault can also be placed exactly: the reply of the statement
 //! that carries given bytes is lost after its commit, and then nothing more goes through until the proxy heals
-//! (`lose_reply_then_stall`).
+//! (`lose_reply_then_stall`), or only its connection falls silent, left open (`silence_reply`).
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -35,6 +35,11 @@ struct Shared {
     marker: Mutex<Option<Vec<u8>>>,
     /// Whether nothing is forwarded, either way, on any connection (after a lost reply, until `heal`).
     stalled: watch::Sender<bool>,
+    /// Whether the marked statement's connection falls silent instead (`silence_reply`): the other connections
+    /// go on.
+    silence: AtomicBool,
+    /// Connections silenced so far.
+    silenced: AtomicU64,
 }
 
 /// Postgres's ReadyForQuery with an idle status: the server's last message for a transaction that ended (after
@@ -94,6 +99,8 @@ impl FaultProxy {
             cuts: AtomicU64::new(0),
             marker: Mutex::new(None),
             stalled: watch::Sender::new(false),
+            silence: AtomicBool::new(false),
+            silenced: AtomicU64::new(0),
         });
         let (stop, stopped) = watch::channel(());
         let accepting = Arc::clone(&shared);
@@ -146,6 +153,20 @@ impl FaultProxy {
     /// again waits (for a pooled connection, say) as it would for a database that stopped answering.
     pub fn lose_reply_then_stall(&self, marker: &[u8]) {
         *self.shared.marker.lock().unwrap_or_else(|e| e.into_inner()) = Some(marker.to_vec());
+    }
+
+    /// Swallows the reply of the next statement that carries `marker`, and everything after it on that connection,
+    /// which stays open: its client waits for an answer that never comes, as over a connection whose database
+    /// vanished without closing it (a network that drops everything, a machine lost). The other connections, new
+    /// ones included, go on as before.
+    pub fn silence_reply(&self, marker: &[u8]) {
+        self.shared.silence.store(true, Ordering::Relaxed);
+        *self.shared.marker.lock().unwrap_or_else(|e| e.into_inner()) = Some(marker.to_vec());
+    }
+
+    /// How many connections fell silent (`silence_reply`).
+    pub fn silenced(&self) -> u64 {
+        self.shared.silenced.load(Ordering::Relaxed)
     }
 
     /// Whether a reply was lost and the proxy is stalled since.
@@ -236,6 +257,12 @@ async fn forward(
                         .windows(READY_AND_IDLE.len())
                         .any(|w| w == READY_AND_IDLE) =>
             {
+                if shared.silence.load(Ordering::Relaxed) {
+                    // The reply, and all that follows, goes nowhere; the connection stays open for ever.
+                    shared.silenced.fetch_add(1, Ordering::Relaxed);
+                    while from.read(&mut buffer).await.is_ok_and(|read| read > 0) {}
+                    std::future::pending::<()>().await;
+                }
                 // The transaction ended: its reply is lost with the connection, and nothing else goes through.
                 shared.cuts.fetch_add(1, Ordering::Relaxed);
                 shared.stalled.send_replace(true);

@@ -258,6 +258,14 @@ pub struct StoreParts {
     observer: Arc<dyn StoreObserver>,
     /// The writer that batches responses' writes (`with_group_commit`); without it each is written alone.
     group: Option<responses::GroupCommit>,
+    /// How long a write of responses' rows waits for the database's answer before it is in doubt
+    /// (`with_write_wait`).
+    write_wait: std::time::Duration,
+}
+
+/// How long a write of responses' rows waits for the database by default (`database.write_timeout_ms`).
+fn default_write_wait() -> std::time::Duration {
+    std::time::Duration::from_millis(DatabaseConfig::default().write_timeout_ms)
 }
 
 impl Store {
@@ -336,6 +344,7 @@ impl Store {
             embedded_reads: opened.embedded_reads,
             observer: Arc::new(Unobserved),
             group: None,
+            write_wait: default_write_wait(),
         })))
     }
 
@@ -352,6 +361,9 @@ impl Store {
             },
         )
         .await
+        .map(|store| {
+            store.with_write_wait(std::time::Duration::from_millis(database.write_timeout_ms))
+        })
     }
 
     /// A store on connections of its own, for the replica's ownership duties (beats, claims, releases): they never
@@ -373,6 +385,7 @@ impl Store {
                 embedded_reads: None,
                 observer: Arc::clone(&self.observer),
                 group: None,
+                write_wait: self.write_wait,
             })),
             Backend::Sqlite(_) => self.clone(),
         }
@@ -402,10 +415,20 @@ impl Store {
                 self.backend.clone(),
                 Arc::clone(&self.observer),
                 batches_in_flight,
+                self.write_wait,
             )
         });
         Store(Arc::new(StoreParts {
             group,
+            ..StoreParts::clone(&self)
+        }))
+    }
+
+    /// This store, with each write of responses' rows waiting at most `wait` for the database's answer, then
+    /// answered as in doubt. Call it before `with_group_commit`, whose writer takes it.
+    pub fn with_write_wait(self, wait: std::time::Duration) -> Store {
+        Store(Arc::new(StoreParts {
+            write_wait: wait,
             ..StoreParts::clone(&self)
         }))
     }

@@ -11,6 +11,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::sync::{mpsc, oneshot, Semaphore};
 
@@ -128,6 +129,7 @@ impl GroupCommit {
         backend: Backend,
         observer: Arc<dyn StoreObserver>,
         in_flight: usize,
+        wait: Duration,
     ) -> GroupCommit {
         let in_flight = match backend {
             Backend::Sqlite(_) => 1,
@@ -137,7 +139,9 @@ impl GroupCommit {
         let jobs = duty::Queue::new(jobs);
         duty::spawn("group_commit", move || {
             let (backend, observer, jobs) = (backend.clone(), Arc::clone(&observer), jobs.clone());
-            async move { write_batches(backend, observer, &mut *jobs.take().await, in_flight).await }
+            async move {
+                write_batches(backend, observer, &mut *jobs.take().await, in_flight, wait).await
+            }
         });
         GroupCommit { queue }
     }
@@ -169,6 +173,7 @@ async fn write_batches(
     observer: Arc<dyn StoreObserver>,
     jobs: &mut mpsc::UnboundedReceiver<Queued>,
     in_flight: usize,
+    wait: Duration,
 ) {
     let slots = Arc::new(Semaphore::new(in_flight));
     // A write held back from the last batch: it starts the next one.
@@ -203,21 +208,21 @@ async fn write_batches(
         let observer = Arc::clone(&observer);
         tokio::spawn(async move {
             observer.batch(batch.len());
-            write_and_answer(&backend, batch).await;
+            write_and_answer(&backend, batch, wait).await;
             drop(slot);
         });
     }
 }
 
 /// Writes `batch` and answers each of its writes.
-async fn write_and_answer(backend: &Backend, batch: Vec<Queued>) {
+async fn write_and_answer(backend: &Backend, batch: Vec<Queued>, wait: Duration) {
     let durability = if batch.iter().any(|q| q.durability == Durability::Flush) {
         Durability::Flush
     } else {
         Durability::Relaxed
     };
     let writes: Vec<&Write> = batch.iter().map(|q| &q.write).collect();
-    match write_batch(backend, &writes, durability).await {
+    match write_batch(backend, &writes, durability, wait).await {
         Ok(written) => {
             for (queued, written) in batch.into_iter().zip(written) {
                 let _ = queued.answer.send(Ok(written));
@@ -241,7 +246,7 @@ async fn write_and_answer(backend: &Backend, batch: Vec<Queued>) {
             // Refused as a whole by what one write holds (a conflict on its Idempotency-Key aborts the
             // statement): each is written alone, so that the refusal reaches only the write it belongs to.
             for queued in batch {
-                let written = write_batch(backend, &[&queued.write], queued.durability)
+                let written = write_batch(backend, &[&queued.write], queued.durability, wait)
                     .await
                     .map(|mut written| written.remove(0));
                 let _ = queued.answer.send(written);
@@ -272,14 +277,32 @@ fn shared_failure(failure: &StoreError) -> impl Fn() -> StoreError {
 
 /// Writes `writes` as one batch; answers in their order. Written directly (as a batch of one) when the store has
 /// no writer of its own.
+///
+/// A database that has not answered within `wait` leaves every write in doubt, as a lost reply does: over a
+/// connection whose database vanished without closing it, the answer would never come, and the writer (every
+/// later write of this replica, once its batches in flight all wait so) with it. The statement is abandoned on
+/// its connection, which the pool tests before it lends it again.
 pub(super) async fn write_batch(
     backend: &Backend,
     writes: &[&Write],
     durability: Durability,
+    wait: Duration,
 ) -> Result<Vec<Written>, StoreError> {
-    match backend {
-        Backend::Postgres(pool) => postgres::write(pool, writes, durability).await,
-        Backend::Sqlite(pool) => sqlite::write(pool, writes).await,
+    let written = async {
+        match backend {
+            Backend::Postgres(pool) => postgres::write(pool, writes, durability).await,
+            Backend::Sqlite(pool) => sqlite::write(pool, writes).await,
+        }
+    };
+    match tokio::time::timeout(wait, written).await {
+        Ok(written) => written,
+        Err(_) => Err(StoreError::Database(sqlx::Error::Io(std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            format!(
+                "the database did not answer a write within {} ms; whether it was written is unknown",
+                wait.as_millis()
+            ),
+        )))),
     }
 }
 
