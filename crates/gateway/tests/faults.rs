@@ -765,7 +765,8 @@ async fn a_keyed_create_whose_first_write_is_in_doubt_is_handed_over_whatever_it
 
 // The proxy must forward while the test starts the replica (which blocks its thread reading its output).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_write_whose_connection_fell_silent_is_in_doubt_after_the_write_timeout_and_the_response_ends() {
+async fn a_write_whose_connection_fell_silent_is_in_doubt_after_the_write_timeout_and_the_response_ends(
+) {
     let mut cluster = Cluster::postgres().await;
     let (proxy, through_proxy) = through_fault_proxy(&cluster, 0x51e7).await;
     let replica = cluster.replica(&[
@@ -798,7 +799,10 @@ async fn a_write_whose_connection_fell_silent_is_in_doubt_after_the_write_timeou
         .await
         .expect("the first write committed");
     assert!(
-        status == 200 || body["error"]["message"].as_str().is_some_and(|m| m.contains(&id)),
+        status == 200
+            || body["error"]["message"]
+                .as_str()
+                .is_some_and(|m| m.contains(&id)),
         "{status}: {body:#}"
     );
     assert_eq!(completed_keyed(cluster.db.url(), "silent").await, id);
