@@ -414,6 +414,17 @@ impl Config {
                  database in time)"
             ));
         }
+        // A write left unanswered is tried again only once the database has ended the session that may still carry
+        // it (its keepalive gives up on a silent replica within about twice `server_keepalive_secs`): the
+        // abandoned statement can then never land after the retry and what followed it.
+        let keepalive = self.database.server_keepalive_secs;
+        if keepalive > 0 && self.database.write_timeout_ms <= keepalive.saturating_mul(2_000) {
+            return Err(format!(
+                "database.write_timeout_ms must be more than twice database.server_keepalive_secs ({} ms): a \
+                 write is tried again only once the database has given up the session that may still carry it",
+                keepalive.saturating_mul(2_000)
+            ));
+        }
         match must_be_positive.iter().find(|(_, value)| *value == 0) {
             Some((key, _)) => Err(format!("{key} must be at least 1")),
             None => Ok(()),
