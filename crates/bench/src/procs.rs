@@ -113,6 +113,16 @@ impl ChildProcess {
         self.kill();
     }
 
+    /// Sends the child signal `name` (`STOP`, `CONT`, …) as `kill -<name>` does; whether it was sent.
+    pub fn signal(&self, name: &str) -> bool {
+        Command::new("kill")
+            .args([format!("-{name}"), self.pid.to_string()])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|status| status.success())
+    }
+
     /// Kills the child (SIGKILL) and reaps it: nothing of it runs on.
     pub fn kill(&mut self) {
         let _ = self.child.kill();

@@ -1,5 +1,5 @@
-//! `gateway-chaos`: replicas of the gateway killed at random (SIGKILL) and restarted while they run background
-//! responses with tool calls, all on one Postgres database. Each response's batch holds two HTTP tools and one
+//! `gateway-chaos`: replicas of the gateway killed at random (SIGKILL) and restarted, or paused (SIGSTOP) past their
+//! lease and resumed, while they run background responses with tool calls, all on one Postgres database. Each response's batch holds two HTTP tools and one
 //! MCP tool (an operator `mcp` source). At the end it prints how many responses ended, completed, are stuck or
 //! lost, how many tool requests and MCP `tools/call`s were sent again under an idempotency key already used,
 //! how long takeovers took, and whether every output equals that of the same request run without chaos; it
@@ -22,7 +22,7 @@ use gateway_bench::setup::{Admin, Database, MCP_PREFIX, TOOLS_MODEL};
 use reqwest::Client;
 use serde_json::{json, Value};
 
-/// Replicas killed at random while they run background responses with tool calls.
+/// Replicas killed or paused at random while they run background responses with tool calls.
 #[derive(Debug, Parser)]
 #[command(name = "gateway-chaos", version, about)]
 struct Args {
@@ -38,6 +38,12 @@ struct Args {
     /// A replica is killed every this many milliseconds, give or take half.
     #[arg(long, default_value_t = 3000)]
     kill_every_ms: u64,
+    /// Every this many faults, the replica is paused (SIGSTOP) for one to two leases and then resumed (SIGCONT)
+    /// instead of killed: its responses are taken over meanwhile, and when it wakes its runs must stop before any
+    /// call or write, wherever the pause caught them (between two statements of a transaction, say). 0: kills
+    /// only.
+    #[arg(long, default_value_t = 3)]
+    pause_every: u32,
     /// The replicas' lease (`durability.lease_ms`).
     #[arg(long, default_value_t = 2000)]
     lease_ms: u64,
@@ -186,6 +192,9 @@ async fn run(
         "chaotic",
     ));
     let mut kills = 0;
+    let mut pauses = 0;
+    // Replicas paused now: (slot, when it is resumed).
+    let mut paused: Vec<(usize, Instant)> = Vec::new();
     let mut takeovers = Vec::new();
     let mut rng_state = 0x9e37_79b9_7f4a_7c15_u64 ^ u64::from(std::process::id());
     while Instant::now() < chaos_end {
@@ -195,7 +204,25 @@ async fn run(
         if Instant::now() >= chaos_end {
             break;
         }
+        paused.retain(|&(slot, until)| {
+            let due = Instant::now() >= until;
+            if due {
+                replicas.slots[slot].signal("CONT");
+            }
+            !due
+        });
         let victim = (next_random(&mut rng_state) as usize) % replicas.slots.len();
+        if paused.iter().any(|&(slot, _)| slot == victim) {
+            continue;
+        }
+        if args.pause_every > 0 && (kills + pauses + 1) % args.pause_every as usize == 0 {
+            let pause = args.lease_ms + next_random(&mut rng_state) % args.lease_ms.max(1);
+            if replicas.slots[victim].signal("STOP") {
+                pauses += 1;
+                paused.push((victim, Instant::now() + Duration::from_millis(pause)));
+            }
+            continue;
+        }
         let replica_id = replicas.slots[victim].ident.clone();
         replicas.slots[victim].kill();
         kills += 1;
@@ -208,8 +235,11 @@ async fn run(
         replicas.slots[victim] = restarted;
         *urls.lock().unwrap_or_else(|e| e.into_inner()) = replicas.urls();
     }
+    for (slot, _) in paused {
+        replicas.slots[slot].signal("CONT");
+    }
     let ids = submitter.await??;
-    eprintln!("[chaos] {kills} kills; waiting for the responses to end");
+    eprintln!("[chaos] {kills} kills, {pauses} pauses; waiting for the responses to end");
     let mut takeover_ms: Vec<u128> = Vec::new();
     for monitor in takeovers {
         if let Some(time) = monitor.await?? {
@@ -324,7 +354,7 @@ async fn run(
     };
     let text = format!(
         "## Chaos run\n\n\
-         * {} replicas on one Postgres database, lease {} ms; {} background responses, each a batch of three tool calls (HTTP `slow` 0.4–2 s and `add`, MCP `{MCP_PREFIX}add` 0.3–1.8 s) then a model answer, submitted over {} s; a replica killed with SIGKILL every ~{} ms and restarted: {} kills\n\
+         * {} replicas on one Postgres database, lease {} ms; {} background responses, each a batch of three tool calls (HTTP `slow` 0.4–2 s and `add`, MCP `{MCP_PREFIX}add` 0.3–1.8 s) then a model answer, submitted over {} s; a replica killed with SIGKILL every ~{} ms and restarted: {} kills; {} pauses (SIGSTOP for one to two leases, then SIGCONT)\n\
          * submitted {}, **ended {}**, completed {}, statuses {:?}, **stuck {}**, **lost {}**\n\
          * outputs different from the same requests run without chaos: **{}**\n\
          * HTTP: {}\n\
@@ -337,6 +367,7 @@ async fn run(
         args.chaos_seconds,
         args.kill_every_ms,
         kills,
+        pauses,
         ids.len(),
         ended,
         completed,
