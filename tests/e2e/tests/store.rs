@@ -2936,3 +2936,70 @@ async fn usage_sums_beyond_what_a_bigint_holds_read_as_the_largest_one(store: St
     assert_eq!(buckets[0].output_tokens, 2);
     assert_eq!(buckets[0].model_calls, 2);
 }
+
+#[tokio::test]
+async fn a_create_is_answered_written_though_the_boundaries_of_its_batch_failed() {
+    let db = ScratchDatabase::postgres().await.expect("test database");
+    let sizes = std::sync::Arc::new(BatchSizes::default());
+    let store = Store::connect(db.url(), 5)
+        .await
+        .expect("connect store")
+        .observed_by(sizes.clone())
+        .with_group_commit(1);
+    store.migrate().await.expect("migrate");
+    let Backend::Postgres(pool) = store.backend().clone() else {
+        unreachable!("Postgres")
+    };
+    let (project_id, deployment_id) = tenant(&store, "acme").await;
+    let (project_id, deployment_id) = (project_id.as_str(), deployment_id.as_str());
+    create(
+        &store,
+        project_id,
+        deployment_id,
+        &record("resp_boundary"),
+        &context(1),
+        &[],
+        None,
+    )
+    .await
+    .expect("create");
+    // The boundary statement fails for a passing reason, as one may under contention.
+    for statement in [
+        "CREATE FUNCTION refuse_boundary() RETURNS trigger AS $$ BEGIN
+             IF NEW.response_id = 'resp_boundary' THEN
+                 RAISE EXCEPTION 'could not serialize' USING ERRCODE = '40001';
+             END IF;
+             RETURN NEW;
+         END $$ LANGUAGE plpgsql",
+        "CREATE TRIGGER refuse_boundary BEFORE INSERT OR UPDATE ON steps
+             FOR EACH ROW EXECUTE FUNCTION refuse_boundary()",
+    ] {
+        sqlx::query(statement)
+            .execute(&pool)
+            .await
+            .expect("trigger");
+    }
+    sizes.0.lock().expect("sizes").clear();
+
+    // A create and that boundary, queued before the writer runs: one batch, whose creates commit in their own
+    // statement before the boundaries' statement fails.
+    let new = record("resp_new");
+    let item = context(1);
+    let creates = create(&store, project_id, deployment_id, &new, &item, &[], None);
+    let first_step = [model_step(0)];
+    let fails = write_steps(&store, "resp_boundary", &first_step, &[], Durability::Flush);
+    tokio::pin!(creates, fails);
+    assert!(futures::poll!(&mut creates).is_pending());
+    assert!(futures::poll!(&mut fails).is_pending());
+    let (created, failed) = tokio::join!(creates, fails);
+
+    assert_eq!(sizes.0.lock().expect("sizes").clone(), [2], "one batch");
+    assert!(failed.is_err(), "the boundary was refused: {failed:?}");
+    // Told it failed, its client would be told that nothing was stored, and send it again.
+    created.expect("the create committed, and is answered so");
+    assert!(store
+        .load_response(project_id, "resp_new")
+        .await
+        .expect("read")
+        .is_some());
+}

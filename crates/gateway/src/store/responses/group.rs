@@ -214,8 +214,27 @@ async fn write_batches(
     }
 }
 
-/// Writes `batch` and answers each of its writes.
+/// Writes `batch` and answers each of its writes. On Postgres the creates and the step boundaries are two
+/// statements, each its own commit: they are written and answered as two batches, so that a boundary statement
+/// that fails never answers creates already committed as failed (a background create told "nothing was stored"
+/// would be sent again, and run twice). The embedded store writes both kinds in one transaction.
 async fn write_and_answer(backend: &Backend, batch: Vec<Queued>, wait: Duration) {
+    if matches!(backend, Backend::Postgres(_)) {
+        let (creates, boundaries): (Vec<Queued>, Vec<Queued>) = batch
+            .into_iter()
+            .partition(|queued| matches!(queued.write, Write::Create(_)));
+        for part in [creates, boundaries] {
+            if !part.is_empty() {
+                write_part_and_answer(backend, part, wait).await;
+            }
+        }
+    } else {
+        write_part_and_answer(backend, batch, wait).await;
+    }
+}
+
+/// Writes `batch` as one and answers each of its writes.
+async fn write_part_and_answer(backend: &Backend, batch: Vec<Queued>, wait: Duration) {
     let durability = if batch.iter().any(|q| q.durability == Durability::Flush) {
         Durability::Flush
     } else {
