@@ -1,6 +1,7 @@
 //! Background duties that outlive a panic: a replica's beat, sweep and listener, and the writers that batch what
-//! requests hand them. A duty that panics is logged, counted (`gateway_duty_restarts_total{duty}`) and started
-//! again a moment later; one that returns has ended for good (its queue closed, the process stopping).
+//! requests hand them. A duty that panics is logged, reported to the hook its spawner gave (the gateway counts it
+//! in `gateway_duty_restarts_total{duty}`) and started again a moment later; one that returns has ended for good
+//! (its queue closed, the process stopping). It knows nothing of the rest of the crate, so the store may use it.
 
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
@@ -15,8 +16,13 @@ use tokio::task::JoinHandle;
 /// spin the process.
 const RESTART_DELAY: Duration = Duration::from_secs(1);
 
-/// Spawns the duty that `start` makes, and makes it again whenever it panics. Aborting the handle stops it.
-pub fn spawn<F, Fut>(name: &'static str, mut start: F) -> JoinHandle<()>
+/// Spawns the duty that `start` makes, and makes it again whenever it panics, telling `restarted` first. Aborting
+/// the handle stops it.
+pub fn spawn<F, Fut>(
+    name: &'static str,
+    restarted: impl Fn(&'static str) + Send + 'static,
+    mut start: F,
+) -> JoinHandle<()>
 where
     F: FnMut() -> Fut + Send + 'static,
     Fut: Future<Output = ()> + Send + 'static,
@@ -32,7 +38,7 @@ where
                         .or_else(|| panic.downcast_ref::<String>().cloned())
                         .unwrap_or_default();
                     tracing::error!(duty = name, panic = %message, "a background duty panicked; starting it again");
-                    crate::metrics::duty_restarted(name);
+                    restarted(name);
                     tokio::time::sleep(RESTART_DELAY).await;
                 }
             }
@@ -78,7 +84,12 @@ mod tests {
         let queue = Queue::new(receiver);
         let starts = Arc::new(AtomicUsize::new(0));
         let counted = Arc::clone(&starts);
-        let duty = spawn("test", move || {
+        let reported = Arc::new(AtomicUsize::new(0));
+        let restarts = Arc::clone(&reported);
+        let told = move |_: &'static str| {
+            restarts.fetch_add(1, Ordering::SeqCst);
+        };
+        let duty = spawn("test", told, move || {
             let queue = queue.clone();
             counted.fetch_add(1, Ordering::SeqCst);
             async move {
@@ -103,6 +114,11 @@ mod tests {
         // The next duty takes the queue up.
         assert_eq!(ask(3).await.expect("answered after the restart"), 6);
         assert_eq!(starts.load(Ordering::SeqCst), 2);
+        assert_eq!(
+            reported.load(Ordering::SeqCst),
+            1,
+            "the restart was reported"
+        );
 
         // Once its queue closes, the duty ends for good.
         drop(sender);

@@ -286,6 +286,10 @@ impl crate::store::StoreObserver for StoreMetrics {
     fn batch(&self, writes: usize) {
         metrics::histogram!("gateway_store_batch_writes").record(writes as f64);
     }
+
+    fn duty_restarted(&self, duty: &'static str) {
+        duty_restarted(duty);
+    }
 }
 
 /// A server tool call in flight when its response was cancelled (`outcome="cancelled"`).

@@ -48,15 +48,15 @@ impl Worker {
             replica.set_exclusive();
         }
         let mut tasks = vec![
-            duty::spawn("beat", {
+            duty::spawn("beat", crate::metrics::duty_restarted, {
                 let (engine, ownership) = (engine.clone(), ownership.clone());
                 move || beat(engine.clone(), ownership.clone())
             }),
-            duty::spawn("claim", {
+            duty::spawn("claim", crate::metrics::duty_restarted, {
                 let (engine, ownership) = (engine.clone(), ownership.clone());
                 move || claim(engine.clone(), ownership.clone())
             }),
-            duty::spawn("deliver_webhooks", {
+            duty::spawn("deliver_webhooks", crate::metrics::duty_restarted, {
                 let deliverer = engine.deliverer.clone();
                 move || deliverer.clone().run()
             }),
@@ -65,10 +65,14 @@ impl Worker {
             // A listener that panicked is opened afresh.
             let mut first = Some(listener);
             let engine = engine.clone();
-            tasks.push(duty::spawn("listen", move || {
-                let listener = first.take().or_else(|| engine.store.listen());
-                listen(engine.clone(), listener)
-            }));
+            tasks.push(duty::spawn(
+                "listen",
+                crate::metrics::duty_restarted,
+                move || {
+                    let listener = first.take().or_else(|| engine.store.listen());
+                    listen(engine.clone(), listener)
+                },
+            ));
         }
         replica.work.notify_one();
         tracing::info!(replica.id = %replica.id, "replica started");

@@ -253,10 +253,14 @@ impl Counters {
         let additions = self.additions.get_or_init(|| {
             let (sender, receiver) = mpsc::unbounded_channel();
             let (store, queue) = (self.store.clone(), duty::Queue::new(receiver));
-            duty::spawn("counter_additions", move || {
-                let (store, queue) = (store.clone(), queue.clone());
-                async move { write_additions(store, &mut *queue.take().await).await }
-            });
+            duty::spawn(
+                "counter_additions",
+                crate::metrics::duty_restarted,
+                move || {
+                    let (store, queue) = (store.clone(), queue.clone());
+                    async move { write_additions(store, &mut *queue.take().await).await }
+                },
+            );
             sender
         });
         let (answer, total) = oneshot::channel();

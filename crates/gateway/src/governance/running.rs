@@ -43,17 +43,21 @@ impl Places {
             parts: Arc::default(),
         };
         let reconciler = places.clone();
-        crate::duty::spawn("reconcile_running", move || {
-            let reconciler = reconciler.clone();
-            async move {
-                let mut tick = tokio::time::interval(every.max(MIN_RECONCILE));
-                tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-                loop {
-                    tick.tick().await;
-                    reconciler.reconcile().await;
+        crate::duty::spawn(
+            "reconcile_running",
+            crate::metrics::duty_restarted,
+            move || {
+                let reconciler = reconciler.clone();
+                async move {
+                    let mut tick = tokio::time::interval(every.max(MIN_RECONCILE));
+                    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                    loop {
+                        tick.tick().await;
+                        reconciler.reconcile().await;
+                    }
                 }
-            }
-        });
+            },
+        );
         places
     }
 

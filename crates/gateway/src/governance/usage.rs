@@ -24,10 +24,14 @@ impl UsageWriter {
     pub fn start(store: Store, flush: Duration) -> UsageWriter {
         let (sender, receiver) = mpsc::channel::<Vec<UsageRecord>>(MAX_QUEUED);
         let queue = crate::duty::Queue::new(receiver);
-        crate::duty::spawn("unstored_usage", move || {
-            let (store, queue) = (store.clone(), queue.clone());
-            async move { write_usage(store, &mut *queue.take().await, flush).await }
-        });
+        crate::duty::spawn(
+            "unstored_usage",
+            crate::metrics::duty_restarted,
+            move || {
+                let (store, queue) = (store.clone(), queue.clone());
+                async move { write_usage(store, &mut *queue.take().await, flush).await }
+            },
+        );
         UsageWriter { sender }
     }
 

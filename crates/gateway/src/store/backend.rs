@@ -30,6 +30,14 @@ pub struct SessionLimits {
 }
 
 impl SessionLimits {
+    /// The limits `database` sets.
+    pub fn of(database: &crate::config::DatabaseConfig) -> SessionLimits {
+        SessionLimits {
+            idle_in_transaction_ms: database.idle_in_transaction_timeout_ms,
+            keepalive_secs: database.server_keepalive_secs,
+        }
+    }
+
     /// The settings as startup options of a connection.
     fn applied_to(self, options: PgConnectOptions) -> PgConnectOptions {
         let mut settings = Vec::new();

@@ -323,11 +323,7 @@ impl Store {
         max_connections: u32,
         acquire_timeout: std::time::Duration,
     ) -> Result<Store, StoreError> {
-        let defaults = DatabaseConfig::default();
-        let session = SessionLimits {
-            idle_in_transaction_ms: defaults.idle_in_transaction_timeout_ms,
-            keepalive_secs: defaults.server_keepalive_secs,
-        };
+        let session = SessionLimits::of(&DatabaseConfig::default());
         Store::connect_limited(url, max_connections, acquire_timeout, session).await
     }
 
@@ -355,10 +351,7 @@ impl Store {
             url.unwrap_or(DEFAULT_URL),
             database.max_connections,
             std::time::Duration::from_millis(database.acquire_timeout_ms),
-            SessionLimits {
-                idle_in_transaction_ms: database.idle_in_transaction_timeout_ms,
-                keepalive_secs: database.server_keepalive_secs,
-            },
+            SessionLimits::of(database),
         )
         .await
         .map(|store| {

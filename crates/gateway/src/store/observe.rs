@@ -13,6 +13,11 @@ pub trait StoreObserver: Debug + Send + Sync {
     fn batch(&self, writes: usize) {
         let _ = writes;
     }
+
+    /// A duty of the store (the group-commit writer) panicked and was started again.
+    fn duty_restarted(&self, duty: &'static str) {
+        let _ = duty;
+    }
 }
 
 /// The observer of a store nobody measures (tools, tests): it hears and forgets.

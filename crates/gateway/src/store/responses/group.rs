@@ -137,7 +137,9 @@ impl GroupCommit {
         };
         let (queue, jobs) = mpsc::unbounded_channel();
         let jobs = duty::Queue::new(jobs);
-        duty::spawn("group_commit", move || {
+        let told = Arc::clone(&observer);
+        let restarted = move |duty: &'static str| told.duty_restarted(duty);
+        duty::spawn("group_commit", restarted, move || {
             let (backend, observer, jobs) = (backend.clone(), Arc::clone(&observer), jobs.clone());
             async move {
                 write_batches(backend, observer, &mut *jobs.take().await, in_flight, wait).await
