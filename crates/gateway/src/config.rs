@@ -84,12 +84,15 @@ pub struct DatabaseConfig {
     /// writes each alone. The embedded store writes one batch at a time whatever this says.
     #[default(2)]
     pub group_commit_batches: usize,
-    /// How long a write of responses' rows (a group-commit batch, or one write alone) waits for the database's
-    /// answer; past it each of its writes is answered as in doubt (a lost reply: tried again, and recognised if it
+    /// Postgres: how long any statement (a read, a group-commit batch, an admin write, a counter's addition) waits
+    /// for the database's answer; past it the statement is abandoned and fails as a lost reply would: a read is
+    /// answered as a passing failure, a write of responses' rows is in doubt (tried again, and recognised if it
     /// had committed). A connection whose database vanished without closing it (a network that drops everything)
-    /// would otherwise keep the batch, and with it the writer, waiting for ever.
+    /// would otherwise keep the request, or the writer, waiting for ever. Was `write_timeout_ms`, which is still
+    /// read.
     #[default(30_000)]
-    pub write_timeout_ms: u64,
+    #[serde(alias = "write_timeout_ms")]
+    pub reply_timeout_ms: u64,
     /// Postgres: a session left idle inside a transaction for this long (its replica paused, or cut off, between
     /// two statements of one) is ended by the database, which gives its row locks back, so that the other
     /// replicas can take that replica's responses over instead of waiting behind its locks. 0 leaves the
@@ -350,7 +353,7 @@ impl Config {
                 "database.acquire_timeout_ms",
                 self.database.acquire_timeout_ms,
             ),
-            ("database.write_timeout_ms", self.database.write_timeout_ms),
+            ("database.reply_timeout_ms", self.database.reply_timeout_ms),
             ("durability.lease_ms", self.durability.lease_ms),
             (
                 "durability.max_resumes",
@@ -418,9 +421,9 @@ impl Config {
         // it (its keepalive gives up on a silent replica within about twice `server_keepalive_secs`): the
         // abandoned statement can then never land after the retry and what followed it.
         let keepalive = self.database.server_keepalive_secs;
-        if keepalive > 0 && self.database.write_timeout_ms <= keepalive.saturating_mul(2_000) {
+        if keepalive > 0 && self.database.reply_timeout_ms <= keepalive.saturating_mul(2_000) {
             return Err(format!(
-                "database.write_timeout_ms must be more than twice database.server_keepalive_secs ({} ms): a \
+                "database.reply_timeout_ms must be more than twice database.server_keepalive_secs ({} ms): a \
                  write is tried again only once the database has given up the session that may still carry it",
                 keepalive.saturating_mul(2_000)
             ));

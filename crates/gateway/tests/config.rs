@@ -181,21 +181,27 @@ fn admission_limits_must_be_usable() {
 fn a_write_is_not_retried_before_the_database_gives_its_session_up() {
     let error = load(
         "hasty_write",
-        "[database]\nwrite_timeout_ms = 20000\nserver_keepalive_secs = 10\n",
+        "[database]\nreply_timeout_ms = 20000\nserver_keepalive_secs = 10\n",
     )
     .unwrap_err();
-    assert!(error.contains("database.write_timeout_ms"), "{error}");
+    assert!(error.contains("database.reply_timeout_ms"), "{error}");
     assert!(load(
         "patient_write",
-        "[database]\nwrite_timeout_ms = 20001\nserver_keepalive_secs = 10\n"
+        "[database]\nreply_timeout_ms = 20001\nserver_keepalive_secs = 10\n"
     )
     .is_ok());
     // Without the database's keepalive, the operator chose: any bound goes.
     assert!(load(
         "no_keepalive",
-        "[database]\nwrite_timeout_ms = 1000\nserver_keepalive_secs = 0\n"
+        "[database]\nreply_timeout_ms = 1000\nserver_keepalive_secs = 0\n"
     )
     .is_ok());
+}
+
+#[test]
+fn the_former_name_of_the_reply_timeout_is_still_read() {
+    let config = load("former_name", "[database]\nwrite_timeout_ms = 45000\n").expect("loads");
+    assert_eq!(config.database.reply_timeout_ms, 45_000);
 }
 
 #[test]

@@ -375,6 +375,36 @@ async fn a_response_started_from_the_store_more_often_than_allowed_ends_failed_i
 
 /// A fault proxy in front of the cluster's database, cutting connections (once told to) at random from `seed`,
 /// and the database URL that goes through it.
+/// A replica configured on a database behind a fault proxy, whose statements wait at most a second for an answer.
+/// The proxy keeps a silenced connection open, so the database's keepalive could not end its session: only the
+/// statement's own bound is tried.
+async fn replica_with_a_short_reply_timeout(
+    cluster: &mut Cluster,
+    seed: u64,
+) -> (FaultProxy, Replica) {
+    let (proxy, through_proxy) = through_fault_proxy(cluster, seed).await;
+    let replica = cluster.replica(&[
+        ("DATABASE_URL", through_proxy.as_str()),
+        ("GATEWAY__DATABASE__REPLY_TIMEOUT_MS", "1000"),
+        ("GATEWAY__DATABASE__SERVER_KEEPALIVE_SECS", "0"),
+    ]);
+    cluster.configure(&replica).await;
+    (proxy, replica)
+}
+
+/// An answer's status, its `x-should-retry`, and its JSON body.
+async fn status_retry_and_body(
+    answer: reqwest::Response,
+) -> (u16, Option<String>, serde_json::Value) {
+    let status = answer.status().as_u16();
+    let retry = answer
+        .headers()
+        .get("x-should-retry")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    (status, retry, answer.json().await.expect("JSON"))
+}
+
 async fn through_fault_proxy(cluster: &Cluster, seed: u64) -> (FaultProxy, String) {
     let database: url::Url = cluster.db.url().parse().expect("database URL");
     let target = format!(
@@ -537,14 +567,7 @@ async fn a_full_pool_during_admission_answers_503_and_leaves_no_place_taken() {
                 .send()
         });
         for answer in futures::future::join_all(burst).await {
-            let answer = answer.expect("an answer");
-            let status = answer.status().as_u16();
-            let retry = answer
-                .headers()
-                .get("x-should-retry")
-                .and_then(|v| v.to_str().ok())
-                .map(str::to_owned);
-            let body: serde_json::Value = answer.json().await.expect("JSON");
+            let (status, retry, body) = status_retry_and_body(answer.expect("an answer")).await;
             match status {
                 200 => assert_eq!(body["status"], "completed", "{body:#}"),
                 // A full pool before anything was stored: the client may send it again.
@@ -739,13 +762,7 @@ async fn a_keyed_create_whose_first_write_is_in_doubt_is_handed_over_whatever_it
         .expect("an answer");
     assert!(proxy.is_stalled(), "the reply was never lost");
     proxy.heal();
-    let status = answer.status().as_u16();
-    let retry = answer
-        .headers()
-        .get("x-should-retry")
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_owned);
-    let body: serde_json::Value = answer.json().await.expect("JSON");
+    let (status, retry, body) = status_retry_and_body(answer).await;
 
     // The response is stored: the client is not told that nothing was, but which response it is, and (its create
     // carried a key) that the repeat is safe.
@@ -765,18 +782,10 @@ async fn a_keyed_create_whose_first_write_is_in_doubt_is_handed_over_whatever_it
 
 // The proxy must forward while the test starts the replica (which blocks its thread reading its output).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_write_whose_connection_fell_silent_is_in_doubt_after_the_write_timeout_and_the_response_ends(
+async fn a_write_whose_connection_fell_silent_is_in_doubt_after_the_reply_timeout_and_the_response_ends(
 ) {
     let mut cluster = Cluster::postgres().await;
-    let (proxy, through_proxy) = through_fault_proxy(&cluster, 0x51e7).await;
-    let replica = cluster.replica(&[
-        ("DATABASE_URL", through_proxy.as_str()),
-        ("GATEWAY__DATABASE__WRITE_TIMEOUT_MS", "1000"),
-        // The proxy keeps the silent connection open, so the database's keepalive could not end its session:
-        // only the write's own bound is tried here.
-        ("GATEWAY__DATABASE__SERVER_KEEPALIVE_SECS", "0"),
-    ]);
-    cluster.configure(&replica).await;
+    let (proxy, replica) = replica_with_a_short_reply_timeout(&mut cluster, 0x51e7).await;
 
     // The create's first write commits; its reply, and everything after it on that connection, never comes back,
     // and the connection stays open: as when the network to the database drops everything without a reset.
@@ -811,4 +820,40 @@ async fn a_write_whose_connection_fell_silent_is_in_doubt_after_the_write_timeou
     assert_eq!(completed_keyed(cluster.db.url(), "silent").await, id);
     assert_repeat_answers(&cluster, &replica, "silent", &id).await;
     assert_eq!(cluster.model.requests().len(), 1, "one model call");
+}
+
+// The proxy must forward while the test starts the replica (which blocks its thread reading its output).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_whose_connection_fell_silent_is_answered_after_the_reply_timeout() {
+    let mut cluster = Cluster::postgres().await;
+    let (proxy, replica) = replica_with_a_short_reply_timeout(&mut cluster, 0x5ead).await;
+
+    // A read of a response nobody stored: its id is in that read alone. Its reply, and everything after it on
+    // its connection, never comes back, and the connection stays open.
+    let id = "resp_019000000000700080000000000051e7";
+    proxy.silence_reply(id.as_bytes());
+    let read = |id: &str| {
+        cluster
+            .http
+            .get(format!("{}/v1/responses/{id}", replica.base_url))
+            .bearer_auth(&cluster.key)
+            .send()
+    };
+    // Without a bound on the read, the answer never comes: the guard fails the test instead of hanging it.
+    let answer = tokio::time::timeout(PATIENCE, read(id))
+        .await
+        .expect("the read was answered")
+        .expect("an answer");
+    assert_eq!(proxy.silenced(), 1, "the reply was never swallowed");
+    let (status, retry, body) = status_retry_and_body(answer).await;
+    assert_eq!(status, 500, "{body:#}");
+    assert_eq!(retry.as_deref(), Some("true"), "{body:#}");
+    assert_eq!(body["error"]["type"], "server_error", "{body:#}");
+
+    // Asked again, the store answers on another connection: there is no such response.
+    let again = tokio::time::timeout(PATIENCE, read(id))
+        .await
+        .expect("the second read was answered")
+        .expect("an answer");
+    assert_eq!(again.status().as_u16(), 404);
 }

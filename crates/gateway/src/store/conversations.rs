@@ -46,6 +46,12 @@ impl From<sqlx::Error> for AppendError {
     }
 }
 
+impl From<StoreError> for AppendError {
+    fn from(error: StoreError) -> AppendError {
+        AppendError::Store(error)
+    }
+}
+
 impl Store {
     /// Creates a conversation of `project_id` holding `items`, in one transaction.
     pub async fn create_conversation(
@@ -283,7 +289,9 @@ impl Store {
         now: i64,
     ) -> Result<Vec<Value>, AppendError> {
         let _timer = self.timed("append_conversation_items");
+        // The body's own `return`s leave the inner block, whose answer is the method's.
         with_pool!(self, |pool| {
+            async {
             let mut tx = pool.begin().await?;
             let next: Option<i64> = sqlx::query_scalar(
                 "UPDATE conversations SET next_position = next_position + $3
@@ -321,6 +329,8 @@ impl Store {
             }
             tx.commit().await?;
             Ok(added)
+        }
+        .await
         })
     }
 }

@@ -351,7 +351,7 @@ impl Store {
         let mut used: std::collections::HashMap<(String, i64), u64> =
             std::collections::HashMap::with_capacity(totals.len());
         match &self.backend {
-            Backend::Postgres(pool) => {
+            Backend::Postgres(pool) => answered!(self, {
                 let (scopes, (starts, amounts)): (Vec<&str>, (Vec<i64>, Vec<i64>)) = totals
                     .iter()
                     .map(|(&(scope, start), &amount)| (scope, (start, column_amount(amount))))
@@ -373,7 +373,7 @@ impl Store {
                 for (scope, start, total) in rows {
                     used.insert((scope, start), u64::try_from(total).unwrap_or(0));
                 }
-            }
+            }),
             Backend::Sqlite(pool) => {
                 let mut transaction = pool.begin().await?;
                 for (&(scope, start), &amount) in &totals {
@@ -414,7 +414,7 @@ impl Store {
             return Ok(false);
         }
         match &self.backend {
-            Backend::Postgres(pool) => {
+            Backend::Postgres(pool) => answered!(self, {
                 let taken: i64 = sqlx::query_scalar(PG_ACQUIRE_RUNNING)
                     .bind(scope)
                     .bind(replica)
@@ -422,7 +422,7 @@ impl Store {
                     .fetch_one(pool)
                     .await?;
                 Ok(taken > 0)
-            }
+            }),
             Backend::Sqlite(pool) => {
                 let mut tx = pool.begin().await?;
                 let gate: Option<i64> = sqlx::query_scalar(
@@ -456,13 +456,13 @@ impl Store {
     /// of the count was taken back already (its lease lapsed meanwhile).
     pub async fn release_running(&self, scope: &str, replica: &str) -> Result<(), StoreError> {
         match &self.backend {
-            Backend::Postgres(pool) => {
+            Backend::Postgres(pool) => answered!(self, {
                 sqlx::query(PG_RELEASE_RUNNING)
                     .bind(scope)
                     .bind(replica)
                     .execute(pool)
                     .await?;
-            }
+            }),
             Backend::Sqlite(pool) => {
                 let mut tx = pool.begin().await?;
                 let mine = sqlx::query(
@@ -498,14 +498,14 @@ impl Store {
     ) -> Result<(), StoreError> {
         let held = i64::try_from(held).unwrap_or(i64::MAX);
         match &self.backend {
-            Backend::Postgres(pool) => {
+            Backend::Postgres(pool) => answered!(self, {
                 sqlx::query(PG_SET_RUNNING_PART)
                     .bind(scope)
                     .bind(replica)
                     .bind(held)
                     .execute(pool)
                     .await?;
-            }
+            }),
             Backend::Sqlite(pool) => {
                 let mut tx = pool.begin().await?;
                 let old: Option<i64> = sqlx::query_scalar(
@@ -575,7 +575,7 @@ impl Store {
     pub async fn reclaim_running(&self, lease_ms: i64) -> Result<u64, StoreError> {
         let _timer = self.timed("reclaim_running");
         match &self.backend {
-            Backend::Postgres(pool) => {
+            Backend::Postgres(pool) => answered!(self, {
                 // The counts' rows are locked first, in one order, as every other statement on places locks
                 // a count before a replica's part of it; a part whose replica died meanwhile waits for the
                 // next sweep.
@@ -606,7 +606,7 @@ impl Store {
                 .fetch_one(pool)
                 .await?;
                 Ok(forgotten as u64)
-            }
+            }),
             Backend::Sqlite(pool) => {
                 // One process serves the embedded store: nothing runs beside this transaction.
                 let dead = concat!(
@@ -644,7 +644,7 @@ impl Store {
         }
         let _timer = self.timed("record_usage");
         match &self.backend {
-            Backend::Postgres(pool) => {
+            Backend::Postgres(pool) => answered!(self, {
                 sqlx::query(concat!(
                     "INSERT INTO usage_records SELECT * FROM ",
                     usage_recordset!("$1"),
@@ -653,7 +653,7 @@ impl Store {
                 .bind(serde_json::to_value(records).unwrap_or_default())
                 .execute(pool)
                 .await?;
-            }
+            }),
             Backend::Sqlite(pool) => {
                 let records: Vec<&UsageRecord> = records.iter().collect();
                 let mut tx = pool.begin().await?;

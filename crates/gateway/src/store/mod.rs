@@ -6,12 +6,28 @@
 //! SQL differs (arrays, `UNNEST`, `= ANY`) the method matches on the backend. Row types derive `sqlx::FromRow`,
 //! which is generic over the row type, so one derive reads either backend.
 
+/// The value of `$body` (a block of statements on Postgres, whose `?`s give a `StoreError`), waiting at most the
+/// store's `reply_wait` for the database (`answered_within`); that failure, or the body's own, is returned from the
+/// enclosing method.
+macro_rules! answered {
+    ($store:expr, $body:expr) => {
+        $crate::store::answered_within($store.reply_wait, async {
+            Ok::<_, $crate::store::StoreError>($body)
+        })
+        .await?
+    };
+}
+
 /// Runs `$body` with `$pool` bound to the store's pool, whichever backend it is. The body is compiled once per
-/// backend, so one SQL text, one list of binds and one row conversion serve both.
+/// backend, so one SQL text, one list of binds and one row conversion serve both. On Postgres it waits at most the
+/// store's `reply_wait` for the database (`answered_within`), and then returns that failure from the enclosing
+/// method, as a `?` in the body returns the body's own.
 macro_rules! with_pool {
     ($store:expr, |$pool:ident| $body:expr) => {
         match &$store.backend {
-            $crate::store::Backend::Postgres($pool) => $body,
+            $crate::store::Backend::Postgres($pool) => {
+                answered!($store, $body)
+            }
             $crate::store::Backend::Sqlite($pool) => $body,
         }
     };
@@ -22,7 +38,9 @@ macro_rules! with_pool {
 macro_rules! with_read_pool {
     ($store:expr, |$pool:ident| $body:expr) => {
         match &$store.backend {
-            $crate::store::Backend::Postgres($pool) => $body,
+            $crate::store::Backend::Postgres($pool) => {
+                answered!($store, $body)
+            }
             $crate::store::Backend::Sqlite(writer) => {
                 let $pool = $store.embedded_reads.as_ref().unwrap_or(writer);
                 $body
@@ -258,14 +276,41 @@ pub struct StoreParts {
     observer: Arc<dyn StoreObserver>,
     /// The writer that batches responses' writes (`with_group_commit`); without it each is written alone.
     group: Option<responses::GroupCommit>,
-    /// How long a write of responses' rows waits for the database's answer before it is in doubt
-    /// (`with_write_wait`).
-    write_wait: std::time::Duration,
+    /// How long a statement on Postgres waits for the database's answer before it is abandoned, and a write in
+    /// doubt (`with_reply_wait`).
+    reply_wait: std::time::Duration,
 }
 
-/// How long a write of responses' rows waits for the database by default (`database.write_timeout_ms`).
-fn default_write_wait() -> std::time::Duration {
-    std::time::Duration::from_millis(DatabaseConfig::default().write_timeout_ms)
+/// How long a statement waits for the database by default (`database.reply_timeout_ms`).
+fn default_reply_wait() -> std::time::Duration {
+    std::time::Duration::from_millis(DatabaseConfig::default().reply_timeout_ms)
+}
+
+/// What `statement` answers, or, when the database has not answered within `wait`, the failure of a lost reply
+/// (`unanswered`). Over a connection whose database vanished without closing it the answer would never come, and
+/// the request, or the duty, that waits for it would wait for ever. The statement is abandoned on its connection,
+/// which the pool tests before it lends it again.
+pub(crate) async fn answered_within<T, E: From<sqlx::Error>>(
+    wait: std::time::Duration,
+    statement: impl std::future::Future<Output = Result<T, E>>,
+) -> Result<T, E> {
+    match tokio::time::timeout(wait, statement).await {
+        Ok(answer) => answer,
+        Err(_) => Err(E::from(unanswered(wait))),
+    }
+}
+
+/// The failure of a statement the database did not answer within `wait`: an I/O failure, so transient, and in
+/// doubt for a write (`StoreError::may_have_committed`), as after a lost reply.
+pub(crate) fn unanswered(wait: std::time::Duration) -> sqlx::Error {
+    sqlx::Error::Io(std::io::Error::new(
+        std::io::ErrorKind::TimedOut,
+        format!(
+            "the database did not answer within {} ms (database.reply_timeout_ms); whether a write was made is \
+             unknown",
+            wait.as_millis()
+        ),
+    ))
 }
 
 impl Store {
@@ -304,7 +349,10 @@ impl Store {
         if let Some(reads) = &self.embedded_reads {
             reads.close().await;
         }
-        with_pool!(self, |pool| pool.close().await)
+        match &self.backend {
+            Backend::Postgres(pool) => pool.close().await,
+            Backend::Sqlite(pool) => pool.close().await,
+        }
     }
 
     /// Connects to `url` with a bounded pool: `postgres://` or `postgresql://` selects Postgres, `sqlite:` the
@@ -340,7 +388,7 @@ impl Store {
             embedded_reads: opened.embedded_reads,
             observer: Arc::new(Unobserved),
             group: None,
-            write_wait: default_write_wait(),
+            reply_wait: default_reply_wait(),
         })))
     }
 
@@ -355,7 +403,7 @@ impl Store {
         )
         .await
         .map(|store| {
-            store.with_write_wait(std::time::Duration::from_millis(database.write_timeout_ms))
+            store.with_reply_wait(std::time::Duration::from_millis(database.reply_timeout_ms))
         })
     }
 
@@ -378,7 +426,7 @@ impl Store {
                 embedded_reads: None,
                 observer: Arc::clone(&self.observer),
                 group: None,
-                write_wait: self.write_wait,
+                reply_wait: self.reply_wait,
             })),
             Backend::Sqlite(_) => self.clone(),
         }
@@ -408,7 +456,7 @@ impl Store {
                 self.backend.clone(),
                 Arc::clone(&self.observer),
                 batches_in_flight,
-                self.write_wait,
+                self.reply_wait,
             )
         });
         Store(Arc::new(StoreParts {
@@ -417,11 +465,11 @@ impl Store {
         }))
     }
 
-    /// This store, with each write of responses' rows waiting at most `wait` for the database's answer, then
-    /// answered as in doubt. Call it before `with_group_commit`, whose writer takes it.
-    pub fn with_write_wait(self, wait: std::time::Duration) -> Store {
+    /// This store, with each statement on Postgres waiting at most `wait` for the database's answer, then
+    /// abandoned, and a write answered as in doubt. Call it before `with_group_commit`, whose writer takes it.
+    pub fn with_reply_wait(self, wait: std::time::Duration) -> Store {
         Store(Arc::new(StoreParts {
-            write_wait: wait,
+            reply_wait: wait,
             ..StoreParts::clone(&self)
         }))
     }

@@ -127,11 +127,13 @@ impl Store {
     /// itself directly).
     pub async fn notify(&self, notification: &Notification) -> Result<(), StoreError> {
         if let Backend::Postgres(pool) = &self.backend {
-            sqlx::query("SELECT pg_notify($1, $2)")
-                .bind(notification.channel())
-                .bind(notification.payload())
-                .execute(pool)
-                .await?;
+            answered!(self, {
+                sqlx::query("SELECT pg_notify($1, $2)")
+                    .bind(notification.channel())
+                    .bind(notification.payload())
+                    .execute(pool)
+                    .await?
+            });
         }
         Ok(())
     }

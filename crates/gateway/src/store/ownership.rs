@@ -89,7 +89,7 @@ impl Store {
     pub async fn claims_of(&self, ids: &[String]) -> Result<Vec<Claim>, StoreError> {
         let _timer = self.timed("claims_of");
         let claims: Vec<Claim> = match &self.backend {
-            Backend::Postgres(pool) => {
+            Backend::Postgres(pool) => answered!(self, {
                 sqlx::query_as(
                     "SELECT id, owner, claim_epoch AS epoch, status IN ('queued', 'in_progress') AS running
                      FROM responses WHERE id = ANY($1) ORDER BY created_at, id FOR UPDATE",
@@ -97,7 +97,7 @@ impl Store {
                 .bind(ids)
                 .fetch_all(pool)
                 .await?
-            }
+            }),
             Backend::Sqlite(pool) => {
                 let mut claims = Vec::with_capacity(ids.len());
                 for id in ids {
@@ -139,7 +139,7 @@ impl Store {
     ) -> Result<Vec<Claimed>, StoreError> {
         let _timer = self.timed("claim");
         let claimed = match &self.backend {
-            Backend::Postgres(pool) => {
+            Backend::Postgres(pool) => answered!(self, {
                 sqlx::query_as(concat!(
                     "WITH candidates AS (
                         SELECT r.id, r.owner FROM responses r
@@ -161,7 +161,7 @@ impl Store {
                 .bind(limit)
                 .fetch_all(pool)
                 .await?
-            }
+            }),
             Backend::Sqlite(pool) => {
                 // One process writes this store: the candidates read in the transaction stay candidates.
                 let mut tx = pool.begin().await?;

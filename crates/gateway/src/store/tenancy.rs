@@ -130,7 +130,8 @@ impl Store {
         model: &str,
     ) -> Result<Option<Resolution>, StoreError> {
         let _timer = self.timed("resolve");
-        with_read_pool!(self, |pool| {
+        // The body's own `return` leaves the inner block, whose answer is the method's.
+        with_read_pool!(self, |pool| async {
             let deployment = sqlx::query_as::<_, DeploymentRecord>(concat!(
                 "SELECT ",
                 deployment_columns!(),
@@ -168,7 +169,8 @@ impl Store {
                 deployment: std::sync::Arc::new(deployment),
                 tools,
             }))
-        })
+        }
+        .await)
     }
 
     /// The tool sources that a key could see together with those of group `group_id`: the sources of that group,

@@ -317,13 +317,7 @@ pub(super) async fn write_batch(
     };
     match tokio::time::timeout(wait, written).await {
         Ok(written) => written,
-        Err(_) => Err(StoreError::Database(sqlx::Error::Io(std::io::Error::new(
-            std::io::ErrorKind::TimedOut,
-            format!(
-                "the database did not answer a write within {} ms; whether it was written is unknown",
-                wait.as_millis()
-            ),
-        )))),
+        Err(_) => Err(StoreError::Database(crate::store::unanswered(wait))),
     }
 }
 

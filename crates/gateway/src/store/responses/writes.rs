@@ -126,7 +126,7 @@ impl Store {
     ) -> Result<Written, StoreError> {
         match &self.group {
             Some(group) => group.write(write, durability).await,
-            None => group::write_batch(&self.backend, &[&write], durability, self.write_wait)
+            None => group::write_batch(&self.backend, &[&write], durability, self.reply_wait)
                 .await
                 .map(|mut written| written.remove(0)),
         }
