@@ -5,7 +5,9 @@
 //! Cuts are decided by a seeded generator (the same seed cuts the same way, given the same traffic), and stop
 //! when the proxy is told to heal or is dropped. One fault can also be placed exactly: the reply of the statement
 //! that carries given bytes is lost after its commit, and then nothing more goes through until the proxy heals
-//! (`lose_reply_then_stall`), or only its connection falls silent, left open (`silence_reply`).
+//! (`lose_reply_then_stall`), or only its connection falls silent, left open (`silence_reply`). And the whole
+//! database can be made unreachable for a while (`stall`, then `heal`), or every connection cut at once
+//! (`cut_all`), as a partition or a restart of the database server would.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -40,6 +42,8 @@ struct Shared {
     silence: AtomicBool,
     /// Connections silenced so far.
     silenced: AtomicU64,
+    /// Bumped by `cut_all`: every connection open then is closed.
+    cut_all: watch::Sender<u64>,
 }
 
 /// Postgres's ReadyForQuery with an idle status: the server's last message for a transaction that ended (after
@@ -101,6 +105,7 @@ impl FaultProxy {
             stalled: watch::Sender::new(false),
             silence: AtomicBool::new(false),
             silenced: AtomicU64::new(0),
+            cut_all: watch::Sender::new(0),
         });
         let (stop, stopped) = watch::channel(());
         let accepting = Arc::clone(&shared);
@@ -164,6 +169,22 @@ impl FaultProxy {
         *self.shared.marker.lock().unwrap_or_else(|e| e.into_inner()) = Some(marker.to_vec());
     }
 
+    /// Forwards nothing more, either way, on any connection, new ones included, until `heal`: the database is
+    /// unreachable, though no connection is closed (a partition). What was sent meanwhile goes through once healed,
+    /// unless its connection was closed.
+    pub fn stall(&self) {
+        self.shared.stalled.send_replace(true);
+    }
+
+    /// Closes every connection open now, both sides at once, as a restart of the database server (or its sessions
+    /// terminated) would; new connections go through as before. Statements on their way are lost with their
+    /// connection, and so are replies: a commit may have happened whose answer never came.
+    pub fn cut_all(&self) {
+        self.shared
+            .cut_all
+            .send_modify(|generation| *generation += 1);
+    }
+
     /// How many connections fell silent (`silence_reply`).
     pub fn silenced(&self) -> u64 {
         self.shared.silenced.load(Ordering::Relaxed)
@@ -190,6 +211,7 @@ async fn pipe(
 ) {
     let _ = client.set_nodelay(true);
     let _ = server.set_nodelay(true);
+    let mut cut_all = shared.cut_all.subscribe();
     let (mut client_read, mut client_write) = client.into_split();
     let (mut server_read, mut server_write) = server.into_split();
     // Whether this connection sent the marker of the statement whose reply is lost.
@@ -221,6 +243,7 @@ async fn pipe(
         () = up => {}
         () = down => {}
         _ = stopped.changed() => {}
+        _ = cut_all.changed() => {}
     }
 }
 

@@ -1,5 +1,7 @@
 //! `gateway-chaos`: replicas of the gateway killed at random (SIGKILL) and restarted, or paused (SIGSTOP) past their
-//! lease and resumed, while they run background responses with tool calls, all on one Postgres database. Each response's batch holds two HTTP tools and one
+//! lease and resumed, and their database made unreachable for a while or every connection to it cut at once (the
+//! replicas reach it through a fault proxy), while they run background responses with tool calls, all on one
+//! Postgres database. Each response's batch holds two HTTP tools and one
 //! MCP tool (an operator `mcp` source). At the end it prints how many responses ended, completed, are stuck or
 //! lost, how many tool requests and MCP `tools/call`s were sent again under an idempotency key already used,
 //! how long takeovers took, and whether every output equals that of the same request run without chaos; it
@@ -19,6 +21,7 @@ use anyhow::{bail, Context};
 use clap::Parser;
 use gateway_bench::procs::{self, ChildProcess, StartOptions};
 use gateway_bench::setup::{Admin, Database, MCP_PREFIX, TOOLS_MODEL};
+use gateway_testkit::fault_proxy::FaultProxy;
 use reqwest::Client;
 use serde_json::{json, Value};
 
@@ -44,6 +47,12 @@ struct Args {
     /// only.
     #[arg(long, default_value_t = 3)]
     pause_every: u32,
+    /// Every this many faults, the database is hit instead of a replica, in turn: nothing goes through to it, for
+    /// every replica at once, for one to two leases (a partition: every lease lapses, statements wait), or every
+    /// connection to it is closed at once (a restart of the database server: statements and replies on their
+    /// way are lost). 0: replicas only.
+    #[arg(long, default_value_t = 4)]
+    database_every: u32,
     /// The replicas' lease (`durability.lease_ms`).
     #[arg(long, default_value_t = 2000)]
     lease_ms: u64,
@@ -151,9 +160,10 @@ async fn run(
     let mock = procs::start_testkit(bin_dir, "mock-model")?;
     let tools = procs::start_testkit(bin_dir, "example-tools")?;
     let mcp = procs::start_testkit(bin_dir, "example-mcp")?;
+    let (proxy, through_proxy) = database_proxy(&database.url).await?;
     let mut replicas = Replicas {
         bin_dir: bin_dir.to_path_buf(),
-        database_url: database.url.clone(),
+        database_url: through_proxy,
         admin_token: format!("chaos-admin-{}", std::process::id()),
         settings: vec![
             (
@@ -193,6 +203,9 @@ async fn run(
     ));
     let mut kills = 0;
     let mut pauses = 0;
+    let (mut stalls, mut cuts) = (0, 0);
+    // When the database, stalled, is reachable again.
+    let mut stalled_until: Option<Instant> = None;
     // Replicas paused now: (slot, when it is resumed).
     let mut paused: Vec<(usize, Instant)> = Vec::new();
     let mut takeovers = Vec::new();
@@ -204,6 +217,10 @@ async fn run(
         if Instant::now() >= chaos_end {
             break;
         }
+        if stalled_until.is_some_and(|until| Instant::now() >= until) {
+            proxy.heal();
+            stalled_until = None;
+        }
         paused.retain(|&(slot, until)| {
             let due = Instant::now() >= until;
             if due {
@@ -211,11 +228,24 @@ async fn run(
             }
             !due
         });
+        let faults = kills + pauses + stalls + cuts;
+        if args.database_every > 0 && (faults + 1) % args.database_every as usize == 0 {
+            if stalls <= cuts && stalled_until.is_none() {
+                proxy.stall();
+                stalls += 1;
+                let stall = args.lease_ms + next_random(&mut rng_state) % args.lease_ms.max(1);
+                stalled_until = Some(Instant::now() + Duration::from_millis(stall));
+            } else {
+                proxy.cut_all();
+                cuts += 1;
+            }
+            continue;
+        }
         let victim = (next_random(&mut rng_state) as usize) % replicas.slots.len();
         if paused.iter().any(|&(slot, _)| slot == victim) {
             continue;
         }
-        if args.pause_every > 0 && (kills + pauses + 1) % args.pause_every as usize == 0 {
+        if args.pause_every > 0 && (faults + 1) % args.pause_every as usize == 0 {
             let pause = args.lease_ms + next_random(&mut rng_state) % args.lease_ms.max(1);
             if replicas.slots[victim].signal("STOP") {
                 pauses += 1;
@@ -238,8 +268,12 @@ async fn run(
     for (slot, _) in paused {
         replicas.slots[slot].signal("CONT");
     }
+    proxy.heal();
     let ids = submitter.await??;
-    eprintln!("[chaos] {kills} kills, {pauses} pauses; waiting for the responses to end");
+    eprintln!(
+        "[chaos] {kills} kills, {pauses} pauses, {stalls} database stalls, {cuts} database cuts; waiting for the \
+         responses to end"
+    );
     let mut takeover_ms: Vec<u128> = Vec::new();
     for monitor in takeovers {
         if let Some(time) = monitor.await?? {
@@ -354,7 +388,7 @@ async fn run(
     };
     let text = format!(
         "## Chaos run\n\n\
-         * {} replicas on one Postgres database, lease {} ms; {} background responses, each a batch of three tool calls (HTTP `slow` 0.4–2 s and `add`, MCP `{MCP_PREFIX}add` 0.3–1.8 s) then a model answer, submitted over {} s; a replica killed with SIGKILL every ~{} ms and restarted: {} kills; {} pauses (SIGSTOP for one to two leases, then SIGCONT)\n\
+         * {} replicas on one Postgres database, lease {} ms; {} background responses, each a batch of three tool calls (HTTP `slow` 0.4–2 s and `add`, MCP `{MCP_PREFIX}add` 0.3–1.8 s) then a model answer, submitted over {} s; a fault every ~{} ms: {} kills (SIGKILL, then restarted); {} pauses (SIGSTOP for one to two leases, then SIGCONT); {} database stalls (nothing through to it, for every replica, for one to two leases); {} database cuts (every connection to it closed at once)\n\
          * submitted {}, **ended {}**, completed {}, statuses {:?}, **stuck {}**, **lost {}**\n\
          * outputs different from the same requests run without chaos: **{}**\n\
          * HTTP: {}\n\
@@ -368,6 +402,8 @@ async fn run(
         args.kill_every_ms,
         kills,
         pauses,
+        stalls,
+        cuts,
         ids.len(),
         ended,
         completed,
@@ -382,8 +418,30 @@ async fn run(
         quantile(1.0),
         if passed { "passed" } else { "FAILED" },
     );
-    drop((mock, tools, mcp));
+    drop((mock, tools, mcp, proxy));
     Ok(Report { text, passed })
+}
+
+/// A fault proxy in front of the database of `url`, and the URL that reaches the database through it.
+async fn database_proxy(url: &str) -> anyhow::Result<(FaultProxy, String)> {
+    let mut through = reqwest::Url::parse(url).context("the database URL")?;
+    let host = through
+        .host_str()
+        .context("the database URL names no host")?;
+    let port = through.port().unwrap_or(5432);
+    let target = tokio::net::lookup_host((host, port))
+        .await?
+        .next()
+        .with_context(|| format!("{host}:{port} resolves to no address"))?;
+    // Never cuts by chance: only when told (`stall`, `cut_all`).
+    let proxy = FaultProxy::start(target, u64::MAX, 1).await?;
+    through
+        .set_host(Some(&proxy.addr().ip().to_string()))
+        .context("a host for the proxy")?;
+    through
+        .set_port(Some(proxy.addr().port()))
+        .map_err(|()| anyhow::anyhow!("a port for the proxy"))?;
+    Ok((proxy, through.to_string()))
 }
 
 /// The `tools/call`s the example MCP server recorded, each `{"tool", "arguments", "meta"}`.
@@ -551,6 +609,9 @@ async fn submit_all(
     for i in 0..count {
         let body = json!({"model": TOOLS_MODEL, "input": input(i), "background": true});
         let mut attempt = 0;
+        // A database stalled or restarting answers creates with 5xx for a while: a client that retries with its
+        // key for long enough gets its response.
+        let give_up = Instant::now() + Duration::from_secs(60);
         let id = loop {
             let candidates = urls.lock().unwrap_or_else(|e| e.into_inner()).clone();
             let url = &candidates[(i + attempt) % candidates.len()];
@@ -573,11 +634,22 @@ async fn submit_all(
                     let created: Value = response.json().await?;
                     break created["id"].as_str().context("an id")?.to_owned();
                 }
-                // A replica killed mid-request: another one takes the request.
-                _ if attempt < 20 => {
+                // A replica killed mid-request: another one takes the request. What a live replica answered is
+                // shown.
+                Ok(response) if Instant::now() < give_up => {
+                    let status = response.status();
+                    let text = response.text().await.unwrap_or_default();
+                    eprintln!("[chaos] create {run} {i} answered {status}: {text}");
                     tokio::time::sleep(Duration::from_millis(100)).await;
                 }
-                Ok(response) => bail!("create failed: {}", response.status()),
+                Err(_) if Instant::now() < give_up => {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                Ok(response) => bail!(
+                    "create failed: {} {}",
+                    response.status(),
+                    response.text().await.unwrap_or_default()
+                ),
                 Err(e) => bail!("create failed: {e}"),
             }
         };
