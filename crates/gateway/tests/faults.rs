@@ -857,3 +857,90 @@ async fn a_read_whose_connection_fell_silent_is_answered_after_the_reply_timeout
         .expect("an answer");
     assert_eq!(again.status().as_u16(), 404);
 }
+
+/// A WebSocket client's connection to a replica.
+type Socket =
+    tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
+
+/// The next JSON message on `socket`; the guard fails the test rather than waiting for ever.
+async fn next_message(socket: &mut Socket) -> serde_json::Value {
+    use futures::StreamExt;
+    use tokio_tungstenite::tungstenite::Message;
+    loop {
+        let read = tokio::time::timeout(PATIENCE, socket.next()).await;
+        match read.expect("a message in time") {
+            Some(Ok(Message::Text(text))) => {
+                return serde_json::from_str(text.as_str()).expect("JSON")
+            }
+            Some(Ok(Message::Ping(_) | Message::Pong(_))) => {}
+            other => panic!("the socket ended: {other:?}"),
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_websocket_turn_whose_replica_lost_the_response_while_paused_is_told_it_was_handed_over()
+{
+    use futures::SinkExt;
+    use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+    use tokio_tungstenite::tungstenite::Message;
+
+    let mut cluster = Cluster::postgres().await;
+    let paused = cluster.replica(&[]);
+    let other = cluster.replica(&[]);
+    cluster.configure(&paused).await;
+    let mut request = format!("{}/v1/responses", paused.base_url.replacen("http", "ws", 1))
+        .into_client_request()
+        .expect("request");
+    request.headers_mut().insert(
+        "authorization",
+        format!("Bearer {}", cluster.key).parse().expect("header"),
+    );
+    let (mut socket, _) = tokio_tungstenite::connect_async(request)
+        .await
+        .expect("connect");
+    socket
+        .send(Message::text(
+            json!({"type": "response.create", "model": "mock", "input": "!call gate {}"})
+                .to_string(),
+        ))
+        .await
+        .expect("send");
+    let created = next_message(&mut socket).await;
+    let id = created["response"]["id"].as_str().expect("id").to_owned();
+    cluster.gate_calls(1).await;
+
+    // Frozen with its tool call in flight, the replica loses the response to the other one, which finishes it.
+    paused.pause();
+    cluster.gate_calls(2).await;
+    cluster.tools.open_gate();
+    let finished = cluster.ended(&other, &id).await;
+    assert_eq!(finished["status"], "completed", "{finished:#}");
+
+    // Back, the first replica gives the response up. Its client is told where the response went, rather than
+    // left waiting on the open socket for an end that never comes.
+    paused.resume();
+    let told = loop {
+        let message = next_message(&mut socket).await;
+        assert!(
+            ![
+                "response.completed",
+                "response.failed",
+                "response.incomplete",
+                "response.cancelled"
+            ]
+            .iter()
+            .any(|t| message["type"] == *t),
+            "the replica that lost the response does not end it: {message:#}"
+        );
+        if message["type"] == "error" && message.get("status").is_some() {
+            break message;
+        }
+    };
+    assert_eq!(told["status"], 500, "{told:#}");
+    let message = told["error"]["message"].as_str().expect("a message");
+    assert!(
+        message.contains(&id) && message.contains("handed over"),
+        "{told:#}"
+    );
+}

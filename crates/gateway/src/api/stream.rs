@@ -20,7 +20,7 @@ pub const STREAM_BUFFER: usize = 64;
 const FOLLOW_POLL: Duration = Duration::from_secs(1);
 
 /// The terminal events: a follower stops after one.
-const TERMINAL: [&str; 4] = [
+pub const TERMINAL: [&str; 4] = [
     "response.completed",
     "response.incomplete",
     "response.failed",

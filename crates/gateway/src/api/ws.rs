@@ -31,7 +31,7 @@ use messages::{error_envelope, read_create, read_messages, Incoming};
 use super::error::ApiError;
 use super::extract::{bearer, ProjectKey};
 use super::governance::admit;
-use super::stream::STREAM_BUFFER;
+use super::stream::{STREAM_BUFFER, TERMINAL};
 use super::AppState;
 use crate::engine::{EventSink, Finished};
 use crate::store::governance::KeyGrant;
@@ -220,16 +220,20 @@ impl Connection {
             }
         };
         let context = (!store).then(|| run.context().to_vec());
+        let response_id = run.response_id().to_owned();
         let (events_tx, mut events) = mpsc::channel(STREAM_BUFFER);
         let task = tokio::spawn(tracing::Instrument::in_current_span(async move {
             engine
                 .run(run, EventSink::for_client(events_tx, true))
                 .await
         }));
+        // Whether the client was told how the response ended (its terminal event).
+        let mut told_the_end = false;
         loop {
             tokio::select! {
                 event = events.recv() => match event {
                     Some(event) => {
+                        told_the_end |= TERMINAL.contains(&event.kind);
                         let text = event.data.to_string();
                         if out.send(Message::Text(text.into())).await.is_err() {
                             // The run stops at its next step boundary once nobody reads its events.
@@ -243,10 +247,22 @@ impl Connection {
         }
         let finished = match task.await {
             Ok(Ok(finished)) => finished,
-            // The stream told the client why it ended (an `error` event, then `response.failed`).
-            Ok(Err(_)) | Err(_) => {
+            // A run that failed told the client why (an `error` event, then `response.failed`). One that gave its
+            // response up (deleted while it ran, or handed over to another replica) or panicked told it nothing:
+            // without an envelope, the client would wait on the open socket for an end that never comes.
+            ended => {
                 self.forget(previous.as_deref());
-                return Ok(());
+                if told_the_end {
+                    return Ok(());
+                }
+                let error = match ended {
+                    Ok(Err(error)) => ApiError::from(error),
+                    // A stored response is resumed from its stored steps.
+                    _ => ApiError::server(format!(
+                        "The gateway failed while running response '{response_id}'; when stored, it is resumed: read it with GET /v1/responses/{response_id}."
+                    )),
+                };
+                return send_error(out, &error).await;
             }
         };
         self.remember(finished, context, previous.as_deref());

@@ -154,6 +154,11 @@ fn run_outlives_request(run: &Run) -> bool {
 }
 
 impl Run {
+    /// The id of the response this run drives.
+    pub fn response_id(&self) -> &str {
+        &self.record.id
+    }
+
     /// The context the response starts from: the previous response's context and output, then its input.
     pub fn context(&self) -> &[Item] {
         &self.context
