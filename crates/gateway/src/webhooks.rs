@@ -134,9 +134,16 @@ impl Deliverer {
                 "webhook delivery failed"
             );
         }
-        if let Err(e) = self.store.record_delivery_try(&delivery.id, &outcome).await {
+        match self.store.record_delivery_try(&delivery, &outcome).await {
+            Ok(true) => {}
+            // This try outlived its lock, and another replica took the delivery since: its try counts.
+            Ok(false) => {
+                tracing::warn!(webhook.delivery_id = %delivery.id, "a webhook try ended after its lock lapsed; another replica's try is recorded instead")
+            }
             // The lock lapses and the delivery is tried again: at least once.
-            tracing::warn!(webhook.delivery_id = %delivery.id, error = %e, "could not record a webhook try");
+            Err(e) => {
+                tracing::warn!(webhook.delivery_id = %delivery.id, error = %e, "could not record a webhook try")
+            }
         }
     }
 

@@ -82,6 +82,7 @@ on_both_backends!(
     an_amount_beyond_what_a_window_holds_fills_it_and_fails_no_other_window_of_its_batch,
     counted_windows_that_ended_long_ago_are_pruned_and_the_others_kept,
     usage_sums_beyond_what_a_bigint_holds_read_as_the_largest_one,
+    a_webhook_try_that_outlived_its_lock_records_nothing_over_the_try_after_it,
 );
 
 // ---- scratch databases ----
@@ -3002,4 +3003,75 @@ async fn a_create_is_answered_written_though_the_boundaries_of_its_batch_failed(
         .await
         .expect("read")
         .is_some());
+}
+
+async fn a_webhook_try_that_outlived_its_lock_records_nothing_over_the_try_after_it(store: Store) {
+    use gateway::store::webhooks::{TryOutcome, WebhookEndpoint};
+    let project_id = project(&store, "hooks").await;
+    let endpoint = WebhookEndpoint {
+        id: "whep_fenced".into(),
+        project_id: project_id.clone(),
+        url: "http://127.0.0.1:9/hook".into(),
+        events: json!(["response.completed"]),
+        secret: "whsec_test".into(),
+        created_at: 1,
+    };
+    store
+        .create_webhook_endpoint(&endpoint)
+        .await
+        .expect("endpoint");
+    let queued = store
+        .enqueue_webhook_event(
+            &project_id,
+            "resp_hooked",
+            "evt_fenced",
+            "response.completed",
+            &json!({"id": "resp_hooked"}),
+            1,
+        )
+        .await
+        .expect("queued");
+    assert_eq!(queued, 1);
+
+    // The first replica's lock lapses at once (a replica paused past it); the second takes the delivery again.
+    let first = store.take_due_deliveries(16, -1_000).await.expect("taken");
+    let second = store.take_due_deliveries(16, 60_000).await.expect("taken");
+    assert_eq!((first.len(), second.len()), (1, 1));
+    let (first, second) = (&first[0], &second[0]);
+    assert_eq!(first.id, second.id);
+    assert_ne!(first.locked_until, second.locked_until);
+
+    // The late try of the first records nothing, before the second's try ends and after.
+    let failed = TryOutcome::Failed {
+        status: Some(500),
+        error: "the endpoint failed".into(),
+        retry_in_ms: 1_000,
+        give_up: true,
+    };
+    assert!(!store
+        .record_delivery_try(first, &failed)
+        .await
+        .expect("recorded"));
+    assert!(store
+        .record_delivery_try(second, &TryOutcome::Delivered { status: 200 })
+        .await
+        .expect("recorded"));
+    assert!(!store
+        .record_delivery_try(first, &failed)
+        .await
+        .expect("recorded"));
+    let rows = store
+        .webhook_deliveries(&project_id, &endpoint.id, 10)
+        .await
+        .expect("listed");
+    assert_eq!(rows.len(), 1);
+    assert_eq!(rows[0].status, "delivered", "{:?}", rows[0]);
+    assert_eq!(rows[0].last_status, Some(200), "{:?}", rows[0]);
+    assert_eq!(rows[0].attempts, 2);
+    // Nothing is left to take: the delivered one is not sent a third time.
+    assert!(store
+        .take_due_deliveries(16, 60_000)
+        .await
+        .expect("taken")
+        .is_empty());
 }

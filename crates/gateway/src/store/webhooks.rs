@@ -57,6 +57,10 @@ pub struct DueDelivery {
     pub secret: String,
     /// The response's status now; `None` when it was deleted.
     pub response_status: Option<String>,
+    /// When this take's lock lapses, by the database's clock: the try is recorded only while the delivery is
+    /// still held under it, so that a replica that outlived its lock (paused, or slow) records nothing over the
+    /// try of the replica that took the delivery after it.
+    pub locked_until: i64,
 }
 
 /// How a try ended.
@@ -154,12 +158,15 @@ impl Store {
             return Ok(0);
         }
         let _timer = self.timed("enqueue_webhook_event");
+        // Only for an endpoint still there: one deleted since it was read queues nothing, rather than failing the
+        // ending of the response on its foreign key.
         let insert = with_clock!(
             self,
             "INSERT INTO webhook_deliveries (id, endpoint_id, project_id, event_id, event_type, response_id, payload,
                 status, attempts, next_attempt_at, created_at)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, 'pending', 0, ",
-            ", $8) ON CONFLICT (endpoint_id, event_id) DO NOTHING"
+             SELECT $1, e.id, $3, $4, $5, $6, $7, 'pending', 0, ",
+            ", $8 FROM webhook_endpoints e WHERE e.id = $2
+             ON CONFLICT (endpoint_id, event_id) DO NOTHING"
         );
         with_pool!(self, |pool| {
             let mut tx = pool.begin().await?;
@@ -199,7 +206,7 @@ impl Store {
                      WHERE status = 'pending' AND next_attempt_at <= (SELECT now FROM clock)
                        AND (locked_until IS NULL OR locked_until < (SELECT now FROM clock))
                      ORDER BY next_attempt_at LIMIT $1 FOR UPDATE SKIP LOCKED)
-                 RETURNING id"
+                 RETURNING id, locked_until"
             ),
             super::Backend::Sqlite(_) => concat!(
                 "WITH clock AS (SELECT ",
@@ -210,25 +217,26 @@ impl Store {
                      WHERE status = 'pending' AND next_attempt_at <= (SELECT now FROM clock)
                        AND (locked_until IS NULL OR locked_until < (SELECT now FROM clock))
                      ORDER BY next_attempt_at LIMIT $1)
-                 RETURNING id"
+                 RETURNING id, locked_until"
             ),
         };
-        let ids: Vec<String> = with_pool!(self, |pool| sqlx::query_scalar(take)
+        let taken: Vec<(String, i64)> = with_pool!(self, |pool| sqlx::query_as(take)
             .bind(limit)
             .bind(lock_ms)
             .fetch_all(pool)
             .await?);
-        let mut due = Vec::with_capacity(ids.len());
-        for id in ids {
+        let mut due = Vec::with_capacity(taken.len());
+        for (id, locked_until) in taken {
             let found = with_pool!(self, |pool| {
                 sqlx::query_as::<_, DueDelivery>(
                 "SELECT d.id, d.event_id, d.event_type, d.response_id, d.payload, CAST(d.attempts AS BIGINT) AS attempts,
-                        e.url, e.secret, r.status AS response_status
+                        e.url, e.secret, r.status AS response_status, CAST($2 AS BIGINT) AS locked_until
                  FROM webhook_deliveries d JOIN webhook_endpoints e ON e.id = d.endpoint_id
                  LEFT JOIN responses r ON r.id = d.response_id
                  WHERE d.id = $1",
             )
             .bind(&id)
+            .bind(locked_until)
             .fetch_optional(pool)
             .await?
             });
@@ -237,27 +245,31 @@ impl Store {
         Ok(due)
     }
 
-    /// Records how a try of delivery `id` ended, and lets it go.
+    /// Records how a try of `delivery` ended, and lets it go; only while the delivery is held under the lock of
+    /// that take. Whether it was recorded: not when the lock had lapsed and another replica took the delivery
+    /// since (its try, not this one, is recorded).
     pub async fn record_delivery_try(
         &self,
-        id: &str,
+        delivery: &DueDelivery,
         outcome: &TryOutcome,
-    ) -> Result<(), StoreError> {
+    ) -> Result<bool, StoreError> {
         let _timer = self.timed("record_delivery_try");
-        match outcome {
+        let (id, lock) = (&delivery.id, delivery.locked_until);
+        let recorded = match outcome {
             TryOutcome::Delivered { status } => {
                 let sql = with_clock!(
                     self,
                     "UPDATE webhook_deliveries SET status = 'delivered', locked_until = NULL, last_error = NULL,
                         last_status = $2, delivered_at = (",
-                    ") / 1000 WHERE id = $1"
+                    ") / 1000 WHERE id = $1 AND locked_until = $3"
                 );
                 with_pool!(self, |pool| sqlx::query(sql)
                     .bind(id)
                     .bind(i64::from(*status))
+                    .bind(lock)
                     .execute(pool)
                     .await
-                    .map(drop))?;
+                    .map(|done| done.rows_affected()))?
             }
             TryOutcome::Failed {
                 status,
@@ -269,7 +281,7 @@ impl Store {
                     self,
                     "UPDATE webhook_deliveries SET status = $2, locked_until = NULL, last_error = $3, last_status = $4,
                         next_attempt_at = ",
-                    " + $5 WHERE id = $1"
+                    " + $5 WHERE id = $1 AND locked_until = $6"
                 );
                 with_pool!(self, |pool| sqlx::query(sql)
                     .bind(id)
@@ -277,37 +289,38 @@ impl Store {
                     .bind(error)
                     .bind(status.map(i64::from))
                     .bind(*retry_in_ms)
+                    .bind(lock)
                     .execute(pool)
                     .await
-                    .map(drop))?;
+                    .map(|done| done.rows_affected()))?
             }
             TryOutcome::NotYet { retry_in_ms } => {
                 let sql = with_clock!(
                     self,
                     "UPDATE webhook_deliveries SET locked_until = NULL, attempts = attempts - 1, next_attempt_at = ",
-                    " + $2 WHERE id = $1"
+                    " + $2 WHERE id = $1 AND locked_until = $3"
                 );
                 with_pool!(self, |pool| sqlx::query(sql)
                     .bind(id)
                     .bind(*retry_in_ms)
+                    .bind(lock)
                     .execute(pool)
                     .await
-                    .map(drop))?;
+                    .map(|done| done.rows_affected()))?
             }
-            TryOutcome::Superseded => {
-                with_pool!(self, |pool| {
-                    sqlx::query(
+            TryOutcome::Superseded => with_pool!(self, |pool| {
+                sqlx::query(
                     "UPDATE webhook_deliveries SET status = 'superseded', locked_until = NULL, attempts = attempts - 1
-                     WHERE id = $1",
+                     WHERE id = $1 AND locked_until = $2",
                 )
                 .bind(id)
+                .bind(lock)
                 .execute(pool)
                 .await
-                .map(drop)
-                })?;
-            }
-        }
-        Ok(())
+                .map(|done| done.rows_affected())
+            })?,
+        };
+        Ok(recorded > 0)
     }
 
     /// The deliveries to endpoint `endpoint_id` of `project_id`, newest first, at most `limit`.
