@@ -364,7 +364,21 @@ pub async fn cancel_response(
     let stored = if stored.record.ending().is_some() {
         stored
     } else {
+        // Before the cancel: a response cancelled while still queued is ended here, by no run that would queue
+        // its event. A run that ends it queues the same event (kept once); one that ended it otherwise first
+        // supersedes it.
+        let queued = state
+            .engine
+            .queue_ending_event(
+                &project,
+                &id,
+                gateway_core::webhook::WebhookEvent::ResponseCancelled,
+            )
+            .await?;
         stop_response(&state, &project, &id).await?;
+        if queued {
+            state.engine.wake_deliverer();
+        }
         match wait_for_end(&state, &project, &id).await? {
             Some(stored) => stored,
             None => find_response(&state, &project, &id).await?,

@@ -1,6 +1,7 @@
-//! A response's turn kept in its conversation (SPEC 15): when a response created with `conversation` ends
-//! completed or incomplete, its input and output are appended to the conversation, as the client sees them when
-//! it lists them (server tool calls included).
+//! What a response's ending leaves behind (SPEC 15): the webhook events of a background response's ending, and
+//! its turn in its conversation: when a response created with `conversation` ends completed or incomplete, its
+//! input and output are appended to the conversation, as the client sees them when it lists them (server tool
+//! calls included).
 
 use std::collections::HashSet;
 
@@ -119,27 +120,47 @@ impl Engine {
     /// Queues the webhook event of a background response's ending for the project's endpoints that want it;
     /// whether any was queued. A store that fails for a moment is tried again for as long as the lease lasts.
     pub(super) async fn queue_webhook_event(&self, run: &Run) -> Result<bool, StoreError> {
-        use gateway_core::webhook::{event_id, event_payload, WebhookEvent};
+        use gateway_core::webhook::WebhookEvent;
         if !run.record.background {
             return Ok(false);
         }
         let Some(event) = WebhookEvent::of_status(run.record.status()) else {
             return Ok(false);
         };
-        let id = event_id(&run.record.id, event);
-        let payload = event_payload(&id, event, now(), &run.record.id);
+        self.while_leased(run, "queueing a webhook event", || {
+            self.queue_ending_event(&run.project_id, &run.record.id, event)
+        })
+        .await
+    }
+
+    /// Queues event `event` of background response `response_id` of `project_id` for the project's endpoints
+    /// that want it; whether any was queued. Queued before the ending it tells is written (whoever writes it), kept
+    /// once under its id, and sent only once the response reads that way: superseded when it ended otherwise.
+    pub async fn queue_ending_event(
+        &self,
+        project_id: &str,
+        response_id: &str,
+        event: gateway_core::webhook::WebhookEvent,
+    ) -> Result<bool, StoreError> {
+        use gateway_core::webhook::{event_id, event_payload};
+        let id = event_id(response_id, event);
+        let payload = event_payload(&id, event, now(), response_id);
         let queued = self
-            .while_leased(run, "queueing a webhook event", || {
-                self.store.enqueue_webhook_event(
-                    &run.project_id,
-                    &run.record.id,
-                    &id,
-                    event.as_str(),
-                    &payload,
-                    now(),
-                )
-            })
+            .store
+            .enqueue_webhook_event(
+                project_id,
+                response_id,
+                &id,
+                event.as_str(),
+                &payload,
+                now(),
+            )
             .await?;
         Ok(queued > 0)
+    }
+
+    /// Lets the webhook deliverer look for due deliveries now.
+    pub fn wake_deliverer(&self) {
+        self.deliverer.wake();
     }
 }

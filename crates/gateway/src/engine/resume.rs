@@ -187,6 +187,15 @@ impl Engine {
         message: &str,
     ) -> Result<(), StoreError> {
         tracing::warn!(response.id = %stored.record.id, "{message}");
+        // A background response's ending is told to the project's webhooks, as any other ending is.
+        let queued = stored.record.background
+            && self
+                .queue_ending_event(
+                    &stored.project_id,
+                    &stored.record.id,
+                    gateway_core::webhook::WebhookEvent::ResponseFailed,
+                )
+                .await?;
         let mut record = stored.record;
         record.end(
             Ending::Failed {
@@ -211,6 +220,9 @@ impl Engine {
             })
             .await?;
         self.replica.progressed(&record.id);
+        if queued {
+            self.wake_deliverer();
+        }
         Ok(())
     }
 }

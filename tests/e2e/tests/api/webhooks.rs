@@ -259,3 +259,64 @@ async fn bad_webhook_input_is_refused_and_stores_nothing() {
         0
     );
 }
+
+#[tokio::test]
+async fn a_background_response_cancelled_while_queued_is_told_to_its_endpoints() {
+    let gw = TestGateway::start_with(|config| {
+        config.server.max_active_responses = 1;
+        config.webhooks.backoff_ms = 20;
+        config.webhooks.poll_ms = 20;
+    })
+    .await;
+    let tenant = gw.tenant("acme").await;
+    gw.attach_tool(&tenant.group_id, "gate").await;
+    let receiver = WebhookReceiver::start().await.expect("receiver");
+    let webhook = register(
+        &gw,
+        &tenant,
+        &receiver.url(),
+        Some(json!(["response.cancelled"])),
+    )
+    .await;
+    // The one place to run is held by a response waiting at its tool's gate: the next one stays queued.
+    create_ok(
+        &gw,
+        &tenant.key,
+        json!({"model": "mock", "input": "!call gate {}", "background": true}),
+    )
+    .await;
+    assert!(
+        gw.tools.wait_for_calls("gate", 1, WAIT).await.is_some(),
+        "the gate call never arrived"
+    );
+    let queued = background(&gw, &tenant).await;
+    assert_eq!(
+        get_response(&gw, &tenant.key, &queued).await.body["status"],
+        "queued"
+    );
+
+    // Cancelled where it waits, by no run: its ending is told all the same.
+    let cancelled = gw
+        .call(gw.public(
+            Method::POST,
+            &format!("/responses/{queued}/cancel"),
+            &tenant.key,
+        ))
+        .await;
+    assert_eq!(
+        cancelled.body["status"], "cancelled",
+        "{:#}",
+        cancelled.body
+    );
+    assert!(receiver.wait_for(1, WAIT, |_| true).await, "delivered");
+    let [received] = receiver.received().try_into().expect("one delivery");
+    let event: Value = serde_json::from_str(&received.body).expect("json");
+    assert_eq!(event["type"], "response.cancelled");
+    assert_eq!(event["data"], json!({"id": queued}));
+    let listed = deliveries_until(&gw, &tenant, &webhook, |d| {
+        d.first().is_some_and(|d| d["status"] == "delivered")
+    })
+    .await;
+    assert_eq!(listed.len(), 1, "{listed:#?}");
+    gw.tools.open_gate();
+}
