@@ -647,13 +647,18 @@ async fn assert_repeat_answers(cluster: &Cluster, replica: &Replica, key: &str, 
 
 /// Waits (polling the database, at most `within`) until the statement that writes new responses waits on a lock.
 async fn a_create_waits_on_a_lock(pool: &sqlx::PgPool, within: Duration) {
+    a_statement_waits_on_a_lock(pool, "%INSERT INTO responses%", within).await;
+}
+
+/// Waits (polling the database, at most `within`) until a statement whose text is `like` waits on a lock.
+async fn a_statement_waits_on_a_lock(pool: &sqlx::PgPool, like: &str, within: Duration) {
     let give_up = tokio::time::Instant::now() + within;
     loop {
         let waiting: i64 = sqlx::query_scalar(
             "SELECT COUNT(*) FROM pg_stat_activity
-             WHERE datname = current_database() AND wait_event_type = 'Lock'
-               AND query LIKE '%INSERT INTO responses%'",
+             WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE $1",
         )
+        .bind(like)
         .fetch_one(pool)
         .await
         .expect("activity");
@@ -662,7 +667,7 @@ async fn a_create_waits_on_a_lock(pool: &sqlx::PgPool, within: Duration) {
         }
         assert!(
             tokio::time::Instant::now() < give_up,
-            "no create waited on the lock"
+            "no statement like {like} waited on the lock"
         );
         // Polling the database: the condition is outside this process.
         tokio::time::sleep(Duration::from_millis(20)).await;
@@ -942,5 +947,94 @@ async fn a_websocket_turn_whose_replica_lost_the_response_while_paused_is_told_i
     assert!(
         message.contains(&id) && message.contains("handed over"),
         "{told:#}"
+    );
+}
+
+#[tokio::test]
+async fn a_conversation_keeps_one_answer_of_a_response_whose_replica_died_as_it_ended() {
+    use gateway_testkit::Reply;
+    let mut cluster = Cluster::postgres().await;
+    let mut first = cluster.replica(&[]);
+    cluster.configure(&first).await;
+    let conversation = json(
+        cluster
+            .http
+            .post(format!("{}/v1/conversations", first.base_url))
+            .bearer_auth(&cluster.key)
+            .json(&json!({}))
+            .send()
+            .await,
+    )
+    .await;
+    let conversation = conversation["id"].as_str().expect("id").to_owned();
+    cluster
+        .model
+        .push(Reply::text("First answer.").with_delay(Duration::from_millis(1500)));
+    cluster.model.push(Reply::text("Second answer."));
+    let created = cluster
+        .create(
+            &first,
+            json!({"model": "mock", "input": "Hi", "background": true, "conversation": conversation}),
+        )
+        .await;
+    let id = created["id"].as_str().expect("id").to_owned();
+
+    // The model thinks; its step is written as running meanwhile. Then every write of steps waits behind the
+    // test's lock, and the replica dies as the response ends, its answer in hand.
+    assert!(cluster.model.wait_for_requests(1, PATIENCE).await);
+    let pool = sqlx::PgPool::connect(cluster.db.url())
+        .await
+        .expect("connect");
+    let give_up = tokio::time::Instant::now() + PATIENCE;
+    loop {
+        let running: i64 = sqlx::query_scalar(
+            "SELECT COUNT(*) FROM steps WHERE response_id = $1 AND kind = 'model' AND state = 'running'",
+        )
+        .bind(&id)
+        .fetch_one(&pool)
+        .await
+        .expect("steps");
+        if running > 0 {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < give_up,
+            "the model step was never written as running"
+        );
+        // Polling the database: the condition is outside this process.
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let (_, lock) = lock_steps_table(&cluster).await;
+    a_statement_waits_on_a_lock(&pool, "%INSERT INTO steps%", PATIENCE).await;
+    first.kill();
+    lock.commit().await.expect("unlock");
+
+    // Resumed elsewhere, the response calls the model again, and its turn is in the conversation once.
+    let second = cluster.replica(&[]);
+    let ended = cluster.ended(&second, &id).await;
+    assert_eq!(ended["status"], "completed", "{ended:#}");
+    assert_eq!(ended["output_text"], "Second answer.");
+    let items = json(
+        cluster
+            .http
+            .get(format!(
+                "{}/v1/conversations/{conversation}/items?order=asc",
+                second.base_url
+            ))
+            .bearer_auth(&cluster.key)
+            .send()
+            .await,
+    )
+    .await;
+    let roles: Vec<&str> = items["data"]
+        .as_array()
+        .expect("items")
+        .iter()
+        .map(|item| item["role"].as_str().unwrap_or("?"))
+        .collect();
+    assert_eq!(roles, ["user", "assistant"], "{items:#}");
+    assert_eq!(
+        items["data"][1]["content"][0]["text"], "Second answer.",
+        "{items:#}"
     );
 }

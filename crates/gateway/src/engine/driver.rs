@@ -317,7 +317,15 @@ impl Engine {
             }
         }
         let handed_back = ending.handed_back();
-        let keeps_turn = matches!(ending, Ending::Completed { .. } | Ending::Incomplete { .. });
+        let keeps_turn = matches!(ending, Ending::Completed { .. } | Ending::Incomplete { .. })
+            && run.record.params.conversation.is_some();
+        if keeps_turn {
+            // The output appended to the conversation must be the output any run of this response ends with: its
+            // steps are written first (fenced), so that a run resumed after this replica stops renders the same
+            // items, which the conversation then holds already, instead of calling the model again and appending
+            // a second answer. A replica that lost the response stops here, before appending anything.
+            self.write(run, Durability::Flush).await?;
+        }
         run.record.end(ending, total_usage(&run.steps), now());
         if keeps_turn {
             // Before the ending is written: should this replica stop in between, the run resumed elsewhere
