@@ -189,7 +189,8 @@ impl Store {
     }
 
     /// Takes up to `limit` deliveries that are due and held by nobody, for `lock_ms` by the database's clock,
-    /// counting the try; two replicas never take the same one while its lock holds.
+    /// counting the try, and reads what to send, in one transaction; two replicas never take the same one while
+    /// its lock holds.
     pub async fn take_due_deliveries(
         &self,
         limit: i64,
@@ -220,28 +221,33 @@ impl Store {
                  RETURNING id, locked_until"
             ),
         };
-        let taken: Vec<(String, i64)> = with_pool!(self, |pool| sqlx::query_as(take)
-            .bind(limit)
-            .bind(lock_ms)
-            .fetch_all(pool)
-            .await?);
-        let mut due = Vec::with_capacity(taken.len());
-        for (id, locked_until) in taken {
-            let found = with_pool!(self, |pool| {
-                sqlx::query_as::<_, DueDelivery>(
-                "SELECT d.id, d.event_id, d.event_type, d.response_id, d.payload, CAST(d.attempts AS BIGINT) AS attempts,
-                        e.url, e.secret, r.status AS response_status, CAST($2 AS BIGINT) AS locked_until
-                 FROM webhook_deliveries d JOIN webhook_endpoints e ON e.id = d.endpoint_id
-                 LEFT JOIN responses r ON r.id = d.response_id
-                 WHERE d.id = $1",
-            )
-            .bind(&id)
-            .bind(locked_until)
-            .fetch_optional(pool)
-            .await?
-            });
-            due.extend(found);
-        }
+        // One transaction: a take whose reads fail leaves nothing locked and no try counted.
+        let due = with_pool!(self, |pool| {
+            let mut tx = pool.begin().await?;
+            let taken: Vec<(String, i64)> = sqlx::query_as(take)
+                .bind(limit)
+                .bind(lock_ms)
+                .fetch_all(&mut *tx)
+                .await?;
+            let mut due = Vec::with_capacity(taken.len());
+            for (id, locked_until) in taken {
+                let found = sqlx::query_as::<_, DueDelivery>(
+                    "SELECT d.id, d.event_id, d.event_type, d.response_id, d.payload,
+                        CAST(d.attempts AS BIGINT) AS attempts, e.url, e.secret, r.status AS response_status,
+                        CAST($2 AS BIGINT) AS locked_until
+                     FROM webhook_deliveries d JOIN webhook_endpoints e ON e.id = d.endpoint_id
+                     LEFT JOIN responses r ON r.id = d.response_id
+                     WHERE d.id = $1",
+                )
+                .bind(&id)
+                .bind(locked_until)
+                .fetch_optional(&mut *tx)
+                .await?;
+                due.extend(found);
+            }
+            tx.commit().await?;
+            Ok::<_, sqlx::Error>(due)
+        })?;
         Ok(due)
     }
 
