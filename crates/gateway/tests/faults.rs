@@ -1007,6 +1007,15 @@ async fn a_conversation_keeps_one_answer_of_a_response_whose_replica_died_as_it_
     let (_, lock) = lock_steps_table(&cluster).await;
     a_statement_waits_on_a_lock(&pool, "%INSERT INTO steps%", PATIENCE).await;
     first.kill();
+    // The dead replica's statement waiting on the lock dies with it (a database notices a lost client only when it
+    // next talks to it, and would otherwise run the statement once the lock is gone).
+    sqlx::query(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+         WHERE datname = current_database() AND wait_event_type = 'Lock'",
+    )
+    .execute(&pool)
+    .await
+    .expect("terminate");
     lock.commit().await.expect("unlock");
 
     // Resumed elsewhere, the response calls the model again, and its turn is in the conversation once.
