@@ -302,7 +302,7 @@ pub(crate) async fn answered_within<T, E: From<sqlx::Error>>(
 
 /// The failure of a statement the database did not answer within `wait`: an I/O failure, so transient, and in
 /// doubt for a write (`StoreError::may_have_committed`), as after a lost reply.
-pub(crate) fn unanswered(wait: std::time::Duration) -> sqlx::Error {
+fn unanswered(wait: std::time::Duration) -> sqlx::Error {
     sqlx::Error::Io(std::io::Error::new(
         std::io::ErrorKind::TimedOut,
         format!(

@@ -315,10 +315,7 @@ pub(super) async fn write_batch(
             Backend::Sqlite(pool) => sqlite::write(pool, writes).await,
         }
     };
-    match tokio::time::timeout(wait, written).await {
-        Ok(written) => written,
-        Err(_) => Err(StoreError::Database(crate::store::unanswered(wait))),
-    }
+    crate::store::answered_within(wait, written).await
 }
 
 /// The creates and the step boundaries of a batch, apart.
