@@ -415,12 +415,7 @@ impl EventProjection {
             Some(Ending::Cancelled) => "response.cancelled",
             Some(Ending::Failed { code, message }) => {
                 let (kind, code) = (code.error_type(), code.as_str());
-                // Nested and flat, so that the OpenAI spec, the Open Responses schema and the SDKs all read it.
-                self.emit(
-                    "error",
-                    json!({"code": code, "message": message, "param": null,
-                           "error": {"type": kind, "code": code, "message": message, "param": null}}),
-                );
+                self.emit("error", error_fields(kind, code, message));
                 "response.failed"
             }
             None => return,
@@ -447,6 +442,28 @@ impl EventProjection {
             kind,
             data: Value::Object(data),
         });
+    }
+}
+
+/// The fields of an `error` event, nested and flat, so that the OpenAI spec, the Open Responses schema and the SDKs
+/// all read it.
+fn error_fields(kind: &str, code: &str, message: &str) -> Value {
+    json!({"code": code, "message": message, "param": null,
+           "error": {"type": kind, "code": code, "message": message, "param": null}})
+}
+
+/// An `error` event numbered `sequence_number`, for a stream that ends without its response's terminal event (the
+/// response was deleted, or given up to another replica): `kind` is the error's type, `code` its code.
+pub fn stream_error(sequence_number: u64, kind: &str, code: &str, message: &str) -> Event {
+    let mut data = match error_fields(kind, code, message) {
+        Value::Object(map) => map,
+        _ => Map::new(),
+    };
+    data.insert("type".into(), json!("error"));
+    data.insert("sequence_number".into(), json!(sequence_number));
+    Event {
+        kind: "error",
+        data: Value::Object(data),
     }
 }
 

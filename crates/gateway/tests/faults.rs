@@ -883,6 +883,26 @@ async fn next_message(socket: &mut Socket) -> serde_json::Value {
     }
 }
 
+/// The terminal events of a response's stream.
+const TERMINAL: [&str; 4] = [
+    "response.completed",
+    "response.failed",
+    "response.incomplete",
+    "response.cancelled",
+];
+
+/// With response `id`'s tool call in flight on `paused`, the replica is frozen and loses the response to `other`,
+/// which finishes it; then `paused` is resumed.
+async fn lose_while_paused(cluster: &Cluster, paused: &Replica, other: &Replica, id: &str) {
+    cluster.gate_calls(1).await;
+    paused.pause();
+    cluster.gate_calls(2).await;
+    cluster.tools.open_gate();
+    let finished = cluster.ended(other, id).await;
+    assert_eq!(finished["status"], "completed", "{finished:#}");
+    paused.resume();
+}
+
 #[tokio::test]
 async fn a_websocket_turn_whose_replica_lost_the_response_while_paused_is_told_it_was_handed_over()
 {
@@ -913,29 +933,14 @@ async fn a_websocket_turn_whose_replica_lost_the_response_while_paused_is_told_i
         .expect("send");
     let created = next_message(&mut socket).await;
     let id = created["response"]["id"].as_str().expect("id").to_owned();
-    cluster.gate_calls(1).await;
-
-    // Frozen with its tool call in flight, the replica loses the response to the other one, which finishes it.
-    paused.pause();
-    cluster.gate_calls(2).await;
-    cluster.tools.open_gate();
-    let finished = cluster.ended(&other, &id).await;
-    assert_eq!(finished["status"], "completed", "{finished:#}");
+    lose_while_paused(&cluster, &paused, &other, &id).await;
 
     // Back, the first replica gives the response up. Its client is told where the response went, rather than
     // left waiting on the open socket for an end that never comes.
-    paused.resume();
     let told = loop {
         let message = next_message(&mut socket).await;
         assert!(
-            ![
-                "response.completed",
-                "response.failed",
-                "response.incomplete",
-                "response.cancelled"
-            ]
-            .iter()
-            .any(|t| message["type"] == *t),
+            !TERMINAL.iter().any(|t| message["type"] == *t),
             "the replica that lost the response does not end it: {message:#}"
         );
         if message["type"] == "error" && message.get("status").is_some() {
@@ -1046,4 +1051,140 @@ async fn a_conversation_keeps_one_answer_of_a_response_whose_replica_died_as_it_
         items["data"][1]["content"][0]["text"], "Second answer.",
         "{items:#}"
     );
+}
+
+/// The SSE events of `response` as they come, until the stream ends; the guard fails the test rather than waiting
+/// for ever. `first` is called with each event as it arrives, before the next is read.
+async fn read_events(
+    mut response: reqwest::Response,
+    mut first: impl FnMut(&serde_json::Value),
+) -> Vec<serde_json::Value> {
+    let mut body = String::new();
+    let mut seen = 0;
+    loop {
+        let chunk = tokio::time::timeout(PATIENCE, response.chunk())
+            .await
+            .expect("the stream goes on or ends in time")
+            .expect("a chunk");
+        let Some(chunk) = chunk else { break };
+        body.push_str(std::str::from_utf8(&chunk).expect("UTF-8"));
+        // Only whole frames are read.
+        let whole = body.rfind("\n\n").map_or(0, |end| end + 2);
+        let arrived = events(&body[..whole]);
+        for event in &arrived[seen..] {
+            first(event);
+        }
+        seen = arrived.len();
+    }
+    events(&body)
+}
+
+#[tokio::test]
+async fn an_sse_stream_whose_replica_lost_the_response_while_paused_ends_with_an_error_event() {
+    let mut cluster = Cluster::postgres().await;
+    let paused = cluster.replica(&[]);
+    let other = cluster.replica(&[]);
+    cluster.configure(&paused).await;
+    let response = cluster
+        .http
+        .post(format!("{}/v1/responses", paused.base_url))
+        .bearer_auth(&cluster.key)
+        .json(&json!({"model": "mock", "input": "!call gate {}", "stream": true}))
+        .send()
+        .await
+        .expect("create");
+    assert_eq!(response.status(), 200);
+    let (created_tx, mut created) = tokio::sync::mpsc::unbounded_channel();
+    let reading = tokio::spawn(read_events(response, move |event| {
+        if event["type"] == "response.created" {
+            let _ = created_tx.send(event["response"]["id"].as_str().expect("id").to_owned());
+        }
+    }));
+    let id = created.recv().await.expect("response.created");
+    lose_while_paused(&cluster, &paused, &other, &id).await;
+
+    // Back, the first replica gives the response up. Its stream ends saying where the response went, rather than
+    // closing as if the response had nothing more to say.
+    let events = reading.await.expect("read");
+    let last = events.last().expect("events");
+    assert!(
+        !events
+            .iter()
+            .any(|e| TERMINAL.iter().any(|t| e["type"] == *t)),
+        "the replica that lost the response does not end it: {events:#?}"
+    );
+    assert_eq!(last["type"], "error", "{events:#?}");
+    let message = last["message"].as_str().expect("a message");
+    assert!(
+        message.contains(&id) && message.contains("handed over"),
+        "{last:#}"
+    );
+    assert_eq!(last["error"]["type"], "server_error", "{last:#}");
+    let before = &events[events.len() - 2];
+    assert_eq!(
+        last["sequence_number"].as_u64(),
+        before["sequence_number"].as_u64().map(|n| n + 1),
+        "numbered after the last event sent: {events:#?}"
+    );
+}
+
+#[tokio::test]
+async fn a_follower_of_a_response_deleted_while_its_replica_is_paused_ends_with_an_error_event() {
+    let mut cluster = Cluster::postgres().await;
+    let paused = cluster.replica(&[]);
+    let other = cluster.replica(&[]);
+    cluster.configure(&paused).await;
+    let created = cluster
+        .create(
+            &paused,
+            json!({"model": "mock", "input": "!call gate {}", "background": true}),
+        )
+        .await;
+    let id = created["id"].as_str().expect("id").to_owned();
+    cluster.gate_calls(1).await;
+
+    // Another replica's client follows the response; its run is frozen, so nothing it writes can race the delete.
+    let response = cluster
+        .http
+        .get(format!("{}/v1/responses/{id}?stream=true", other.base_url))
+        .bearer_auth(&cluster.key)
+        .send()
+        .await
+        .expect("re-attach");
+    assert_eq!(response.status(), 200);
+    let (calling_tx, mut calling) = tokio::sync::mpsc::unbounded_channel();
+    let reading = tokio::spawn(read_events(response, move |event| {
+        if event["type"] == "response.mcp_call.in_progress" {
+            let _ = calling_tx.send(());
+        }
+    }));
+    calling.recv().await.expect("the tool call, replayed");
+    paused.pause();
+    let deleted = cluster
+        .http
+        .delete(format!("{}/v1/responses/{id}", other.base_url))
+        .bearer_auth(&cluster.key)
+        .send()
+        .await
+        .expect("delete");
+    assert_eq!(deleted.status(), 200);
+
+    // The follower finds the response gone, and says so rather than just closing.
+    let events = reading.await.expect("read");
+    let last = events.last().expect("events");
+    assert_eq!(last["type"], "error", "{events:#?}");
+    let message = last["message"].as_str().expect("a message");
+    assert!(
+        message.contains(&id) && message.contains("deleted"),
+        "{last:#}"
+    );
+    assert_eq!(
+        last["sequence_number"].as_u64(),
+        events[events.len() - 2]["sequence_number"]
+            .as_u64()
+            .map(|n| n + 1),
+        "{events:#?}"
+    );
+    paused.resume();
+    cluster.tools.open_gate();
 }

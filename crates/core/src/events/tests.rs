@@ -670,3 +670,16 @@ fn a_bound_web_search_streams_as_openai_streams_a_web_search_call_and_replays_th
         assert!(data["response"]["output"][0].get("output").is_none());
     }
 }
+
+#[test]
+fn a_stream_ended_without_its_response_tells_why_in_an_error_event_of_the_same_shape() {
+    let failed = replay(&ended(Ending::server_error("boom")), &[]);
+    let told = &failed[failed.len() - 2];
+    let error = stream_error(7, "server_error", "server_error", "boom");
+    assert_eq!(error.kind, "error");
+    assert_eq!(error.sequence_number(), 7);
+    assert_eq!(error.data["type"], "error");
+    let mut same = error.data.clone();
+    same["sequence_number"] = told.data["sequence_number"].clone();
+    assert_eq!(same, told.data, "the shape of a failure's error event");
+}

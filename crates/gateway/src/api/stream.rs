@@ -7,9 +7,10 @@ use std::time::Duration;
 
 use axum::response::sse::{KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
-use gateway_core::events::{replay, Event};
+use gateway_core::events::{replay, stream_error, Event};
 use tokio::sync::{broadcast, mpsc};
 
+use super::error::ApiError;
 use super::shared_reads::SharedReads;
 use crate::engine::{Engine, EventSink, Run};
 
@@ -31,8 +32,62 @@ pub const TERMINAL: [&str; 4] = [
 /// events as they come.
 pub fn event_stream(engine: &Engine, run: Run, keep_alive: Duration) -> Response {
     let (tx, rx) = mpsc::channel(STREAM_BUFFER);
-    engine.spawn(run, EventSink::for_client(tx, true));
-    sse(rx, keep_alive)
+    let response_id = run.response_id().to_owned();
+    let ran = engine.spawn(run, EventSink::for_client(tx, true));
+    sse(
+        rx,
+        Some(RunOfStream {
+            ran,
+            response_id,
+            next: 0,
+            told_the_end: false,
+        }),
+        keep_alive,
+    )
+}
+
+/// The run a stream carries the events of, watched so that the stream never ends without saying how: a run that
+/// gave its response up (deleted while it ran, or handed over to another replica after a pause past its lease or
+/// a store that stopped answering) or panicked reports no terminal event, and its client is told why in an
+/// `error` event instead of a connection that just closes.
+struct RunOfStream {
+    ran: tokio::task::JoinHandle<Result<crate::engine::Finished, crate::engine::EngineError>>,
+    response_id: String,
+    /// The sequence number after the last event sent.
+    next: u64,
+    told_the_end: bool,
+}
+
+impl RunOfStream {
+    fn saw(&mut self, event: &Event) {
+        self.next = event.sequence_number() + 1;
+        self.told_the_end |= TERMINAL.contains(&event.kind);
+    }
+
+    /// The `error` event that ends the stream when its run ended without telling its client.
+    async fn untold_end(self) -> Option<Event> {
+        if self.told_the_end {
+            return None;
+        }
+        let error = match self.ran.await {
+            Ok(Ok(_)) => return None,
+            Ok(Err(error)) => ApiError::from(error),
+            // A stored response is resumed from its stored steps.
+            Err(_) => {
+                let id = &self.response_id;
+                ApiError::server(format!(
+                    "The gateway failed while running response '{id}'; when stored, it is resumed: read it with GET /v1/responses/{id}."
+                ))
+            }
+        };
+        Some(error_event(self.next, &error))
+    }
+}
+
+/// `error` as the `error` event numbered `sequence_number`; its code falls back to its type, as on WebSocket.
+fn error_event(sequence_number: u64, error: &ApiError) -> Event {
+    let code = error.code.as_deref().unwrap_or(error.kind);
+    stream_error(sequence_number, error.kind, code, &error.message)
 }
 
 /// What a client follows: response `id` of `project`, from after sequence number `after` (from the start without
@@ -65,7 +120,7 @@ pub fn follow(
     tokio::spawn(tracing::Instrument::in_current_span(async move {
         // The follower's place among those this replica follows, given back when it stops.
         let _place = place;
-        let follower = Follower {
+        let mut follower = Follower {
             engine,
             reads,
             project,
@@ -73,28 +128,65 @@ pub fn follow(
             next: after.map_or(0, |n| n.saturating_add(1)),
             tx,
         };
-        if let Err(e) = follower.run(live).await {
-            tracing::warn!(error = %e, "a stream follower stopped: the store failed");
-        }
+        // A follower that stops before the response's end tells its client why, rather than just closing.
+        let untold = match follower.run(live).await {
+            Ok(Followed::ToTheEnd) => return,
+            Ok(Followed::Deleted) => ApiError::not_found(format!(
+                "Response '{}' was deleted while it was followed.",
+                follower.id
+            )),
+            Err(e) => {
+                tracing::warn!(error = %e, "a stream follower stopped: the store failed");
+                ApiError {
+                    retryable: true,
+                    ..ApiError::server(format!(
+                        "The gateway's store failed while following response '{id}'; re-attach with GET /v1/responses/{id}?stream=true&starting_after=N.",
+                        id = follower.id
+                    ))
+                }
+            }
+        };
+        let event = error_event(follower.next, &untold);
+        let _ = follower.tx.send(event).await;
     }));
-    sse(rx, keep_alive)
+    sse(rx, None, keep_alive)
 }
 
 /// The SSE answer carrying `events`, each written whole as `event: <type>\ndata: <one line of JSON>\n\n`, with a
 /// `: keep-alive` comment whenever `keep_alive` passes without one; the stream counts as open until its last
 /// frame is taken.
-fn sse(events: mpsc::Receiver<Event>, keep_alive: Duration) -> Response {
+fn sse(events: mpsc::Receiver<Event>, run: Option<RunOfStream>, keep_alive: Duration) -> Response {
     let open = crate::metrics::ActiveStream::open();
-    let frames = futures::stream::unfold((events, open), |(mut events, open)| async move {
-        let event = events.recv().await?;
-        let frame = axum::response::sse::Event::default()
-            .event(event.kind)
-            .data(event.data.to_string());
-        Some((Ok::<_, Infallible>(frame), (events, open)))
-    });
+    let frames = futures::stream::unfold(
+        (events, run, open),
+        |(mut events, mut run, open)| async move {
+            let event = match events.recv().await {
+                Some(event) => {
+                    if let Some(run) = run.as_mut() {
+                        run.saw(&event);
+                    }
+                    event
+                }
+                // The run ended (its sink is dropped): the last frame says how, when its events did not.
+                None => run.take()?.untold_end().await?,
+            };
+            let frame = axum::response::sse::Event::default()
+                .event(event.kind)
+                .data(event.data.to_string());
+            Some((Ok::<_, Infallible>(frame), (events, run, open)))
+        },
+    );
     Sse::new(frames)
         .keep_alive(KeepAlive::new().interval(keep_alive).text("keep-alive"))
         .into_response()
+}
+
+/// How a follower stopped without a store failure.
+enum Followed {
+    /// The response ended and the client saw its end, or the client left.
+    ToTheEnd,
+    /// The response was deleted before it ended.
+    Deleted,
 }
 
 /// Follows one response for one client.
@@ -123,9 +215,9 @@ enum Woken {
 
 impl Follower {
     async fn run(
-        mut self,
+        &mut self,
         mut live: Option<broadcast::Receiver<Event>>,
-    ) -> Result<(), std::sync::Arc<crate::store::StoreError>> {
+    ) -> Result<Followed, std::sync::Arc<crate::store::StoreError>> {
         let mut progress = self.engine.replica().watch_progress();
         let mut woken = tokio::time::Instant::now();
         let mut said_at: Option<tokio::time::Instant> = None;
@@ -146,7 +238,7 @@ impl Follower {
                     tracing::debug!(response.id = %self.id, error = %e, "a follower's read failed; reading again");
                     tokio::select! {
                         () = tokio::time::sleep(FOLLOW_POLL) => {}
-                        () = self.tx.closed() => return Ok(()),
+                        () = self.tx.closed() => return Ok(Followed::ToTheEnd),
                     }
                     woken = tokio::time::Instant::now();
                     continue;
@@ -154,16 +246,16 @@ impl Follower {
                 Err(e) => return Err(e),
             };
             let Some(snapshot) = snapshot else {
-                return Ok(()); // deleted
+                return Ok(Followed::Deleted);
             };
             let (stored, steps) = &*snapshot;
             for event in replay(&stored.record, steps) {
                 if event.sequence_number() >= self.next && !self.send(event).await {
-                    return Ok(());
+                    return Ok(Followed::ToTheEnd);
                 }
             }
             if stored.record.ending().is_some() {
-                return Ok(());
+                return Ok(Followed::ToTheEnd);
             }
             // Then the live events, as long as they follow on; anything else sends it back to the store.
             let poll = tokio::time::sleep(FOLLOW_POLL);
@@ -188,7 +280,7 @@ impl Follower {
                         woken = tokio::time::Instant::now();
                         break;
                     }
-                    Woken::ClientGone => return Ok(()),
+                    Woken::ClientGone => return Ok(Followed::ToTheEnd),
                     Woken::LiveGone => {
                         live = None;
                         woken = tokio::time::Instant::now();
@@ -197,7 +289,7 @@ impl Follower {
                     Woken::Live(event) if event.sequence_number() == self.next => {
                         let last = TERMINAL.contains(&event.kind);
                         if !self.send(event).await || last {
-                            return Ok(());
+                            return Ok(Followed::ToTheEnd);
                         }
                     }
                     // An event sent already, or one after a gap (the store fills it in).

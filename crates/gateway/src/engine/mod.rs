@@ -306,21 +306,24 @@ impl Engine {
             })?
     }
 
-    /// Starts `run` on its own task, reporting to `sink`; its end is not awaited.
-    pub fn spawn<S: ProgressSink + 'static>(&self, run: Run, sink: S) {
+    /// Starts `run` on its own task, reporting to `sink`; the handle answers how it ended, for a caller that must
+    /// tell its client (errors are recorded with the response and logged where they happened, so dropping the
+    /// handle loses nothing).
+    pub fn spawn<S: ProgressSink + 'static>(
+        &self,
+        run: Run,
+        sink: S,
+    ) -> tokio::task::JoinHandle<Result<Finished, EngineError>> {
         let engine = self.clone();
         // A background run outlives its request: with traces on, it must not hold the request's span open (a
         // span is exported when it closes); its own span joins the trace through the stored trace context.
         let detached = run_outlives_request(&run) && crate::telemetry::traces_on();
         // Boxed, as in `create`.
-        let task = Box::pin(async move {
-            // Errors are recorded with the response and logged where they happened.
-            let _ = engine.run(run, sink).await;
-        });
+        let task = Box::pin(async move { engine.run(run, sink).await });
         if detached {
-            tokio::spawn(task);
+            tokio::spawn(task)
         } else {
-            tokio::spawn(tracing::Instrument::in_current_span(task));
+            tokio::spawn(tracing::Instrument::in_current_span(task))
         }
     }
 }

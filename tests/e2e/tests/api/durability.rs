@@ -284,6 +284,76 @@ async fn a_running_response_is_cancelled_then_deleted_with_everything_it_stored(
     assert_eq!(gw.model.requests().len(), 1, "the run stopped");
 }
 
+/// The stream of a running response that calls the `gate` tool, read to its end after the response is deleted.
+/// (A follower's stream is held to the same in the gateway's `faults` tests, where the run cannot race the delete.)
+async fn stream_of_a_response_deleted_while_it_runs() -> (String, Vec<Value>) {
+    let (gw, tenant) = gateway_with_tools(&["gate"]).await;
+    let stream = gw
+        .public(Method::POST, "/responses", &tenant.key)
+        .json(&json!({"model": "mock", "input": "!call gate {}", "stream": true}))
+        .send()
+        .await
+        .expect("stream");
+    let mut reader = FrameReader::new(stream);
+    let mut seen = reader
+        .until(|e| e["type"] == "response.mcp_call.in_progress")
+        .await;
+    let id = seen[0]["response"]["id"].as_str().expect("id").to_owned();
+
+    let deleted = delete_response(&gw, &tenant.key, &id).await;
+    assert_eq!(deleted.status, 200, "{:#}", deleted.body);
+    gw.tools.open_gate();
+    while let Some(event) = tokio::time::timeout(PATIENCE, reader.next())
+        .await
+        .expect("the stream ends in time")
+    {
+        seen.push(event);
+    }
+    (id, seen)
+}
+
+/// The stream's last event tells that response `id` was deleted, numbered after the one before it, and no event
+/// claims an end the response never had.
+fn assert_ends_told_deleted(id: &str, events: &[Value]) {
+    let last = events.last().expect("events");
+    // A delete cancels the response first: in the rare case that the run writes that end before the delete
+    // lands, the stream tells it, which is an end too.
+    if last["type"] == "response.cancelled" {
+        return;
+    }
+    assert_eq!(last["type"], "error", "{events:#?}");
+    let message = last["message"].as_str().expect("a message");
+    assert!(
+        message.contains(id) && message.contains("deleted"),
+        "{last:#}"
+    );
+    assert_eq!(last["error"]["type"], "invalid_request_error", "{last:#}");
+    assert_eq!(
+        last["sequence_number"].as_u64(),
+        events[events.len() - 2]["sequence_number"]
+            .as_u64()
+            .map(|n| n + 1),
+        "{events:#?}"
+    );
+    let ends = [
+        "response.completed",
+        "response.failed",
+        "response.incomplete",
+    ];
+    assert!(
+        !events
+            .iter()
+            .any(|e| ends.iter().any(|end| e["type"] == *end)),
+        "{events:#?}"
+    );
+}
+
+#[tokio::test]
+async fn a_foreground_stream_of_a_response_deleted_while_it_runs_ends_with_an_error_event() {
+    let (id, events) = stream_of_a_response_deleted_while_it_runs().await;
+    assert_ends_told_deleted(&id, &events);
+}
+
 #[tokio::test]
 async fn a_create_repeated_with_its_idempotency_key_while_the_first_runs_answers_the_first_once_it_ends(
 ) {
