@@ -93,6 +93,11 @@ pub struct ResponseParams {
     /// The conversation the response starts from and adds its input and output to.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub conversation: Option<String>,
+    /// With `conversation`: how many items of the response's context came from the conversation as it started.
+    /// The response's turn, which it appends to the conversation as it ends, is the context after them (its
+    /// input) and its output; an item deleted from the conversation meanwhile stays deleted. Never shown.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub conversation_turn_from: Option<usize>,
 }
 
 impl Default for ResponseParams {
@@ -118,6 +123,7 @@ impl Default for ResponseParams {
             include: None,
             top_logprobs: None,
             conversation: None,
+            conversation_turn_from: None,
         }
     }
 }
@@ -284,6 +290,8 @@ fn validate_with(
             include: body.include,
             top_logprobs: body.top_logprobs.map(|n| n as u32),
             conversation,
+            // Known once the conversation is read.
+            conversation_turn_from: None,
         },
         previous_response_id: body.previous_response_id,
         store,

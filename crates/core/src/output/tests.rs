@@ -391,6 +391,7 @@ fn every_request_parameter_is_echoed() {
         include: None,
         top_logprobs: Some(2),
         conversation: Some("conv_1".into()),
+        conversation_turn_from: Some(3),
     };
     let object = response_object(&r, &[]);
     let expected = [
@@ -431,6 +432,10 @@ fn every_request_parameter_is_echoed() {
     for (key, value) in expected {
         assert_eq!(object.get(key), Some(&value), "{key}");
     }
+    assert!(
+        !object.to_string().contains("turn_from"),
+        "what the gateway keeps for itself is never shown"
+    );
 }
 
 #[test]

@@ -17,8 +17,7 @@ use gateway_core::output::render_output;
 
 impl Engine {
     /// Appends `run`'s input and output to its conversation, if it has one. Items the conversation holds already
-    /// (the items the response started from, or an append made before this replica stopped) are skipped, so it
-    /// may be made again. A store that fails for a moment is tried again for as long as the lease lasts.
+    /// (an append made before this replica stopped) are skipped, so it may be made again. A store that fails for a moment is tried again for as long as the lease lasts.
     pub(super) async fn append_to_conversation(
         &self,
         run: &Run,
@@ -84,8 +83,15 @@ impl Engine {
             .map_err(AppendError::Store)?
             .ok_or(AppendError::NotFound)?;
         let output = render_output(&run.steps, handed_back);
-        let items: Vec<NewConversationItem> = run
-            .context
+        // The response's turn: its input and output, never the conversation's items it started from (one deleted
+        // meanwhile stays deleted). A response stored before the turn's start was recorded skips them by id.
+        let turn_from = run
+            .record
+            .params
+            .conversation_turn_from
+            .unwrap_or(0)
+            .min(run.context.len());
+        let items: Vec<NewConversationItem> = run.context[turn_from..]
             .iter()
             .chain(output.iter())
             .filter_map(|item| {

@@ -154,6 +154,9 @@ impl Engine {
                 &response_id,
             )
             .await?;
+        if request.params.conversation.is_some() {
+            request.params.conversation_turn_from = Some(first_new);
+        }
         let listings = self
             .add_remote_tools(&request.params, &context, &response_id, &mut server_tools)
             .await?;

@@ -321,6 +321,71 @@ async fn a_turn_with_a_server_tool_keeps_its_calls_as_the_client_sees_them() {
 }
 
 #[tokio::test]
+async fn an_item_deleted_while_a_turn_runs_stays_deleted_when_the_turn_is_appended() {
+    let (gw, tenant) = gateway_with_tools(&["gate"]).await;
+    let key = &tenant.key;
+    let conversation = call_ok(
+        &gw,
+        key,
+        Method::POST,
+        "/conversations",
+        Some(json!({"items": [
+            {"type": "message", "role": "user", "content": "Remember 42."},
+            {"type": "message", "role": "user", "content": "Forget this one."}
+        ]})),
+    )
+    .await;
+    let id = id_of(&conversation);
+    let held = all_items(&gw, key, &id, 20).await;
+    let doomed = held[1]["id"].as_str().expect("id").to_owned();
+    let turn = create_ok(
+        &gw,
+        key,
+        json!({"model": "mock", "input": "!call gate {}", "conversation": id}),
+    );
+    let ((), ended) = tokio::join!(
+        async {
+            assert!(
+                gw.tools
+                    .wait_for_calls("gate", 1, std::time::Duration::from_secs(30))
+                    .await
+                    .is_some(),
+                "the gate call never arrived"
+            );
+            // While the turn runs on a context that holds it, the item is deleted; the turn then ends.
+            call_ok(
+                &gw,
+                key,
+                Method::DELETE,
+                &format!("/conversations/{id}/items/{doomed}"),
+                None,
+            )
+            .await;
+            gw.tools.open_gate();
+        },
+        turn
+    );
+    assert_eq!(ended["status"], "completed", "{ended:#}");
+
+    let items = all_items(&gw, key, &id, 20).await;
+    assert!(
+        items.iter().all(|item| item["id"] != doomed.as_str()),
+        "the deleted item came back: {items:#?}"
+    );
+    assert_eq!(items[0]["id"], held[0]["id"], "{items:#?}");
+    assert_eq!(
+        texts(&items[..2]),
+        ["user:Remember 42.", "user:!call gate {}"],
+        "the turn's input follows what was kept: {items:#?}"
+    );
+    assert_eq!(
+        items.len(),
+        2 + ended["output"].as_array().expect("output").len(),
+        "{items:#?}"
+    );
+}
+
+#[tokio::test]
 async fn a_conversation_belongs_to_its_project() {
     let (gw, tenant) = gateway().await;
     let other = gw.tenant("globex").await;
