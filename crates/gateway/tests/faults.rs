@@ -1188,3 +1188,84 @@ async fn a_follower_of_a_response_deleted_while_its_replica_is_paused_ends_with_
     paused.resume();
     cluster.tools.open_gate();
 }
+
+// The proxy must forward while the test starts the replicas (which blocks its thread reading their output).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_listener_whose_connection_fell_silent_connects_again_and_hears_what_it_missed() {
+    let mut cluster = Cluster::postgres().await;
+    let (proxy, through_proxy) = through_fault_proxy(&cluster, 11).await;
+    // Its statements wait a second at most, and it would serve the key from its cache for ten minutes unless told.
+    let deaf = cluster.replica(&[
+        ("DATABASE_URL", through_proxy.as_str()),
+        ("GATEWAY__DATABASE__REPLY_TIMEOUT_MS", "1000"),
+        ("GATEWAY__DATABASE__SERVER_KEEPALIVE_SECS", "0"),
+        ("GATEWAY__TENANCY__CACHE_TTL_MS", "600000"),
+    ]);
+    let other = cluster.replica(&[]);
+    cluster.configure(&deaf).await;
+    let read_missing = || {
+        cluster
+            .http
+            .get(format!("{}/v1/responses/resp_missing", deaf.base_url))
+            .bearer_auth(&cluster.key)
+            .send()
+    };
+    assert_eq!(read_missing().await.expect("read").status(), 404);
+
+    // The listener's connection falls silent, left open: a notification on its way to it is swallowed, and all
+    // that follows, as over a network that lost its database without a word.
+    proxy.silence_delivery(b"silence-the-listener");
+    let pool = sqlx::PgPool::connect(cluster.db.url())
+        .await
+        .expect("connect");
+    sqlx::query("SELECT pg_notify('gateway_work', 'silence-the-listener')")
+        .execute(&pool)
+        .await
+        .expect("notify");
+    let give_up = tokio::time::Instant::now() + PATIENCE;
+    while proxy.silenced() == 0 {
+        assert!(
+            tokio::time::Instant::now() < give_up,
+            "the listener never fell silent"
+        );
+        // Polling the proxy: the notification crosses it on its own task.
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    // The key is revoked through the other replica while the first is deaf: the first finds its connection silent,
+    // listens again, and forgets what it cached, since notifications were lost meanwhile.
+    let keys = cluster
+        .admin(&other, reqwest::Method::GET, "/projects", None)
+        .await;
+    let project = keys["data"][0]["id"].as_str().expect("project").to_owned();
+    let keys = cluster
+        .admin(
+            &other,
+            reqwest::Method::GET,
+            &format!("/projects/{project}/api_keys"),
+            None,
+        )
+        .await;
+    let key_id = keys["data"][0]["id"].as_str().expect("key").to_owned();
+    cluster
+        .admin(
+            &other,
+            reqwest::Method::DELETE,
+            &format!("/api_keys/{key_id}"),
+            None,
+        )
+        .await;
+    loop {
+        let status = read_missing().await.expect("read").status();
+        if status == 401 {
+            break;
+        }
+        assert_eq!(status, 404);
+        assert!(
+            tokio::time::Instant::now() < give_up,
+            "the replica still serves a revoked key: it never listened again"
+        );
+        // Polling the replica: it reconnects on its own time.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}

@@ -5,7 +5,8 @@
 //! Cuts are decided by a seeded generator (the same seed cuts the same way, given the same traffic), and stop
 //! when the proxy is told to heal or is dropped. One fault can also be placed exactly: the reply of the statement
 //! that carries given bytes is lost after its commit, and then nothing more goes through until the proxy heals
-//! (`lose_reply_then_stall`), or only its connection falls silent, left open (`silence_reply`). And the whole
+//! (`lose_reply_then_stall`), or only its connection falls silent, left open (`silence_reply`, or
+//! `silence_delivery` for what the server sends unasked). And the whole
 //! database can be made unreachable for a while (`stall`, then `heal`), or every connection cut at once
 //! (`cut_all`), as a partition or a restart of the database server would.
 
@@ -40,6 +41,9 @@ struct Shared {
     /// Whether the marked statement's connection falls silent instead (`silence_reply`): the other connections
     /// go on.
     silence: AtomicBool,
+    /// Bytes that mark what the server sends to the connection that falls silent (`silence_delivery`), until a
+    /// connection is sent them.
+    delivery_marker: Mutex<Option<Vec<u8>>>,
     /// Connections silenced so far.
     silenced: AtomicU64,
     /// Bumped by `cut_all`: every connection open then is closed.
@@ -72,14 +76,12 @@ impl Shared {
     /// Whether `chunk` carries the marker of the statement whose reply is to be lost (once: the first connection
     /// that sends it is the one).
     fn takes_marker(&self, chunk: &[u8]) -> bool {
-        let mut marker = self.marker.lock().unwrap_or_else(|e| e.into_inner());
-        let found = marker
-            .as_deref()
-            .is_some_and(|m| chunk.windows(m.len()).any(|w| w == m));
-        if found {
-            *marker = None;
-        }
-        found
+        take_when_found(&self.marker, chunk)
+    }
+
+    /// Whether `chunk`, on its way to a client, carries the marker of `silence_delivery` (once).
+    fn takes_delivery_marker(&self, chunk: &[u8]) -> bool {
+        take_when_found(&self.delivery_marker, chunk)
     }
 
     /// Waits while the proxy is stalled.
@@ -87,6 +89,18 @@ impl Shared {
         let mut stalled = self.stalled.subscribe();
         let _ = stalled.wait_for(|stalled| !*stalled).await;
     }
+}
+
+/// Whether `chunk` carries the bytes `marker` holds; they are then taken, so that only one chunk matches.
+fn take_when_found(marker: &Mutex<Option<Vec<u8>>>, chunk: &[u8]) -> bool {
+    let mut marker = marker.lock().unwrap_or_else(|e| e.into_inner());
+    let found = marker
+        .as_deref()
+        .is_some_and(|m| chunk.windows(m.len()).any(|w| w == m));
+    if found {
+        *marker = None;
+    }
+    found
 }
 
 impl FaultProxy {
@@ -104,6 +118,7 @@ impl FaultProxy {
             marker: Mutex::new(None),
             stalled: watch::Sender::new(false),
             silence: AtomicBool::new(false),
+            delivery_marker: Mutex::new(None),
             silenced: AtomicU64::new(0),
             cut_all: watch::Sender::new(0),
         });
@@ -169,6 +184,18 @@ impl FaultProxy {
         *self.shared.marker.lock().unwrap_or_else(|e| e.into_inner()) = Some(marker.to_vec());
     }
 
+    /// Swallows the next message from the server that carries `marker` (a notification's payload, say), and
+    /// everything after it on the connection it was for, which stays open: a client that only waits for what the
+    /// server sends, and sends nothing itself (a `LISTEN`ing one), hears nothing more. The other connections, new
+    /// ones included, go on as before.
+    pub fn silence_delivery(&self, marker: &[u8]) {
+        *self
+            .shared
+            .delivery_marker
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = Some(marker.to_vec());
+    }
+
     /// Forwards nothing more, either way, on any connection, new ones included, until `heal`: the database is
     /// unreachable, though no connection is closed (a partition). What was sent meanwhile goes through once healed,
     /// unless its connection was closed.
@@ -185,7 +212,7 @@ impl FaultProxy {
             .send_modify(|generation| *generation += 1);
     }
 
-    /// How many connections fell silent (`silence_reply`).
+    /// How many connections fell silent (`silence_reply`, `silence_delivery`).
     pub fn silenced(&self) -> u64 {
         self.shared.silenced.load(Ordering::Relaxed)
     }
@@ -272,6 +299,13 @@ async fn forward(
             return;
         }
         let chunk = &buffer[..read];
+        if way == Way::Down && shared.takes_delivery_marker(chunk) {
+            // The message, and all that follows, goes nowhere; the connection stays open for ever.
+            shared.silenced.fetch_add(1, Ordering::Relaxed);
+            while from.read(&mut buffer).await.is_ok_and(|read| read > 0) {}
+            std::future::pending::<()>().await;
+            return;
+        }
         match way {
             Way::Up if shared.takes_marker(chunk) => marked.store(true, Ordering::Relaxed),
             Way::Down

@@ -1,5 +1,5 @@
-//! The fault proxy's faults of a whole database: a stall that holds what is sent until healed, and a cut of every
-//! connection at once.
+//! The fault proxy's faults of a whole database (a stall that holds what is sent until healed, a cut of every
+//! connection at once) and of one connection (a delivery after which it hears nothing more).
 
 use gateway_testkit::FaultProxy;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -78,5 +78,34 @@ async fn what_is_sent_during_a_stall_goes_through_once_healed() -> TestResult {
 
     assert_eq!(read(&mut open, 6).await?, b"during");
     assert_eq!(read(&mut made_during, 3).await?, b"new");
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_silenced_delivery_leaves_its_connection_open_and_deaf_and_the_others_alone() -> TestResult
+{
+    let proxy = proxy().await?;
+    let mut deaf = TcpStream::connect(proxy.addr()).await?;
+    let mut other = TcpStream::connect(proxy.addr()).await?;
+    assert_eq!(round_trip(&mut deaf, b"before").await?, b"before");
+
+    proxy.silence_delivery(b"mark");
+    deaf.write_all(b"mark").await?;
+    // Polling the proxy: the echo crosses it on its own task.
+    while proxy.silenced() == 0 {
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    deaf.write_all(b"after").await?;
+    assert_eq!(round_trip(&mut other, b"other").await?, b"other");
+    let mut buffer = [0u8; 16];
+    let heard = tokio::time::timeout(
+        std::time::Duration::from_millis(200),
+        deaf.read(&mut buffer),
+    )
+    .await;
+    assert!(
+        heard.is_err(),
+        "nothing reaches it, and it is not closed: {heard:?}"
+    );
     Ok(())
 }

@@ -3,9 +3,9 @@
 
 use std::time::Duration;
 
-use sqlx::postgres::{PgListener, PgPool, PgPoolOptions};
+use sqlx::postgres::{PgConnectOptions, PgListener, PgNotification, PgPool, PgPoolOptions};
 
-use super::{Backend, Store, StoreError};
+use super::{answered_within, Backend, Store, StoreError};
 
 /// What one replica tells the others.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -29,7 +29,9 @@ mod channel {
     pub const WORK: &str = "gateway_work";
     pub const TENANCY: &str = "gateway_tenancy";
     pub const FOLLOW: &str = "gateway_follow";
-    pub const ALL: [&str; 5] = [PROGRESS, CANCEL, WORK, TENANCY, FOLLOW];
+    /// What a quiet listener sends itself to prove its connection alive; nothing acts on it.
+    pub const ALIVE: &str = "gateway_alive";
+    pub const ALL: [&str; 6] = [PROGRESS, CANCEL, WORK, TENANCY, FOLLOW, ALIVE];
 }
 
 impl Notification {
@@ -67,11 +69,24 @@ impl Notification {
 }
 
 /// Hears the notifications of every replica, on a connection of its own outside the store's pool (so that it
-/// takes none of the pool's places), reconnecting when it drops.
+/// takes none of the pool's places), reconnecting when it drops, and when it falls silent: a connection whose
+/// database vanished without closing it (a restart behind a partition, a machine lost) would otherwise keep it
+/// waiting for ever, deaf to the other replicas.
 pub struct Listener {
+    /// The pool of the listening connection (one place), made afresh when the connection fell silent: dropped,
+    /// that connection goes back to its pool, which holds its place while it waits on it.
     own: PgPool,
+    /// How `own` connects.
+    options: PgConnectOptions,
+    /// The store's pool, through which the listener sends itself a notification to prove its connection alive.
+    pool: PgPool,
     /// The connection listening, once made; the listener reconnects it by itself after a failed receive.
     connected: Option<PgListener>,
+    /// How long the listener's statements wait for the database, how long it stays quiet before it proves its
+    /// connection alive, and how long it waits to hear that proof (`database.reply_timeout_ms`).
+    reply_wait: Duration,
+    /// Whether the listener was connected before: notifications sent while it connected again were lost.
+    was_connected: bool,
 }
 
 /// How long the listener waits before connecting again after a failure.
@@ -80,14 +95,32 @@ const RECONNECT_WAIT: Duration = Duration::from_secs(1);
 /// How long the listener waits after a failed receive before the next.
 const RECEIVE_WAIT: Duration = Duration::from_millis(200);
 
+/// What a wait on the listening connection ended with.
+enum Heard {
+    /// A notification of the gateway's, or one it sent itself.
+    Message(PgNotification),
+    /// The receive failed; sqlx reconnects by itself on the next one.
+    Failed(sqlx::Error),
+    /// Nothing came, not even the notification it sent itself: the connection fell silent.
+    Silent,
+}
+
 impl Listener {
     /// The next notification, waiting as long as it takes. Notifications sent while the connection is down are
-    /// lost: the polls (the sweep, the beat's cancel check, followers' timeouts) make up for them.
+    /// lost: the polls (the sweep, the beat's cancel check, followers' timeouts) make up for them, and after a
+    /// reconnection the first answer is `Tenancy`, so that admin changes missed meanwhile are not served from
+    /// the cache.
     pub async fn next(&mut self) -> Notification {
         loop {
             if self.connected.is_none() {
-                match listen_all(&self.own).await {
-                    Ok(listener) => self.connected = Some(listener),
+                match answered_within(self.reply_wait, listen_all(&self.own)).await {
+                    Ok(listener) => {
+                        self.connected = Some(listener);
+                        if std::mem::replace(&mut self.was_connected, true) {
+                            tracing::info!("notification listener connected again");
+                            return Notification::Tenancy;
+                        }
+                    }
                     Err(e) => {
                         tracing::warn!(error = %e, "could not listen for notifications; trying again");
                         tokio::time::sleep(RECONNECT_WAIT).await;
@@ -98,21 +131,71 @@ impl Listener {
             let Some(listener) = self.connected.as_mut() else {
                 continue;
             };
-            match listener.recv().await {
-                Ok(heard) => {
+            match hear_or_prove_alive(listener, &self.pool, self.reply_wait).await {
+                Heard::Message(heard) => {
                     if let Some(notification) =
                         Notification::parse(heard.channel(), heard.payload())
                     {
                         return notification;
                     }
                 }
-                Err(e) => {
+                Heard::Failed(e) => {
                     tracing::warn!(error = %e, "notification listener failed");
                     tokio::time::sleep(RECEIVE_WAIT).await;
+                }
+                Heard::Silent => {
+                    tracing::warn!(
+                        "the notification listener's connection fell silent; connecting again"
+                    );
+                    // Dropped without a goodbye (the database, if it is still there, ends the session itself),
+                    // with the pool that would hold its place.
+                    self.connected = None;
+                    self.own = own_pool(&self.options);
                 }
             }
         }
     }
+}
+
+/// The next message on `listener`. After `quiet` with none, the listener sends itself one through `pool`; when
+/// that is not heard within `quiet` either, the connection is silent. The receive is never abandoned half-way
+/// while the connection is kept: it is dropped only with the connection.
+async fn hear_or_prove_alive(listener: &mut PgListener, pool: &PgPool, quiet: Duration) -> Heard {
+    let receive = listener.recv();
+    tokio::pin!(receive);
+    let mut proof_sent = false;
+    loop {
+        tokio::select! {
+            heard = &mut receive => return match heard {
+                Ok(heard) => Heard::Message(heard),
+                Err(e) => Heard::Failed(e),
+            },
+            () = tokio::time::sleep(quiet) => {
+                if proof_sent {
+                    return Heard::Silent;
+                }
+                let sent = answered_within(quiet, async {
+                    sqlx::query("SELECT pg_notify($1, '')")
+                        .bind(channel::ALIVE)
+                        .execute(pool)
+                        .await
+                })
+                .await;
+                // A proof that could not be sent (the database unreachable for every connection, or the pool
+                // full) says nothing about this connection: it is tried again after the next quiet spell.
+                proof_sent = sent.is_ok();
+            }
+        }
+    }
+}
+
+/// The pool of a listening connection: one place, kept for as long as it lives.
+fn own_pool(options: &PgConnectOptions) -> PgPool {
+    PgPoolOptions::new()
+        .max_connections(1)
+        .max_lifetime(None)
+        .idle_timeout(None)
+        .connect_lazy_with(options.clone())
 }
 
 /// A connection of `own` listening on every channel of the gateway.
@@ -143,12 +226,12 @@ impl Store {
     pub fn listen(&self) -> Option<Listener> {
         match &self.backend {
             Backend::Postgres(pool) => Some(Listener {
-                own: PgPoolOptions::new()
-                    .max_connections(1)
-                    .max_lifetime(None)
-                    .idle_timeout(None)
-                    .connect_lazy_with((*pool.connect_options()).clone()),
+                own: own_pool(&pool.connect_options()),
+                options: (*pool.connect_options()).clone(),
+                pool: pool.clone(),
                 connected: None,
+                reply_wait: self.reply_wait,
+                was_connected: false,
             }),
             Backend::Sqlite(_) => None,
         }
@@ -189,5 +272,10 @@ mod tests {
             assert_eq!(notification.channel(), channel);
         }
         assert_eq!(Notification::parse("another_channel", ""), None);
+        assert_eq!(
+            Notification::parse(super::channel::ALIVE, ""),
+            None,
+            "a listener's proof of life is acted on by nobody"
+        );
     }
 }
