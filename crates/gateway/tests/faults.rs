@@ -381,13 +381,16 @@ async fn a_response_started_from_the_store_more_often_than_allowed_ends_failed_i
 async fn replica_with_a_short_reply_timeout(
     cluster: &mut Cluster,
     seed: u64,
+    settings: &[(&str, &str)],
 ) -> (FaultProxy, Replica) {
     let (proxy, through_proxy) = through_fault_proxy(cluster, seed).await;
-    let replica = cluster.replica(&[
+    let mut all = vec![
         ("DATABASE_URL", through_proxy.as_str()),
         ("GATEWAY__DATABASE__REPLY_TIMEOUT_MS", "1000"),
         ("GATEWAY__DATABASE__SERVER_KEEPALIVE_SECS", "0"),
-    ]);
+    ];
+    all.extend_from_slice(settings);
+    let replica = cluster.replica(&all);
     cluster.configure(&replica).await;
     (proxy, replica)
 }
@@ -790,7 +793,7 @@ async fn a_keyed_create_whose_first_write_is_in_doubt_is_handed_over_whatever_it
 async fn a_write_whose_connection_fell_silent_is_in_doubt_after_the_reply_timeout_and_the_response_ends(
 ) {
     let mut cluster = Cluster::postgres().await;
-    let (proxy, replica) = replica_with_a_short_reply_timeout(&mut cluster, 0x51e7).await;
+    let (proxy, replica) = replica_with_a_short_reply_timeout(&mut cluster, 0x51e7, &[]).await;
 
     // The create's first write commits; its reply, and everything after it on that connection, never comes back,
     // and the connection stays open: as when the network to the database drops everything without a reset.
@@ -831,12 +834,36 @@ async fn a_write_whose_connection_fell_silent_is_in_doubt_after_the_reply_timeou
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_read_whose_connection_fell_silent_is_answered_after_the_reply_timeout() {
     let mut cluster = Cluster::postgres().await;
-    let (proxy, replica) = replica_with_a_short_reply_timeout(&mut cluster, 0x5ead).await;
+    let (proxy, replica) = replica_with_a_short_reply_timeout(&mut cluster, 0x5ead, &[]).await;
+    reads_over_connections_fallen_silent(&cluster, &proxy, &replica, 1).await;
+}
 
+// The proxy must forward while the test starts the replica (which blocks its thread reading its output).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_abandoned_by_silent_reads_give_their_places_in_the_pool_back() {
+    // The pool's two places are the abandoned connections' until they are shut down: the next read needs one.
+    let mut cluster = Cluster::postgres().await;
+    let (proxy, replica) = replica_with_a_short_reply_timeout(
+        &mut cluster,
+        0xab4d,
+        &[("GATEWAY__DATABASE__MAX_CONNECTIONS", "2")],
+    )
+    .await;
+    reads_over_connections_fallen_silent(&cluster, &proxy, &replica, 2).await;
+}
+
+/// `silenced` reads, one after the other, whose replies are swallowed, each connection left open, on a replica whose
+/// statements wait a second at most: each is answered 500 (retryable). Then the same read, asked again until it is
+/// answered otherwise than as without a connection in time, finds that there is no such response.
+async fn reads_over_connections_fallen_silent(
+    cluster: &Cluster,
+    proxy: &FaultProxy,
+    replica: &Replica,
+    silenced: u64,
+) {
     // A read of a response nobody stored: its id is in that read alone. Its reply, and everything after it on
     // its connection, never comes back, and the connection stays open.
     let id = "resp_019000000000700080000000000051e7";
-    proxy.silence_reply(id.as_bytes());
     let read = |id: &str| {
         cluster
             .http
@@ -844,23 +871,43 @@ async fn a_read_whose_connection_fell_silent_is_answered_after_the_reply_timeout
             .bearer_auth(&cluster.key)
             .send()
     };
-    // Without a bound on the read, the answer never comes: the guard fails the test instead of hanging it.
-    let answer = tokio::time::timeout(PATIENCE, read(id))
-        .await
-        .expect("the read was answered")
-        .expect("an answer");
-    assert_eq!(proxy.silenced(), 1, "the reply was never swallowed");
-    let (status, retry, body) = status_retry_and_body(answer).await;
-    assert_eq!(status, 500, "{body:#}");
-    assert_eq!(retry.as_deref(), Some("true"), "{body:#}");
-    assert_eq!(body["error"]["type"], "server_error", "{body:#}");
+    for n in 1..=silenced {
+        proxy.silence_reply(id.as_bytes());
+        // Without a bound on the read, the answer never comes: the guard fails the test instead of hanging it.
+        let answer = tokio::time::timeout(PATIENCE, read(id))
+            .await
+            .expect("the read was answered")
+            .expect("an answer");
+        assert_eq!(proxy.silenced(), n, "the reply was never swallowed");
+        let (status, retry, body) = status_retry_and_body(answer).await;
+        assert_eq!(status, 500, "{body:#}");
+        assert_eq!(retry.as_deref(), Some("true"), "{body:#}");
+        assert_eq!(body["error"]["type"], "server_error", "{body:#}");
+    }
 
-    // Asked again, the store answers on another connection: there is no such response.
-    let again = tokio::time::timeout(PATIENCE, read(id))
-        .await
-        .expect("the second read was answered")
-        .expect("an answer");
-    assert_eq!(again.status().as_u16(), 404);
+    // Asked again, the store answers on another connection: there is no such response. With every place in the
+    // pool abandoned, the read waits for one to be shut down, answered as without a connection until then.
+    let give_up = tokio::time::Instant::now() + PATIENCE;
+    loop {
+        let again = tokio::time::timeout(PATIENCE, read(id))
+            .await
+            .expect("the second read was answered")
+            .expect("an answer");
+        let status = again.status().as_u16();
+        if status == 404 {
+            break;
+        }
+        // No connection in time: 503, or 500 when the wait for one outlasted the reply timeout, which bounds it.
+        assert!(
+            [500, 503].contains(&status),
+            "{status}: {:#}",
+            again.text().await.unwrap_or_default()
+        );
+        assert!(
+            tokio::time::Instant::now() < give_up,
+            "the abandoned connection kept its place in the pool"
+        );
+    }
 }
 
 /// A WebSocket client's connection to a replica.

@@ -85,6 +85,7 @@ pub(super) async fn connect(
                 .max_connections(max_connections)
                 // No ping before every checkout: a dead connection fails its query and is dropped anyway.
                 .test_before_acquire(false)
+                .after_release(super::abandoned::after_release)
                 .acquire_timeout(acquire_timeout)
                 .connect_with(session.applied_to(PgConnectOptions::from_str(url)?))
                 .await?;

@@ -98,6 +98,7 @@ macro_rules! usage_recordset {
     };
 }
 
+mod abandoned;
 pub mod admin;
 mod backend;
 mod compaction;
@@ -289,14 +290,17 @@ fn default_reply_wait() -> std::time::Duration {
 /// What `statement` answers, or, when the database has not answered within `wait`, the failure of a lost reply
 /// (`unanswered`). Over a connection whose database vanished without closing it the answer would never come, and
 /// the request, or the duty, that waits for it would wait for ever. The statement is abandoned on its connection,
-/// which the pool tests before it lends it again.
+/// which the pool tests, with the same bound, as it takes it back (`abandoned`).
 pub(crate) async fn answered_within<T, E: From<sqlx::Error>>(
     wait: std::time::Duration,
     statement: impl std::future::Future<Output = Result<T, E>>,
 ) -> Result<T, E> {
     match tokio::time::timeout(wait, statement).await {
         Ok(answer) => answer,
-        Err(_) => Err(E::from(unanswered(wait))),
+        Err(_) => {
+            abandoned::noted(wait);
+            Err(E::from(unanswered(wait)))
+        }
     }
 }
 
@@ -418,6 +422,7 @@ impl Store {
                     sqlx::postgres::PgPoolOptions::new()
                         .max_connections(2)
                         .min_connections(1)
+                        .after_release(abandoned::after_release)
                         .idle_timeout(None)
                         .max_lifetime(None)
                         .acquire_timeout(acquire_timeout)
