@@ -61,7 +61,8 @@ struct RunOfStream {
 impl RunOfStream {
     fn saw(&mut self, event: &Event) {
         self.next = event.sequence_number() + 1;
-        self.told_the_end |= TERMINAL.contains(&event.kind);
+        // A failure's `error` event told why, even when its `response.failed` could not follow.
+        self.told_the_end |= TERMINAL.contains(&event.kind) || event.kind == "error";
     }
 
     /// The `error` event that ends the stream when its run ended without telling its client.
@@ -69,18 +70,33 @@ impl RunOfStream {
         if self.told_the_end {
             return None;
         }
-        let error = match self.ran.await {
+        let id = &self.response_id;
+        let mut error = match self.ran.await {
             Ok(Ok(_)) => return None,
             Ok(Err(error)) => ApiError::from(error),
             // A stored response is resumed from its stored steps.
-            Err(_) => {
-                let id = &self.response_id;
-                ApiError::server(format!(
-                    "The gateway failed while running response '{id}'; when stored, it is resumed: read it with GET /v1/responses/{id}."
-                ))
-            }
+            Err(_) => ApiError::server(format!(
+                "The gateway failed while running response '{id}'; when stored, it is resumed: read it with GET /v1/responses/{id}."
+            )),
         };
+        if error.status != axum::http::StatusCode::NOT_FOUND {
+            error.message.push(' ');
+            error.message.push_str(&re_attach(id, self.next));
+        }
         Some(error_event(self.next, &error))
+    }
+}
+
+/// How to follow the rest of response `id`'s events after those numbered below `next`: the `error` event that
+/// ends a stream early is not one of the response's, and its number is the one the response's next event takes.
+fn re_attach(id: &str, next: u64) -> String {
+    match next.checked_sub(1) {
+        Some(last) => format!(
+            "To follow the rest of its events, re-attach with GET /v1/responses/{id}?stream=true&starting_after={last}."
+        ),
+        None => format!(
+            "To follow its events, re-attach with GET /v1/responses/{id}?stream=true."
+        ),
     }
 }
 
@@ -140,8 +156,9 @@ pub fn follow(
                 ApiError {
                     retryable: true,
                     ..ApiError::server(format!(
-                        "The gateway's store failed while following response '{id}'; re-attach with GET /v1/responses/{id}?stream=true&starting_after=N.",
-                        id = follower.id
+                        "The gateway's store failed while following response '{}'. {}",
+                        follower.id,
+                        re_attach(&follower.id, follower.next)
                     ))
                 }
             }

@@ -69,60 +69,63 @@ impl Notification {
 }
 
 /// Hears the notifications of every replica, on a connection of its own outside the store's pool (so that it
-/// takes none of the pool's places), reconnecting when it drops, and when it falls silent: a connection whose
-/// database vanished without closing it (a restart behind a partition, a machine lost) would otherwise keep it
-/// waiting for ever, deaf to the other replicas.
+/// takes none of the pool's places), connecting again, within a bound, when it drops or fails, and when it falls
+/// silent: a connection whose database vanished without closing it (a restart behind a partition, a machine lost)
+/// would otherwise keep it waiting for ever, deaf to the other replicas.
 pub struct Listener {
-    /// The pool of the listening connection (one place), made afresh when the connection fell silent: dropped,
-    /// that connection goes back to its pool, which holds its place while it waits on it.
+    /// The pool of the listening connection (one place), made afresh whenever the listener connects again: a
+    /// connection given up goes back to its pool (sqlx tells it `UNLISTEN *` first), which would hold its one
+    /// place for as long as that connection takes to fail.
     own: PgPool,
     /// How `own` connects.
     options: PgConnectOptions,
     /// The store's pool, through which the listener sends itself a notification to prove its connection alive.
     pool: PgPool,
-    /// The connection listening, once made; the listener reconnects it by itself after a failed receive.
+    /// The connection listening, once made.
     connected: Option<PgListener>,
-    /// How long the listener's statements wait for the database, how long it stays quiet before it proves its
-    /// connection alive, and how long it waits to hear that proof (`database.reply_timeout_ms`).
+    /// How long the listener waits to connect, how long it stays quiet before it proves its connection alive, and
+    /// how long it waits to hear that proof (`database.reply_timeout_ms`).
     reply_wait: Duration,
     /// Whether the listener was connected before: notifications sent while it connected again were lost.
     was_connected: bool,
 }
 
-/// How long the listener waits before connecting again after a failure.
+/// How long the listener waits before connecting again after a failure to.
 const RECONNECT_WAIT: Duration = Duration::from_secs(1);
-
-/// How long the listener waits after a failed receive before the next.
-const RECEIVE_WAIT: Duration = Duration::from_millis(200);
 
 /// What a wait on the listening connection ended with.
 enum Heard {
     /// A notification of the gateway's, or one it sent itself.
     Message(PgNotification),
-    /// The receive failed; sqlx reconnects by itself on the next one.
-    Failed(sqlx::Error),
+    /// The connection was lost (closed, reset) or the receive failed.
+    Lost(String),
     /// Nothing came, not even the notification it sent itself: the connection fell silent.
     Silent,
 }
 
 impl Listener {
-    /// The next notification, waiting as long as it takes. Notifications sent while the connection is down are
-    /// lost: the polls (the sweep, the beat's cancel check, followers' timeouts) make up for them, and after a
-    /// reconnection the first answer is `Tenancy`, so that admin changes missed meanwhile are not served from
-    /// the cache.
+    /// The next notification, waiting as long as it takes. Notifications sent while the listener is not connected
+    /// are lost: the polls (the sweep, the beat's cancel check, followers' timeouts) make up for them, and after
+    /// the listener connects again its first answer is `Tenancy`, so that admin changes missed meanwhile are not
+    /// served from the cache.
     pub async fn next(&mut self) -> Notification {
         loop {
             if self.connected.is_none() {
-                match answered_within(self.reply_wait, listen_all(&self.own)).await {
-                    Ok(listener) => {
+                match tokio::time::timeout(self.reply_wait, listen_all(&self.own)).await {
+                    Ok(Ok(listener)) => {
                         self.connected = Some(listener);
                         if std::mem::replace(&mut self.was_connected, true) {
                             tracing::info!("notification listener connected again");
                             return Notification::Tenancy;
                         }
                     }
-                    Err(e) => {
-                        tracing::warn!(error = %e, "could not listen for notifications; trying again");
+                    failed => {
+                        let error = match failed {
+                            Ok(Err(e)) => e.to_string(),
+                            _ => "no answer in time (database.reply_timeout_ms)".to_owned(),
+                        };
+                        tracing::warn!(%error, "could not listen for notifications; trying again");
+                        self.own = own_pool(&self.options);
                         tokio::time::sleep(RECONNECT_WAIT).await;
                         continue;
                     }
@@ -131,44 +134,41 @@ impl Listener {
             let Some(listener) = self.connected.as_mut() else {
                 continue;
             };
-            match hear_or_prove_alive(listener, &self.pool, self.reply_wait).await {
+            let lost = match hear_or_prove_alive(listener, &self.pool, self.reply_wait).await {
                 Heard::Message(heard) => {
                     if let Some(notification) =
                         Notification::parse(heard.channel(), heard.payload())
                     {
                         return notification;
                     }
+                    continue;
                 }
-                Heard::Failed(e) => {
-                    tracing::warn!(error = %e, "notification listener failed");
-                    tokio::time::sleep(RECEIVE_WAIT).await;
-                }
-                Heard::Silent => {
-                    tracing::warn!(
-                        "the notification listener's connection fell silent; connecting again"
-                    );
-                    // Dropped without a goodbye (the database, if it is still there, ends the session itself),
-                    // with the pool that would hold its place.
-                    self.connected = None;
-                    self.own = own_pool(&self.options);
-                }
-            }
+                Heard::Lost(error) => error,
+                Heard::Silent => "its connection fell silent".to_owned(),
+            };
+            tracing::warn!(error = %lost, "the notification listener lost its connection; connecting again");
+            self.connected = None;
+            self.own = own_pool(&self.options);
         }
     }
 }
 
 /// The next message on `listener`. After `quiet` with none, the listener sends itself one through `pool`; when
-/// that is not heard within `quiet` either, the connection is silent. The receive is never abandoned half-way
-/// while the connection is kept: it is dropped only with the connection.
+/// that is not heard within `quiet` either, the connection is silent. A message already arrived wins over a timer
+/// that ran out meanwhile (a paused process), and the receive is never abandoned half-way while the connection is
+/// kept: it is dropped only with the connection. While the proof is being sent, arriving messages wait on the
+/// socket.
 async fn hear_or_prove_alive(listener: &mut PgListener, pool: &PgPool, quiet: Duration) -> Heard {
-    let receive = listener.recv();
+    let receive = listener.try_recv();
     tokio::pin!(receive);
     let mut proof_sent = false;
     loop {
         tokio::select! {
+            biased;
             heard = &mut receive => return match heard {
-                Ok(heard) => Heard::Message(heard),
-                Err(e) => Heard::Failed(e),
+                Ok(Some(heard)) => Heard::Message(heard),
+                Ok(None) => Heard::Lost("the connection was closed".to_owned()),
+                Err(e) => Heard::Lost(e.to_string()),
             },
             () = tokio::time::sleep(quiet) => {
                 if proof_sent {
@@ -201,6 +201,8 @@ fn own_pool(options: &PgConnectOptions) -> PgPool {
 /// A connection of `own` listening on every channel of the gateway.
 async fn listen_all(own: &PgPool) -> Result<PgListener, sqlx::Error> {
     let mut listener = PgListener::connect_with(own).await?;
+    // A lost connection is the listener's to replace, within its bound, not sqlx's.
+    listener.eager_reconnect(false);
     listener.listen_all(channel::ALL).await?;
     Ok(listener)
 }
