@@ -79,6 +79,10 @@ pub struct DatabaseConfig {
     /// How long a request waits for a pooled connection before it is answered 503 (overloaded).
     #[default(5_000)]
     pub acquire_timeout_ms: u64,
+    /// Postgres: how long a starting gateway waits for its database (not up yet, restarting, unreachable for a
+    /// moment), trying again with backoff, before it exits with the error; 0 tries once.
+    #[default(60_000)]
+    pub startup_wait_ms: u64,
     /// Group commit: responses' writes that concurrent runs make at once are written together (one statement
     /// per kind on Postgres, one transaction on the embedded store), at most this many batches at a time; 0
     /// writes each alone. The embedded store writes one batch at a time whatever this says.

@@ -1352,3 +1352,57 @@ async fn a_listener_hears_what_it_missed(fault: ListenerFault) {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
+
+// The proxy must forward while the replica starts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_started_while_its_database_does_not_answer_waits_for_it() {
+    use std::io::BufRead;
+    let cluster = Cluster::postgres().await;
+    let (proxy, through_proxy) = through_fault_proxy(&cluster, 0x57a7).await;
+    proxy.stall();
+    let mut child = cluster
+        .serve_command(&[
+            ("DATABASE_URL", through_proxy.as_str()),
+            ("GATEWAY__DATABASE__ACQUIRE_TIMEOUT_MS", "300"),
+        ])
+        .spawn()
+        .expect("start gateway");
+    let stdout = child.stdout.take().expect("stdout");
+    let (said, mut heard) = tokio::sync::mpsc::unbounded_channel::<String>();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stdout)
+            .lines()
+            .map_while(Result::ok)
+        {
+            let message = serde_json::from_str::<serde_json::Value>(&line)
+                .map(|entry| entry["fields"]["message"].as_str().unwrap_or("").to_owned())
+                .unwrap_or_default();
+            if said.send(message).is_err() {
+                return;
+            }
+        }
+    });
+
+    // The database does not answer: the replica says it waits, rather than exiting.
+    loop {
+        let message = tokio::time::timeout(PATIENCE, heard.recv())
+            .await
+            .expect("a log line in time")
+            .expect("the gateway exited instead of waiting for its database");
+        if message == "the database did not answer; waiting for it" {
+            break;
+        }
+    }
+    proxy.heal();
+    loop {
+        let message = tokio::time::timeout(PATIENCE, heard.recv())
+            .await
+            .expect("a log line in time")
+            .expect("the gateway exited instead of starting");
+        if message == "gateway listening" {
+            break;
+        }
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+}

@@ -396,19 +396,42 @@ impl Store {
         })))
     }
 
-    /// Connects as `database` says: to its URL, or to the embedded store at `DEFAULT_URL` when there is none.
+    /// Connects as `database` says: to its URL, or to the embedded store at `DEFAULT_URL` when there is none. A
+    /// database that does not answer (not up yet, restarting, unreachable for a moment) is tried again, with
+    /// backoff, for `database.startup_wait_ms`.
     pub async fn connect_configured(database: &DatabaseConfig) -> Result<Store, StoreError> {
         let url = database.url.as_ref().map(|u| u.expose_secret());
-        Store::connect_limited(
-            url.unwrap_or(DEFAULT_URL),
-            database.max_connections,
-            std::time::Duration::from_millis(database.acquire_timeout_ms),
-            SessionLimits::of(database),
-        )
-        .await
-        .map(|store| {
-            store.with_reply_wait(std::time::Duration::from_millis(database.reply_timeout_ms))
-        })
+        let give_up_at = tokio::time::Instant::now()
+            + std::time::Duration::from_millis(database.startup_wait_ms);
+        let mut waits = crate::retry::RetryPolicy::new(u32::MAX, 100).waits();
+        loop {
+            let connected = Store::connect_limited(
+                url.unwrap_or(DEFAULT_URL),
+                database.max_connections,
+                std::time::Duration::from_millis(database.acquire_timeout_ms),
+                SessionLimits::of(database),
+            )
+            .await;
+            let failure = match connected {
+                Ok(store) => {
+                    return Ok(store.with_reply_wait(std::time::Duration::from_millis(
+                        database.reply_timeout_ms,
+                    )))
+                }
+                Err(failure) => failure,
+            };
+            let wait = waits
+                .next()
+                .map(|wait| wait.min(std::time::Duration::from_secs(2)))
+                .filter(|wait| {
+                    failure.is_transient() && tokio::time::Instant::now() + *wait < give_up_at
+                });
+            let Some(wait) = wait else {
+                return Err(failure);
+            };
+            tracing::warn!(error = %failure, "the database did not answer; waiting for it");
+            tokio::time::sleep(wait).await;
+        }
     }
 
     /// A store on connections of its own, for the replica's ownership duties (beats, claims, releases): they never
