@@ -107,17 +107,25 @@ struct Replicas {
 
 impl Replicas {
     fn start_one(&self) -> anyhow::Result<ChildProcess> {
-        let settings: Vec<(&str, &str)> = self
-            .settings
-            .iter()
-            .map(|(k, v)| (k.as_str(), v.as_str()))
-            .collect();
-        procs::start_gateway(
-            &self.bin_dir,
-            &self.database_url,
-            &self.admin_token,
-            &settings,
-        )
+        (self.starter())()
+    }
+
+    /// What starts one more replica, on a thread of its own: the start blocks until the replica listens, which a
+    /// stalled database delays (the replica waits for it).
+    fn starter(&self) -> impl FnOnce() -> anyhow::Result<ChildProcess> + Send + 'static {
+        let (bin_dir, database_url, admin_token, settings) = (
+            self.bin_dir.clone(),
+            self.database_url.clone(),
+            self.admin_token.clone(),
+            self.settings.clone(),
+        );
+        move || {
+            let settings: Vec<(&str, &str)> = settings
+                .iter()
+                .map(|(k, v)| (k.as_str(), v.as_str()))
+                .collect();
+            procs::start_gateway(&bin_dir, &database_url, &admin_token, &settings)
+        }
     }
 
     fn urls(&self) -> Vec<String> {
@@ -261,7 +269,20 @@ async fn run(
             replica_id,
             Instant::now(),
         )));
-        let restarted = replicas.start_one()?;
+        // A replica restarted while the database is stalled waits for it: the stall still ends on time meanwhile.
+        let start = tokio::task::spawn_blocking(replicas.starter());
+        tokio::pin!(start);
+        let restarted = loop {
+            let heal_at =
+                stalled_until.unwrap_or_else(|| Instant::now() + Duration::from_secs(3600));
+            tokio::select! {
+                started = &mut start => break started??,
+                () = tokio::time::sleep_until(heal_at.into()) => {
+                    proxy.heal();
+                    stalled_until = None;
+                }
+            }
+        };
         replicas.slots[victim] = restarted;
         *urls.lock().unwrap_or_else(|e| e.into_inner()) = replicas.urls();
     }
