@@ -1180,25 +1180,27 @@ async fn an_sse_stream_whose_replica_lost_the_response_while_paused_ends_with_an
     );
 }
 
-#[tokio::test]
-async fn a_follower_of_a_response_deleted_while_its_replica_is_paused_ends_with_an_error_event() {
-    let mut cluster = Cluster::postgres().await;
-    let paused = cluster.replica(&[]);
-    let other = cluster.replica(&[]);
-    cluster.configure(&paused).await;
+/// A background response created on `runner` that calls the gate tool, followed on `follower` once its call is
+/// held: its id, and the task reading the follower's events to the stream's end (its tool call seen already).
+async fn follow_a_gate_call(
+    cluster: &Cluster,
+    runner: &Replica,
+    follower: &Replica,
+) -> (String, tokio::task::JoinHandle<Vec<serde_json::Value>>) {
     let created = cluster
         .create(
-            &paused,
+            runner,
             json!({"model": "mock", "input": "!call gate {}", "background": true}),
         )
         .await;
     let id = created["id"].as_str().expect("id").to_owned();
     cluster.gate_calls(1).await;
-
-    // Another replica's client follows the response; its run is frozen, so nothing it writes can race the delete.
     let response = cluster
         .http
-        .get(format!("{}/v1/responses/{id}?stream=true", other.base_url))
+        .get(format!(
+            "{}/v1/responses/{id}?stream=true",
+            follower.base_url
+        ))
         .bearer_auth(&cluster.key)
         .send()
         .await
@@ -1211,6 +1213,17 @@ async fn a_follower_of_a_response_deleted_while_its_replica_is_paused_ends_with_
         }
     }));
     calling.recv().await.expect("the tool call, replayed");
+    (id, reading)
+}
+
+#[tokio::test]
+async fn a_follower_of_a_response_deleted_while_its_replica_is_paused_ends_with_an_error_event() {
+    let mut cluster = Cluster::postgres().await;
+    let paused = cluster.replica(&[]);
+    let other = cluster.replica(&[]);
+    cluster.configure(&paused).await;
+    // Another replica's client follows the response; its run is frozen, so nothing it writes can race the delete.
+    let (id, reading) = follow_a_gate_call(&cluster, &paused, &other).await;
     paused.pause();
     let deleted = cluster
         .http
@@ -1405,4 +1418,30 @@ async fn a_replica_started_while_its_database_does_not_answer_waits_for_it() {
     }
     let _ = child.kill();
     let _ = child.wait();
+}
+
+#[tokio::test]
+async fn a_follower_on_a_replica_that_shuts_down_is_told_to_re_attach_elsewhere() {
+    let mut cluster = Cluster::postgres().await;
+    let runner = cluster.replica(&[]);
+    let mut leaving = cluster.replica(&[]);
+    cluster.configure(&runner).await;
+    // A client follows the response on a replica that does not run it; that replica is told to stop.
+    let (id, reading) = follow_a_gate_call(&cluster, &runner, &leaving).await;
+    leaving.terminate();
+
+    // The stream says where to follow the rest, rather than being cut off as the process exits.
+    let events = reading.await.expect("read");
+    let last = events.last().expect("events");
+    assert_eq!(last["type"], "error", "{events:#?}");
+    let message = last["message"].as_str().expect("a message");
+    let before = &events[events.len() - 2];
+    assert!(
+        message.contains("shutting down")
+            && message.contains(&format!("starting_after={}", before["sequence_number"])),
+        "{last:#}"
+    );
+    cluster.tools.open_gate();
+    let ended = cluster.ended(&runner, &id).await;
+    assert_eq!(ended["status"], "completed", "{ended:#}");
 }

@@ -151,6 +151,14 @@ pub fn follow(
                 "Response '{}' was deleted while it was followed.",
                 follower.id
             )),
+            Ok(Followed::ShuttingDown) => ApiError {
+                retryable: true,
+                ..ApiError::server(format!(
+                    "This gateway replica is shutting down; response '{}' goes on. {}",
+                    follower.id,
+                    re_attach(&follower.id, follower.next)
+                ))
+            },
             Err(e) => {
                 tracing::warn!(error = %e, "a stream follower stopped: the store failed");
                 ApiError {
@@ -204,6 +212,8 @@ enum Followed {
     ToTheEnd,
     /// The response was deleted before it ended.
     Deleted,
+    /// This replica shuts down: the client follows the rest elsewhere.
+    ShuttingDown,
 }
 
 /// Follows one response for one client.
@@ -228,6 +238,8 @@ enum Woken {
     LiveGone,
     /// The client left.
     ClientGone,
+    /// This replica shuts down.
+    ShuttingDown,
 }
 
 impl Follower {
@@ -236,6 +248,8 @@ impl Follower {
         mut live: Option<broadcast::Receiver<Event>>,
     ) -> Result<Followed, std::sync::Arc<crate::store::StoreError>> {
         let mut progress = self.engine.replica().watch_progress();
+        let stopping = self.engine.replica().stopping();
+        tokio::pin!(stopping);
         let mut woken = tokio::time::Instant::now();
         let mut said_at: Option<tokio::time::Instant> = None;
         loop {
@@ -256,6 +270,7 @@ impl Follower {
                     tokio::select! {
                         () = tokio::time::sleep(FOLLOW_POLL) => {}
                         () = self.tx.closed() => return Ok(Followed::ToTheEnd),
+                        () = &mut stopping => return Ok(Followed::ShuttingDown),
                     }
                     woken = tokio::time::Instant::now();
                     continue;
@@ -281,6 +296,7 @@ impl Follower {
                 let wake = tokio::select! {
                     () = &mut poll => Woken::Progress,
                     () = self.tx.closed() => Woken::ClientGone,
+                    () = &mut stopping => Woken::ShuttingDown,
                     signal = progress.recv() => match signal {
                         Ok(id) if *id == *self.id => Woken::Progress,
                         Ok(_) => continue,
@@ -298,6 +314,7 @@ impl Follower {
                         break;
                     }
                     Woken::ClientGone => return Ok(Followed::ToTheEnd),
+                    Woken::ShuttingDown => return Ok(Followed::ShuttingDown),
                     Woken::LiveGone => {
                         live = None;
                         woken = tokio::time::Instant::now();

@@ -29,6 +29,9 @@ pub struct Replica {
     pub runs: Arc<Runs>,
     /// Cleared when the replica shuts down: it takes no new work.
     accepting: AtomicBool,
+    /// Set when the replica shuts down, for the streams that follow responses here: they tell their clients to
+    /// re-attach elsewhere rather than be cut off when the process exits.
+    stopping: watch::Sender<bool>,
     /// Ids of responses that progressed (stored steps or an ending), for followers on this replica.
     progress: broadcast::Sender<Arc<str>>,
     /// Wakes the claimer: a response waits for a replica, or room was made.
@@ -60,6 +63,7 @@ impl Replica {
             max_resumes: i64::from(config.max_resumes),
             runs: Arc::default(),
             accepting: AtomicBool::new(true),
+            stopping: watch::Sender::new(false),
             progress: broadcast::channel(PROGRESS_CAPACITY).0,
             work: Notify::new(),
             to_release: Mutex::default(),
@@ -146,7 +150,17 @@ impl Replica {
     /// Takes no new work from now on (shutdown).
     pub fn stop_accepting(&self) {
         self.accepting.store(false, Ordering::Release);
+        self.stopping.send_replace(true);
         self.work.notify_waiters();
+    }
+
+    /// Resolves once the replica shuts down (at once when it already does).
+    pub fn stopping(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let mut stopping = self.stopping.subscribe();
+        async move {
+            // The sender lives as long as the replica: a closed channel is a replica gone, as good as stopped.
+            let _ = stopping.wait_for(|stopping| *stopping).await;
+        }
     }
 
     /// Tells followers on this replica that response `id` progressed.
