@@ -1445,3 +1445,24 @@ async fn a_follower_on_a_replica_that_shuts_down_is_told_to_re_attach_elsewhere(
     let ended = cluster.ended(&runner, &id).await;
     assert_eq!(ended["status"], "completed", "{ended:#}");
 }
+
+#[tokio::test]
+async fn a_follower_of_a_response_that_ends_within_the_shutdown_grace_sees_its_end() {
+    let mut cluster = Cluster::postgres().await;
+    let leaving = cluster.replica(&[]);
+    cluster.configure(&leaving).await;
+    // The response runs on the replica the client follows it on, which is then told to stop.
+    let (id, reading) = follow_a_gate_call(&cluster, &leaving, &leaving).await;
+    leaving.ask_to_stop();
+    leaving
+        .logs
+        .wait_for("replica takes no new work; letting the responses running here finish")
+        .await;
+
+    // The run ends within the grace: its follower sees the end, rather than being sent elsewhere.
+    cluster.tools.open_gate();
+    let events = reading.await.expect("read");
+    let last = events.last().expect("events");
+    assert_eq!(last["type"], "response.completed", "{events:#?}");
+    assert_eq!(last["response"]["id"], id.as_str());
+}

@@ -270,7 +270,7 @@ impl Follower {
                     tokio::select! {
                         () = tokio::time::sleep(FOLLOW_POLL) => {}
                         () = self.tx.closed() => return Ok(Followed::ToTheEnd),
-                        () = &mut stopping => return Ok(Followed::ShuttingDown),
+                        () = &mut stopping, if live.is_none() => return Ok(Followed::ShuttingDown),
                     }
                     woken = tokio::time::Instant::now();
                     continue;
@@ -296,7 +296,8 @@ impl Follower {
                 let wake = tokio::select! {
                     () = &mut poll => Woken::Progress,
                     () = self.tx.closed() => Woken::ClientGone,
-                    () = &mut stopping => Woken::ShuttingDown,
+                    // A run here may still end within the shutdown's grace: its live events go on meanwhile.
+                    () = &mut stopping, if live.is_none() => Woken::ShuttingDown,
                     signal = progress.recv() => match signal {
                         Ok(id) if *id == *self.id => Woken::Progress,
                         Ok(_) => continue,

@@ -94,6 +94,10 @@ impl Worker {
         let replica = &self.engine.replica;
         replica.stop_accepting();
         let runs = &replica.runs;
+        tracing::info!(
+            running = runs.len(),
+            "replica takes no new work; letting the responses running here finish"
+        );
         if tokio::time::timeout(grace, runs.wait_empty())
             .await
             .is_err()

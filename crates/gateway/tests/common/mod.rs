@@ -130,6 +130,11 @@ impl Replica {
         self.child.wait().expect("reap");
     }
 
+    /// Asks the process to stop (SIGTERM), as an orchestrator does, without waiting for it to exit.
+    pub fn ask_to_stop(&self) {
+        self.signal("-TERM");
+    }
+
     /// Asks the process to stop (SIGTERM), as an orchestrator does, and waits for it to exit.
     pub fn terminate(&mut self) {
         let status = Command::new("kill")
