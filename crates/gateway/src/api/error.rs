@@ -144,6 +144,14 @@ impl ApiError {
     }
 
     /// A fault of ours or of the upstream; the detail is logged where it happened, never returned.
+    /// Response `id`'s run ended without an answer (it panicked); a stored response is resumed from its stored
+    /// steps.
+    pub fn run_panicked(id: &str) -> ApiError {
+        ApiError::server(format!(
+            "The gateway failed while running response '{id}'; when stored, it is resumed: read it with GET /v1/responses/{id}."
+        ))
+    }
+
     pub fn server(message: impl Into<String>) -> ApiError {
         ApiError {
             status: StatusCode::INTERNAL_SERVER_ERROR,

@@ -74,10 +74,7 @@ impl RunOfStream {
         let mut error = match self.ran.await {
             Ok(Ok(_)) => return None,
             Ok(Err(error)) => ApiError::from(error),
-            // A stored response is resumed from its stored steps.
-            Err(_) => ApiError::server(format!(
-                "The gateway failed while running response '{id}'; when stored, it is resumed: read it with GET /v1/responses/{id}."
-            )),
+            Err(_) => ApiError::run_panicked(id),
         };
         if error.status != axum::http::StatusCode::NOT_FOUND {
             error.message.push(' ');

@@ -257,10 +257,7 @@ impl Connection {
                 }
                 let error = match ended {
                     Ok(Err(error)) => ApiError::from(error),
-                    // A stored response is resumed from its stored steps.
-                    _ => ApiError::server(format!(
-                        "The gateway failed while running response '{response_id}'; when stored, it is resumed: read it with GET /v1/responses/{response_id}."
-                    )),
+                    _ => ApiError::run_panicked(&response_id),
                 };
                 return send_error(out, &error).await;
             }

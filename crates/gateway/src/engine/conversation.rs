@@ -17,7 +17,8 @@ use gateway_core::output::render_output;
 
 impl Engine {
     /// Appends `run`'s input and output to its conversation, if it has one. Items the conversation holds already
-    /// (an append made before this replica stopped) are skipped, so it may be made again. A store that fails for a moment is tried again for as long as the lease lasts.
+    /// (an append made before this replica stopped) are skipped, so it may be made again. A store that fails for a
+    /// moment is tried again for as long as the lease lasts.
     pub(super) async fn append_to_conversation(
         &self,
         run: &Run,
