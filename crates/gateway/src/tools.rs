@@ -134,16 +134,19 @@ impl ToolExecutor {
         tools
     }
 
-    /// Runs `call` on `tool`. Never fails: errors are outcomes. A failed call is counted by its kind and logged
-    /// once, at `WARN`, with the response, the tool, its source, and the status or cause.
+    /// Runs `call` on `tool` if `may_send`, asked right before the call goes out (after any wait for a place among
+    /// its source's calls in flight), says it still may; `None` when it said no and nothing went out. Never fails
+    /// otherwise: errors are outcomes. A failed call is counted by its kind and logged once, at `WARN`, with the
+    /// response, the tool, its source, and the status or cause.
     pub async fn execute(
         &self,
         tool: &ServerTool,
         call: &ToolCall,
         at: CallRef<'_>,
-    ) -> ToolOutcome {
+        may_send: impl std::future::Future<Output = bool>,
+    ) -> Option<ToolOutcome> {
         let started = Instant::now();
-        let (outcome, failure) = self.run(tool, call, at).await;
+        let (outcome, failure) = self.run(tool, call, at, may_send).await?;
         let label = failure.as_ref().map_or("ok", |f| f.kind.as_str());
         let source = tool.metric_source();
         metrics::counter!("gateway_tool_calls_total", "tool" => tool.metric_label(), "source" => source.clone(), "outcome" => label)
@@ -161,16 +164,17 @@ impl ToolExecutor {
                 "tool call failed"
             );
         }
-        outcome
+        Some(outcome)
     }
 
-    /// The outcome, and why it failed when it did (see [`FailureKind`]).
+    /// The outcome, and why it failed when it did (see [`FailureKind`]); `None` when `may_send` said no.
     async fn run(
         &self,
         tool: &ServerTool,
         call: &ToolCall,
         at: CallRef<'_>,
-    ) -> (ToolOutcome, Option<Failure>) {
+        may_send: impl std::future::Future<Output = bool>,
+    ) -> Option<(ToolOutcome, Option<Failure>)> {
         let arguments = match self.parse_arguments(tool, &call.arguments) {
             Ok(arguments) => arguments,
             Err(message) => {
@@ -179,7 +183,7 @@ impl ToolExecutor {
                     FailureKind::InvalidArguments,
                     "the arguments were refused before the call (not JSON, or not as the tool's schema says)",
                 );
-                return (ToolOutcome::error(message), Some(failure));
+                return Some((ToolOutcome::error(message), Some(failure)));
             }
         };
         let timeout_ms = match tool.timeout_ms() {
@@ -213,11 +217,16 @@ impl ToolExecutor {
                             FailureKind::Timeout,
                             "every slot of the source stayed busy (max_in_flight)",
                         );
-                        return (ToolOutcome::error(message), Some(failure));
+                        return Some((ToolOutcome::error(message), Some(failure)));
                     }
                 }
             }
         };
+        // The wait for a place may have outlasted this replica's hold on the response (a pause, a lapsed lease,
+        // a cancel): asked once it has its place, right before the call goes out.
+        if !may_send.await {
+            return None;
+        }
         // A request's own server is not the operator's: no breaker state is shared between requests over it.
         let guarded = tool.endpoint().map(|e| e.source_id.as_str());
         if let Some(policy::Admission::Refuse { retry_in }) =
@@ -234,7 +243,7 @@ impl ToolExecutor {
                 FailureKind::BreakerOpen,
                 "the source's circuit breaker is open",
             );
-            return (ToolOutcome::error(message), Some(failure));
+            return Some((ToolOutcome::error(message), Some(failure)));
         }
         let remaining = deadline
             .saturating_duration_since(Instant::now())
@@ -294,7 +303,7 @@ impl ToolExecutor {
         if let Some(id) = guarded {
             self.record_for_breaker(tool, id, &policy, failed);
         }
-        (outcome, failure)
+        Some((outcome, failure))
     }
 
     /// Feeds the source's breaker one call's result; logs when the breaker opens or closes.

@@ -1466,3 +1466,100 @@ async fn a_follower_of_a_response_that_ends_within_the_shutdown_grace_sees_its_e
     assert_eq!(last["type"], "response.completed", "{events:#?}");
     assert_eq!(last["response"]["id"], id.as_str());
 }
+
+#[tokio::test]
+async fn a_call_that_waited_for_its_place_while_its_replica_was_paused_never_goes_out() {
+    let mut cluster = Cluster::postgres().await;
+    // One call of a batch at a time: the batch's second call waits for its first.
+    let paused = cluster.replica(&[("GATEWAY__LIMITS__TOOL_CONCURRENCY", "1")]);
+    let other = cluster.replica(&[]);
+    cluster.configure(&paused).await;
+    let created = cluster
+        .create(
+            &paused,
+            json!({"model": "mock", "input": "!call gate {} !call add {\"a\": 1, \"b\": 2}", "background": true}),
+        )
+        .await;
+    let id = created["id"].as_str().expect("id").to_owned();
+    cluster.gate_calls(1).await;
+
+    // Frozen with its first call in flight and its second waiting; the other replica takes the response over
+    // once the lease ran out, sends both calls again, and finishes it.
+    paused.pause();
+    cluster.gate_calls(2).await;
+    cluster.tools.open_gate();
+    cluster.ended(&other, &id).await;
+    let adds = || {
+        cluster
+            .tools
+            .calls()
+            .iter()
+            .filter(|call| call.tool == "add")
+            .count()
+    };
+    assert_eq!(adds(), 1, "the other replica's");
+
+    // Back to life: its first call's answer is waiting for it, and its second call's place is free. It learns
+    // that the response is another's before that call goes out.
+    paused.resume();
+    paused
+        .logs
+        .wait_for(
+            "another replica took this response over while this one's lease lapsed; giving it up",
+        )
+        .await;
+    paused
+        .logs
+        .wait_for("response handed over before it ended")
+        .await;
+    assert_eq!(adds(), 1, "the paused replica sent its waiting call");
+}
+
+#[tokio::test]
+async fn a_cancel_whose_notification_was_lost_keeps_the_next_batch_from_going_out() {
+    use gateway_testkit::{Call, Reply};
+    let mut cluster = Cluster::postgres().await;
+    // Beats ten minutes apart: the beat's own look at cancel requests comes too late to matter.
+    let replica = cluster.replica(&[("GATEWAY__DURABILITY__LEASE_MS", "1800000")]);
+    cluster.configure(&replica).await;
+    cluster
+        .model
+        .push(Reply::tool_calls(vec![Call::new("gate", json!({}))]));
+    cluster.model.push(Reply::tool_calls(vec![Call::new(
+        "add",
+        json!({"a": 1, "b": 2}),
+    )]));
+    cluster.model.push(Reply::text("Never asked for."));
+    let created = cluster
+        .create(
+            &replica,
+            json!({"model": "mock", "input": "Hi", "background": true}),
+        )
+        .await;
+    let id = created["id"].as_str().expect("id").to_owned();
+    cluster.gate_calls(1).await;
+
+    // Cancelled while its first call is in flight, its notification lost: only the store knows.
+    let pool = sqlx::PgPool::connect(cluster.db.url())
+        .await
+        .expect("connect");
+    sqlx::query("UPDATE responses SET cancel_requested = TRUE WHERE id = $1")
+        .bind(&id)
+        .execute(&pool)
+        .await
+        .expect("request the cancel");
+    pool.close().await;
+    cluster.tools.open_gate();
+
+    // The run learns of the cancel from its next write (the model call's, or the one recording the next batch
+    // as started), and sends nothing more.
+    let ended = cluster.ended(&replica, &id).await;
+    assert_eq!(ended["status"], "cancelled", "{ended:#}");
+    let adds = cluster
+        .tools
+        .calls()
+        .iter()
+        .filter(|call| call.tool == "add")
+        .count();
+    assert_eq!(adds, 0, "a call went out after the cancel was recorded");
+}

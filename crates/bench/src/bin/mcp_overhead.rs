@@ -141,7 +141,12 @@ async fn measure(
             idempotency_key: &key,
         };
         let started = Instant::now();
-        let outcome = executor.execute(tool, &call, at).await;
+        let Some(outcome) = executor
+            .execute(tool, &call, at, std::future::ready(true))
+            .await
+        else {
+            anyhow::bail!("the executor sent nothing although nothing stopped it");
+        };
         if outcome.is_error() {
             anyhow::bail!(
                 "the call through the gateway failed: {}",

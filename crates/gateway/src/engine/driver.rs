@@ -288,9 +288,14 @@ impl Engine {
     /// whose response another replica took to give it up (SPEC 9). A lease that does not come back within a lease
     /// means the store is out of reach: the run gives its response up, to be released once the store answers.
     pub(super) async fn check_lease(&self, run: &mut Run) {
-        if self.replica.hold_lease().await {
-            return;
+        if !self.replica.hold_lease().await {
+            self.give_up_lapsed(run);
         }
+    }
+
+    /// Gives the response of `run` up, its replica's lease lapsed and not come back within a lease: it is released
+    /// once the store answers, for another replica (or this one) to take over.
+    pub(super) fn give_up_lapsed(&self, run: &mut Run) {
         tracing::warn!(response.id = %run.record.id, "this replica's lease lapsed; giving the response up");
         if !run.journal.nothing_stored() {
             self.replica

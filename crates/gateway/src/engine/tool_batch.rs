@@ -25,12 +25,27 @@ impl Engine {
         sink: &mut S,
     ) -> Result<(), StoreError> {
         self.start_tools(run, seqs, sink).await?;
+        let mut next_rank = next_ended_rank(&run.steps, seqs);
+        if run.stop().is_some() {
+            // The write that recorded the calls as started learnt of a cancel whose notification never came:
+            // none goes out.
+            stop_batch(run, seqs, &mut next_rank, sink).await;
+            return Ok(());
+        }
         let jobs = jobs(run, seqs);
         let calls = jobs.len();
         let response_id = run.record.id.clone();
+        let replica = &self.replica;
+        let stop = run.registration.stop.clone();
         let mut results = futures::stream::iter(jobs)
             .map(|(index, call, tool, key)| {
                 let response_id = &response_id;
+                // A call may wait for its place (the batch's concurrency, its source's calls in flight) past a
+                // pause of this process: it goes out only while this replica still holds its lease (waiting for
+                // the next beat, which first tells the runs whose response another replica took) and the run
+                // was not told to stop.
+                let stop = stop.clone();
+                let may_send = async move { replica.hold_lease().await && stop.borrow().is_none() };
                 async move {
                     let outcome = match &tool {
                         Some(tool) => {
@@ -39,22 +54,23 @@ impl Engine {
                                 idempotency_key: &key,
                             };
                             let span = super::spans::tool_call(tool, &call);
-                            let execution = self.tools.execute(tool, &call, at);
+                            let execution = self.tools.execute(tool, &call, at, may_send);
                             let outcome =
                                 tracing::Instrument::instrument(execution, span.clone()).await;
-                            super::spans::tool_ended(&span, &outcome);
+                            if let Some(outcome) = &outcome {
+                                super::spans::tool_ended(&span, outcome);
+                            }
                             outcome
                         }
-                        None => ToolOutcome::error(format!(
+                        None => Some(ToolOutcome::error(format!(
                             "Tool '{}' is no longer available.",
                             call.name
-                        )),
+                        ))),
                     };
                     (index, outcome)
                 }
             })
             .buffer_unordered(self.limits.tool_concurrency.max(1));
-        let mut next_rank = next_ended_rank(&run.steps, seqs);
         let mut ended = 0;
         // While siblings still run, an ended call is recorded soon, so that a restarted loop does not send it
         // again: `WRITE_LINGER` after it ended, together with any that ended meanwhile. Calls of a batch that
@@ -70,24 +86,30 @@ impl Engine {
             };
             let next = tokio::select! {
                 () = &mut told_to_stop => {
-                    // The calls still running are dropped, and their connections with them. A cancel records them
-                    // as failed; a replica giving the response up leaves them running, to be sent again (under the
-                    // same Idempotency-Key) by whoever resumes it.
-                    if run.stop() == Some(Stop::Cancel) {
-                        for &seq in seqs {
-                            record_cancelled(run, seq as usize, &mut next_rank, sink).await;
-                        }
-                    }
+                    stop_batch(run, seqs, &mut next_rank, sink).await;
                     break;
                 }
                 () = lingering => {
                     linger_until = None;
                     self.write_relaxed(run).await;
+                    // The write may have learnt that the response is no longer this run's, or was cancelled.
+                    if run.stop().is_some() {
+                        stop_batch(run, seqs, &mut next_rank, sink).await;
+                        break;
+                    }
                     continue;
                 }
                 next = results.next() => next,
             };
             let Some((index, outcome)) = next else {
+                break;
+            };
+            let Some(outcome) = outcome else {
+                // A call kept from going out: the run was told to stop, or the lease did not come back.
+                if run.stop().is_none() {
+                    self.give_up_lapsed(run);
+                }
+                stop_batch(run, seqs, &mut next_rank, sink).await;
                 break;
             };
             ended += 1;
@@ -202,6 +224,22 @@ async fn record_end<S: ProgressSink>(
     }
     sink.report(Progress::ToolEnded { step }).await;
     run.journal.touch(index);
+}
+
+/// Ends a batch whose run was told to stop. The calls still running are dropped, and their connections with them.
+/// A cancel records every call not ended as failed; a replica giving the response up leaves them running, to be
+/// sent again (under the same Idempotency-Key) by whoever resumes it.
+async fn stop_batch<S: ProgressSink>(
+    run: &mut Run,
+    seqs: &[u32],
+    next_rank: &mut u32,
+    sink: &mut S,
+) {
+    if run.stop() == Some(Stop::Cancel) {
+        for &seq in seqs {
+            record_cancelled(run, seq as usize, next_rank, sink).await;
+        }
+    }
 }
 
 /// Records the call of step `index`, unless it ended, as failed by a cancel, and reports it.

@@ -135,6 +135,9 @@ async fn beat(engine: Engine, ownership: Store) {
     let replica = Arc::clone(&engine.replica);
     let mut ticks = tokio::time::interval(replica.lease / 3);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // A lapse stays to be checked until a check went through: the next beat compares with this one's fresh
+    // heartbeat and would find the lease kept.
+    let mut lapse_unchecked = false;
     loop {
         ticks.tick().await;
         let sent = tokio::time::Instant::now();
@@ -148,10 +151,14 @@ async fn beat(engine: Engine, ownership: Store) {
         if !beat.lease_kept {
             tracing::warn!(replica.id = %replica.id, "this replica's lease lapsed; checking which responses are still its own");
             engine.governor.lease_lapsed();
+            lapse_unchecked = true;
+        }
+        if lapse_unchecked {
             if let Err(e) = give_up_lost_responses(&engine, &ownership).await {
                 tracing::warn!(error = %e, "could not check which responses are still this replica's");
                 continue;
             }
+            lapse_unchecked = false;
         }
         replica.lease_renewed(sent);
         let mut released = false;
