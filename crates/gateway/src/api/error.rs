@@ -301,12 +301,16 @@ impl From<EngineError> for ApiError {
                 Some(&param),
                 Some("invalid_encrypted_content"),
             ),
+            // The provider refused the request as the client's problem: asking again gets the same answer.
+            EngineError::SummaryFailed { message, rejected: true }
+            | EngineError::CountFailed { message, rejected: true } => {
+                ApiError::invalid(message, None, Some("upstream_rejected"))
+            }
             // Nothing was stored and no tool ran: asking again is safe.
-            EngineError::SummaryFailed { message } => ApiError {
+            EngineError::SummaryFailed { message, rejected: false } => ApiError {
                 retryable: true,
                 ..ApiError::server(message)
             },
-            EngineError::CountFailed { message, rejected: true } => ApiError::invalid(message, None, Some("upstream_rejected")),
             EngineError::CountFailed { message, rejected: false } => ApiError {
                 retryable: true,
                 ..ApiError::server(message)

@@ -14,7 +14,7 @@ use super::{Engine, EngineError};
 use crate::clock::now;
 use crate::compaction::OpenError;
 use crate::ids::{item_id, new_id};
-use crate::upstream::ModelRequest;
+use crate::upstream::{ModelRequest, UpstreamError};
 
 /// What the model is asked after the window.
 const SUMMARY_PROMPT: &str = "Summarize the conversation above so that it can continue from your summary alone: \
@@ -70,6 +70,7 @@ impl Engine {
                 tracing::warn!(error = %error, "the model failed to summarise a window for compaction");
                 EngineError::SummaryFailed {
                     message: error.public_message(),
+                    rejected: matches!(error, UpstreamError::Rejected { .. }),
                 }
             })?;
         let usage = answer.usage.unwrap_or_default();
@@ -80,6 +81,7 @@ impl Engine {
             .filter(|text| !text.trim().is_empty())
             .ok_or_else(|| EngineError::SummaryFailed {
                 message: "The upstream model gave no summary.".into(),
+                rejected: false,
             })?;
         let encrypted_content = self.sealer.seal(project_id, &summary).await?;
 

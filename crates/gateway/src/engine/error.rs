@@ -54,9 +54,10 @@ pub enum EngineError {
     /// names it.
     #[error("a compaction item could not be opened")]
     CompactionRefused { param: String },
-    /// The model did not give a summary for a compaction; `message` says why, for the client.
+    /// The model did not give a summary for a compaction; `message` says why, for the client: the provider
+    /// refused the request (`rejected`, with its words), or failed.
     #[error("the compaction's summary failed: {message}")]
-    SummaryFailed { message: String },
+    SummaryFailed { message: String, rejected: bool },
     /// The provider could not count a request's input tokens: it refused the request (`rejected`, with its
     /// words), or failed.
     #[error("the token count failed: {message}")]

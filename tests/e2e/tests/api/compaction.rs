@@ -305,3 +305,31 @@ async fn a_model_that_fails_to_summarise_is_a_retryable_server_error() {
     assert!(!answer.body.to_string().contains("secret"));
     assert_eq!(answer.headers["x-should-retry"], "true");
 }
+
+#[tokio::test]
+async fn a_compaction_the_provider_refuses_is_a_400_upstream_rejected_not_to_be_retried() {
+    let (gw, tenant) = gateway().await;
+    gw.model.push(Reply::error(
+        400,
+        "This model's maximum context length is 10 tokens.",
+    ));
+    let answer = compact(
+        &gw,
+        &tenant.key,
+        json!({"model": "mock", "input": window()}),
+    )
+    .await;
+    assert_error(&answer, 400, None, Some("upstream_rejected"));
+    assert_eq!(
+        answer
+            .headers
+            .get("x-should-retry")
+            .and_then(|v| v.to_str().ok()),
+        Some("false")
+    );
+    assert!(answer.error()["message"]
+        .as_str()
+        .unwrap_or_default()
+        .contains("maximum context length"));
+    assert_eq!(gw.model.requests().len(), 1, "not retried");
+}
