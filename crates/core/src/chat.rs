@@ -151,6 +151,14 @@ pub fn build_chat_request<'a>(upstream_model: &str, input: &ModelInput<'a>) -> C
     if let Some(verbosity) = params.text.get("verbosity").filter(|v| v.is_string()) {
         body.insert("verbosity".into(), verbosity.clone());
     }
+    for (key, value) in [
+        ("presence_penalty", params.presence_penalty),
+        ("frequency_penalty", params.frequency_penalty),
+    ] {
+        if let Some(value) = value {
+            body.insert(key.into(), json!(value));
+        }
+    }
     if let Some(n) = params.top_logprobs.filter(|n| *n > 0) {
         body.insert("logprobs".into(), json!(true));
         body.insert("top_logprobs".into(), json!(n));

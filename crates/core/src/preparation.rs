@@ -208,6 +208,17 @@ pub fn ignored_params(kind: ProviderKind, params: &ResponseParams) -> Vec<&'stat
         .and_then(|r| r.get("summary"))
         .is_some_and(|s| !s.is_null());
     let mut ignored = Vec::new();
+    // Open Responses' penalties: Chat Completions has them; OpenAI's Responses API and Anthropic do not.
+    if kind != ProviderKind::OpenaiChat {
+        for (param, value) in [
+            ("presence_penalty", params.presence_penalty),
+            ("frequency_penalty", params.frequency_penalty),
+        ] {
+            if value.is_some_and(|v| v != 0.0) {
+                ignored.push(param);
+            }
+        }
+    }
     match kind {
         ProviderKind::OpenaiResponses => {}
         ProviderKind::OpenaiChat => {

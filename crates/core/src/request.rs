@@ -62,6 +62,8 @@ pub struct CreateResponseBody {
     pub conversation: Option<Value>,
     pub prompt: Option<Value>,
     pub top_logprobs: Option<i64>,
+    pub presence_penalty: Option<f64>,
+    pub frequency_penalty: Option<f64>,
 }
 
 /// The parameters a response runs with, normalised; stored with the response and echoed in it.
@@ -90,6 +92,12 @@ pub struct ResponseParams {
     /// Log probabilities per output token (0..=20); forwarded where the provider has them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub top_logprobs: Option<u32>,
+    /// Open Responses' penalties (-2..=2) on tokens already present, and on their frequency; forwarded where
+    /// the provider has them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub presence_penalty: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub frequency_penalty: Option<f64>,
     /// The conversation the response starts from and adds its input and output to.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub conversation: Option<String>,
@@ -122,6 +130,8 @@ impl Default for ResponseParams {
             service_tier: None,
             include: None,
             top_logprobs: None,
+            presence_penalty: None,
+            frequency_penalty: None,
             conversation: None,
             conversation_turn_from: None,
         }
@@ -193,25 +203,30 @@ fn validate_with(
     {
         return Err(InvalidRequest::new("'input' must not be empty.", "input"));
     }
-    if let Some(t) = body.temperature {
-        if !(0.0..=2.0).contains(&t) {
-            return Err(
-                range_error("temperature", t, "0", "2").with_code("decimal_above_max_value")
-            );
-        }
-    }
-    if let Some(p) = body.top_p {
-        if !(0.0..=1.0).contains(&p) {
-            return Err(range_error("top_p", p, "0", "1").with_code("decimal_above_max_value"));
+    for (param, value, min, max) in [
+        ("temperature", body.temperature, 0.0, 2.0),
+        ("top_p", body.top_p, 0.0, 1.0),
+        ("presence_penalty", body.presence_penalty, -2.0, 2.0),
+        ("frequency_penalty", body.frequency_penalty, -2.0, 2.0),
+    ] {
+        if let Some(value) = value {
+            check_range(param, value, min, max)?;
         }
     }
     let max_output_tokens = match body.max_output_tokens {
-        Some(n) if !(16..=u32::MAX as i64).contains(&n) => {
+        Some(n) if n < 16 => {
             return Err(InvalidRequest::new(
                 format!("Invalid 'max_output_tokens': integer below minimum value. Expected a value >= 16, but got {n} instead."),
                 "max_output_tokens",
             )
             .with_code("integer_below_min_value"))
+        }
+        Some(n) if n > i64::from(u32::MAX) => {
+            return Err(InvalidRequest::new(
+                format!("Invalid 'max_output_tokens': integer above maximum value. Expected a value <= {}, but got {n} instead.", u32::MAX),
+                "max_output_tokens",
+            )
+            .with_code("integer_above_max_value"))
         }
         other => other.map(|n| n as u32),
     };
@@ -289,6 +304,8 @@ fn validate_with(
             service_tier: body.service_tier,
             include: body.include,
             top_logprobs: body.top_logprobs.map(|n| n as u32),
+            presence_penalty: body.presence_penalty,
+            frequency_penalty: body.frequency_penalty,
             conversation,
             // Known once the conversation is read.
             conversation_turn_from: None,
@@ -300,13 +317,23 @@ fn validate_with(
     })
 }
 
-fn range_error(param: &str, value: f64, min: &str, max: &str) -> InvalidRequest {
-    InvalidRequest::new(
+/// `value` of `param` within `min..=max`, or the error that says on which side it fell.
+fn check_range(param: &str, value: f64, min: f64, max: f64) -> Result<(), InvalidRequest> {
+    if (min..=max).contains(&value) {
+        return Ok(());
+    }
+    let code = if value < min {
+        "decimal_below_min_value"
+    } else {
+        "decimal_above_max_value"
+    };
+    Err(InvalidRequest::new(
         format!(
             "Invalid '{param}': expected a value between {min} and {max}, but got {value} instead."
         ),
         param,
     )
+    .with_code(code))
 }
 
 fn parse_input(input: Option<Value>) -> Result<Vec<InputItem>, InvalidRequest> {

@@ -390,6 +390,8 @@ fn every_request_parameter_is_echoed() {
         service_tier: Some("flex".into()),
         include: None,
         top_logprobs: Some(2),
+        presence_penalty: Some(0.25),
+        frequency_penalty: Some(-1.0),
         conversation: Some("conv_1".into()),
         conversation_turn_from: Some(3),
     };
@@ -406,6 +408,8 @@ fn every_request_parameter_is_echoed() {
         ("parallel_tool_calls", json!(false)),
         ("temperature", json!(0.2)),
         ("top_p", json!(0.5)),
+        ("presence_penalty", json!(0.25)),
+        ("frequency_penalty", json!(-1.0)),
         ("truncation", json!("auto")),
         ("text", json!({"format": {"type": "json_object"}})),
         ("reasoning", json!({"effort": "low", "summary": "auto"})),

@@ -230,6 +230,24 @@ fn create_cases() -> Vec<Case> {
             .param("max_output_tokens"),
         create("max_tool_calls 0", with(json!({"max_tool_calls": 0}))).param("max_tool_calls"),
         create("top_logprobs 21", with(json!({"top_logprobs": 21}))).param("top_logprobs"),
+        create("temperature negative", with(json!({"temperature": -1})))
+            .param("temperature")
+            .code("decimal_below_min_value"),
+        create("top_p above 1, its code", with(json!({"top_p": 1.5})))
+            .param("top_p")
+            .code("decimal_above_max_value"),
+        create("presence_penalty above 2", with(json!({"presence_penalty": 2.5})))
+            .param("presence_penalty")
+            .code("decimal_above_max_value"),
+        create("frequency_penalty below -2", with(json!({"frequency_penalty": -3})))
+            .param("frequency_penalty")
+            .code("decimal_below_min_value"),
+        create("presence_penalty a string", with(json!({"presence_penalty": "x"})))
+            .param("presence_penalty")
+            .code("invalid_type"),
+        create("max_output_tokens above 2^32", with(json!({"max_output_tokens": 4294967296_i64})))
+            .param("max_output_tokens")
+            .code("integer_above_max_value"),
         create("truncation unknown", with(json!({"truncation": "maybe"}))).param("truncation"),
         // text, metadata, misc fields
         create("text a string", with(json!({"text": "x"}))).param("text"),

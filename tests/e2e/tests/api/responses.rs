@@ -141,7 +141,7 @@ async fn a_stored_response_reads_back_by_get_exactly_as_it_was_created() {
     let created = create_ok(
         &gw,
         &tenant.key,
-        json!({"model": "mock", "input": "hi", "temperature": 0.5}),
+        json!({"model": "mock", "input": "hi", "temperature": 0.5, "presence_penalty": 1.5, "frequency_penalty": -0.5}),
     )
     .await;
 
@@ -150,6 +150,8 @@ async fn a_stored_response_reads_back_by_get_exactly_as_it_was_created() {
     assert_eq!(read.status.as_u16(), 200, "{:#}", read.body);
     assert_eq!(read.body, created);
     assert_eq!(read.body["temperature"], 0.5);
+    assert_eq!(read.body["presence_penalty"], 1.5);
+    assert_eq!(read.body["frequency_penalty"], -0.5);
 }
 
 #[tokio::test]

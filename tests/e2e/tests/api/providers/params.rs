@@ -118,6 +118,16 @@ fn table() -> Vec<Row> {
             ],
         ),
         row(
+            "presence_penalty",
+            json!({"presence_penalty": 1.5}),
+            [At("/presence_penalty", json!(1.5)), Ignored, Ignored],
+        ),
+        row(
+            "frequency_penalty",
+            json!({"frequency_penalty": -0.5}),
+            [At("/frequency_penalty", json!(-0.5)), Ignored, Ignored],
+        ),
+        row(
             "prompt_cache_key",
             json!({"prompt_cache_key": "k1"}),
             [
