@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use axum::extract::State;
-use axum::http::HeaderMap;
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use gateway_core::output::{listed_input_item, render_output, response_object};
@@ -30,8 +30,9 @@ const WAIT_POLL: Duration = Duration::from_millis(500);
 
 /// `POST /v1/responses`: a JSON answer, or with `stream: true` the Responses event stream.
 ///
-/// A non-streaming create that carries an `Idempotency-Key` header runs once per project and key: a repeat
-/// answers what the first one answered (409, which SDKs retry, while the first is still running).
+/// A non-streaming create that carries an `Idempotency-Key` header runs once per project and key: a repeat, even
+/// one sent at the same moment, answers what the first one answered (after waiting for its end at most
+/// `durability.wait_ms`; then 409, which SDKs retry, while the first is still running).
 pub async fn create_response(
     State(state): State<AppState>,
     ProjectKey(project, grant): ProjectKey,
@@ -58,7 +59,24 @@ pub async fn create_response(
         }
     }
     let (admitted, standings) = admit(&state, &grant).await?;
-    let answer = start(&state, admitted, request, idempotency_key).await?;
+    let answer = match start(&state, admitted, request, idempotency_key).await {
+        Err(error) if error.status == StatusCode::CONFLICT => {
+            // Two creates with one Idempotency-Key raced and the other's row went in first: this one is a repeat
+            // of it, and waits for its end as a later repeat does.
+            let Some(key) = idempotency_key else {
+                return Err(error);
+            };
+            let Some(id) = state
+                .store
+                .response_for_idempotency_key(&project, key)
+                .await?
+            else {
+                return Err(error);
+            };
+            return Box::pin(repeat(&state, &project, &id)).await;
+        }
+        answer => answer?,
+    };
     Ok(with_rate_headers(answer, &standings))
 }
 

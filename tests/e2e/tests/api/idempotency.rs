@@ -133,3 +133,28 @@ async fn a_key_on_an_unstored_response_is_a_400() {
     assert_error(&answer, 400, Some("store"), None);
     assert!(gw.model.requests().is_empty());
 }
+
+#[tokio::test]
+async fn creates_sent_together_with_one_key_run_once_and_all_answer_its_response() {
+    let (gw, tenant) = gateway().await;
+    // Slow enough that every repeat arrives while the first still runs.
+    gw.model
+        .push(Reply::text("once").with_delay(std::time::Duration::from_millis(500)));
+    let send = || {
+        gw.call(
+            gw.public(Method::POST, "/responses", &tenant.key)
+                .header("Idempotency-Key", "together")
+                .json(&json!({"model": "mock", "input": "hi"})),
+        )
+    };
+
+    let answers = futures::future::join_all((0..6).map(|_| send())).await;
+
+    for answer in &answers {
+        assert_eq!(answer.status, 200, "{:#}", answer.body);
+        assert_eq!(answer.body, answers[0].body);
+    }
+    assert_eq!(answers[0].body["output_text"], "once");
+    assert_eq!(gw.model.requests().len(), 1);
+    assert_eq!(stored_rows(&gw).await.0, 1);
+}
