@@ -49,6 +49,7 @@ macro_rules! on_both_backends {
 }
 
 on_both_backends!(
+    a_changed_step_whose_earlier_write_was_lost_is_written_again_whole,
     the_store_answers_and_its_migrations_are_applied,
     projects_are_created_read_listed_renamed_and_deleted,
     api_keys_are_listed_renamed_and_revoked_once,
@@ -1392,6 +1393,68 @@ async fn insert_deployment_of_kind(store: &Store, kind: &str) -> Result<(), sqlx
 
 /// How many step rows and context item rows the tables hold for `response_id`, whatever its response row: what
 /// a deletion that left children behind would show (reads join the response row, so they would not).
+async fn a_changed_step_whose_earlier_write_was_lost_is_written_again_whole(store: Store) {
+    let (project_id, deployment_id) = tenant(&store, "acme").await;
+    let running_model = with_state(&model_step(0), StepState::Running);
+    create(
+        &store,
+        &project_id,
+        &deployment_id,
+        &record("resp_lost"),
+        &context(1),
+        &[],
+        None,
+    )
+    .await
+    .expect("create");
+    write_steps(
+        &store,
+        "resp_lost",
+        std::slice::from_ref(&running_model),
+        &[],
+        Durability::Relaxed,
+    )
+    .await
+    .expect("the model step, relaxed");
+    // A crash of the database server takes that relaxed commit back; the run, answered, counts it as stored.
+    let lost = "DELETE FROM steps WHERE response_id = $1";
+    match store.backend() {
+        Backend::Postgres(pool) => sqlx::query(lost)
+            .bind("resp_lost")
+            .execute(pool)
+            .await
+            .map(drop),
+        Backend::Sqlite(pool) => sqlx::query(lost)
+            .bind("resp_lost")
+            .execute(pool)
+            .await
+            .map(drop),
+    }
+    .expect("lose the write");
+
+    // The model answers: its step changes, and the batch it asked for is added.
+    let model_done = model_step(0);
+    let batch = [tool_step(1, 0)];
+    write_steps(
+        &store,
+        "resp_lost",
+        &batch,
+        &[&model_done],
+        Durability::Flush,
+    )
+    .await
+    .expect("end the model step and add the batch");
+    let loaded = store
+        .load_steps(&project_id, "resp_lost")
+        .await
+        .expect("load");
+    assert_eq!(
+        loaded,
+        [model_done, batch[0].clone()],
+        "no gap where the lost write was"
+    );
+}
+
 async fn rows_left_of(store: &Store, response_id: &str) -> (i64, i64) {
     let query = "SELECT (SELECT COUNT(*) FROM steps WHERE response_id = $1),
                         (SELECT COUNT(*) FROM response_input_items WHERE response_id = $1)";

@@ -69,8 +69,9 @@ pub(super) struct BoundaryRows {
     pub(super) ending: EndingColumns,
     pub(super) usage: Option<JsonText>,
     pub(super) notify: bool,
-    /// Stored steps changed: seq, state, body.
-    pub(super) changed: Vec<(i32, &'static str, JsonText)>,
+    /// Stored steps changed, whole: a step whose earlier write was lost (a relaxed commit that a crash of the
+    /// database server took back) is written again from them.
+    pub(super) changed: Vec<StepRow>,
     pub(super) added: Vec<StepRow>,
     pub(super) usage_records: Vec<UsageRecord>,
 }
@@ -426,16 +427,21 @@ SELECT set_config('synchronous_commit', COALESCE($35, current_setting('synchrono
         AND r.claim_epoch = w.epoch
     ORDER BY r.created_at, r.id FOR UPDATE OF r
 ), changed AS (
-    UPDATE steps SET state = u.state, body = u.body, updated_at = w.at,
-        attempts = steps.attempts + CASE WHEN u.state = 'running' THEN 1 ELSE 0 END
-    FROM UNNEST($13::text[], $14::int4[], $15::text[], $16::jsonb[]) AS u(response_id, seq, state, body)
+    INSERT INTO steps (response_id, seq, kind, state, body, call_id, tool_name, attempts, created_at, updated_at)
+    SELECT u.response_id, u.seq, u.kind, u.state, u.body, u.call_id, u.tool_name,
+           CASE WHEN u.state = 'pending' THEN 0 ELSE 1 END, w.at, w.at
+    FROM UNNEST($13::text[], $14::int4[], $15::text[], $16::text[], $17::jsonb[], $18::text[], $19::text[])
+        AS u(response_id, seq, kind, state, body, call_id, tool_name)
     JOIN w ON w.id = u.response_id
-    WHERE steps.response_id = u.response_id AND steps.seq = u.seq AND u.response_id IN (SELECT id FROM owned)
+    WHERE u.response_id IN (SELECT id FROM owned)
+    ON CONFLICT (response_id, seq) DO UPDATE SET state = excluded.state, body = excluded.body,
+        updated_at = excluded.updated_at,
+        attempts = steps.attempts + CASE WHEN excluded.state = 'running' THEN 1 ELSE 0 END
 ), added AS (
     INSERT INTO steps (response_id, seq, kind, state, body, call_id, tool_name, attempts, created_at, updated_at)
     SELECT s.response_id, s.seq, s.kind, s.state, s.body, s.call_id, s.tool_name,
            CASE WHEN s.state = 'pending' THEN 0 ELSE 1 END, w.at, w.at
-    FROM UNNEST($17::text[], $18::int4[], $19::text[], $20::text[], $21::jsonb[], $22::text[], $23::text[])
+    FROM UNNEST($20::text[], $21::int4[], $22::text[], $23::text[], $24::jsonb[], $25::text[], $26::text[])
         AS s(response_id, seq, kind, state, body, call_id, tool_name)
     JOIN w ON w.id = s.response_id
     WHERE s.response_id IN (SELECT id FROM owned)
@@ -450,11 +456,11 @@ SELECT set_config('synchronous_commit', COALESCE($35, current_setting('synchrono
     SELECT pg_notify('gateway_progress', o.id) FROM owned o JOIN w ON w.id = o.id WHERE w.notify
 ), usage AS (
     INSERT INTO usage_records SELECT * FROM ",
-        usage_recordset!("$24"),
+        usage_recordset!("$27"),
         " WHERE u.response_id IN (SELECT id FROM owned) ON CONFLICT DO NOTHING
 )
 SELECT o.id, o.cancel_requested, (SELECT COUNT(*) FROM notified) AS notified,
-       set_config('synchronous_commit', COALESCE($25, current_setting('synchronous_commit')), true) AS commit
+       set_config('synchronous_commit', COALESCE($28, current_setting('synchronous_commit')), true) AS commit
 FROM owned o"
     );
 
@@ -602,18 +608,12 @@ FROM owned o"
         boundaries: &[&BoundaryRows],
         synchronous_commit: Option<&str>,
     ) -> Result<HashMap<String, bool>, StoreError> {
-        let mut changed_response = Vec::new();
-        let mut changed_seq = Vec::new();
-        let mut changed_state = Vec::new();
-        let mut changed_body = Vec::new();
+        let mut changed = StepColumns::default();
         let mut added = StepColumns::default();
         let mut usage = Vec::new();
         for b in boundaries {
-            for (seq, state, body) in &b.changed {
-                changed_response.push(b.id.as_str());
-                changed_seq.push(*seq);
-                changed_state.push(*state);
-                changed_body.push(body);
+            for row in &b.changed {
+                changed.push(&b.id, row);
             }
             for row in &b.added {
                 added.push(&b.id, row);
@@ -672,11 +672,8 @@ FROM owned o"
                     .map(|b| b.ending.completed_at)
                     .collect::<Vec<_>>(),
             )
-            .bind(boundaries.iter().map(|b| b.notify).collect::<Vec<_>>())
-            .bind(&changed_response)
-            .bind(&changed_seq)
-            .bind(&changed_state)
-            .bind(&changed_body);
+            .bind(boundaries.iter().map(|b| b.notify).collect::<Vec<_>>());
+        let query = bind_step_columns!(query, changed);
         let owned = bind_step_columns!(query, added)
             .bind(super::super::writes::usage_json(usage)?)
             .bind(synchronous_commit)
@@ -730,7 +727,7 @@ mod sqlite {
                 .flat_map(|c| c.items.iter().map(|item| (c.id.as_str(), item)))
                 .collect();
             insert_items(&mut tx, &items).await?;
-            let changed: Vec<(&BoundaryRows, &(i32, &'static str, JsonText))> = boundaries
+            let changed: Vec<(&BoundaryRows, &StepRow)> = boundaries
                 .iter()
                 .flat_map(|b| b.changed.iter().map(move |change| (*b, change)))
                 .collect();
@@ -867,24 +864,34 @@ mod sqlite {
         .await
     }
 
-    /// Stored steps changed at a boundary; one that starts running counts an attempt.
+    /// Stored steps changed at a boundary, written whole (one missing is written again); one that starts running
+    /// counts an attempt.
     async fn update_steps(
         tx: &mut SqliteConnection,
-        changed: &[(&BoundaryRows, &(i32, &'static str, JsonText))],
+        changed: &[(&BoundaryRows, &StepRow)],
     ) -> Result<(), sqlx::Error> {
-        in_statements(tx, changed, 5, |query, part| {
+        in_statements(tx, changed, 10, |query, part| {
             query.push(
-                "UPDATE steps SET state = v.column3, body = v.column4, updated_at = v.column5,
-                    attempts = attempts + CASE WHEN v.column3 = 'running' THEN 1 ELSE 0 END FROM (",
+                "INSERT INTO steps (response_id, seq, kind, state, body, call_id, tool_name, attempts, created_at,
+                    updated_at) ",
             );
-            values(query, part, |row, (b, (seq, state, body))| {
+            values(query, part, |row, (b, step)| {
                 row.push_bind(&b.id)
-                    .push_bind(*seq)
-                    .push_bind(*state)
-                    .push_bind(body)
+                    .push_bind(step.seq)
+                    .push_bind(step.kind)
+                    .push_bind(step.state)
+                    .push_bind(&step.body)
+                    .push_bind(&step.call_id)
+                    .push_bind(&step.tool_name)
+                    .push_bind(step.attempts())
+                    .push_bind(b.at)
                     .push_bind(b.at);
             });
-            query.push(") AS v WHERE steps.response_id = v.column1 AND steps.seq = v.column2");
+            query.push(
+                " ON CONFLICT (response_id, seq) DO UPDATE SET state = excluded.state, body = excluded.body,
+                    updated_at = excluded.updated_at,
+                    attempts = steps.attempts + CASE WHEN excluded.state = 'running' THEN 1 ELSE 0 END",
+            );
         })
         .await
     }

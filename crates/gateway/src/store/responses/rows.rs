@@ -42,9 +42,11 @@ impl StepRow {
 }
 
 /// The rows of `steps`, as written.
-pub(super) fn step_rows(steps: &[Step]) -> Result<Vec<StepRow>, StoreError> {
+pub(super) fn step_rows<'a>(
+    steps: impl IntoIterator<Item = &'a Step>,
+) -> Result<Vec<StepRow>, StoreError> {
     steps
-        .iter()
+        .into_iter()
         .map(|step| {
             let (kind, call_id, tool_name) = match &step.body {
                 StepBody::Model(_) => ("model", None, None),

@@ -254,10 +254,6 @@ impl Store {
         } else {
             "write_steps"
         });
-        let mut changed = Vec::with_capacity(write.changed.len());
-        for step in write.changed {
-            changed.push((step.seq as i32, step.state.as_str(), to_json(&step.body)?));
-        }
         let rows = BoundaryRows {
             id: write.response_id.to_owned(),
             owner: write.owner.to_owned(),
@@ -270,7 +266,7 @@ impl Store {
                 .map(|u| to_json(&u))
                 .transpose()?,
             notify: write.notify,
-            changed,
+            changed: step_rows(write.changed.iter().copied())?,
             added: step_rows(write.added)?,
             usage_records: write.usage.to_vec(),
         };
