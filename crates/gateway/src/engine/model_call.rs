@@ -52,9 +52,13 @@ impl Engine {
             ..Shown::default()
         };
         let call = self.call_with_fallbacks(&run.deployment, &request, &mut *sink, &mut shown);
+        // A call still running when the response's deadline passes is dropped: the step stays unended, and the
+        // loop ends the response `incomplete` (deadline). A stream's reads are bounded one by one, not as a whole.
+        let deadline = tokio::time::sleep_until(run.deadline.into());
         let answer = tokio::select! {
             answer = call => Some(answer),
             () = told_to_stop(run) => None,
+            () = deadline => None,
         };
         match answer {
             Some((result, fallback)) => {

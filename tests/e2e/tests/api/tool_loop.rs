@@ -591,6 +591,19 @@ async fn a_response_past_its_deadline_ends_incomplete() {
 }
 
 #[tokio::test]
+async fn a_model_call_still_running_when_the_deadline_passes_ends_the_response_incomplete() {
+    let gw = TestGateway::start_with(|c| c.limits.response_deadline_ms = 1_000).await;
+    let tenant = gw.tenant("acme").await;
+    gw.model
+        .push(Reply::text("far too late").with_delay(std::time::Duration::from_secs(10)));
+
+    let body = create_ok(&gw, &tenant.key, json!({"model": "mock", "input": "hi"})).await;
+
+    assert_eq!(body["status"], "incomplete", "{body:#}");
+    assert_eq!(body["incomplete_details"], json!({"reason": "deadline"}));
+}
+
+#[tokio::test]
 async fn arguments_that_are_not_json_give_the_model_an_error_without_calling_the_tool() {
     let (gw, tenant) = gateway_with_tools(&["add"]).await;
     gw.model
