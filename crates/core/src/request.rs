@@ -266,6 +266,9 @@ fn validate_with(
         .text
         .unwrap_or_else(|| serde_json::json!({"format": {"type": "text"}}));
     validate_text(&text)?;
+    if let Some(reasoning) = &body.reasoning {
+        validate_reasoning(reasoning)?;
+    }
     if let Some(id) = &body.previous_response_id {
         if id.is_empty() {
             return Err(InvalidRequest::new(
@@ -355,6 +358,58 @@ fn parse_input(input: Option<Value>) -> Result<Vec<InputItem>, InvalidRequest> {
         )
         .with_code("invalid_type")),
     }
+}
+
+/// `reasoning`: an object whose `effort`, `summary` and `generate_summary`, when set, are among the values
+/// OpenAI's schema lists (and `none` for a summary, which Codex sends); its other fields are passed on as they
+/// are.
+fn validate_reasoning(reasoning: &Value) -> Result<(), InvalidRequest> {
+    const EFFORTS: &[&str] = &["none", "minimal", "low", "medium", "high", "xhigh", "max"];
+    const SUMMARIES: &[&str] = &["auto", "concise", "detailed", "none"];
+    let Some(fields) = reasoning.as_object() else {
+        return Err(InvalidRequest::new(
+            format!(
+                "Invalid type for 'reasoning': expected an object, but got {} instead.",
+                json_kind(reasoning)
+            ),
+            "reasoning",
+        )
+        .with_code("invalid_type"));
+    };
+    for (field, allowed) in [
+        ("effort", EFFORTS),
+        ("summary", SUMMARIES),
+        ("generate_summary", SUMMARIES),
+    ] {
+        let param = format!("reasoning.{field}");
+        match fields.get(field) {
+            None | Some(Value::Null) => {}
+            Some(Value::String(value)) if allowed.contains(&value.as_str()) => {}
+            Some(Value::String(value)) => {
+                let supported = allowed
+                    .iter()
+                    .map(|v| format!("'{v}'"))
+                    .collect::<Vec<_>>()
+                    .join(", ");
+                return Err(InvalidRequest::new(
+                    format!("Invalid value for '{param}': '{value}'. Supported values are: {supported}."),
+                    param,
+                )
+                .with_code("invalid_value"));
+            }
+            Some(other) => {
+                return Err(InvalidRequest::new(
+                    format!(
+                        "Invalid type for '{param}': expected a string, but got {} instead.",
+                        json_kind(other)
+                    ),
+                    param,
+                )
+                .with_code("invalid_type"))
+            }
+        }
+    }
+    Ok(())
 }
 
 fn validate_text(text: &Value) -> Result<(), InvalidRequest> {
@@ -447,6 +502,22 @@ mod tests {
         );
         assert!(valid.store);
         assert!(!valid.stream);
+    }
+
+    #[test]
+    fn reasoning_as_the_clients_send_it_is_kept_whole() {
+        for reasoning in [
+            json!({"effort": "high", "summary": "auto"}),
+            json!({"effort": "minimal", "summary": "none"}),
+            json!({"effort": null, "summary": null, "context": "all_turns"}),
+            json!({"generate_summary": "concise"}),
+        ] {
+            let valid = validate(body(
+                json!({"model": "m", "input": "x", "reasoning": reasoning.clone()}),
+            ))
+            .unwrap_or_else(|e| panic!("{reasoning}: {}", e.message));
+            assert_eq!(valid.params.reasoning, Some(reasoning));
+        }
     }
 
     #[test]

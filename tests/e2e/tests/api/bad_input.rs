@@ -236,6 +236,15 @@ fn create_cases() -> Vec<Case> {
         create("top_p above 1, its code", with(json!({"top_p": 1.5})))
             .param("top_p")
             .code("decimal_above_max_value"),
+        create("reasoning a string", with(json!({"reasoning": "x"})))
+            .param("reasoning")
+            .code("invalid_type"),
+        create("reasoning.effort unknown", with(json!({"reasoning": {"effort": "bogus"}})))
+            .param("reasoning.effort")
+            .code("invalid_value"),
+        create("reasoning.summary a number", with(json!({"reasoning": {"summary": 7}})))
+            .param("reasoning.summary")
+            .code("invalid_type"),
         create("presence_penalty above 2", with(json!({"presence_penalty": 2.5})))
             .param("presence_penalty")
             .code("decimal_above_max_value"),
