@@ -282,6 +282,22 @@ async fn running_responses_that_cannot_be_resumed_end_failed_with_a_code_instead
     let mut cluster = Cluster::postgres().await;
     let mut first = cluster.replica(&[]);
     cluster.configure(&first).await;
+    // The project's webhook endpoint hears of both endings.
+    let receiver = gateway_testkit::WebhookReceiver::start()
+        .await
+        .expect("receiver");
+    let projects = cluster
+        .admin(&first, reqwest::Method::GET, "/projects", None)
+        .await;
+    let project = projects["data"][0]["id"].as_str().expect("project");
+    cluster
+        .admin(
+            &first,
+            reqwest::Method::POST,
+            &format!("/projects/{project}/webhooks"),
+            Some(json!({"url": receiver.url()})),
+        )
+        .await;
     let unreadable = cluster.background_gate_call(&first).await;
     let orphaned = cluster.background_gate_call(&first).await;
     cluster.gate_calls(2).await;
@@ -324,6 +340,27 @@ async fn running_responses_that_cannot_be_resumed_end_failed_with_a_code_instead
     let (status, body) = cluster.get(&second, &orphaned).await;
     assert_eq!(status, 200);
     assert_eq!(body["error"]["code"], "deployment_gone", "{body:#}");
+    assert!(
+        receiver.wait_for(2, PATIENCE, |_| true).await,
+        "both failures were told: {:?}",
+        receiver.received()
+    );
+    let told: BTreeSet<(String, String)> = receiver
+        .received()
+        .iter()
+        .map(|received| {
+            let event: serde_json::Value = serde_json::from_str(&received.body).expect("json");
+            (
+                event["type"].as_str().expect("type").to_owned(),
+                event["data"]["id"].as_str().expect("id").to_owned(),
+            )
+        })
+        .collect();
+    let failed = |id: &str| ("response.failed".to_owned(), id.to_owned());
+    assert_eq!(
+        told,
+        BTreeSet::from([failed(&unreadable), failed(&orphaned)])
+    );
 }
 
 #[tokio::test]

@@ -84,6 +84,7 @@ on_both_backends!(
     counted_windows_that_ended_long_ago_are_pruned_and_the_others_kept,
     usage_sums_beyond_what_a_bigint_holds_read_as_the_largest_one,
     a_webhook_try_that_outlived_its_lock_records_nothing_over_the_try_after_it,
+    a_deleted_responses_queued_event_is_sent_only_when_its_ending_was_written,
 );
 
 // ---- scratch databases ----
@@ -3137,4 +3138,93 @@ async fn a_webhook_try_that_outlived_its_lock_records_nothing_over_the_try_after
         .await
         .expect("taken")
         .is_empty());
+}
+
+async fn a_deleted_responses_queued_event_is_sent_only_when_its_ending_was_written(store: Store) {
+    use gateway::store::webhooks::WebhookEndpoint;
+    let (project_id, deployment_id) = tenant(&store, "hooks").await;
+    let endpoint = WebhookEndpoint {
+        id: "whep_deleted".into(),
+        project_id: project_id.clone(),
+        url: "http://127.0.0.1:9/hook".into(),
+        events: json!(["response.completed"]),
+        secret: "whsec_test".into(),
+        created_at: 1,
+    };
+    store
+        .create_webhook_endpoint(&endpoint)
+        .await
+        .expect("endpoint");
+    // Two responses whose endings were queued: one's ending was written, the other's replica died before it was.
+    for id in ["resp_ended", "resp_cut"] {
+        create(
+            &store,
+            &project_id,
+            &deployment_id,
+            &record(id),
+            &context(1),
+            &[],
+            None,
+        )
+        .await
+        .expect("create");
+        let queued = store
+            .enqueue_webhook_event(
+                &project_id,
+                id,
+                &format!("evt_{id}"),
+                "response.completed",
+                &json!({"id": id}),
+                1,
+            )
+            .await
+            .expect("queued");
+        assert_eq!(queued, 1);
+    }
+    let mut ended = record("resp_ended");
+    ended.end(
+        Ending::Completed { handed_back: false },
+        Usage::default(),
+        1_700_000_300,
+    );
+    store
+        .write_steps(&StepWrite {
+            response_id: "resp_ended",
+            added: &[],
+            changed: &[],
+            ended: Some(&ended),
+            at: 1_700_000_300,
+            durability: Durability::Flush,
+            owner: OWNER,
+            epoch: 0,
+            notify: false,
+            usage: &[],
+        })
+        .await
+        .expect("end");
+
+    for id in ["resp_ended", "resp_cut"] {
+        assert!(store
+            .delete_response(&project_id, id)
+            .await
+            .expect("delete"));
+    }
+
+    // The ending that happened is still told; the one that never did is not.
+    let due = store.take_due_deliveries(16, 60_000).await.expect("taken");
+    let due: Vec<&str> = due.iter().map(|d| d.response_id.as_str()).collect();
+    assert_eq!(due, ["resp_ended"]);
+    let listed = store
+        .webhook_deliveries(&project_id, "whep_deleted", 10)
+        .await
+        .expect("listed");
+    let status_of = |id: &str| {
+        listed
+            .iter()
+            .find(|d| d.response_id == id)
+            .map(|d| d.status.clone())
+            .expect("listed")
+    };
+    assert_eq!(status_of("resp_cut"), "superseded");
+    assert_eq!(status_of("resp_ended"), "pending");
 }

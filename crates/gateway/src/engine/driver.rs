@@ -89,12 +89,26 @@ impl Engine {
             now(),
         );
         if run.journal.is_written() {
+            // A background response's ending is told to the project's webhooks, as every other ending is: queued
+            // first (best effort, the store failing), and sent only once the response reads `failed`.
+            let queued = run.record.background
+                && Box::pin(self.queue_ending_event(
+                    &run.project_id,
+                    &run.record.id,
+                    gateway_core::webhook::WebhookEvent::ResponseFailed,
+                ))
+                .await
+                .unwrap_or_else(|error| {
+                    tracing::warn!(response.id = %run.record.id, %error, "could not queue the webhook event of the failure");
+                    false
+                });
             // A response must not stay in progress for ever when its loop gave up: the steps not yet written go
             // with its ending; failing that, the ending alone; failing that too, the response is handed back, so
             // that a replica resumes it and ends it.
+            let mut ended = true;
             if let Err(again) = Box::pin(self.write(&mut run, Durability::Flush)).await {
                 tracing::error!(response.id = %run.record.id, error = %again, "could not record the failure with its steps");
-                let ended = Box::pin(self.store.end_failed_without_steps(
+                let ended_alone = Box::pin(self.store.end_failed_without_steps(
                     &run.record.id,
                     &self.replica.id,
                     run.registration.epoch,
@@ -103,11 +117,15 @@ impl Engine {
                     now(),
                 ))
                 .await;
-                if let Err(again) = ended {
+                if let Err(again) = ended_alone {
                     tracing::error!(response.id = %run.record.id, error = %again, "could not record the failure either; handing the response over");
                     self.replica
                         .release_later(&run.record.id, run.registration.epoch);
+                    ended = false;
                 }
+            }
+            if queued && ended {
+                self.deliverer.wake();
             }
         }
         // Best effort, bounded for a reader that takes nothing: it learns why its stream ends here, and the

@@ -38,6 +38,15 @@ impl Engine {
             // released for ever (SPEC 9).
             Err(e) if !e.is_transient() => {
                 tracing::warn!(response.id = %claimed.id, error = %e, "a running response cannot be read back; ending it failed");
+                // Its ending is told to the project's webhooks as any other is, queued before it is written.
+                let queued = self.store.is_background(&claimed.id).await? == Some(true)
+                    && self
+                        .queue_ending_event(
+                            &claimed.project_id,
+                            &claimed.id,
+                            gateway_core::webhook::WebhookEvent::ResponseFailed,
+                        )
+                        .await?;
                 self.store
                     .end_failed_without_steps(
                         &claimed.id,
@@ -49,6 +58,9 @@ impl Engine {
                     )
                     .await?;
                 self.replica.progressed(&claimed.id);
+                if queued {
+                    self.wake_deliverer();
+                }
                 return Ok(());
             }
             Err(e) => return Err(e),

@@ -139,6 +139,7 @@ impl Store {
     ) -> Result<bool, StoreError> {
         let _timer = self.timed("delete_conversation");
         self.delete_with_children(
+            &[],
             "DELETE FROM conversations WHERE id = $1 AND project_id = $2",
             &["DELETE FROM conversation_items WHERE conversation_id = $1"],
             id,

@@ -319,11 +319,12 @@ fn unanswered(wait: std::time::Duration) -> sqlx::Error {
 
 impl Store {
     /// Deletes row `id` of `project_id` with `delete_row` (`$1` the id, `$2` the project) and, when it was there,
-    /// its children with each of `delete_children` (`$1` the id), in one transaction: where a foreign key would
-    /// cascade as well (on SQLite, when its connection enforces them) they find nothing left. Whether the row
-    /// was there.
+    /// its children with each of `delete_children` (`$1` the id), in one transaction, after each of `before`
+    /// (`$1` the id, `$2` the project, reading the row as it was): where a foreign key would cascade as well (on
+    /// SQLite, when its connection enforces them) they find nothing left. Whether the row was there.
     async fn delete_with_children(
         &self,
+        before: &[&str],
         delete_row: &str,
         delete_children: &[&str],
         id: &str,
@@ -331,6 +332,13 @@ impl Store {
     ) -> Result<bool, StoreError> {
         let deleted = with_pool!(self, |pool| {
             let mut tx = pool.begin().await?;
+            for statement in before {
+                sqlx::query(statement)
+                    .bind(id)
+                    .bind(project_id)
+                    .execute(&mut *tx)
+                    .await?;
+            }
             let deleted = sqlx::query(delete_row)
                 .bind(id)
                 .bind(project_id)

@@ -225,6 +225,18 @@ impl Store {
         }))
     }
 
+    /// Whether response `id` runs in the background, read from its own column (which reads back when the rest
+    /// of what is stored of it does not); `None` when there is no such response.
+    pub async fn is_background(&self, id: &str) -> Result<Option<bool>, StoreError> {
+        let background = with_pool!(self, |pool| sqlx::query_scalar(
+            "SELECT background FROM responses WHERE id = $1",
+        )
+        .bind(id)
+        .fetch_optional(pool)
+        .await?);
+        Ok(background)
+    }
+
     /// The id of the response that `project_id` created with this `Idempotency-Key`, if any.
     pub async fn response_for_idempotency_key(
         &self,

@@ -132,6 +132,7 @@ impl Store {
     ) -> Result<bool, StoreError> {
         let _timer = self.timed("delete_webhook_endpoint");
         self.delete_with_children(
+            &[],
             "DELETE FROM webhook_endpoints WHERE id = $1 AND project_id = $2",
             &["DELETE FROM webhook_deliveries WHERE endpoint_id = $1"],
             id,

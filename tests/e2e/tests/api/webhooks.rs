@@ -320,3 +320,42 @@ async fn a_background_response_cancelled_while_queued_is_told_to_its_endpoints()
     assert_eq!(listed.len(), 1, "{listed:#?}");
     gw.tools.open_gate();
 }
+
+#[tokio::test]
+async fn a_background_response_whose_steps_cannot_be_written_is_told_failed_to_its_endpoints() {
+    let (gw, tenant) = fast_retrying(3).await;
+    let receiver = WebhookReceiver::start().await.expect("receiver");
+    register(&gw, &tenant, &receiver.url(), None).await;
+    // Every step write is refused for good, as a database that lost a column would refuse it: the run ends on the
+    // store's error path, with its ending written alone.
+    match gw.store.backend() {
+        gateway::store::Backend::Postgres(pool) => {
+            for statement in [
+                "CREATE FUNCTION refuse_steps() RETURNS trigger AS $$ BEGIN
+                     RAISE EXCEPTION 'steps refused';
+                 END $$ LANGUAGE plpgsql",
+                "CREATE TRIGGER refuse_steps BEFORE INSERT OR UPDATE ON steps
+                     FOR EACH ROW EXECUTE FUNCTION refuse_steps()",
+            ] {
+                sqlx::query(statement).execute(pool).await.expect("trigger");
+            }
+        }
+        gateway::store::Backend::Sqlite(pool) => {
+            for statement in [
+                "CREATE TRIGGER refuse_steps BEFORE INSERT ON steps BEGIN SELECT RAISE(ABORT, 'steps refused'); END",
+                "CREATE TRIGGER refuse_step_changes BEFORE UPDATE ON steps BEGIN SELECT RAISE(ABORT, 'steps refused'); END",
+            ] {
+                sqlx::query(statement).execute(pool).await.expect("trigger");
+            }
+        }
+    }
+
+    let id = background(&gw, &tenant).await;
+    assert!(receiver.wait_for(1, WAIT, |_| true).await, "delivered");
+    let [received] = receiver.received().try_into().expect("one delivery");
+    let event: Value = serde_json::from_str(&received.body).expect("json");
+    assert_eq!(event["type"], "response.failed");
+    assert_eq!(event["data"], json!({"id": id}));
+    let read = get_response(&gw, &tenant.key, &id).await;
+    assert_eq!(read.body["status"], "failed", "{:#}", read.body);
+}

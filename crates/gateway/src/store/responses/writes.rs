@@ -233,9 +233,18 @@ impl Store {
     /// Deletes a response with its items and steps; `false` when there was none for this project.
     pub async fn delete_response(&self, project_id: &str, id: &str) -> Result<bool, StoreError> {
         let _timer = self.timed("delete_response");
-        // No foreign key cascades to the steps and items on Postgres (migration 0016): they go explicitly.
         self.delete_with_children(
+            // An event queued for an ending that was never written (its replica died in between) never happened:
+            // it is superseded with the response, rather than sent for it. The events of an ending that was
+            // written are kept, and sent.
+            &[
+                "UPDATE webhook_deliveries SET status = 'superseded', locked_until = NULL
+               WHERE response_id = $1 AND status = 'pending' AND EXISTS (
+                   SELECT 1 FROM responses
+                   WHERE id = $1 AND project_id = $2 AND status IN ('queued', 'in_progress'))",
+            ],
             "DELETE FROM responses WHERE id = $1 AND project_id = $2",
+            // No foreign key cascades to the steps and items on Postgres (migration 0016): they go explicitly.
             &[
                 "DELETE FROM steps WHERE response_id = $1",
                 "DELETE FROM response_input_items WHERE response_id = $1",
