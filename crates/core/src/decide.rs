@@ -149,6 +149,9 @@ pub fn decide_next_action(input: &LoopInput<'_>) -> NextAction {
                 return NextAction::ResumeModelCall { seq: step.seq };
             }
             let Some(output) = model.output.as_ref() else {
+                if model.failure.as_ref().is_some_and(|f| f.cut_by_deadline) {
+                    return incomplete(IncompleteReason::Deadline);
+                }
                 let (code, message) = model
                     .failure
                     .as_ref()

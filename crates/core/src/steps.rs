@@ -276,6 +276,10 @@ pub struct UpstreamFailure {
     /// Text a streaming client had already been shown when the call broke off: it stays in the
     /// response's output as an `incomplete` message, as the client saw it.
     pub partial: Option<AssistantMessage>,
+    /// The call was cut because the response's deadline passed: the response ends `incomplete` (deadline), with
+    /// what was shown of the call, rather than `failed`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub cut_by_deadline: bool,
 }
 
 /// One server tool call: the model's call, and its outcome once it ended.

@@ -59,6 +59,7 @@ fn upstream_failed(seq: u32, message: Option<&str>) -> Step {
         message: m.into(),
         code: Default::default(),
         partial: None,
+        cut_by_deadline: false,
     });
     model_step(
         seq,
@@ -69,6 +70,19 @@ fn upstream_failed(seq: u32, message: Option<&str>) -> Step {
             failure,
         },
     )
+}
+
+/// A model call the response's deadline cut.
+fn cut_by_deadline(seq: u32) -> Step {
+    let mut step = upstream_failed(seq, Some("The deadline passed."));
+    if let StepBody::Model(ModelStep {
+        failure: Some(failure),
+        ..
+    }) = &mut step.body
+    {
+        failure.cut_by_deadline = true;
+    }
+    step
 }
 
 fn tool(
@@ -147,7 +161,7 @@ fn decide(
 //
 // Steps are separated by `;` and take their seq from their place (`-` for none):
 //   `text`, `stopped <finish>`, `asked <id>:<name> ... [finish=<finish>]`, `model <state>`,
-//   `failed [message]`, `listing`, and the tool steps `ok|err|pending|running <id>[@<batch>]`
+//   `failed [message]`, `cut` (by the deadline), `listing`, and the tool steps `ok|err|pending|running <id>[@<batch>]`
 //   (no batch: a carried step).
 // Expected: `call_model`, `complete`, `incomplete <wire reason>`, `resume <seq>`, `fail <message>`,
 //   `dispatch@<batch> <id>:<name> ...`, `hand_back <id>:<name> ...`, `run <seq> ...`.
@@ -238,6 +252,7 @@ fn parse_steps(steps: &str) -> Vec<Step> {
             },
             "model" => model_unended(seq, serde_json::from_value(rest.into()).unwrap()),
             "failed" => upstream_failed(seq, Some(rest).filter(|m| !m.is_empty())),
+            "cut" => cut_by_deadline(seq),
             "listing" => listing(seq),
             _ => {
                 let (call_id, batch) = match rest.split_once('@') {
@@ -353,6 +368,8 @@ failed upstream after a batch fails with its message
     asked a:search; ok a@0; failed connection reset => fail connection reset
 failed upstream without a message still fails
     failed => fail the upstream model call failed
+a model call cut by the deadline ends the response incomplete
+    asked a:search; ok a@0; cut => incomplete deadline
 ",
     );
 }

@@ -290,6 +290,7 @@ fn rows() -> Vec<Row> {
                         message: "The upstream model's stream broke off.".into(),
                         code: Default::default(),
                         partial: Some(streamed("msg_1", &["Hel", "lo"])),
+                        cut_by_deadline: false,
                     }),
                 }),
             }],

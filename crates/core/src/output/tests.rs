@@ -45,6 +45,7 @@ fn failed_model(seq: u32, message: &str, partial: Option<AssistantMessage>) -> S
                 message: message.into(),
                 code: Default::default(),
                 partial,
+                cut_by_deadline: false,
             }),
         }),
     }

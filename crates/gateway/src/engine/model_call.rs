@@ -23,6 +23,9 @@ use crate::store::tenancy::Deployment;
 use crate::tools::ServerTools;
 use crate::upstream::{Live, ModelRequest, Target, UpstreamError};
 
+/// What a model call cut by the response's deadline records as its failure.
+const DEADLINE_PASSED: &str = "The response's deadline passed before this model call ended.";
+
 /// Model text waiting for a slow reader: the upstream read waits when this many pieces are queued.
 const TEXT_BUFFER: usize = 64;
 
@@ -52,13 +55,22 @@ impl Engine {
             ..Shown::default()
         };
         let call = self.call_with_fallbacks(&run.deployment, &request, &mut *sink, &mut shown);
-        // A call still running when the response's deadline passes is dropped: the step stays unended, and the
-        // loop ends the response `incomplete` (deadline). A stream's reads are bounded one by one, not as a whole.
+        // A call still running when the response's deadline passes is dropped, and recorded as cut by it: the
+        // loop ends the response `incomplete` (deadline), with the text a reader was shown of the call. A stream's
+        // reads are bounded one by one, not as a whole.
         let deadline = tokio::time::sleep_until(run.deadline.into());
         let answer = tokio::select! {
             answer = call => Some(answer),
             () = told_to_stop(run) => None,
-            () = deadline => None,
+            () = deadline => {
+                let failure = UpstreamFailure {
+                    message: DEADLINE_PASSED.into(),
+                    code: Default::default(),
+                    partial: None,
+                    cut_by_deadline: true,
+                };
+                return record_failure(run, index, failure, shown, sink).await;
+            }
         };
         match answer {
             Some((result, fallback)) => {
@@ -78,6 +90,7 @@ impl Engine {
                     message: CANCELLED.into(),
                     code: Default::default(),
                     partial: None,
+                    cut_by_deadline: false,
                 };
                 record_failure(run, index, failure, shown, sink).await;
             }
@@ -228,6 +241,7 @@ async fn record_answer<S: ProgressSink>(
                 message: e.public_message(),
                 code: e.failure_code(),
                 partial: None,
+                cut_by_deadline: false,
             };
             return record_failure(run, index, failure, shown, sink).await;
         }

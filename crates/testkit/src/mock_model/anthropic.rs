@@ -129,6 +129,10 @@ pub(crate) fn stream_frames(resolved: &Resolved, id: &str, model: &str) -> Vec<F
             frames.truncate(cut_at);
             frames.push(Frame::Abort);
         }
+        StreamMode::StallMidStream => {
+            frames.truncate(cut_at + 1);
+            frames.push(Frame::Stall);
+        }
         _ => {
             let output_tokens = resolved.usage.map_or(0, |u| u.completion);
             frames.push(event(

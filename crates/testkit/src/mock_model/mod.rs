@@ -396,6 +396,7 @@ fn event_stream(frames: Vec<Frame>) -> Response {
                     "mock model cut the stream",
                 ))
             }
+            Frame::Stall => std::future::pending().await,
         }
     });
     (

@@ -30,6 +30,8 @@ pub enum StreamMode {
     /// Drop the connection after the first chunk, without `[DONE]` (the client sees a body error). A
     /// non-streamed answer is cut too: half of its JSON, then the connection drops.
     CutMidStream,
+    /// After the first chunk, send nothing more and keep the connection open: an upstream that stalled.
+    StallMidStream,
     /// Never send the usage chunk, even when `stream_options.include_usage` is true.
     NoUsageChunk,
 }
@@ -320,6 +322,8 @@ pub(crate) enum Frame {
     Event(&'static str, String),
     /// Abort the connection.
     Abort,
+    /// Send nothing more, and keep the connection open until the client leaves.
+    Stall,
 }
 
 /// A completion reply with ids assigned, ready to encode.
@@ -508,6 +512,10 @@ impl Resolved {
             StreamMode::CutMidStream => {
                 frames.extend(chunks.into_iter().take(1).map(Frame::Data));
                 frames.push(Frame::Abort);
+            }
+            StreamMode::StallMidStream => {
+                frames.extend(chunks.into_iter().take(1).map(Frame::Data));
+                frames.push(Frame::Stall);
             }
             StreamMode::ErrorMidStream => {
                 // The first chunk carries the first text piece when there is text.

@@ -152,6 +152,10 @@ pub(crate) fn stream_frames(resolved: &Resolved, id: &str, model: &str) -> Vec<F
             frames.truncate(cut_at);
             frames.push(Frame::Abort);
         }
+        StreamMode::StallMidStream => {
+            frames.truncate(cut_at + 1);
+            frames.push(Frame::Stall);
+        }
         _ => {
             let kind = if whole["status"] == "incomplete" {
                 "response.incomplete"

@@ -499,3 +499,33 @@ async fn an_upstream_body_without_done_but_with_a_finish_reason_is_complete() {
         "no usage reported"
     );
 }
+
+#[tokio::test]
+async fn an_upstream_that_stalls_past_the_deadline_ends_incomplete_with_the_text_it_showed() {
+    let gw = TestGateway::start_with(|c| c.limits.response_deadline_ms = 1_000).await;
+    let tenant = gw.tenant("acme").await;
+    gw.model
+        .push(Reply::text("Half an answer and then").stream_mode(StreamMode::StallMidStream));
+
+    let checked = stream(&gw, &tenant, "talk").await;
+
+    assert_eq!(checked.terminal_kind(), "response.incomplete");
+    assert_eq!(
+        checked.terminal["incomplete_details"],
+        json!({"reason": "deadline"})
+    );
+    // The reader keeps what it was shown: the message, as it was cut, in the stream and in what is stored.
+    let [message] = checked.items.as_slice() else {
+        panic!("{:#?}", checked.items)
+    };
+    assert_eq!(message.done["status"], "incomplete");
+    let shown = message.deltas("response.output_text.delta");
+    assert!(!shown.is_empty());
+    assert!("Half an answer and then".starts_with(shown.as_str()));
+    assert_eq!(
+        checked.terminal["output"][0]["content"][0]["text"],
+        json!(shown),
+        "{:#}",
+        checked.terminal
+    );
+}
