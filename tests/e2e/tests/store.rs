@@ -8,7 +8,7 @@ use gateway::store::admin::{
     ApiKeyChanges, DeploymentChanges, Member, Membership, NewApiKey, NewDeployment, NewToolSource,
     ProjectChanges, ToolSourceChanges,
 };
-use gateway::store::responses::{Durability, NewResponse, Order, StepWrite};
+use gateway::store::responses::{Durability, IdempotencyKey, NewResponse, Order, StepWrite};
 use gateway::store::stored_tools::StoredTool;
 use gateway::store::tenancy::hash_key;
 use gateway::store::{Backend, Store, StoreError};
@@ -349,7 +349,11 @@ async fn create(
                 server_tools: &[server_tool()],
                 context: items,
                 steps,
-                idempotency_key,
+                // The key stands for its request's digest too: each reads back as it was written.
+                idempotency_key: idempotency_key.map(|key| IdempotencyKey {
+                    key,
+                    request_digest: key,
+                }),
                 owner: Some(OWNER),
                 deadline_in_ms: Some(60_000),
                 api_key_id: None,
@@ -1651,7 +1655,7 @@ async fn an_idempotency_key_finds_its_response_and_cannot_be_used_twice_in_a_pro
             .response_for_idempotency_key(&project_id, "key-1")
             .await
             .expect("lookup"),
-        Some("resp_first".to_owned())
+        Some(("resp_first".to_owned(), Some("key-1".to_owned())))
     );
     assert_eq!(
         store
@@ -2288,7 +2292,7 @@ async fn writes_that_share_a_batch_are_answered_each_its_own_way(store: Store) {
             .response_for_idempotency_key(project_id, "key-1")
             .await
             .expect("lookup"),
-        Some("resp_keyed".to_owned())
+        Some(("resp_keyed".to_owned(), Some("key-1".to_owned())))
     );
 }
 

@@ -87,6 +87,18 @@ impl ApiError {
         }
     }
 
+    /// A create repeated under an `Idempotency-Key` whose first create (of response `first`) sent another body.
+    pub fn idempotency_key_reused(first: &str) -> ApiError {
+        ApiError::invalid(
+            format!(
+                "This Idempotency-Key was first used with a different request body (it created response \
+                 '{first}'); a new request needs a new key."
+            ),
+            None,
+            Some("idempotency_key_reused"),
+        )
+    }
+
     pub fn payload_too_large(limit: usize) -> ApiError {
         ApiError {
             status: StatusCode::PAYLOAD_TOO_LARGE,

@@ -14,26 +14,49 @@ use std::sync::Arc;
 /// A JSON body: empty, malformed, too large or mistyped bodies become 400/413 with the offending `param`.
 pub struct ApiJson<T>(pub T);
 
-impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for ApiJson<T> {
+impl<T: DeserializeOwned> FromRequest<AppState> for ApiJson<T> {
     type Rejection = ApiError;
 
-    async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
-        let bytes = Bytes::from_request(req, state).await.map_err(|rejection| {
-            if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
-                ApiError {
-                    status: StatusCode::PAYLOAD_TOO_LARGE,
-                    ..ApiError::invalid(rejection.body_text(), None, Some("request_too_large"))
-                }
-            } else {
-                ApiError::invalid(
-                    format!("Could not read the request body: {}", rejection.body_text()),
-                    None,
-                    None,
-                )
-            }
-        })?;
+    async fn from_request(req: Request, state: &AppState) -> Result<Self, ApiError> {
+        let bytes = read_body(req, state).await?;
         parse_json(&bytes).map(ApiJson)
     }
+}
+
+/// A JSON body read as [`ApiJson`] reads it, with the digest of its bytes (SHA-256, hex) when the request
+/// carries an `Idempotency-Key`: a repeat under the key must send the same body.
+pub struct KeyedJson<T> {
+    pub body: T,
+    pub digest: Option<String>,
+}
+
+impl<T: DeserializeOwned> FromRequest<AppState> for KeyedJson<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &AppState) -> Result<Self, ApiError> {
+        use sha2::Digest;
+        let keyed = req.headers().contains_key("idempotency-key");
+        let bytes = read_body(req, state).await?;
+        let digest = keyed.then(|| hex::encode(sha2::Sha256::digest(&bytes)));
+        let body = parse_json(&bytes)?;
+        Ok(KeyedJson { body, digest })
+    }
+}
+
+/// The whole body of `req`, within the body limit; a body over it is a `413` that says the limit.
+async fn read_body(req: Request, state: &AppState) -> Result<Bytes, ApiError> {
+    Bytes::from_request(req, state).await.map_err(|rejection| {
+        if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            // The body limit is the one a WebSocket message meets (`server.body_limit_bytes`).
+            ApiError::payload_too_large(state.websocket_message_limit)
+        } else {
+            ApiError::invalid(
+                format!("Could not read the request body: {}", rejection.body_text()),
+                None,
+                None,
+            )
+        }
+    })
 }
 
 /// Parses a JSON text (a request body, or a WebSocket message) into `T`; every failure is an OpenAI-shaped 400

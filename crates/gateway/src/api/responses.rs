@@ -16,14 +16,14 @@ use tokio::sync::broadcast;
 use tokio::time::Instant;
 
 use super::error::ApiError;
-use super::extract::{ApiJson, ApiPath, ApiQuery, ProjectKey};
+use super::extract::{ApiPath, ApiQuery, KeyedJson, ProjectKey};
 use super::governance::{admit, with_rate_headers};
 use super::stream::{event_stream, follow, Following};
 use super::AppState;
 use crate::clock::now;
 use crate::engine::Admitted;
 use crate::store::notify::Notification;
-use crate::store::responses::{Order, StoredResponse};
+use crate::store::responses::{IdempotencyKey, Order, StoredResponse};
 
 /// A waiting request reads the store again after this long without a sign of progress.
 const WAIT_POLL: Duration = Duration::from_millis(500);
@@ -37,10 +37,15 @@ pub async fn create_response(
     State(state): State<AppState>,
     ProjectKey(project, grant): ProjectKey,
     headers: HeaderMap,
-    ApiJson(body): ApiJson<CreateResponseBody>,
+    KeyedJson { body, digest }: KeyedJson<CreateResponseBody>,
 ) -> Result<Response, ApiError> {
     let request = validate(body)?;
-    let idempotency_key = idempotency_key(&headers)?.filter(|_| !request.stream);
+    let idempotency_key = idempotency_key(&headers)?
+        .filter(|_| !request.stream)
+        .map(|key| IdempotencyKey {
+            key,
+            request_digest: digest.as_deref().unwrap_or_default(),
+        });
     if idempotency_key.is_some() && !request.store {
         return Err(ApiError::invalid(
             "An Idempotency-Key needs a stored response to answer repeats with: it cannot be used with 'store': false.",
@@ -49,13 +54,13 @@ pub async fn create_response(
         ));
     }
     if let Some(key) = idempotency_key {
-        if let Some(id) = state
+        if let Some(first) = state
             .store
-            .response_for_idempotency_key(&project, key)
+            .response_for_idempotency_key(&project, key.key)
             .await?
         {
             // Boxed, as `submit` below: a rare path's future would make every create's kilobytes larger.
-            return Box::pin(repeat(&state, &project, &id)).await;
+            return Box::pin(repeat(&state, &project, key, first)).await;
         }
     }
     let (admitted, standings) = admit(&state, &grant).await?;
@@ -66,14 +71,14 @@ pub async fn create_response(
             let Some(key) = idempotency_key else {
                 return Err(error);
             };
-            let Some(id) = state
+            let Some(first) = state
                 .store
-                .response_for_idempotency_key(&project, key)
+                .response_for_idempotency_key(&project, key.key)
                 .await?
             else {
                 return Err(error);
             };
-            return Box::pin(repeat(&state, &project, &id)).await;
+            return Box::pin(repeat(&state, &project, key, first)).await;
         }
         answer => answer?,
     };
@@ -86,7 +91,7 @@ async fn start(
     state: &AppState,
     admitted: Admitted,
     request: ValidRequest,
-    idempotency_key: Option<&str>,
+    idempotency_key: Option<IdempotencyKey<'_>>,
 ) -> Result<Response, ApiError> {
     if request.background {
         // Answered at once; a background stream follows the response from its first event.
@@ -176,8 +181,19 @@ fn json_answer(write: impl FnOnce(&mut Vec<u8>) -> serde_json::Result<()>) -> Re
 }
 
 /// Answers a repeated create with what the first one answered: a background response as it stands now; a
-/// foreground one once it has ended (waiting a while for it, then a `409` that SDKs retry).
-async fn repeat(state: &AppState, project: &str, id: &str) -> Result<Response, ApiError> {
+/// foreground one once it has ended (waiting a while for it, then a `409` that SDKs retry). `first` is the
+/// response the key's first create made, and the digest of its body: a repeat with another body is refused.
+async fn repeat(
+    state: &AppState,
+    project: &str,
+    key: IdempotencyKey<'_>,
+    (id, first_digest): (String, Option<String>),
+) -> Result<Response, ApiError> {
+    // A row written before digests were kept has none: it is answered as before.
+    if first_digest.is_some_and(|digest| digest != key.request_digest) {
+        return Err(ApiError::idempotency_key_reused(&id));
+    }
+    let id = id.as_str();
     let stored = find_response(state, project, id).await?;
     let stored = if stored.record.background || stored.record.ending().is_some() {
         stored

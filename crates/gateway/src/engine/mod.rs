@@ -292,7 +292,7 @@ impl Engine {
         &self,
         admitted: Admitted,
         request: gateway_core::request::ValidRequest,
-        idempotency_key: Option<&str>,
+        idempotency_key: Option<crate::store::responses::IdempotencyKey<'_>>,
     ) -> Result<Finished, EngineError> {
         let run = self.prepare(admitted, request, idempotency_key).await?;
         let engine = self.clone();

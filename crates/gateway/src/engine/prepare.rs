@@ -31,7 +31,7 @@ use super::server_tools::{bind_hosted_tools, remote_names, source_of, stored, un
 use super::{Admitted, Engine, EngineError, Origin, Run};
 use crate::clock::now;
 use crate::ids::{item_id, new_id};
-use crate::store::responses::{Durability, NewResponse};
+use crate::store::responses::{Durability, IdempotencyKey, NewResponse};
 use crate::store::tenancy::{Deployment, Resolution};
 use crate::store::StoreError;
 use crate::tools::ServerTools;
@@ -54,7 +54,7 @@ impl Engine {
         &self,
         admitted: Admitted,
         request: ValidRequest,
-        idempotency_key: Option<&str>,
+        idempotency_key: Option<IdempotencyKey<'_>>,
     ) -> Result<Run, EngineError> {
         match self
             .prepare_any(admitted, request, idempotency_key, None)
@@ -91,7 +91,7 @@ impl Engine {
         &self,
         admitted: Admitted,
         request: ValidRequest,
-        idempotency_key: Option<&str>,
+        idempotency_key: Option<IdempotencyKey<'_>>,
         follow: bool,
     ) -> Result<(ResponseRecord, Option<broadcast::Receiver<Event>>), EngineError> {
         match self
@@ -122,7 +122,7 @@ impl Engine {
         &'a self,
         governed: Admitted,
         request: ValidRequest,
-        idempotency_key: Option<&'a str>,
+        idempotency_key: Option<IdempotencyKey<'a>>,
         known_previous: Option<Vec<Item>>,
     ) -> futures::future::BoxFuture<'a, Result<Prepared, EngineError>> {
         Box::pin(self.prepare_phases(governed, request, idempotency_key, known_previous))
@@ -134,7 +134,7 @@ impl Engine {
         &self,
         governed: Admitted,
         mut request: ValidRequest,
-        idempotency_key: Option<&str>,
+        idempotency_key: Option<IdempotencyKey<'_>>,
         known_previous: Option<Vec<Item>>,
     ) -> Result<Prepared, EngineError> {
         let project_id = governed.payer.project_id.clone();
@@ -499,7 +499,7 @@ impl<'a> Start<'a> {
 /// A prepared response before it runs: what its row and its run start from.
 struct Plan<'a> {
     project_id: &'a str,
-    idempotency_key: Option<&'a str>,
+    idempotency_key: Option<IdempotencyKey<'a>>,
     /// Its row is written as it is prepared.
     write_now: bool,
     record: ResponseRecord,

@@ -17,6 +17,14 @@ use super::stored_tools::StoredTool;
 use super::{Backend, Store, StoreError};
 use rows::{from_json, ResponseRow, StepReadRow, RESPONSE_BY_ID, STEPS_OF_RESPONSE};
 
+/// A client's `Idempotency-Key`, and the digest (SHA-256, hex) of the request body it came with: a repeat under
+/// the key is answered only when its body is the same.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IdempotencyKey<'a> {
+    pub key: &'a str,
+    pub request_digest: &'a str,
+}
+
 /// A response to create, with the context it starts from.
 #[derive(Debug, Clone)]
 pub struct NewResponse<'a> {
@@ -29,8 +37,8 @@ pub struct NewResponse<'a> {
     /// The first steps: tool calls carried over from a passed-through batch (pending), or the first model
     /// call (running); every step, for a response written when it ended.
     pub steps: &'a [Step],
-    /// The client's `Idempotency-Key`, unique per project.
-    pub idempotency_key: Option<&'a str>,
+    /// The client's `Idempotency-Key`, unique per project, with the digest of the request it came with.
+    pub idempotency_key: Option<IdempotencyKey<'a>>,
     /// The replica that drives it; `None` for a background response left queued for any replica.
     pub owner: Option<&'a str>,
     /// How long it has until its deadline passes (milliseconds, counted from the database's clock when the row
@@ -237,19 +245,22 @@ impl Store {
         Ok(background)
     }
 
-    /// The id of the response that `project_id` created with this `Idempotency-Key`, if any.
+    /// The id of the response that `project_id` created with this `Idempotency-Key`, if any, and the digest of
+    /// the request it was created by (`None` for a row written before digests were kept).
     pub async fn response_for_idempotency_key(
         &self,
         project_id: &str,
         key: &str,
-    ) -> Result<Option<String>, StoreError> {
-        let id = with_read_pool!(self, |pool| sqlx::query_scalar(
-            "SELECT id FROM responses WHERE project_id = $1 AND idempotency_key = $2",
+    ) -> Result<Option<(String, Option<String>)>, StoreError> {
+        let id = with_read_pool!(self, |pool| {
+            sqlx::query_as(
+            "SELECT id, idempotency_digest FROM responses WHERE project_id = $1 AND idempotency_key = $2",
         )
         .bind(project_id)
         .bind(key)
         .fetch_optional(pool)
-        .await?);
+        .await?
+        });
         Ok(id)
     }
 

@@ -48,6 +48,8 @@ struct Case {
     param: Option<&'static str>,
     /// Expected `code`, when the case pins one.
     code: Option<&'static str>,
+    /// Words the message must hold, when the case pins them.
+    mentions: Option<&'static str>,
 }
 
 fn case(name: &'static str, method: Method, path: &str, auth: Auth, body: Body) -> Case {
@@ -61,6 +63,7 @@ fn case(name: &'static str, method: Method, path: &str, auth: Auth, body: Body) 
         status: 400,
         param: None,
         code: None,
+        mentions: None,
     }
 }
 
@@ -75,6 +78,10 @@ impl Case {
     }
     fn code(mut self, code: &'static str) -> Case {
         self.code = Some(code);
+        self
+    }
+    fn mentions(mut self, words: &'static str) -> Case {
+        self.mentions = Some(words);
         self
     }
     fn header(mut self, name: &'static str, value: String) -> Case {
@@ -154,7 +161,8 @@ fn create_cases() -> Vec<Case> {
         create_raw("comment", r#"{"model":"mock", /* c */ "input":"x"}"#).code("invalid_json"),
         create_raw("huge body", &format!(r#"{{"model":"mock","input":"{}"}}"#, "x".repeat(70_000)))
             .status(413)
-            .code("request_too_large"),
+            .code("request_too_large")
+            .mentions("limit of 65536 bytes"),
         // model
         create("no model", json!({"input": "x"}))
             .param("model")

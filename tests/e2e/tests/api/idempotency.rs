@@ -158,3 +158,44 @@ async fn creates_sent_together_with_one_key_run_once_and_all_answer_its_response
     assert_eq!(gw.model.requests().len(), 1);
     assert_eq!(stored_rows(&gw).await.0, 1);
 }
+
+#[tokio::test]
+async fn a_key_used_again_with_another_body_is_refused_and_runs_nothing() {
+    let (gw, tenant) = gateway().await;
+    gw.model.push(Reply::text("Hello"));
+    let send = |input: &str| {
+        gw.call(
+            gw.public(Method::POST, "/responses", &tenant.key)
+                .header("Idempotency-Key", "order-18")
+                .json(&json!({"model": "mock", "input": input})),
+        )
+    };
+
+    let first = send("hi").await;
+    let other = send("something else").await;
+    let again = send("hi").await;
+
+    assert_eq!(first.status, 200, "{:#}", first.body);
+    // Not the first response, which answered another request; not retryable either.
+    assert_error(&other, 400, None, Some("idempotency_key_reused"));
+    assert_eq!(
+        other
+            .headers
+            .get("x-should-retry")
+            .and_then(|v| v.to_str().ok()),
+        Some("false")
+    );
+    let first_id = first.body["id"].as_str().expect("id");
+    assert!(
+        other.error()["message"]
+            .as_str()
+            .is_some_and(|m| m.contains(first_id)),
+        "{:#}",
+        other.body
+    );
+    // The same body is still a repeat.
+    assert_eq!(again.status, 200, "{:#}", again.body);
+    assert_eq!(again.body, first.body);
+    assert_eq!(gw.model.requests().len(), 1);
+    assert_eq!(stored_rows(&gw).await.0, 1);
+}

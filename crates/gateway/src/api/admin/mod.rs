@@ -313,10 +313,10 @@ pub(crate) fn same_secret(given: &str, expected: &str) -> bool {
 /// would otherwise accept `["acme"]` as `{"name": "acme"}`), then typed with the offending field as `param`.
 pub struct AdminJson<T>(pub T);
 
-impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for AdminJson<T> {
+impl<T: DeserializeOwned> FromRequest<AppState> for AdminJson<T> {
     type Rejection = ApiError;
 
-    async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
+    async fn from_request(req: Request, state: &AppState) -> Result<Self, ApiError> {
         let ApiJson(value) = ApiJson::<Value>::from_request(req, state).await?;
         if !value.is_object() {
             return Err(ApiError::invalid(

@@ -40,6 +40,7 @@ pub(super) struct CreateRows {
     pub(super) background: bool,
     pub(super) created_at: i64,
     pub(super) idempotency_key: Option<String>,
+    pub(super) idempotency_digest: Option<String>,
     pub(super) usage: Option<JsonText>,
     pub(super) ending: EndingColumns,
     pub(super) owner: Option<String>,
@@ -367,19 +368,20 @@ mod postgres {
         "WITH r AS (
     SELECT * FROM UNNEST($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::jsonb[], $7::jsonb[],
         $8::text[], $9::bool[], $10::bool[], $11::int8[], $12::text[], $13::jsonb[], $14::bool[], $15::text[],
-        $16::text[], $17::text[], $18::int8[], $19::text[], $20::int8[], $21::text[], $22::text[])
+        $16::text[], $17::text[], $18::int8[], $19::text[], $20::int8[], $21::text[], $22::text[], $36::text[])
     AS r(id, project_id, deployment_id, model, status, params, server_tools, previous_response_id, store,
         background, created_at, idempotency_key, usage, handed_back, error_code, error_message,
-        incomplete_reason, completed_at, owner, deadline_in_ms, api_key_id, trace_context)
+        incomplete_reason, completed_at, owner, deadline_in_ms, api_key_id, trace_context, idempotency_digest)
 ), response AS (
     INSERT INTO responses (id, project_id, deployment_id, model, status, params, server_tools,
         previous_response_id, store, background, created_at, updated_at, idempotency_key, usage, handed_back,
-        error_code, error_message, incomplete_reason, completed_at, owner, deadline_at, api_key_id, trace_context)
+        error_code, error_message, incomplete_reason, completed_at, owner, deadline_at, api_key_id, trace_context,
+        idempotency_digest)
     SELECT r.id, r.project_id, d.id, r.model, r.status, r.params, r.server_tools, r.previous_response_id,
         r.store, r.background, r.created_at, COALESCE(r.completed_at, r.created_at), r.idempotency_key, r.usage,
         r.handed_back, r.error_code, r.error_message, r.incomplete_reason, r.completed_at, r.owner, ",
         pg_now_ms!(),
-        " + r.deadline_in_ms, r.api_key_id, r.trace_context
+        " + r.deadline_in_ms, r.api_key_id, r.trace_context, r.idempotency_digest
     FROM r LEFT JOIN deployments d ON d.id = r.deployment_id
     ON CONFLICT (id) DO UPDATE SET status = excluded.status, usage = excluded.usage,
         handed_back = excluded.handed_back, error_code = excluded.error_code,
@@ -597,6 +599,7 @@ FROM owned o"
         bind_step_columns!(query, steps)
             .bind(super::super::writes::usage_json(usage)?)
             .bind(synchronous_commit)
+            .bind(optional(|c| c.idempotency_digest.as_deref()))
             .execute(pool)
             .await
             .map_err(|e| StoreError::from_write(e, super::CREATE_CONFLICT))?;
@@ -805,12 +808,12 @@ mod sqlite {
         tx: &mut SqliteConnection,
         creates: &[&CreateRows],
     ) -> Result<(), sqlx::Error> {
-        in_statements(tx, creates, 24, |query, part| {
+        in_statements(tx, creates, 25, |query, part| {
             query.push(
                 "INSERT INTO responses (id, project_id, deployment_id, model, status, params, server_tools,
                     previous_response_id, store, background, created_at, updated_at, idempotency_key, usage,
                     handed_back, error_code, error_message, incomplete_reason, completed_at, owner, deadline_at,
-                    api_key_id, trace_context) ",
+                    api_key_id, trace_context, idempotency_digest) ",
             );
             values(query, part, |row, c| {
                 row.push_bind(&c.id).push_bind(&c.project_id);
@@ -833,7 +836,9 @@ mod sqlite {
                 row.push(sqlite_now_ms!())
                     .push_unseparated(" + ")
                     .push_bind_unseparated(c.deadline_in_ms);
-                row.push_bind(&c.api_key_id).push_bind(&c.trace_context);
+                row.push_bind(&c.api_key_id)
+                    .push_bind(&c.trace_context)
+                    .push_bind(&c.idempotency_digest);
             });
             query.push(
                 " ON CONFLICT (id) DO UPDATE SET status = excluded.status, usage = excluded.usage,
