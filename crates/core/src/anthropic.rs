@@ -355,10 +355,30 @@ fn content_blocks(content: &MessageContent, role: Role) -> Vec<Value> {
                     image_url: Some(url),
                     ..
                 } if role == Role::User => Some(image_block(url)),
+                ContentPart::InputFile {
+                    file_data: Some(data),
+                    ..
+                } if role == Role::User => pdf_data(data).map(|data| {
+                    json!({"type": "document", "source": {"type": "base64", "media_type": "application/pdf", "data": data}})
+                }),
+                ContentPart::InputFile {
+                    file_url: Some(url),
+                    file_data: None,
+                    ..
+                } if role == Role::User => {
+                    Some(json!({"type": "document", "source": {"type": "url", "url": url}}))
+                }
+                // Anything else the response lists as ignored (`preparation::ignored_content`).
                 ContentPart::InputImage { .. } | ContentPart::InputFile { .. } => None,
             })
             .collect(),
     }
+}
+
+/// The base64 data of a PDF sent as a `data:application/pdf;base64,` URL: the one kind of file data a Messages
+/// `document` block takes as it is.
+pub fn pdf_data(file_data: &str) -> Option<&str> {
+    file_data.strip_prefix("data:application/pdf;base64,")
 }
 
 /// An image block: a `data:` URL as base64 source, any other URL as a URL source.

@@ -319,6 +319,19 @@ fn chat_content(content: &MessageContent, role: Role) -> Value {
                         }
                         chat_parts.push(json!({"type": "image_url", "image_url": image}));
                     }
+                    ContentPart::InputFile {
+                        file_data: Some(data),
+                        filename,
+                        ..
+                    } => {
+                        let mut file = json!({"file_data": data});
+                        if let Some(filename) = filename {
+                            file["filename"] = json!(filename);
+                        }
+                        chat_parts.push(json!({"type": "file", "file": file}));
+                    }
+                    // A file by URL: Chat Completions takes none, and the response lists it as ignored
+                    // (`preparation::ignored_content`).
                     ContentPart::InputImage { .. } | ContentPart::InputFile { .. } => {}
                 }
             }

@@ -420,11 +420,14 @@ pub fn parse_input_item(value: Value) -> Result<InputItem, ItemError> {
         .unwrap_or_default()
         .to_owned();
     match kind.as_str() {
-        item_type if Item::TYPES.contains(&item_type) => serde_json::from_value(value)
-            .map(InputItem::Item)
-            .map_err(|e| ItemError {
-                message: format!("invalid '{kind}' item: {e}"),
-            }),
+        item_type if Item::TYPES.contains(&item_type) => {
+            check_parts(&kind, &value)?;
+            serde_json::from_value(value)
+                .map(InputItem::Item)
+                .map_err(|e| ItemError {
+                    message: format!("invalid '{kind}' item: {e}"),
+                })
+        }
         "web_search_call" => Ok(InputItem::Hosted {
             id: value
                 .get("id")
@@ -445,6 +448,97 @@ pub fn parse_input_item(value: Value) -> Result<InputItem, ItemError> {
             message: format!("input items of type '{other}' are not supported by this gateway"),
         }),
     }
+}
+
+/// The content parts of an item of type `kind`, checked before the item is read, so that what is wrong with them
+/// is said in the API's terms: a message's `content`, a tool output's `output` when it is a list. A file or an
+/// image given by `file_id` is refused: the gateway has no Files API to find it in.
+fn check_parts(kind: &str, item: &Value) -> Result<(), ItemError> {
+    let field = match kind {
+        "message" => "content",
+        "function_call_output" | "custom_tool_call_output" => "output",
+        _ => return Ok(()),
+    };
+    let parts = match item.get(field) {
+        None | Some(Value::String(_)) => return Ok(()),
+        Some(Value::Array(parts)) => parts,
+        Some(other) => {
+            return Err(ItemError {
+                message: format!(
+                    "'{field}' must be a string or an array of content parts, but got {}",
+                    json_kind(other)
+                ),
+            })
+        }
+    };
+    let no_files = |part_type: &str, instead: &str| {
+        ItemError {
+        message: format!(
+            "an '{part_type}' given by 'file_id' is not supported: this gateway has no Files API; send {instead}"
+        ),
+    }
+    };
+    for (j, part) in parts.iter().enumerate() {
+        let at = format!("{field}[{j}]");
+        let Value::Object(part) = part else {
+            return Err(ItemError {
+                message: format!("'{at}' must be an object, but got {}", json_kind(part)),
+            });
+        };
+        let text = |name: &str| part.get(name).and_then(Value::as_str);
+        let given = |name: &str| part.get(name).is_some_and(|v| !v.is_null());
+        match text("type") {
+            Some("input_text" | "output_text") if text("text").is_none() => {
+                return Err(ItemError {
+                    message: format!("'{at}' needs a string 'text'"),
+                })
+            }
+            Some("refusal") if text("refusal").is_none() => {
+                return Err(ItemError {
+                    message: format!("'{at}' needs a string 'refusal'"),
+                })
+            }
+            Some("input_image") if !given("image_url") => {
+                return Err(if given("file_id") {
+                    no_files("input_image", "the image as 'image_url' (an https: or a data: URL)")
+                } else {
+                    ItemError {
+                        message: format!("'{at}' of type 'input_image' needs an 'image_url'"),
+                    }
+                })
+            }
+            Some("input_file") if given("file_id") => {
+                return Err(no_files(
+                    "input_file",
+                    "the file as 'file_data' (a base64 data: URL) or 'file_url'",
+                ))
+            }
+            Some("input_file") if !given("file_data") && !given("file_url") => {
+                return Err(ItemError {
+                    message: format!(
+                        "'{at}' of type 'input_file' needs 'file_data' (a base64 data: URL) or 'file_url'"
+                    ),
+                })
+            }
+            Some(
+                "input_text" | "output_text" | "refusal" | "input_image" | "input_file",
+            ) => {}
+            Some(other) => {
+                return Err(ItemError {
+                    message: format!(
+                        "'{at}' has an unknown type '{other}'; expected one of 'input_text', 'output_text', \
+                         'refusal', 'input_image' or 'input_file'"
+                    ),
+                })
+            }
+            None => {
+                return Err(ItemError {
+                    message: format!("'{at}' needs a 'type'"),
+                })
+            }
+        }
+    }
+    Ok(())
 }
 
 /// The JSON kind of a value, for error messages.

@@ -6,7 +6,7 @@ use std::collections::{BTreeSet, HashMap};
 
 use crate::context::PairingError;
 use crate::entity::ProviderKind;
-use crate::items::{InputItem, McpCallItem};
+use crate::items::{ContentPart, InputItem, McpCallItem, MessageContent, MessageItem, Role};
 use crate::request::ResponseParams;
 use crate::toolset::{
     forced_tool_name, unserved_tools, DeclaredTool, UnsupportedTools, IGNORED_TOOLS_KEY,
@@ -272,14 +272,52 @@ pub fn ignored_params(kind: ProviderKind, params: &ResponseParams) -> Vec<&'stat
     ignored
 }
 
-/// The parameters a deployment of `kind` does not honour, as its `policy` says: listed under
-/// `metadata.gateway_ignored_params` (comma-separated; what was listed is answered), or refused naming the first.
+/// The kinds of content in `input`'s messages that a deployment of `kind` cannot take, as named in
+/// `gateway_ignored_params`: a file by URL for Chat Completions, file data other than a PDF for Anthropic.
+pub fn ignored_content(kind: ProviderKind, input: &[InputItem]) -> Vec<&'static str> {
+    let mut ignored = Vec::new();
+    let parts = input.iter().filter_map(|item| match item {
+        InputItem::Item(Item::Message(MessageItem {
+            role: Role::User,
+            content: MessageContent::Parts(parts),
+            ..
+        })) => Some(parts),
+        _ => None,
+    });
+    for part in parts.flatten() {
+        let ContentPart::InputFile {
+            file_data,
+            file_url,
+            ..
+        } = part
+        else {
+            continue;
+        };
+        let name = match (kind, file_data) {
+            (ProviderKind::OpenaiChat, None) if file_url.is_some() => "input_file.file_url",
+            (ProviderKind::Anthropic, Some(data)) if crate::anthropic::pdf_data(data).is_none() => {
+                "input_file.file_data"
+            }
+            _ => continue,
+        };
+        if !ignored.contains(&name) {
+            ignored.push(name);
+        }
+    }
+    ignored
+}
+
+/// The parameters (and kinds of `input` content) a deployment of `kind` does not honour, as its `policy` says:
+/// listed under `metadata.gateway_ignored_params` (comma-separated; what was listed is answered), or refused
+/// naming the first.
 pub fn apply_ignored_params(
     params: &mut ResponseParams,
+    input: &[InputItem],
     kind: ProviderKind,
     policy: UnsupportedTools,
 ) -> Result<Option<String>, PreparationError> {
-    let ignored = ignored_params(kind, params);
+    let mut ignored = ignored_params(kind, params);
+    ignored.extend(ignored_content(kind, input));
     let Some(first) = ignored.first() else {
         return Ok(None);
     };

@@ -367,13 +367,13 @@ fn parameters_a_kind_cannot_honour_are_listed_under_the_metadata() {
     assert!(!ignored_params(ProviderKind::Anthropic, &params).contains(&"tool_choice"));
     // What is listed lands in the metadata; a request that sets nothing unhonoured gets no key.
     let ignore = UnsupportedTools::Ignore;
-    let listed = apply_ignored_params(&mut params, ProviderKind::OpenaiChat, ignore).unwrap();
+    let listed = apply_ignored_params(&mut params, &[], ProviderKind::OpenaiChat, ignore).unwrap();
     assert_eq!(listed, None);
-    let listed = apply_ignored_params(&mut params, ProviderKind::Anthropic, ignore).unwrap();
+    let listed = apply_ignored_params(&mut params, &[], ProviderKind::Anthropic, ignore).unwrap();
     assert_eq!(params.metadata.get(IGNORED_PARAMS_KEY), listed.as_ref());
     let mut plain = ResponseParams::default();
     assert_eq!(
-        apply_ignored_params(&mut plain, ProviderKind::Anthropic, ignore).unwrap(),
+        apply_ignored_params(&mut plain, &[], ProviderKind::Anthropic, ignore).unwrap(),
         None
     );
     assert!(plain.metadata.is_empty());
@@ -383,7 +383,8 @@ fn parameters_a_kind_cannot_honour_are_listed_under_the_metadata() {
         ..ResponseParams::default()
     };
     let reject = UnsupportedTools::Reject;
-    let error = apply_ignored_params(&mut refused, ProviderKind::Anthropic, reject).unwrap_err();
+    let error =
+        apply_ignored_params(&mut refused, &[], ProviderKind::Anthropic, reject).unwrap_err();
     assert!(
         matches!(
             error,
@@ -396,7 +397,56 @@ fn parameters_a_kind_cannot_honour_are_listed_under_the_metadata() {
     assert!(refused.metadata.is_empty());
     let mut nothing_set = ResponseParams::default();
     assert_eq!(
-        apply_ignored_params(&mut nothing_set, ProviderKind::Anthropic, reject).unwrap(),
+        apply_ignored_params(&mut nothing_set, &[], ProviderKind::Anthropic, reject).unwrap(),
         None
+    );
+}
+
+#[test]
+fn files_a_provider_kind_cannot_take_are_listed_once_each() {
+    let input: Vec<InputItem> = [
+        json!({"role": "user", "content": [
+            {"type": "input_file", "file_url": "https://x/a.pdf"},
+            {"type": "input_file", "file_url": "https://x/b.pdf"},
+            {"type": "input_file", "file_data": "data:text/csv;base64,YSxi"},
+            {"type": "input_file", "file_data": "data:application/pdf;base64,JVBER"}]}),
+        json!({"role": "user", "content": "no parts"}),
+    ]
+    .into_iter()
+    .map(|value| crate::items::parse_input_item(value).unwrap())
+    .collect();
+
+    assert_eq!(
+        ignored_content(ProviderKind::OpenaiChat, &input),
+        ["input_file.file_url"]
+    );
+    assert_eq!(
+        ignored_content(ProviderKind::Anthropic, &input),
+        ["input_file.file_data"]
+    );
+    assert!(ignored_content(ProviderKind::OpenaiResponses, &input).is_empty());
+    // Listed with the parameters, or refused naming the first.
+    let mut params = ResponseParams::default();
+    let listed = apply_ignored_params(
+        &mut params,
+        &input,
+        ProviderKind::OpenaiChat,
+        UnsupportedTools::Ignore,
+    );
+    assert_eq!(listed.unwrap().as_deref(), Some("input_file.file_url"));
+    let refused = apply_ignored_params(
+        &mut ResponseParams::default(),
+        &input,
+        ProviderKind::Anthropic,
+        UnsupportedTools::Reject,
+    );
+    assert!(
+        matches!(
+            refused,
+            Err(PreparationError::UnsupportedParam {
+                param: "input_file.file_data"
+            })
+        ),
+        "{refused:?}"
     );
 }

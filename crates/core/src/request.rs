@@ -257,6 +257,18 @@ fn validate_with(
     }
     let metadata = body.metadata.unwrap_or_default();
     validate_metadata(&metadata)?;
+    // The gateway's own keys say what it did with the request; a client's would be taken for its word.
+    for reserved in [
+        crate::preparation::IGNORED_PARAMS_KEY,
+        crate::toolset::IGNORED_TOOLS_KEY,
+    ] {
+        if metadata.contains_key(reserved) {
+            return Err(InvalidRequest::new(
+                format!("Invalid 'metadata': the key '{reserved}' is the gateway's own; choose another name."),
+                "metadata",
+            ));
+        }
+    }
     let tools = parse_tools(body.tools.unwrap_or_default())?;
     let tool_choice = body
         .tool_choice

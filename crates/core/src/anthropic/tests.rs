@@ -26,7 +26,10 @@ fn a_whole_request_has_system_max_tokens_tools_and_alternating_turns() {
         {"type": "message", "role": "user", "content": [
             {"type": "input_text", "text": "Weather in Paris and Rome? See"},
             {"type": "input_image", "image_url": "data:image/png;base64,iVBOR"},
-            {"type": "input_image", "image_url": "https://example.com/a.png"}]},
+            {"type": "input_image", "image_url": "https://example.com/a.png"},
+            {"type": "input_file", "file_data": "data:application/pdf;base64,JVBER", "filename": "a.pdf"},
+            {"type": "input_file", "file_url": "https://example.com/b.pdf"},
+            {"type": "input_file", "file_data": "data:text/csv;base64,YSxi", "filename": "c.csv"}]},
         {"type": "message", "role": "assistant", "content": "Checking both."},
         {"type": "reasoning", "summary": [{"type": "summary_text", "text": "Two cities."}], "encrypted_content": "anthropic.thinking:sig1"},
         {"type": "reasoning", "summary": [], "encrypted_content": "gAAAA-from-openai"},
@@ -54,7 +57,9 @@ fn a_whole_request_has_system_max_tokens_tools_and_alternating_turns() {
                 {"role": "user", "content": [
                     {"type": "text", "text": "Weather in Paris and Rome? See"},
                     {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBOR"}},
-                    {"type": "image", "source": {"type": "url", "url": "https://example.com/a.png"}}]},
+                    {"type": "image", "source": {"type": "url", "url": "https://example.com/a.png"}},
+                    {"type": "document", "source": {"type": "base64", "media_type": "application/pdf", "data": "JVBER"}},
+                    {"type": "document", "source": {"type": "url", "url": "https://example.com/b.pdf"}}]},
                 {"role": "assistant", "content": [
                     {"type": "thinking", "thinking": "Two cities.", "signature": "sig1"},
                     {"type": "text", "text": "Checking both."},

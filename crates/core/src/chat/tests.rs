@@ -141,7 +141,9 @@ fn conversations_become_the_chat_messages_a_provider_reads() {
                 {"type": "message", "role": "user", "content": [
                     {"type": "input_text", "text": "look"},
                     {"type": "input_image", "image_url": "https://x/cat.png", "detail": "low"},
-                    {"type": "input_image", "file_id": "file_1"}]},
+                    {"type": "input_image", "file_id": "file_1"},
+                    {"type": "input_file", "file_data": "data:application/pdf;base64,JVBER", "filename": "a.pdf"},
+                    {"type": "input_file", "file_url": "https://x/b.pdf"}]},
                 {"type": "message", "role": "assistant", "content": [
                     {"type": "output_text", "text": "a cat", "annotations": []}, {"type": "refusal", "refusal": "!"}]},
                 {"type": "message", "role": "assistant", "content": [
@@ -153,7 +155,8 @@ fn conversations_become_the_chat_messages_a_provider_reads() {
                 {"role": "user", "content": "ab"},
                 {"role": "user", "content": [
                     {"type": "text", "text": "look"},
-                    {"type": "image_url", "image_url": {"url": "https://x/cat.png", "detail": "low"}}]},
+                    {"type": "image_url", "image_url": {"url": "https://x/cat.png", "detail": "low"}},
+                    {"type": "file", "file": {"file_data": "data:application/pdf;base64,JVBER", "filename": "a.pdf"}}]},
                 {"role": "assistant", "content": "a cat!"},
                 {"role": "assistant", "content": "see"},
             ]),

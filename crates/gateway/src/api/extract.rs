@@ -115,10 +115,33 @@ pub fn from_value<T: DeserializeOwned>(value: serde_json::Value) -> Result<T, Ap
 /// The error of a body that `T` could not be read from, naming where it failed: the body read again, following
 /// its path. The same bytes fail the same way; `plain`, the first failure, stands if they somehow did not.
 fn failure_explained<T: DeserializeOwned>(bytes: &[u8], plain: serde_json::Error) -> ApiError {
+    // Every body the API reads is an object: another kind of JSON is named as such, not as the Rust type that
+    // failed to read it.
+    if !plain.is_syntax() && !plain.is_eof() {
+        if let Some(kind) = not_an_object(bytes) {
+            return ApiError::invalid(
+                format!("The request body must be a JSON object, but got {kind}."),
+                None,
+                Some("invalid_type"),
+            );
+        }
+    }
     let mut deserializer = serde_json::Deserializer::from_slice(bytes);
     match serde_path_to_error::deserialize::<_, T>(&mut deserializer) {
         Err(error) => deserialize_error(error),
         Ok(_) => invalid_body(String::new(), plain),
+    }
+}
+
+/// The kind of JSON value `bytes` hold, when it is not an object (read from its first character).
+fn not_an_object(bytes: &[u8]) -> Option<&'static str> {
+    match bytes.iter().find(|b| !b.is_ascii_whitespace())? {
+        b'{' => None,
+        b'[' => Some("an array"),
+        b'"' => Some("a string"),
+        b't' | b'f' => Some("a boolean"),
+        b'n' => Some("null"),
+        _ => Some("a number"),
     }
 }
 

@@ -260,7 +260,9 @@ impl Engine {
         }
         let kind = resolution.deployment.provider_kind;
         let params_policy = resolution.deployment.unsupported_params;
-        if let Some(listed) = apply_ignored_params(&mut request.params, kind, params_policy)? {
+        if let Some(listed) =
+            apply_ignored_params(&mut request.params, &request.input, kind, params_policy)?
+        {
             tracing::info!(model = %request.model, params.ignored = %listed, provider = kind.as_str(), "parameters the provider kind cannot honour are left out");
         }
         Ok(server_tools)

@@ -140,9 +140,14 @@ fn create_cases() -> Vec<Case> {
         create_raw("truncated JSON", "{").code("invalid_json"),
         create_raw("empty body", "").code("empty_body"),
         create_raw("blank body", "  \n ").code("empty_body"),
-        create_raw("array body", "[]").code("invalid_type"),
-        create_raw("string body", "\"x\"").code("invalid_type"),
+        create_raw("array body", "[]")
+            .code("invalid_type")
+            .mentions("must be a JSON object, but got an array"),
+        create_raw("string body", "\"x\"")
+            .code("invalid_type")
+            .mentions("must be a JSON object, but got a string"),
         create_raw("null body", "null").code("invalid_type"),
+        create_raw("number body", "5").code("invalid_type"),
         create_raw("junk after the JSON", r#"{"model":"mock","input":"x"} xyz"#).code("invalid_json"),
         create_raw("two JSON objects", r#"{"model":"mock","input":"x"}{}"#).code("invalid_json"),
         create_raw("NUL in a string", r#"{"model":"mock","input":"a\u0000b"}"#)
@@ -206,6 +211,60 @@ fn create_cases() -> Vec<Case> {
             json!({"model": "mock", "input": [{"role": "user", "content": [{"type": "bogus"}]}]}),
         )
         .param("input[0]"),
+        create(
+            "content neither a string nor a list",
+            json!({"model": "mock", "input": [{"role": "user", "content": 5}]}),
+        )
+        .param("input[0]")
+        .mentions("'content' must be a string or an array of content parts"),
+        create(
+            "content part not an object",
+            json!({"model": "mock", "input": [{"role": "user", "content": ["x"]}]}),
+        )
+        .param("input[0]")
+        .mentions("'content[0]' must be an object"),
+        create(
+            "input_text without text",
+            json!({"model": "mock", "input": [{"role": "user", "content": [{"type": "input_text"}]}]}),
+        )
+        .param("input[0]")
+        .mentions("needs a string 'text'"),
+        create(
+            "input_image without image_url",
+            json!({"model": "mock", "input": [{"role": "user", "content": [{"type": "input_image"}]}]}),
+        )
+        .param("input[0]")
+        .mentions("needs an 'image_url'"),
+        create(
+            "input_image by file_id",
+            json!({"model": "mock", "input": [{"role": "user", "content": [{"type": "input_image", "file_id": "file-1"}]}]}),
+        )
+        .param("input[0]")
+        .mentions("no Files API"),
+        create(
+            "input_file by file_id",
+            json!({"model": "mock", "input": [{"role": "user", "content": [{"type": "input_file", "file_id": "file-1"}]}]}),
+        )
+        .param("input[0]")
+        .mentions("no Files API"),
+        create(
+            "input_file with nothing in it",
+            json!({"model": "mock", "input": [{"role": "user", "content": [{"type": "input_file", "filename": "a.pdf"}]}]}),
+        )
+        .param("input[0]")
+        .mentions("needs 'file_data'"),
+        create(
+            "function_call_output a number",
+            json!({"model": "mock", "input": [{"type": "function_call_output", "call_id": "c", "output": 5}]}),
+        )
+        .param("input[0]")
+        .mentions("'output' must be a string or an array"),
+        create(
+            "metadata with a key of the gateway's",
+            with(json!({"metadata": {"gateway_ignored_params": "temperature"}})),
+        )
+        .param("metadata")
+        .mentions("the gateway's own"),
         create(
             "function_call without call_id",
             json!({"model": "mock", "input": [{"type": "function_call", "name": "f", "arguments": "{}"}]}),
@@ -1247,6 +1306,25 @@ fn check(case: &Case, status: u16, retry: Option<&str>, body: &Value) -> Option<
                     "param {}, expected {:?}",
                     error["param"], case.param
                 ));
+            }
+            let message = error["message"].as_str().unwrap_or_default();
+            if let Some(words) = case.mentions {
+                if !message.contains(words) {
+                    problems.push(format!("message does not say {words:?}"));
+                }
+            }
+            // The message speaks of the API, never of the gateway's own types.
+            for internal in [
+                "untagged enum",
+                "expected struct",
+                "CreateResponseBody",
+                " elements",
+            ] {
+                if message.contains(internal) {
+                    problems.push(format!(
+                        "message shows the gateway's internals ({internal:?})"
+                    ));
+                }
             }
             if let Some(code) = case.code {
                 if error["code"] != code {
