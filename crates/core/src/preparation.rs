@@ -375,11 +375,12 @@ pub fn resolve_input(
 }
 
 /// The `param` a pairing error names: the request's input item when it is one (`first_new` is where the input
-/// starts in the context), the whole input when it lies in the previous response's context.
-pub fn pairing_param(error: &PairingError, first_new: usize) -> String {
+/// starts in the context); `earlier` when it lies in what came before the input (`conversation` for a
+/// conversation's items, `input` for the previous response's context).
+pub fn pairing_param(error: &PairingError, first_new: usize, earlier: &str) -> String {
     match error.index() {
         Some(index) if index >= first_new => format!("input[{}]", index - first_new),
-        _ => "input".to_owned(),
+        _ => earlier.to_owned(),
     }
 }
 

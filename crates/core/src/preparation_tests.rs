@@ -315,18 +315,24 @@ fn references_become_the_items_they_name_and_a_hosted_call_only_a_stored_hosted_
 }
 
 #[test]
-fn a_pairing_error_names_the_input_item_or_else_the_whole_input() {
+fn a_pairing_error_names_the_input_item_or_else_what_came_before_it() {
     let at = |index| PairingError::OrphanOutput {
         call_id: "c".into(),
         index,
     };
     let cases = [
-        (at(5), 3, "input[2]"),
-        (at(3), 3, "input[0]"),
-        (at(1), 3, "input"),
+        (at(5), 3, "input", "input[2]"),
+        (at(3), 3, "input", "input[0]"),
+        (at(1), 3, "input", "input"),
+        (at(4), 3, "conversation", "input[1]"),
+        (at(1), 3, "conversation", "conversation"),
     ];
-    for (error, first_new, expected) in cases {
-        assert_eq!(pairing_param(&error, first_new), expected, "{error:?}");
+    for (error, first_new, earlier, expected) in cases {
+        assert_eq!(
+            pairing_param(&error, first_new, earlier),
+            expected,
+            "{error:?}"
+        );
     }
 }
 

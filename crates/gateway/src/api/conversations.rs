@@ -282,6 +282,10 @@ async fn new_items(
             ),
             other => ApiError::from(other),
         })?;
+    state
+        .engine
+        .check_added_compactions(project, &items)
+        .await?;
     let mut taken: std::collections::HashSet<String> = held.clone();
     let mut added = Vec::with_capacity(items.len());
     for mut item in items {

@@ -114,13 +114,42 @@ impl Engine {
         })
     }
 
+    /// Checks that every compaction item among `items`, which a client adds to a conversation, opens: one that
+    /// does not is refused as `items[i]` now, rather than break every later response of the conversation.
+    pub async fn check_added_compactions(
+        &self,
+        project_id: &str,
+        items: &[Item],
+    ) -> Result<(), EngineError> {
+        for (index, item) in items.iter().enumerate() {
+            let Item::Compaction(compaction) = item else {
+                continue;
+            };
+            match self
+                .sealer
+                .open(project_id, &compaction.encrypted_content)
+                .await
+            {
+                Ok(_) => {}
+                Err(OpenError::Store(error)) => return Err(error.into()),
+                Err(OpenError::Refused) => {
+                    return Err(EngineError::CompactionRefused {
+                        param: format!("items[{index}]"),
+                    })
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// Opens every compaction item of `context` not opened yet, so that the model reads its summary. One that
-    /// does not open is refused, named as the request's input (from `first_new` on) or its previous response.
+    /// does not open is refused, named as the request's input item (from `first_new` on) or as `earlier`.
     pub(super) async fn open_compactions(
         &self,
         project_id: &str,
         context: &mut [Item],
         first_new: usize,
+        earlier: &str,
     ) -> Result<(), EngineError> {
         for (index, item) in context.iter_mut().enumerate() {
             let Item::Compaction(compaction) = item else {
@@ -139,7 +168,7 @@ impl Engine {
                 Err(OpenError::Refused) => {
                     let param = match index.checked_sub(first_new) {
                         Some(position) => format!("input[{position}]"),
-                        None => "previous_response_id".to_owned(),
+                        None => earlier.to_owned(),
                     };
                     return Err(EngineError::CompactionRefused { param });
                 }

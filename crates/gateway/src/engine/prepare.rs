@@ -279,6 +279,11 @@ impl Engine {
         response_id: &str,
     ) -> Result<(Vec<Item>, usize), EngineError> {
         let input = self.resolve_references(project_id, input).await?;
+        // What a stored compaction that does not open is named by, when it is not one of the input's.
+        let earlier = match start {
+            Start::Conversation(_) => "conversation",
+            _ => "previous_response_id",
+        };
         let mut context = match start {
             Start::Previous {
                 known: Some(known), ..
@@ -289,7 +294,7 @@ impl Engine {
         };
         let first_new = context.len();
         add_input(&mut context, input, response_id);
-        self.open_compactions(project_id, &mut context, first_new)
+        self.open_compactions(project_id, &mut context, first_new, earlier)
             .await?;
         Ok((context, first_new))
     }
@@ -528,7 +533,12 @@ fn first_steps(
 ) -> Result<Vec<Step>, EngineError> {
     check_tools(&request.params, server_tools.names())?;
     let carried = pair_calls(context, first_new, server_tools.names()).map_err(|error| {
-        let param = pairing_param(&error, first_new);
+        let earlier = if request.params.conversation.is_some() {
+            "conversation"
+        } else {
+            "input"
+        };
+        let param = pairing_param(&error, first_new, earlier);
         EngineError::Pairing { error, param }
     })?;
     let mut steps: Vec<Step> = listings

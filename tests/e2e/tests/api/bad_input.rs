@@ -993,6 +993,13 @@ fn conversation_cases() -> Vec<Case> {
         .param("items[1]")
         .code("item_not_found"),
         post(
+            "conversation with a compaction it cannot open",
+            "/v1/conversations",
+            json!({"items": [{"role": "user", "content": "x"}, {"type": "compaction", "encrypted_content": "gwc1.tampered"}]}),
+        )
+        .param("items[1]")
+        .code("invalid_encrypted_content"),
+        post(
             "conversation 21 items",
             "/v1/conversations",
             json!({"items": vec![json!({"role": "user", "content": "x"}); 21]}),

@@ -612,3 +612,56 @@ async fn bad_conversation_input_is_refused_and_stores_nothing() {
     assert!(gw.model.requests().is_empty());
     assert_eq!(stored_rows(&gw).await.0, 0);
 }
+
+#[tokio::test]
+async fn items_a_turn_cannot_use_are_named_as_the_conversations() {
+    let (gw, tenant) = gateway().await;
+    let key = &tenant.key;
+    // A tool's output with no call before it: accepted as OpenAI accepts it, but no turn can pair it.
+    let id = id_of(
+        &call_ok(
+            &gw,
+            key,
+            Method::POST,
+            "/conversations",
+            Some(json!({"items": [{"type": "function_call_output", "call_id": "call_none", "output": "4"}]})),
+        )
+        .await,
+    );
+    gw.model.push(Reply::text("never asked"));
+
+    let answer = gw
+        .create(
+            key,
+            json!({"model": "mock", "input": "hi", "conversation": id}),
+        )
+        .await;
+
+    // The conversation is what holds the fault, not this request's input.
+    assert_error(&answer, 400, Some("conversation"), None);
+    assert!(gw.model.requests().is_empty());
+    // A compaction that does not open is refused when added, naming it, and nothing is added.
+    let answer = call(
+        &gw,
+        key,
+        Method::POST,
+        &format!("/conversations/{id}/items"),
+        Some(json!({"items": [{"role": "user", "content": "ok"}, {"type": "compaction", "encrypted_content": "gwc1.altered"}]})),
+    )
+    .await;
+    assert_error(
+        &answer,
+        400,
+        Some("items[1]"),
+        Some("invalid_encrypted_content"),
+    );
+    let held = call_ok(
+        &gw,
+        key,
+        Method::GET,
+        &format!("/conversations/{id}/items"),
+        None,
+    )
+    .await;
+    assert_eq!(held["data"].as_array().map(Vec::len), Some(1), "{held:#}");
+}
