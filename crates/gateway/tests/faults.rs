@@ -1553,6 +1553,72 @@ async fn a_call_that_waited_for_its_place_while_its_replica_was_paused_never_goe
 }
 
 #[tokio::test]
+async fn a_lapse_whose_check_failed_is_checked_again_before_a_waiting_call_goes_out() {
+    let mut cluster = Cluster::postgres().await;
+    // One call of a batch at a time, and a statement that gets no answer is given up after a second.
+    let paused = cluster.replica(&[
+        ("GATEWAY__LIMITS__TOOL_CONCURRENCY", "1"),
+        ("GATEWAY__DATABASE__REPLY_TIMEOUT_MS", "1000"),
+        ("GATEWAY__DATABASE__SERVER_KEEPALIVE_SECS", "0"),
+    ]);
+    let other = cluster.replica(&[]);
+    cluster.configure(&paused).await;
+    let created = cluster
+        .create(
+            &paused,
+            json!({"model": "mock", "input": "!call gate {} !call add {\"a\": 1, \"b\": 2}", "background": true}),
+        )
+        .await;
+    let id = created["id"].as_str().expect("id").to_owned();
+    cluster.gate_calls(1).await;
+    paused.pause();
+    cluster.gate_calls(2).await;
+    cluster.tools.open_gate();
+    cluster.ended(&other, &id).await;
+    let adds = || {
+        cluster
+            .tools
+            .calls()
+            .iter()
+            .filter(|call| call.tool == "add")
+            .count()
+    };
+    assert_eq!(adds(), 1, "the other replica's");
+
+    // Back to life with the response's row locked: its first beat finds the lease lapsed, but the check of
+    // which responses are still its own gets no answer.
+    let pool = sqlx::PgPool::connect(cluster.db.url())
+        .await
+        .expect("connect");
+    let mut lock = pool.begin().await.expect("begin");
+    sqlx::query("SELECT 1 FROM responses WHERE id = $1 FOR UPDATE")
+        .bind(&id)
+        .execute(&mut *lock)
+        .await
+        .expect("lock");
+    paused.resume();
+    paused
+        .logs
+        .wait_for("could not check which responses are still this replica's")
+        .await;
+    lock.rollback().await.expect("unlock");
+
+    // The next beat finds the lease kept (its heartbeat is fresh), and checks all the same: the waiting call
+    // never goes out.
+    paused
+        .logs
+        .wait_for(
+            "another replica took this response over while this one's lease lapsed; giving it up",
+        )
+        .await;
+    paused
+        .logs
+        .wait_for("response handed over before it ended")
+        .await;
+    assert_eq!(adds(), 1, "the paused replica sent its waiting call");
+}
+
+#[tokio::test]
 async fn a_cancel_whose_notification_was_lost_keeps_the_next_batch_from_going_out() {
     use gateway_testkit::{Call, Reply};
     let mut cluster = Cluster::postgres().await;
