@@ -3075,7 +3075,19 @@ async fn a_create_is_answered_written_though_the_boundaries_of_its_batch_failed(
 
 async fn a_webhook_try_that_outlived_its_lock_records_nothing_over_the_try_after_it(store: Store) {
     use gateway::store::webhooks::{TryOutcome, WebhookEndpoint};
-    let project_id = project(&store, "hooks").await;
+    let (project_id, deployment_id) = tenant(&store, "hooks").await;
+    // Events are queued only for a response that is there.
+    create(
+        &store,
+        &project_id,
+        &deployment_id,
+        &record("resp_hooked"),
+        &context(1),
+        &[],
+        None,
+    )
+    .await
+    .expect("create");
     let endpoint = WebhookEndpoint {
         id: "whep_fenced".into(),
         project_id: project_id.clone(),
@@ -3231,4 +3243,25 @@ async fn a_deleted_responses_queued_event_is_sent_only_when_its_ending_was_writt
     };
     assert_eq!(status_of("resp_cut"), "superseded");
     assert_eq!(status_of("resp_ended"), "pending");
+    // A run that learns of the delete too late, and ends its response all the same, queues nothing for it.
+    store
+        .enqueue_webhook_event(
+            &project_id,
+            "resp_cut",
+            "evt_resp_cut_cancelled",
+            "response.completed",
+            &json!({"id": "resp_cut"}),
+            2,
+        )
+        .await
+        .expect("queue");
+    let listed = store
+        .webhook_deliveries(&project_id, "whep_deleted", 10)
+        .await
+        .expect("listed");
+    assert_eq!(
+        listed.len(),
+        2,
+        "nothing queued for a deleted response: {listed:?}"
+    );
 }

@@ -38,15 +38,16 @@ impl Engine {
             // released for ever (SPEC 9).
             Err(e) if !e.is_transient() => {
                 tracing::warn!(response.id = %claimed.id, error = %e, "a running response cannot be read back; ending it failed");
-                // Its ending is told to the project's webhooks as any other is, queued before it is written.
-                let queued = self.store.is_background(&claimed.id).await? == Some(true)
-                    && self
-                        .queue_ending_event(
-                            &claimed.project_id,
-                            &claimed.id,
-                            gateway_core::webhook::WebhookEvent::ResponseFailed,
-                        )
-                        .await?;
+                // Its ending is told to the project's webhooks as any other is, queued before it is written: best
+                // effort, as on a run's store-error path, so that a queue that keeps failing cannot keep the
+                // response from ending.
+                let queued = self
+                    .queue_unreadable_failure(&claimed)
+                    .await
+                    .unwrap_or_else(|error| {
+                        tracing::warn!(response.id = %claimed.id, %error, "could not queue the webhook event of the failure");
+                        false
+                    });
                 self.store
                     .end_failed_without_steps(
                         &claimed.id,
@@ -187,6 +188,20 @@ impl Engine {
             Some(grant) => Payer::of(&grant),
             None => Payer::project_only(&stored.project_id, Default::default()),
         })
+    }
+
+    /// Queues the `response.failed` event of a claimed response whose stored state cannot be read, when it runs
+    /// in the background; whether one was queued.
+    async fn queue_unreadable_failure(&self, claimed: &Claimed) -> Result<bool, StoreError> {
+        if self.store.is_background(&claimed.id).await? != Some(true) {
+            return Ok(false);
+        }
+        self.queue_ending_event(
+            &claimed.project_id,
+            &claimed.id,
+            gateway_core::webhook::WebhookEvent::ResponseFailed,
+        )
+        .await
     }
 
     /// Ends a taken response that is not resumed (its deployment is gone, or it was claimed too often), failed

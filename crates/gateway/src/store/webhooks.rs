@@ -160,15 +160,30 @@ impl Store {
         }
         let _timer = self.timed("enqueue_webhook_event");
         // Only for an endpoint still there: one deleted since it was read queues nothing, rather than failing the
-        // ending of the response on its foreign key.
-        let insert = with_clock!(
-            self,
-            "INSERT INTO webhook_deliveries (id, endpoint_id, project_id, event_id, event_type, response_id, payload,
-                status, attempts, next_attempt_at, created_at)
-             SELECT $1, e.id, $3, $4, $5, $6, $7, 'pending', 0, ",
-            ", $8 FROM webhook_endpoints e WHERE e.id = $2
-             ON CONFLICT (endpoint_id, event_id) DO NOTHING"
-        );
+        // ending of the response on its foreign key. Only for a response still there: a run that learns of its
+        // response's delete too late (it was stopped, and ends all the same) queues nothing for it. On Postgres
+        // the response's row is read under a share lock, so a delete under way (which locks the row first) is
+        // waited for and then seen.
+        let insert = match &self.backend {
+            super::Backend::Postgres(_) => concat!(
+                "INSERT INTO webhook_deliveries (id, endpoint_id, project_id, event_id, event_type, response_id,
+                    payload, status, attempts, next_attempt_at, created_at)
+                 SELECT $1, e.id, $3, $4, $5, $6, $7, 'pending', 0, ",
+                pg_now_ms!(),
+                ", $8 FROM webhook_endpoints e WHERE e.id = $2
+                    AND EXISTS (SELECT 1 FROM responses r WHERE r.id = $6 FOR SHARE)
+                 ON CONFLICT (endpoint_id, event_id) DO NOTHING"
+            ),
+            super::Backend::Sqlite(_) => concat!(
+                "INSERT INTO webhook_deliveries (id, endpoint_id, project_id, event_id, event_type, response_id,
+                    payload, status, attempts, next_attempt_at, created_at)
+                 SELECT $1, e.id, $3, $4, $5, $6, $7, 'pending', 0, ",
+                sqlite_now_ms!(),
+                ", $8 FROM webhook_endpoints e WHERE e.id = $2
+                    AND EXISTS (SELECT 1 FROM responses r WHERE r.id = $6)
+                 ON CONFLICT (endpoint_id, event_id) DO NOTHING"
+            ),
+        };
         with_pool!(self, |pool| {
             let mut tx = pool.begin().await?;
             for endpoint in &wanted {

@@ -235,10 +235,12 @@ impl Store {
     pub async fn delete_response(&self, project_id: &str, id: &str) -> Result<bool, StoreError> {
         let _timer = self.timed("delete_response");
         self.delete_with_children(
-            // An event queued for an ending that was never written (its replica died in between) never happened:
-            // it is superseded with the response, rather than sent for it. The events of an ending that was
-            // written are kept, and sent.
+            // The row is locked first (on Postgres): an ending written meanwhile, and an event queued meanwhile,
+            // wait for the delete and then find the response gone. An event queued for an ending that was never
+            // written (its replica died in between) never happened: it is superseded with the response, rather
+            // than sent for it. The events of an ending that was written are kept, and sent.
             &[
+                "UPDATE responses SET id = id WHERE id = $1 AND project_id = $2",
                 "UPDATE webhook_deliveries SET status = 'superseded', locked_until = NULL
                WHERE response_id = $1 AND status = 'pending' AND EXISTS (
                    SELECT 1 FROM responses
