@@ -192,12 +192,14 @@ impl Engine {
                 match delta {
                     ModelDelta::Text(text) => {
                         let text = scrub_nul(text);
+                        // Counted as shown before it is reported: the report may wait on a slow reader, and a call
+                        // cut meanwhile (by the deadline) keeps what the reader's stream already holds.
+                        shown.push(&text);
                         sink.report(Progress::TextDelta {
                             item_id: message_id,
                             delta: &text,
                         })
                         .await;
-                        shown.push(&text);
                     }
                 }
             }
