@@ -330,8 +330,11 @@ fn chat_content(content: &MessageContent, role: Role) -> Value {
                         }
                         chat_parts.push(json!({"type": "file", "file": file}));
                     }
-                    // A file by URL: Chat Completions takes none, and the response lists it as ignored
-                    // (`preparation::ignored_content`).
+                    ContentPart::InputFile {
+                        file_id: Some(id), ..
+                    } => chat_parts.push(json!({"type": "file", "file": {"file_id": id}})),
+                    // A file by URL or an image by file id: Chat Completions takes neither, and the response lists
+                    // them as ignored (`preparation::ignored_content`).
                     ContentPart::InputImage { .. } | ContentPart::InputFile { .. } => {}
                 }
             }

@@ -451,8 +451,7 @@ pub fn parse_input_item(value: Value) -> Result<InputItem, ItemError> {
 }
 
 /// The content parts of an item of type `kind`, checked before the item is read, so that what is wrong with them
-/// is said in the API's terms: a message's `content`, a tool output's `output` when it is a list. A file or an
-/// image given by `file_id` is refused: the gateway has no Files API to find it in.
+/// is said in the API's terms: a message's `content`, a tool output's `output` when it is a list.
 fn check_parts(kind: &str, item: &Value) -> Result<(), ItemError> {
     let field = match kind {
         "message" => "content",
@@ -470,13 +469,6 @@ fn check_parts(kind: &str, item: &Value) -> Result<(), ItemError> {
                 ),
             })
         }
-    };
-    let no_files = |part_type: &str, instead: &str| {
-        ItemError {
-        message: format!(
-            "an '{part_type}' given by 'file_id' is not supported: this gateway has no Files API; send {instead}"
-        ),
-    }
     };
     for (j, part) in parts.iter().enumerate() {
         let at = format!("{field}[{j}]");
@@ -498,25 +490,17 @@ fn check_parts(kind: &str, item: &Value) -> Result<(), ItemError> {
                     message: format!("'{at}' needs a string 'refusal'"),
                 })
             }
-            Some("input_image") if !given("image_url") => {
-                return Err(if given("file_id") {
-                    no_files("input_image", "the image as 'image_url' (an https: or a data: URL)")
-                } else {
-                    ItemError {
-                        message: format!("'{at}' of type 'input_image' needs an 'image_url'"),
-                    }
-                })
-            }
-            Some("input_file") if given("file_id") => {
-                return Err(no_files(
-                    "input_file",
-                    "the file as 'file_data' (a base64 data: URL) or 'file_url'",
-                ))
-            }
-            Some("input_file") if !given("file_data") && !given("file_url") => {
+            Some("input_image") if !given("image_url") && !given("file_id") => {
                 return Err(ItemError {
                     message: format!(
-                        "'{at}' of type 'input_file' needs 'file_data' (a base64 data: URL) or 'file_url'"
+                        "'{at}' of type 'input_image' needs an 'image_url' (an https: or a data: URL) or a 'file_id'"
+                    ),
+                })
+            }
+            Some("input_file") if !given("file_data") && !given("file_url") && !given("file_id") => {
+                return Err(ItemError {
+                    message: format!(
+                        "'{at}' of type 'input_file' needs 'file_data' (a base64 data: URL), 'file_url' or 'file_id'"
                     ),
                 })
             }

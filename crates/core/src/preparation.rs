@@ -272,8 +272,9 @@ pub fn ignored_params(kind: ProviderKind, params: &ResponseParams) -> Vec<&'stat
     ignored
 }
 
-/// The kinds of content in `input`'s messages that a deployment of `kind` cannot take, as named in
-/// `gateway_ignored_params`: a file by URL for Chat Completions, file data other than a PDF for Anthropic.
+/// The kinds of content in `input`'s user messages that a deployment of `kind` cannot take, as named in
+/// `gateway_ignored_params`: for Chat Completions an image by file id and a file by URL alone; for Anthropic an
+/// image by file id, file data other than a PDF, and a file by id alone. The Responses API takes them all.
 pub fn ignored_content(kind: ProviderKind, input: &[InputItem]) -> Vec<&'static str> {
     let mut ignored = Vec::new();
     let parts = input.iter().filter_map(|item| match item {
@@ -285,19 +286,37 @@ pub fn ignored_content(kind: ProviderKind, input: &[InputItem]) -> Vec<&'static 
         _ => None,
     });
     for part in parts.flatten() {
-        let ContentPart::InputFile {
-            file_data,
-            file_url,
-            ..
-        } = part
-        else {
-            continue;
-        };
-        let name = match (kind, file_data) {
-            (ProviderKind::OpenaiChat, None) if file_url.is_some() => "input_file.file_url",
-            (ProviderKind::Anthropic, Some(data)) if crate::anthropic::pdf_data(data).is_none() => {
-                "input_file.file_data"
-            }
+        let name = match (kind, part) {
+            (ProviderKind::OpenaiResponses, _) => continue,
+            (
+                _,
+                ContentPart::InputImage {
+                    image_url: None, ..
+                },
+            ) => "input_image.file_id",
+            (
+                ProviderKind::OpenaiChat,
+                ContentPart::InputFile {
+                    file_data: None,
+                    file_id: None,
+                    ..
+                },
+            ) => "input_file.file_url",
+            (
+                ProviderKind::Anthropic,
+                ContentPart::InputFile {
+                    file_data: Some(data),
+                    ..
+                },
+            ) if crate::anthropic::pdf_data(data).is_none() => "input_file.file_data",
+            (
+                ProviderKind::Anthropic,
+                ContentPart::InputFile {
+                    file_data: None,
+                    file_url: None,
+                    ..
+                },
+            ) => "input_file.file_id",
             _ => continue,
         };
         if !ignored.contains(&name) {

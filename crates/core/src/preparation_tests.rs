@@ -415,7 +415,9 @@ fn files_a_provider_kind_cannot_take_are_listed_once_each() {
             {"type": "input_file", "file_url": "https://x/a.pdf"},
             {"type": "input_file", "file_url": "https://x/b.pdf"},
             {"type": "input_file", "file_data": "data:text/csv;base64,YSxi"},
-            {"type": "input_file", "file_data": "data:application/pdf;base64,JVBER"}]}),
+            {"type": "input_file", "file_data": "data:application/pdf;base64,JVBER"},
+            {"type": "input_file", "file_id": "file-1"},
+            {"type": "input_image", "file_id": "file-2"}]}),
         json!({"role": "user", "content": "no parts"}),
     ]
     .into_iter()
@@ -424,11 +426,15 @@ fn files_a_provider_kind_cannot_take_are_listed_once_each() {
 
     assert_eq!(
         ignored_content(ProviderKind::OpenaiChat, &input),
-        ["input_file.file_url"]
+        ["input_file.file_url", "input_image.file_id"]
     );
     assert_eq!(
         ignored_content(ProviderKind::Anthropic, &input),
-        ["input_file.file_data"]
+        [
+            "input_file.file_data",
+            "input_file.file_id",
+            "input_image.file_id"
+        ]
     );
     assert!(ignored_content(ProviderKind::OpenaiResponses, &input).is_empty());
     // Listed with the parameters, or refused naming the first.
@@ -439,7 +445,10 @@ fn files_a_provider_kind_cannot_take_are_listed_once_each() {
         ProviderKind::OpenaiChat,
         UnsupportedTools::Ignore,
     );
-    assert_eq!(listed.unwrap().as_deref(), Some("input_file.file_url"));
+    assert_eq!(
+        listed.unwrap().as_deref(),
+        Some("input_file.file_url,input_image.file_id")
+    );
     let refused = apply_ignored_params(
         &mut ResponseParams::default(),
         &input,

@@ -143,7 +143,8 @@ fn conversations_become_the_chat_messages_a_provider_reads() {
                     {"type": "input_image", "image_url": "https://x/cat.png", "detail": "low"},
                     {"type": "input_image", "file_id": "file_1"},
                     {"type": "input_file", "file_data": "data:application/pdf;base64,JVBER", "filename": "a.pdf"},
-                    {"type": "input_file", "file_url": "https://x/b.pdf"}]},
+                    {"type": "input_file", "file_url": "https://x/b.pdf"},
+                    {"type": "input_file", "file_id": "file_2"}]},
                 {"type": "message", "role": "assistant", "content": [
                     {"type": "output_text", "text": "a cat", "annotations": []}, {"type": "refusal", "refusal": "!"}]},
                 {"type": "message", "role": "assistant", "content": [
@@ -156,7 +157,8 @@ fn conversations_become_the_chat_messages_a_provider_reads() {
                 {"role": "user", "content": [
                     {"type": "text", "text": "look"},
                     {"type": "image_url", "image_url": {"url": "https://x/cat.png", "detail": "low"}},
-                    {"type": "file", "file": {"file_data": "data:application/pdf;base64,JVBER", "filename": "a.pdf"}}]},
+                    {"type": "file", "file": {"file_data": "data:application/pdf;base64,JVBER", "filename": "a.pdf"}},
+                    {"type": "file", "file": {"file_id": "file_2"}}]},
                 {"role": "assistant", "content": "a cat!"},
                 {"role": "assistant", "content": "see"},
             ]),

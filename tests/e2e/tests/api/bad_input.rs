@@ -236,18 +236,6 @@ fn create_cases() -> Vec<Case> {
         .param("input[0]")
         .mentions("needs an 'image_url'"),
         create(
-            "input_image by file_id",
-            json!({"model": "mock", "input": [{"role": "user", "content": [{"type": "input_image", "file_id": "file-1"}]}]}),
-        )
-        .param("input[0]")
-        .mentions("no Files API"),
-        create(
-            "input_file by file_id",
-            json!({"model": "mock", "input": [{"role": "user", "content": [{"type": "input_file", "file_id": "file-1"}]}]}),
-        )
-        .param("input[0]")
-        .mentions("no Files API"),
-        create(
             "input_file with nothing in it",
             json!({"model": "mock", "input": [{"role": "user", "content": [{"type": "input_file", "filename": "a.pdf"}]}]}),
         )
