@@ -269,6 +269,10 @@ async fn new_items(
     items: Vec<InputItem>,
     held: &std::collections::HashSet<String>,
 ) -> Result<Vec<NewConversationItem>, ApiError> {
+    state
+        .engine
+        .check_added_compactions(project, &items)
+        .await?;
     let items = state
         .engine
         .resolve_references(project, items)
@@ -282,10 +286,6 @@ async fn new_items(
             ),
             other => ApiError::from(other),
         })?;
-    state
-        .engine
-        .check_added_compactions(project, &items)
-        .await?;
     let mut taken: std::collections::HashSet<String> = held.clone();
     let mut added = Vec::with_capacity(items.len());
     for mut item in items {

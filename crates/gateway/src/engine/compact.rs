@@ -114,15 +114,16 @@ impl Engine {
         })
     }
 
-    /// Checks that every compaction item among `items`, which a client adds to a conversation, opens: one that
-    /// does not is refused as `items[i]` now, rather than break every later response of the conversation.
+    /// Checks that every compaction item among `items`, which a client adds to a conversation (as it sent them,
+    /// before references are resolved), opens: one that does not is refused as `items[i]` now, rather than break
+    /// every later response of the conversation.
     pub async fn check_added_compactions(
         &self,
         project_id: &str,
-        items: &[Item],
+        items: &[gateway_core::items::InputItem],
     ) -> Result<(), EngineError> {
         for (index, item) in items.iter().enumerate() {
-            let Item::Compaction(compaction) = item else {
+            let gateway_core::items::InputItem::Item(Item::Compaction(compaction)) = item else {
                 continue;
             };
             match self

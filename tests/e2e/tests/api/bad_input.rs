@@ -988,6 +988,13 @@ fn conversation_cases() -> Vec<Case> {
         .param("items[1]")
         .code("invalid_encrypted_content"),
         post(
+            "conversation with a compaction after a hosted call it drops",
+            "/v1/conversations",
+            json!({"items": [{"type": "web_search_call", "id": "ws_unknown"}, {"type": "compaction", "encrypted_content": "gwc1.tampered"}]}),
+        )
+        .param("items[1]")
+        .code("invalid_encrypted_content"),
+        post(
             "conversation 21 items",
             "/v1/conversations",
             json!({"items": vec![json!({"role": "user", "content": "x"}); 21]}),
