@@ -668,14 +668,20 @@ async fn completed_keyed(url: &str, key: &str) -> String {
     }
 }
 
-/// `POST /v1/responses` on `replica` under Idempotency-Key `key`, answered with the response `id`, completed.
-async fn assert_repeat_answers(cluster: &Cluster, replica: &Replica, key: &str, id: &str) {
+/// The create with `input` repeated on `replica` under Idempotency-Key `key` (the same body, as an SDK's retry
+/// sends it), answered with the response `id`, completed.
+async fn assert_repeat_answers(
+    cluster: &Cluster,
+    replica: &Replica,
+    (key, input): (&str, &str),
+    id: &str,
+) {
     let repeated = cluster
         .http
         .post(format!("{}/v1/responses", replica.base_url))
         .bearer_auth(&cluster.key)
         .header("Idempotency-Key", key)
-        .json(&json!({"model": "mock", "input": "Hi"}))
+        .json(&json!({"model": "mock", "input": input}))
         .send()
         .await
         .expect("repeat");
@@ -776,7 +782,7 @@ async fn a_keyed_create_whose_client_leaves_while_its_row_waits_to_be_written_st
         .await;
 
     // A retry under the same key answers it.
-    assert_repeat_answers(&cluster, &replica, "left-early", &id).await;
+    assert_repeat_answers(&cluster, &replica, ("left-early", "Hi"), &id).await;
     assert_eq!(cluster.model.requests().len(), 1, "one model call");
 }
 
@@ -821,7 +827,7 @@ async fn a_keyed_create_whose_first_write_is_in_doubt_is_handed_over_whatever_it
 
     // Handed over, it is resumed to its end, and the repeat answers it.
     assert_eq!(completed_keyed(cluster.db.url(), "in-doubt").await, id);
-    assert_repeat_answers(&cluster, &replica, "in-doubt", &id).await;
+    assert_repeat_answers(&cluster, &replica, ("in-doubt", "a create in doubt"), &id).await;
     assert_eq!(cluster.model.requests().len(), 1, "one model call");
 }
 
@@ -863,7 +869,13 @@ async fn a_write_whose_connection_fell_silent_is_in_doubt_after_the_reply_timeou
         "{status}: {body:#}"
     );
     assert_eq!(completed_keyed(cluster.db.url(), "silent").await, id);
-    assert_repeat_answers(&cluster, &replica, "silent", &id).await;
+    assert_repeat_answers(
+        &cluster,
+        &replica,
+        ("silent", "a reply that never comes"),
+        &id,
+    )
+    .await;
     assert_eq!(cluster.model.requests().len(), 1, "one model call");
 }
 
