@@ -3073,8 +3073,24 @@ async fn a_create_is_answered_written_though_the_boundaries_of_its_batch_failed(
         .is_some());
 }
 
+/// Registers endpoint `id` of `project_id` for `response.completed`, at an address nothing answers.
+async fn webhook_endpoint(store: &Store, project_id: &str, id: &str) {
+    let endpoint = gateway::store::webhooks::WebhookEndpoint {
+        id: id.into(),
+        project_id: project_id.into(),
+        url: "http://127.0.0.1:9/hook".into(),
+        events: json!(["response.completed"]),
+        secret: "whsec_test".into(),
+        created_at: 1,
+    };
+    store
+        .create_webhook_endpoint(&endpoint)
+        .await
+        .expect("endpoint");
+}
+
 async fn a_webhook_try_that_outlived_its_lock_records_nothing_over_the_try_after_it(store: Store) {
-    use gateway::store::webhooks::{TryOutcome, WebhookEndpoint};
+    use gateway::store::webhooks::TryOutcome;
     let (project_id, deployment_id) = tenant(&store, "hooks").await;
     // Events are queued only for a response that is there.
     create(
@@ -3088,18 +3104,7 @@ async fn a_webhook_try_that_outlived_its_lock_records_nothing_over_the_try_after
     )
     .await
     .expect("create");
-    let endpoint = WebhookEndpoint {
-        id: "whep_fenced".into(),
-        project_id: project_id.clone(),
-        url: "http://127.0.0.1:9/hook".into(),
-        events: json!(["response.completed"]),
-        secret: "whsec_test".into(),
-        created_at: 1,
-    };
-    store
-        .create_webhook_endpoint(&endpoint)
-        .await
-        .expect("endpoint");
+    webhook_endpoint(&store, &project_id, "whep_fenced").await;
     let queued = store
         .enqueue_webhook_event(
             &project_id,
@@ -3141,7 +3146,7 @@ async fn a_webhook_try_that_outlived_its_lock_records_nothing_over_the_try_after
         .await
         .expect("recorded"));
     let rows = store
-        .webhook_deliveries(&project_id, &endpoint.id, 10)
+        .webhook_deliveries(&project_id, "whep_fenced", 10)
         .await
         .expect("listed");
     assert_eq!(rows.len(), 1);
@@ -3157,20 +3162,8 @@ async fn a_webhook_try_that_outlived_its_lock_records_nothing_over_the_try_after
 }
 
 async fn a_deleted_responses_queued_event_is_sent_only_when_its_ending_was_written(store: Store) {
-    use gateway::store::webhooks::WebhookEndpoint;
     let (project_id, deployment_id) = tenant(&store, "hooks").await;
-    let endpoint = WebhookEndpoint {
-        id: "whep_deleted".into(),
-        project_id: project_id.clone(),
-        url: "http://127.0.0.1:9/hook".into(),
-        events: json!(["response.completed"]),
-        secret: "whsec_test".into(),
-        created_at: 1,
-    };
-    store
-        .create_webhook_endpoint(&endpoint)
-        .await
-        .expect("endpoint");
+    webhook_endpoint(&store, &project_id, "whep_deleted").await;
     // Two responses whose endings were queued: one's ending was written, the other's replica died before it was.
     for id in ["resp_ended", "resp_cut"] {
         create(

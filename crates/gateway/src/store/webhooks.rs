@@ -164,25 +164,23 @@ impl Store {
         // response's delete too late (it was stopped, and ends all the same) queues nothing for it. On Postgres
         // the response's row is read under a share lock, so a delete under way (which locks the row first) is
         // waited for and then seen.
+        macro_rules! insert {
+            ($now:expr, $lock:literal) => {
+                concat!(
+                    "INSERT INTO webhook_deliveries (id, endpoint_id, project_id, event_id, event_type,
+                        response_id, payload, status, attempts, next_attempt_at, created_at)
+                     SELECT $1, e.id, $3, $4, $5, $6, $7, 'pending', 0, ",
+                    $now,
+                    ", $8 FROM webhook_endpoints e WHERE e.id = $2
+                        AND EXISTS (SELECT 1 FROM responses r WHERE r.id = $6",
+                    $lock,
+                    ") ON CONFLICT (endpoint_id, event_id) DO NOTHING"
+                )
+            };
+        }
         let insert = match &self.backend {
-            super::Backend::Postgres(_) => concat!(
-                "INSERT INTO webhook_deliveries (id, endpoint_id, project_id, event_id, event_type, response_id,
-                    payload, status, attempts, next_attempt_at, created_at)
-                 SELECT $1, e.id, $3, $4, $5, $6, $7, 'pending', 0, ",
-                pg_now_ms!(),
-                ", $8 FROM webhook_endpoints e WHERE e.id = $2
-                    AND EXISTS (SELECT 1 FROM responses r WHERE r.id = $6 FOR SHARE)
-                 ON CONFLICT (endpoint_id, event_id) DO NOTHING"
-            ),
-            super::Backend::Sqlite(_) => concat!(
-                "INSERT INTO webhook_deliveries (id, endpoint_id, project_id, event_id, event_type, response_id,
-                    payload, status, attempts, next_attempt_at, created_at)
-                 SELECT $1, e.id, $3, $4, $5, $6, $7, 'pending', 0, ",
-                sqlite_now_ms!(),
-                ", $8 FROM webhook_endpoints e WHERE e.id = $2
-                    AND EXISTS (SELECT 1 FROM responses r WHERE r.id = $6)
-                 ON CONFLICT (endpoint_id, event_id) DO NOTHING"
-            ),
+            super::Backend::Postgres(_) => insert!(pg_now_ms!(), " FOR SHARE"),
+            super::Backend::Sqlite(_) => insert!(sqlite_now_ms!(), ""),
         };
         with_pool!(self, |pool| {
             let mut tx = pool.begin().await?;
