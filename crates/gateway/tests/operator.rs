@@ -1,5 +1,6 @@
 //! What an operator sees when tools fail, tried with the real binary: one `WARN` line per failed call naming the
-//! response, the tool, its source and the cause, and `gateway_tool_calls_total` split by why the call failed.
+//! response, the tool, its source and the cause, and `gateway_tool_calls_total` split by why the call failed; and
+//! a database reached over TLS, or refused at once when its TLS settings cannot be met.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -269,5 +270,72 @@ async fn a_keys_last_use_is_shown_and_a_revoked_keys_refusal_names_its_id() {
             .iter()
             .any(|l| l.to_string().contains(&cluster.key)),
         "the key itself is never logged"
+    );
+}
+
+/// The cluster's database URL with `query` (`sslmode=…`) added.
+fn with_tls(cluster: &Cluster, query: &str) -> String {
+    let url = cluster.db.url();
+    let joiner = if url.contains('?') { '&' } else { '?' };
+    format!("{url}{joiner}{query}")
+}
+
+#[tokio::test]
+async fn a_replica_reaches_postgres_over_tls_when_its_url_asks_for_it() {
+    let mut cluster = Cluster::postgres().await;
+    let url = with_tls(&cluster, "sslmode=require");
+    let replica = cluster.replica(&[("DATABASE_URL", url.as_str())]);
+    cluster.configure(&replica).await;
+    let created = cluster
+        .create(&replica, json!({"model": "mock", "input": "over TLS"}))
+        .await;
+    assert_eq!(created["status"], "completed", "{created:#}");
+    let (status, read) = cluster
+        .get(&replica, created["id"].as_str().expect("id"))
+        .await;
+    assert_eq!(status, 200, "{read:#}");
+
+    // Every session the replica holds on its database is encrypted (this one, which asks, is not one of them).
+    let mut asking = <sqlx::PgConnection as sqlx::Connection>::connect(cluster.db.url())
+        .await
+        .expect("connect");
+    let (encrypted, plain): (i64, i64) = sqlx::query_as(
+        "SELECT COUNT(*) FILTER (WHERE s.ssl), COUNT(*) FILTER (WHERE NOT s.ssl)
+         FROM pg_stat_activity a JOIN pg_stat_ssl s USING (pid)
+         WHERE a.datname = current_database() AND a.pid <> pg_backend_pid()",
+    )
+    .fetch_one(&mut asking)
+    .await
+    .expect("sessions");
+    assert!(encrypted > 0, "no encrypted session");
+    assert_eq!(plain, 0, "a session in the clear");
+}
+
+#[tokio::test]
+async fn a_replica_whose_database_fails_its_tls_check_exits_at_once_instead_of_waiting() {
+    let cluster = Cluster::postgres().await;
+    // The local server's certificate is self-signed: no root of the webpki set vouches for it.
+    let url = with_tls(&cluster, "sslmode=verify-full");
+    let mut command = cluster.serve_command(&[("DATABASE_URL", url.as_str())]);
+    command.stderr(std::process::Stdio::piped());
+    let exited = tokio::time::timeout(
+        common::PATIENCE,
+        tokio::task::spawn_blocking(move || command.output()),
+    )
+    .await
+    .expect("the gateway exited")
+    .expect("join")
+    .expect("run the gateway");
+
+    assert!(!exited.status.success(), "it started without its database");
+    let said = String::from_utf8_lossy(&exited.stdout);
+    assert!(
+        !said.contains("waiting for it"),
+        "a failed certificate check is not waited on: {said}"
+    );
+    let error = String::from_utf8_lossy(&exited.stderr);
+    assert!(
+        error.to_lowercase().contains("certificate"),
+        "the error names the certificate: {error}"
     );
 }

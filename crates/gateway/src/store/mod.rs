@@ -222,6 +222,24 @@ impl StoreError {
 }
 
 impl StoreError {
+    /// Whether a replica that is starting waits for the database after failing this way: it may well answer in a
+    /// moment ([`StoreError::is_transient`]), and the failure is not one of the connection's setting, which no
+    /// wait mends: TLS refused (the server takes none, or a certificate fails its check; rustls reports the
+    /// latter as unreadable data in the handshake).
+    pub fn heals_while_starting(&self) -> bool {
+        let setting = match self {
+            StoreError::Database(sqlx::Error::Tls(_)) => true,
+            StoreError::Database(sqlx::Error::Io(error)) => {
+                error.kind() == std::io::ErrorKind::InvalidData
+                    && error
+                        .get_ref()
+                        .is_some_and(|inner| inner.is::<rustls::Error>())
+            }
+            _ => false,
+        };
+        self.is_transient() && !setting
+    }
+
     /// Whether a write that failed this way may have committed all the same: the statement reached the database
     /// and the connection failed before its answer came back (a lost reply). A write that found no free
     /// connection, or that the database refused, did not.
@@ -432,7 +450,8 @@ impl Store {
                 .next()
                 .map(|wait| wait.min(std::time::Duration::from_secs(2)))
                 .filter(|wait| {
-                    failure.is_transient() && tokio::time::Instant::now() + *wait < give_up_at
+                    failure.heals_while_starting()
+                        && tokio::time::Instant::now() + *wait < give_up_at
                 });
             let Some(wait) = wait else {
                 return Err(failure);
