@@ -247,7 +247,14 @@ fn messages(instructions: Option<&str>, conversation: &[Item]) -> (String, Vec<V
     let flush = |turns: &mut Turns, pending: &mut Vec<&str>| {
         for id in pending.drain(..) {
             let result = results.get(id);
-            let content = result.map(|r| r.text.as_str()).unwrap_or_default();
+            // Images and PDFs a client's output holds go as blocks of the result, which Messages takes; an output
+            // of text alone goes as its text.
+            let content = match result.and_then(|r| r.parts) {
+                Some(parts) if parts.iter().any(ContentPart::is_media) => {
+                    json!(content_blocks_of(parts, Role::User))
+                }
+                _ => json!(result.map(|r| r.text.as_str()).unwrap_or_default()),
+            };
             let mut block = json!({"type": "tool_result", "tool_use_id": id, "content": content});
             if result.is_some_and(|r| r.failed) {
                 block["is_error"] = json!(true);
@@ -340,11 +347,18 @@ fn content_text(content: &MessageContent) -> String {
 }
 
 fn content_blocks(content: &MessageContent, role: Role) -> Vec<Value> {
-    let text_block = |text: &str| json!({"type": "text", "text": text});
     match content {
         MessageContent::Text(text) if text.is_empty() => Vec::new(),
-        MessageContent::Text(text) => vec![text_block(text)],
-        MessageContent::Parts(parts) => parts
+        MessageContent::Text(text) => vec![json!({"type": "text", "text": text})],
+        MessageContent::Parts(parts) => content_blocks_of(parts, role),
+    }
+}
+
+/// Content parts as Messages blocks: text, images, PDFs (by data or URL); what Messages does not take is left out
+/// (and listed as ignored: `preparation::ignored_content`).
+fn content_blocks_of(parts: &[ContentPart], role: Role) -> Vec<Value> {
+    let text_block = |text: &str| json!({"type": "text", "text": text});
+    parts
             .iter()
             .filter_map(|part| match part {
                 ContentPart::InputText { text } | ContentPart::OutputText { text, .. } => {
@@ -371,8 +385,7 @@ fn content_blocks(content: &MessageContent, role: Role) -> Vec<Value> {
                 // Anything else the response lists as ignored (`preparation::ignored_content`).
                 ContentPart::InputImage { .. } | ContentPart::InputFile { .. } => None,
             })
-            .collect(),
-    }
+            .collect()
 }
 
 /// The base64 data of a PDF sent as a `data:application/pdf;base64,` URL: the one kind of file data a Messages

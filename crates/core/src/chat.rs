@@ -222,9 +222,12 @@ fn messages(instructions: Option<&str>, conversation: &[Item]) -> Vec<Value> {
                     Role::Assistant => "assistant",
                     Role::System | Role::Developer => "system",
                 };
-                messages.push(
-                    json!({"role": role, "content": chat_content(&message.content, message.role)}),
-                );
+                let content = chat_content(&message.content, message.role);
+                // A message whose every part Chat cannot take (a file by URL alone) is left out, as its parts are
+                // (and listed as ignored): an empty content list is refused by Chat servers.
+                if content.as_array().is_none_or(|parts| !parts.is_empty()) {
+                    messages.push(json!({"role": role, "content": content}));
+                }
                 index += 1;
             }
             Item::FunctionCall(_) | Item::CustomToolCall(_) | Item::McpCall(_) => {

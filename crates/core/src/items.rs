@@ -116,6 +116,16 @@ pub struct CustomToolCallItem {
 /// The client's answer to a `custom_tool_call`: the same fields as a `function_call_output`.
 pub type CustomToolCallOutputItem = FunctionCallOutputItem;
 
+impl ContentPart {
+    /// Whether the part is an image or a file, which not every provider takes.
+    pub fn is_media(&self) -> bool {
+        matches!(
+            self,
+            ContentPart::InputImage { .. } | ContentPart::InputFile { .. }
+        )
+    }
+}
+
 /// A tool's output: a string, or (from clients) a list of content parts.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(untagged)]
@@ -130,6 +140,14 @@ impl FunctionOutput {
         match self {
             FunctionOutput::Text(text) => text.clone(),
             FunctionOutput::Parts(parts) => parts_text(parts),
+        }
+    }
+
+    /// The content parts, when the output came as a list of them.
+    pub fn parts(&self) -> Option<&[ContentPart]> {
+        match self {
+            FunctionOutput::Text(_) => None,
+            FunctionOutput::Parts(parts) => Some(parts),
         }
     }
 }

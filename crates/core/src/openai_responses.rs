@@ -18,7 +18,7 @@ use crate::items::{Item, MessageItem, Role};
 use crate::reasoning::{self, Replay};
 use crate::steps::{AssistantMessage, Finish, ModelDelta, ModelOutput, ToolCall, Usage};
 use crate::toolset::{model_tool_choice, OfferedTool, ToolInput};
-use crate::walk::{call_of, results_by_call_id, CallInput};
+use crate::walk::{call_of, results_by_call_id, CallInput, CallResult};
 
 /// Builds the request body for one model call.
 pub fn build_request(upstream_model: &str, model_input: &ModelInput<'_>) -> Value {
@@ -116,7 +116,13 @@ fn input(conversation: &[Item]) -> Vec<Value> {
     let flush = |items: &mut Vec<Value>, pending: &mut Vec<&str>| {
         for id in pending.drain(..) {
             let result = results.get(id);
-            let output = result.map(|r| r.text.as_str()).unwrap_or_default();
+            // Content parts (text, images, files) go as the client sent them: a Responses upstream takes them.
+            let output = match result {
+                Some(CallResult {
+                    parts: Some(parts), ..
+                }) => json!(parts),
+                result => json!(result.map(|r| r.text.as_str()).unwrap_or_default()),
+            };
             let kind = if result.is_some_and(|r| r.custom) {
                 "custom_tool_call_output"
             } else {

@@ -272,58 +272,98 @@ pub fn ignored_params(kind: ProviderKind, params: &ResponseParams) -> Vec<&'stat
     ignored
 }
 
-/// The kinds of content in `input`'s user messages that a deployment of `kind` cannot take, as named in
-/// `gateway_ignored_params`: for Chat Completions an image by file id and a file by URL alone; for Anthropic an
-/// image by file id, file data other than a PDF, and a file by id alone. The Responses API takes them all.
+/// The kinds of content in `input`'s user messages and tool outputs that a deployment of `kind` cannot take, as
+/// named in `gateway_ignored_params`: for Chat Completions an image by file id and a file by URL alone, and any
+/// image or file in a tool's output (`function_call_output.input_image`, `….input_file`: a `tool` message is
+/// text); for Anthropic an image by file id, file data other than a PDF, and a file by id alone, in a message or
+/// a tool's output (`function_call_output.…`). The Responses API takes them all.
 pub fn ignored_content(kind: ProviderKind, input: &[InputItem]) -> Vec<&'static str> {
     let mut ignored = Vec::new();
-    let parts = input.iter().filter_map(|item| match item {
-        InputItem::Item(Item::Message(MessageItem {
-            role: Role::User,
-            content: MessageContent::Parts(parts),
-            ..
-        })) => Some(parts),
-        _ => None,
-    });
-    for part in parts.flatten() {
-        let name = match (kind, part) {
-            (ProviderKind::OpenaiResponses, _) => continue,
-            (
-                _,
-                ContentPart::InputImage {
-                    image_url: None, ..
-                },
-            ) => "input_image.file_id",
-            (
-                ProviderKind::OpenaiChat,
-                ContentPart::InputFile {
-                    file_data: None,
-                    file_id: None,
-                    ..
-                },
-            ) => "input_file.file_url",
-            (
-                ProviderKind::Anthropic,
-                ContentPart::InputFile {
-                    file_data: Some(data),
-                    ..
-                },
-            ) if crate::anthropic::pdf_data(data).is_none() => "input_file.file_data",
-            (
-                ProviderKind::Anthropic,
-                ContentPart::InputFile {
-                    file_data: None,
-                    file_url: None,
-                    ..
-                },
-            ) => "input_file.file_id",
+    for item in input {
+        let InputItem::Item(item) = item else {
+            continue;
+        };
+        let names: Vec<&'static str> = match item {
+            Item::Message(MessageItem {
+                role: Role::User,
+                content: MessageContent::Parts(parts),
+                ..
+            }) => parts
+                .iter()
+                .filter_map(|part| message_part_ignored(kind, part))
+                .collect(),
+            Item::FunctionCallOutput(output) | Item::CustomToolCallOutput(output) => output
+                .output
+                .parts()
+                .unwrap_or_default()
+                .iter()
+                .filter_map(|part| output_part_ignored(kind, part))
+                .collect(),
             _ => continue,
         };
-        if !ignored.contains(&name) {
-            ignored.push(name);
+        for name in names {
+            if !ignored.contains(&name) {
+                ignored.push(name);
+            }
         }
     }
     ignored
+}
+
+/// What of a tool output's content part a deployment of `kind` cannot take: Chat takes a tool's text alone (a
+/// `tool` message is text); Messages takes images and PDFs in a `tool_result`, as in a user's message.
+fn output_part_ignored(kind: ProviderKind, part: &ContentPart) -> Option<&'static str> {
+    Some(match (kind, part) {
+        (ProviderKind::OpenaiChat, ContentPart::InputImage { .. }) => {
+            "function_call_output.input_image"
+        }
+        (ProviderKind::OpenaiChat, ContentPart::InputFile { .. }) => {
+            "function_call_output.input_file"
+        }
+        (ProviderKind::Anthropic, part) => match message_part_ignored(kind, part)? {
+            "input_image.file_id" => "function_call_output.input_image.file_id",
+            "input_file.file_data" => "function_call_output.input_file.file_data",
+            _ => "function_call_output.input_file.file_id",
+        },
+        _ => return None,
+    })
+}
+
+/// What of a user message's content part a deployment of `kind` cannot take, named as it is listed.
+fn message_part_ignored(kind: ProviderKind, part: &ContentPart) -> Option<&'static str> {
+    Some(match (kind, part) {
+        (ProviderKind::OpenaiResponses, _) => return None,
+        (
+            _,
+            ContentPart::InputImage {
+                image_url: None, ..
+            },
+        ) => "input_image.file_id",
+        (
+            ProviderKind::OpenaiChat,
+            ContentPart::InputFile {
+                file_data: None,
+                file_id: None,
+                ..
+            },
+        ) => "input_file.file_url",
+        (
+            ProviderKind::Anthropic,
+            ContentPart::InputFile {
+                file_data: Some(data),
+                ..
+            },
+        ) if crate::anthropic::pdf_data(data).is_none() => "input_file.file_data",
+        (
+            ProviderKind::Anthropic,
+            ContentPart::InputFile {
+                file_data: None,
+                file_url: None,
+                ..
+            },
+        ) => "input_file.file_id",
+        _ => return None,
+    })
 }
 
 /// The parameters (and kinds of `input` content) a deployment of `kind` does not honour, as its `policy` says:

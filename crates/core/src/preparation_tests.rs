@@ -419,6 +419,11 @@ fn files_a_provider_kind_cannot_take_are_listed_once_each() {
             {"type": "input_file", "file_id": "file-1"},
             {"type": "input_image", "file_id": "file-2"}]}),
         json!({"role": "user", "content": "no parts"}),
+        json!({"type": "function_call_output", "call_id": "c", "output": [
+            {"type": "input_text", "text": "t"},
+            {"type": "input_image", "image_url": "https://x/p.png"},
+            {"type": "input_file", "file_data": "data:application/pdf;base64,JVBER"},
+            {"type": "input_file", "file_id": "file-3"}]}),
     ]
     .into_iter()
     .map(|value| crate::items::parse_input_item(value).unwrap())
@@ -426,14 +431,20 @@ fn files_a_provider_kind_cannot_take_are_listed_once_each() {
 
     assert_eq!(
         ignored_content(ProviderKind::OpenaiChat, &input),
-        ["input_file.file_url", "input_image.file_id"]
+        [
+            "input_file.file_url",
+            "input_image.file_id",
+            "function_call_output.input_image",
+            "function_call_output.input_file"
+        ]
     );
     assert_eq!(
         ignored_content(ProviderKind::Anthropic, &input),
         [
             "input_file.file_data",
             "input_file.file_id",
-            "input_image.file_id"
+            "input_image.file_id",
+            "function_call_output.input_file.file_id"
         ]
     );
     assert!(ignored_content(ProviderKind::OpenaiResponses, &input).is_empty());
@@ -447,7 +458,7 @@ fn files_a_provider_kind_cannot_take_are_listed_once_each() {
     );
     assert_eq!(
         listed.unwrap().as_deref(),
-        Some("input_file.file_url,input_image.file_id")
+        Some("input_file.file_url,input_image.file_id,function_call_output.input_image,function_call_output.input_file")
     );
     let refused = apply_ignored_params(
         &mut ResponseParams::default(),

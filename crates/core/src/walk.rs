@@ -12,7 +12,7 @@ use std::collections::HashMap;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::items::Item;
+use crate::items::{ContentPart, Item};
 use crate::steps::Step;
 
 /// One tool call of a conversation, borrowed from its item.
@@ -74,10 +74,13 @@ pub fn call_of(item: &Item) -> Option<Call<'_>> {
 }
 
 /// A call's result as the model reads it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct CallResult {
+#[derive(Debug, Clone, PartialEq)]
+pub struct CallResult<'a> {
     /// The text; an `mcp_call`'s error is the gateway's `{"error": {"message": …}}`.
     pub text: String,
+    /// The content parts a client sent as the output (text, images, files), for a provider that takes them as
+    /// they are; `text` is them flattened, for one that takes text only.
+    pub parts: Option<&'a [ContentPart]>,
     /// Whether the result says the call failed: the gateway's `{"error": …}` shape.
     pub failed: bool,
     /// Whether it came as a `custom_tool_call_output` (Responses upstreams take it back in that form).
@@ -88,12 +91,22 @@ pub struct CallResult {
 
 /// Every tool result in a conversation, by `call_id`: client outputs and the results inside `mcp_call` items; the
 /// first result of a call wins.
-pub fn results_by_call_id(conversation: &[Item]) -> HashMap<&str, CallResult> {
-    let mut results: HashMap<&str, CallResult> = HashMap::new();
+pub fn results_by_call_id(conversation: &[Item]) -> HashMap<&str, CallResult<'_>> {
+    let mut results: HashMap<&str, CallResult<'_>> = HashMap::new();
     for (index, item) in conversation.iter().enumerate() {
-        let (call_id, text, custom) = match item {
-            Item::FunctionCallOutput(o) => (o.call_id.as_str(), o.output.to_text(), false),
-            Item::CustomToolCallOutput(o) => (o.call_id.as_str(), o.output.to_text(), true),
+        let (call_id, text, custom, parts) = match item {
+            Item::FunctionCallOutput(o) => (
+                o.call_id.as_str(),
+                o.output.to_text(),
+                false,
+                o.output.parts(),
+            ),
+            Item::CustomToolCallOutput(o) => (
+                o.call_id.as_str(),
+                o.output.to_text(),
+                true,
+                o.output.parts(),
+            ),
             Item::McpCall(call) => {
                 let Some(call_id) = call.pairing_id() else {
                     continue;
@@ -105,7 +118,7 @@ pub fn results_by_call_id(conversation: &[Item]) -> HashMap<&str, CallResult> {
                     (None, Some(output)) => output.clone(),
                     (None, None) => String::new(),
                 };
-                (call_id, text, false)
+                (call_id, text, false, None)
             }
             Item::Message(_)
             | Item::FunctionCall(_)
@@ -119,6 +132,7 @@ pub fn results_by_call_id(conversation: &[Item]) -> HashMap<&str, CallResult> {
         results.entry(call_id).or_insert_with(|| CallResult {
             failed: reads_as_failure(&text),
             text,
+            parts,
             custom,
             index,
         });

@@ -15,6 +15,39 @@ fn weather() -> OfferedTool {
 }
 
 #[test]
+fn images_and_pdfs_of_a_tools_output_go_as_blocks_of_its_result() {
+    let conversation = items(json!([
+        {"type": "message", "role": "user", "content": "look"},
+        {"type": "function_call", "call_id": "toolu_1", "name": "shot", "arguments": "{}"},
+        {"type": "function_call", "call_id": "toolu_2", "name": "note", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "toolu_1", "output": [
+            {"type": "input_text", "text": "the page"},
+            {"type": "input_image", "image_url": "data:image/png;base64,iVBOR"},
+            {"type": "input_file", "file_data": "data:application/pdf;base64,JVBER"},
+            {"type": "input_file", "file_id": "file-1"}]},
+        {"type": "function_call_output", "call_id": "toolu_2", "output": [{"type": "input_text", "text": "plain"}]}
+    ]));
+
+    let body = build_request(
+        "claude-x",
+        1024,
+        &model_input(&ResponseParams::default(), &conversation, &[]),
+    );
+
+    assert_eq!(
+        body["messages"][2]["content"],
+        json!([
+            {"type": "tool_result", "tool_use_id": "toolu_1", "content": [
+                {"type": "text", "text": "the page"},
+                {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBOR"}},
+                {"type": "document", "source": {"type": "base64", "media_type": "application/pdf", "data": "JVBER"}}]},
+            {"type": "tool_result", "tool_use_id": "toolu_2", "content": "plain", "cache_control": {"type": "ephemeral"}}
+        ]),
+        "{body:#}"
+    );
+}
+
+#[test]
 fn a_whole_request_has_system_max_tokens_tools_and_alternating_turns() {
     let params = ResponseParams {
         instructions: Some("Be terse.".into()),

@@ -275,6 +275,28 @@ fn conversations_become_the_chat_messages_a_provider_reads() {
             ]),
             json!([{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]),
         ),
+        (
+            "a message of nothing Chat takes is left out, not sent empty",
+            json!([
+                {"type": "message", "role": "user", "content": [{"type": "input_file", "file_url": "https://x/b.pdf"}]},
+                {"type": "message", "role": "user", "content": "what does it say?"},
+            ]),
+            json!([{"role": "user", "content": "what does it say?"}]),
+        ),
+        (
+            "a tool's output of parts reaches Chat as its text",
+            json!([
+                {"type": "function_call", "call_id": "call_p", "name": "shot", "arguments": "{}"},
+                {"type": "function_call_output", "call_id": "call_p", "output": [
+                    {"type": "input_text", "text": "the page"},
+                    {"type": "input_image", "image_url": "data:image/png;base64,iVBOR"}]},
+            ]),
+            json!([
+                {"role": "assistant", "content": null, "tool_calls": [
+                    {"id": "call_p", "type": "function", "function": {"name": "shot", "arguments": "{}"}}]},
+                {"role": "tool", "tool_call_id": "call_p", "content": "the page"},
+            ]),
+        ),
     ];
     for (name, conversation, messages) in rows {
         assert_eq!(messages_of(conversation), messages, "{name}");

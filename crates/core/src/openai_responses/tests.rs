@@ -57,6 +57,30 @@ fn a_request_is_stateless_with_every_item_outputs_after_their_calls_and_reasonin
 }
 
 #[test]
+fn a_tools_output_of_parts_goes_as_its_parts() {
+    let conversation = items(json!([
+        {"type": "function_call", "call_id": "call_p", "name": "shot", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "call_p", "output": [
+            {"type": "input_text", "text": "the page"},
+            {"type": "input_image", "image_url": "https://x/p.png", "detail": "low"},
+            {"type": "input_file", "file_id": "file-1"}]}
+    ]));
+
+    let body = build_request(
+        "gpt-x",
+        &model_input(&ResponseParams::default(), &conversation, &[]),
+    );
+
+    assert_eq!(
+        body["input"][1],
+        json!({"type": "function_call_output", "call_id": "call_p", "output": [
+            {"type": "input_text", "text": "the page"},
+            {"type": "input_image", "image_url": "https://x/p.png", "detail": "low"},
+            {"type": "input_file", "file_id": "file-1"}]})
+    );
+}
+
+#[test]
 fn reasoning_goes_back_under_the_upstreams_own_id() {
     let answer = json!({"status": "completed", "output": [
         {"type": "reasoning", "id": "rs_upstream", "summary": [], "encrypted_content": "gAAAA3"}]});
