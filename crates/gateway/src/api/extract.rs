@@ -290,21 +290,29 @@ impl FromRequestParts<AppState> for ProjectKey {
                 Some("missing_api_key"),
             ));
         };
-        match state.grant_for_key(key).await? {
-            Some(grant) if !grant.revoked && !grant.expired(crate::clock::now()) => {
-                state.engine.note_key_used(&grant.key_id);
-                Ok(ProjectKey(grant.project_id.clone(), grant))
+        let grant = valid_grant(state, key).await?;
+        Ok(ProjectKey(grant.project_id.clone(), grant))
+    }
+}
+
+/// What `key` is granted while it is valid: known, not revoked and not expired (else a `401`, the refusal logged
+/// with the key's id). Asked on every request, and on every turn of a WebSocket, so that a key revoked or expired
+/// meanwhile stops working at once (within the 2 s its grant is cached).
+pub async fn valid_grant(state: &AppState, key: &str) -> Result<Arc<KeyGrant>, ApiError> {
+    match state.grant_for_key(key).await? {
+        Some(grant) if !grant.revoked && !grant.expired(crate::clock::now()) => {
+            state.engine.note_key_used(&grant.key_id);
+            Ok(grant)
+        }
+        found => {
+            if let Some(grant) = found {
+                let why = if grant.revoked { "revoked" } else { "expired" };
+                tracing::info!(api_key.id = %grant.key_id, project.id = %grant.project_id, reason = why, "api key refused");
             }
-            found => {
-                if let Some(grant) = found {
-                    let why = if grant.revoked { "revoked" } else { "expired" };
-                    tracing::info!(api_key.id = %grant.key_id, project.id = %grant.project_id, reason = why, "api key refused");
-                }
-                Err(ApiError::unauthorized(
-                    "Incorrect API key provided.",
-                    Some("invalid_api_key"),
-                ))
-            }
+            Err(ApiError::unauthorized(
+                "Incorrect API key provided.",
+                Some("invalid_api_key"),
+            ))
         }
     }
 }

@@ -11,7 +11,6 @@ mod sockets;
 
 pub use sockets::OpenSockets;
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::ws::rejection::WebSocketUpgradeRejection;
@@ -25,16 +24,16 @@ use gateway_core::response::Ending;
 use gateway_core::Item;
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
+use secrecy::{ExposeSecret, SecretString};
 
 use messages::{error_envelope, read_create, read_messages, Incoming};
 
 use super::error::ApiError;
-use super::extract::{bearer, ProjectKey};
+use super::extract::{bearer, valid_grant, ProjectKey};
 use super::governance::admit;
 use super::stream::{STREAM_BUFFER, TERMINAL};
 use super::AppState;
 use crate::engine::{EventSink, Finished};
-use crate::store::governance::KeyGrant;
 
 /// `response.create` messages a client may send ahead of the one running; reading the socket waits beyond it.
 const QUEUED_MESSAGES: usize = 16;
@@ -49,7 +48,7 @@ pub const TOO_MANY_CONNECTIONS: &str = "too_many_websocket_connections";
 /// refused with the usual 401 before any upgrade, and a key that holds as many connections as it may gets 429.
 pub async fn open_socket(
     State(state): State<AppState>,
-    ProjectKey(_, grant): ProjectKey,
+    ProjectKey(..): ProjectKey,
     headers: HeaderMap,
     upgrade: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
 ) -> Result<Response, ApiError> {
@@ -64,8 +63,11 @@ pub async fn open_socket(
             Some("method_not_allowed"),
         )
     })?;
-    let key = bearer(&headers).unwrap_or_default();
-    let Some(slot) = state.websockets.admit(crate::store::tenancy::hash_key(key)) else {
+    let key = SecretString::from(bearer(&headers).unwrap_or_default());
+    let Some(slot) = state
+        .websockets
+        .admit(crate::store::tenancy::hash_key(key.expose_secret()))
+    else {
         return Err(ApiError {
             status: StatusCode::TOO_MANY_REQUESTS,
             ..ApiError::invalid(
@@ -89,7 +91,7 @@ pub async fn open_socket(
         let _slot = slot;
         Connection {
             state,
-            grant,
+            key,
             remembered: None,
             limit,
         }
@@ -115,8 +117,9 @@ enum Kept {
 /// One client's socket.
 struct Connection {
     state: AppState,
-    /// The key it was opened with: each turn is admitted as a create of that key's (SPEC 13).
-    grant: Arc<KeyGrant>,
+    /// The key it was opened with: each turn is admitted as a create of that key's (SPEC 13), with what the key
+    /// is granted then, so that a key revoked, expired or given other limits meanwhile is held to it at once.
+    key: SecretString,
     remembered: Option<Remembered>,
     /// The largest message read, and the most context remembered, in bytes (the HTTP body limit).
     limit: usize,
@@ -182,7 +185,15 @@ impl Connection {
             Ok(request) => request,
             Err(error) => return send_error(out, &error).await,
         };
-        let admitted = match admit(&self.state, &self.grant).await {
+        let grant = match valid_grant(&self.state, self.key.expose_secret()).await {
+            Ok(grant) => grant,
+            Err(error) if error.status == StatusCode::UNAUTHORIZED => {
+                // The key no longer opens anything: the connection it opened ends too.
+                return self.refused(out, &error).await.and(Err(Gone));
+            }
+            Err(error) => return send_error(out, &error).await,
+        };
+        let admitted = match admit(&self.state, &grant).await {
             Ok((admitted, _)) => admitted,
             Err(error) => return send_error(out, &error).await,
         };
@@ -313,6 +324,19 @@ impl Connection {
         let close = CloseFrame {
             code: axum::extract::ws::close_code::SIZE,
             reason: "message too big".into(),
+        };
+        out.send(Message::Close(Some(close)))
+            .await
+            .map_err(|_| Gone)
+    }
+
+    /// Ends the connection of a key that is no longer valid: its `401` as an error envelope, then a close frame
+    /// naming the policy.
+    async fn refused(&self, out: &mut Outgoing, error: &ApiError) -> Result<(), Gone> {
+        send_error(out, error).await?;
+        let close = CloseFrame {
+            code: axum::extract::ws::close_code::POLICY,
+            reason: "invalid_api_key".into(),
         };
         out.send(Message::Close(Some(close)))
             .await

@@ -505,6 +505,33 @@ async fn a_socket_without_a_valid_key_is_refused_before_the_upgrade() {
 }
 
 #[tokio::test]
+async fn a_key_revoked_while_its_socket_is_open_is_refused_on_the_next_turn_and_the_socket_closes() {
+    let (gw, tenant) = gateway().await;
+    let mut socket = connect(&gw, &tenant.key).await;
+    let first = socket
+        .create(json!({"model": "mock", "store": false, "input": "hi"}))
+        .await
+        .response();
+    assert_eq!(first["status"], "completed", "{first:#}");
+
+    gw.admin_ok(
+        Method::DELETE,
+        &format!("/api_keys/{}", tenant.key_id),
+        None,
+    )
+    .await;
+
+    // The next turn is refused as a request with that key would be, and the socket it opened ends.
+    let envelope = socket
+        .create(json!({"model": "mock", "store": false, "input": "again"}))
+        .await
+        .refused();
+    assert_envelope(&envelope, 401, "invalid_api_key", None);
+    assert!(socket.next().await.is_none(), "the socket closes");
+    assert_eq!(gw.model.requests().len(), 1, "the refused turn called no model");
+}
+
+#[tokio::test]
 async fn a_connection_at_its_time_limit_is_told_so_and_closed() {
     let gw = TestGateway::start_with(|config| config.websocket.max_connection_ms = 200).await;
     let tenant = gw.tenant("acme").await;
