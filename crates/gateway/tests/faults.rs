@@ -93,6 +93,80 @@ async fn a_paused_replica_whose_response_was_taken_over_calls_and_writes_nothing
     assert_eq!(now, finished, "nothing written over the finished response");
 }
 
+/// Waits until the lease of every replica of the cluster ran out by its heartbeat: its last beat is older than a
+/// lease, as a replica looking for work would judge it.
+async fn leases_lapsed(cluster: &Cluster) {
+    let store = gateway::store::Store::connect(cluster.db.url(), 1)
+        .await
+        .expect("store");
+    let sql = "SELECT MAX(heartbeat_at) FROM replicas";
+    let lease: i64 = LEASE_MS.parse().expect("lease");
+    tokio::time::timeout(PATIENCE, async {
+        loop {
+            let last: Option<i64> = match store.backend() {
+                gateway::store::Backend::Postgres(pool) => {
+                    sqlx::query_scalar(sql).fetch_one(pool).await
+                }
+                gateway::store::Backend::Sqlite(pool) => {
+                    sqlx::query_scalar(sql).fetch_one(pool).await
+                }
+            }
+            .expect("heartbeats");
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .expect("clock")
+                .as_millis() as i64;
+            if last.is_some_and(|at| now - at > lease) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await
+    .expect("the lease ran out");
+}
+
+/// A replica alone on its store, paused past its lease with a tool call in flight, goes on with its run when it
+/// comes back: it does not take its own response again and send the call a second time.
+async fn a_lone_replica_paused_past_its_lease_goes_on_with_its_own_run(mut cluster: Cluster) {
+    let replica = cluster.replica(&[]);
+    let id = cluster.gate_call_in_flight(&replica).await;
+    replica.pause();
+    leases_lapsed(&cluster).await;
+    replica.resume();
+    replica
+        .logs
+        .wait_for("this replica's lease lapsed; checking which responses are still its own")
+        .await;
+    cluster.tools.open_gate();
+    let finished = cluster.ended(&replica, &id).await;
+    assert_gate_round(&finished);
+    assert_eq!(
+        cluster
+            .tools
+            .calls()
+            .iter()
+            .filter(|call| call.tool == "gate")
+            .count(),
+        1,
+        "the call went out once"
+    );
+    assert!(
+        !replica.logs.has("response handed over before it ended"),
+        "its run was not taken from it"
+    );
+}
+
+#[tokio::test]
+async fn a_lone_replica_on_postgres_paused_past_its_lease_goes_on_with_its_own_run() {
+    a_lone_replica_paused_past_its_lease_goes_on_with_its_own_run(Cluster::postgres().await).await;
+}
+
+#[tokio::test]
+async fn a_process_on_the_embedded_store_paused_past_its_lease_goes_on_with_its_own_run() {
+    a_lone_replica_paused_past_its_lease_goes_on_with_its_own_run(Cluster::sqlite().await).await;
+}
+
 // The proxy must forward while the test starts the replicas (which blocks its thread reading their output).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn database_connections_cut_at_random_moments_leave_no_response_unfinished_and_no_step_under_two_keys(

@@ -130,7 +130,10 @@ impl Store {
     }
 
     /// Takes up to `limit` running responses that no live replica drives, oldest first: queued ones nobody took,
-    /// and those whose owner has not beaten for `lease_ms`. Two replicas never take the same one.
+    /// and those whose owner has not beaten for `lease_ms`. Two replicas never take the same one, and a replica
+    /// never takes its own: a process paused past its lease (or whose clock jumped) that comes back runs them
+    /// still, and would otherwise start them again beside those runs (what it owns but runs nowhere it hands
+    /// over first, `hand_over_unrun`).
     pub async fn claim(
         &self,
         replica: &str,
@@ -143,7 +146,7 @@ impl Store {
                 sqlx::query_as(concat!(
                     "WITH candidates AS (
                         SELECT r.id, r.owner FROM responses r
-                        WHERE r.status IN ('queued', 'in_progress')
+                        WHERE r.status IN ('queued', 'in_progress') AND r.owner IS DISTINCT FROM $1
                           AND (r.owner IS NULL OR NOT EXISTS (
                               SELECT 1 FROM replicas p
                               WHERE p.id = r.owner AND p.heartbeat_at > ",
@@ -168,7 +171,7 @@ impl Store {
                 let mut candidates: Vec<Claimed> = sqlx::query_as(concat!(
                     "SELECT r.id, r.project_id, r.owner IS NOT NULL AS taken_over, r.claim_epoch + 1 AS epoch
                      FROM responses r
-                     WHERE r.status IN ('queued', 'in_progress')
+                     WHERE r.status IN ('queued', 'in_progress') AND r.owner IS NOT $3
                        AND (r.owner IS NULL OR NOT EXISTS (
                            SELECT 1 FROM replicas p WHERE p.id = r.owner AND p.heartbeat_at > ",
                     sqlite_now_ms!(),
@@ -177,6 +180,7 @@ impl Store {
                 ))
                 .bind(lease_ms)
                 .bind(limit)
+                .bind(replica)
                 .fetch_all(&mut *tx)
                 .await?;
                 for candidate in &mut candidates {
