@@ -22,9 +22,9 @@ use futures::stream::SplitSink;
 use futures::{SinkExt, StreamExt};
 use gateway_core::response::Ending;
 use gateway_core::Item;
+use secrecy::{ExposeSecret, SecretString};
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
-use secrecy::{ExposeSecret, SecretString};
 
 use messages::{error_envelope, read_create, read_messages, Incoming};
 

@@ -148,7 +148,13 @@ async fn beat(engine: Engine, ownership: Store) {
                 continue;
             }
         };
-        if !beat.lease_kept {
+        // The database judged the lease as it wrote the beat, but the others see the beat only once it commits:
+        // an answer that comes after the lease ran out here may have committed after another replica found the
+        // lease lapsed and claimed. (This replica's lease ends no later than the database's, which counts from a
+        // beat written after the one this replica counts from.) So the lease is kept only if the answer came in
+        // time, as well.
+        let answered_in_time = replica.holds_lease();
+        if !beat.lease_kept || !answered_in_time {
             tracing::warn!(replica.id = %replica.id, "this replica's lease lapsed; checking which responses are still its own");
             engine.governor.lease_lapsed();
             lapse_unchecked = true;

@@ -505,7 +505,8 @@ async fn a_socket_without_a_valid_key_is_refused_before_the_upgrade() {
 }
 
 #[tokio::test]
-async fn a_key_revoked_while_its_socket_is_open_is_refused_on_the_next_turn_and_the_socket_closes() {
+async fn a_key_revoked_while_its_socket_is_open_is_refused_on_the_next_turn_and_the_socket_closes()
+{
     let (gw, tenant) = gateway().await;
     let mut socket = connect(&gw, &tenant.key).await;
     let first = socket
@@ -528,7 +529,11 @@ async fn a_key_revoked_while_its_socket_is_open_is_refused_on_the_next_turn_and_
         .refused();
     assert_envelope(&envelope, 401, "invalid_api_key", None);
     assert!(socket.next().await.is_none(), "the socket closes");
-    assert_eq!(gw.model.requests().len(), 1, "the refused turn called no model");
+    assert_eq!(
+        gw.model.requests().len(),
+        1,
+        "the refused turn called no model"
+    );
 }
 
 #[tokio::test]
