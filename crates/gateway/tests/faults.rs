@@ -1741,3 +1741,73 @@ async fn a_cancel_whose_notification_was_lost_keeps_the_next_batch_from_going_ou
         .count();
     assert_eq!(adds, 0, "a call went out after the cancel was recorded");
 }
+
+#[tokio::test]
+async fn a_tool_answer_that_arrives_while_a_step_write_waits_is_read_not_taken_for_a_timeout() {
+    let mut cluster = Cluster::postgres().await;
+    let replica = cluster.replica(&[]);
+    cluster.configure(&replica).await;
+    let slow = gateway_testkit::tool_server::tool_definitions()
+        .into_iter()
+        .find(|d| d.name == "slow")
+        .expect("testkit tool");
+    cluster
+        .attach_tool_source(
+            &replica,
+            json!({"name": "slow", "description": slow.description, "parameters": slow.parameters,
+                   "url": cluster.tools.url("slow")}),
+        )
+        .await;
+    // The testkit's gate, offered as a tool whose calls time out after a second.
+    cluster
+        .attach_tool_source(
+            &replica,
+            json!({"name": "held", "description": "Held until the test opens the gate.",
+                   "parameters": {"type": "object"}, "url": cluster.tools.url("gate"), "timeout_ms": 1000}),
+        )
+        .await;
+    let created = cluster
+        .create(
+            &replica,
+            json!({"model": "mock", "input": "!call slow {\"ms\": 300} !call held {}", "background": true}),
+        )
+        .await;
+    let id = created["id"].as_str().expect("id").to_owned();
+    cluster.gate_calls(1).await;
+    cluster
+        .tools
+        .wait_for_calls("slow", 1, PATIENCE)
+        .await
+        .expect("the slow call went out");
+
+    // The response's row locked: the write that records the slow call's end waits behind it, with the held
+    // call still out.
+    let pool = sqlx::PgPool::connect(cluster.db.url())
+        .await
+        .expect("connect");
+    let mut lock = pool.begin().await.expect("begin");
+    sqlx::query("SELECT 1 FROM responses WHERE id = $1 FOR UPDATE")
+        .bind(&id)
+        .execute(&mut *lock)
+        .await
+        .expect("lock");
+    a_statement_waits_on_a_lock(&pool, "%UNNEST%", PATIENCE).await;
+
+    // The held call is answered at once; the write goes on waiting past that call's timeout (the fault's
+    // length, not a wait for anything).
+    cluster.tools.open_gate();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    lock.rollback().await.expect("unlock");
+
+    let ended = cluster.ended(&replica, &id).await;
+    assert_eq!(ended["status"], "completed", "{ended:#}");
+    let held = ended["output"]
+        .as_array()
+        .expect("output")
+        .iter()
+        .find(|item| item["name"] == "held")
+        .expect("the held call")
+        .clone();
+    assert_eq!(held["error"], serde_json::Value::Null, "{held:#}");
+    assert_eq!(held["status"], "completed", "{held:#}");
+}

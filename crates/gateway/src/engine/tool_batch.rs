@@ -4,6 +4,8 @@
 use futures::StreamExt;
 use gateway_core::events::Progress;
 use gateway_core::steps::{Step, StepBody, StepState, ToolCall, ToolOutcome, ToolStep};
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinSet;
 
 use super::driver::{told_to_stop, CANCELLED};
 use super::journal::WRITE_LINGER;
@@ -34,43 +36,8 @@ impl Engine {
         }
         let jobs = jobs(run, seqs);
         let calls = jobs.len();
-        let response_id = run.record.id.clone();
-        let replica = &self.replica;
-        let stop = run.registration.stop.clone();
-        let mut results = futures::stream::iter(jobs)
-            .map(|(index, call, tool, key)| {
-                let response_id = &response_id;
-                // A call may wait for its place (the batch's concurrency, its source's calls in flight) past a
-                // pause of this process: it goes out only while this replica still holds its lease (waiting for
-                // the next beat, which first tells the runs whose response another replica took) and the run
-                // was not told to stop.
-                let stop = stop.clone();
-                let may_send = async move { replica.hold_lease().await && stop.borrow().is_none() };
-                async move {
-                    let outcome = match &tool {
-                        Some(tool) => {
-                            let at = CallRef {
-                                response_id,
-                                idempotency_key: &key,
-                            };
-                            let span = super::spans::tool_call(tool, &call);
-                            let execution = self.tools.execute(tool, &call, at, may_send);
-                            let outcome =
-                                tracing::Instrument::instrument(execution, span.clone()).await;
-                            if let Some(outcome) = &outcome {
-                                super::spans::tool_ended(&span, outcome);
-                            }
-                            outcome
-                        }
-                        None => Some(ToolOutcome::error(format!(
-                            "Tool '{}' is no longer available.",
-                            call.name
-                        ))),
-                    };
-                    (index, outcome)
-                }
-            })
-            .buffer_unordered(self.limits.tool_concurrency.max(1));
+        let (mut calling, mut results) =
+            self.spawn_calls(jobs, run.record.id.clone(), run.registration.stop.clone());
         let mut ended = 0;
         // While siblings still run, an ended call is recorded soon, so that a restarted loop does not send it
         // again: `WRITE_LINGER` after it ended, together with any that ended meanwhile. Calls of a batch that
@@ -86,6 +53,7 @@ impl Engine {
             };
             let next = tokio::select! {
                 () = &mut told_to_stop => {
+                    calling.halt();
                     stop_batch(run, seqs, &mut next_rank, sink).await;
                     break;
                 }
@@ -94,18 +62,20 @@ impl Engine {
                     self.write_relaxed(run).await;
                     // The write may have learnt that the response is no longer this run's, or was cancelled.
                     if run.stop().is_some() {
+                        calling.halt();
                         stop_batch(run, seqs, &mut next_rank, sink).await;
                         break;
                     }
                     continue;
                 }
-                next = results.next() => next,
+                next = results.recv() => next,
             };
             let Some((index, outcome)) = next else {
                 break;
             };
             let Some(outcome) = outcome else {
                 // A call kept from going out: the run was told to stop, or the lease did not come back.
+                calling.halt();
                 if run.stop().is_none() {
                     self.give_up_lapsed(run);
                 }
@@ -120,6 +90,78 @@ impl Engine {
             }
         }
         Ok(())
+    }
+
+    /// Runs the calls of a batch on a task of their own, at most `limits.tool_concurrency` at a time, and hands each
+    /// result to the receiver as it arrives (its step's index, and `None` for a call kept from going out). The run
+    /// may meanwhile wait on a write or on a slow reader of its stream without leaving a call unpolled: a call's
+    /// timeout runs whether or not it is polled, and an answer read late would be taken for a timeout. The task
+    /// (and every call still running) ends when the set is dropped.
+    fn spawn_calls(
+        &self,
+        jobs: Vec<Job>,
+        response_id: String,
+        stop: watch::Receiver<Option<Stop>>,
+    ) -> (
+        Calling,
+        mpsc::UnboundedReceiver<(usize, Option<ToolOutcome>)>,
+    ) {
+        let (ended, results) = mpsc::unbounded_channel();
+        let (halted, halt_seen) = watch::channel(false);
+        let engine = self.clone();
+        let calls = async move {
+            let (engine, response_id) = (&engine, &response_id);
+            let replica = &engine.replica;
+            let mut results = futures::stream::iter(jobs)
+                .map(|(index, call, tool, key)| {
+                    // A call may wait for its place (the batch's concurrency, its source's calls in flight) past a
+                    // pause of this process: it goes out only while this replica still holds its lease (waiting
+                    // for the next beat, which first tells the runs whose response another replica took) and the
+                    // run was not told to stop.
+                    let (stop, halt_seen) = (stop.clone(), halt_seen.clone());
+                    let may_send = async move {
+                        replica.hold_lease().await
+                            && stop.borrow().is_none()
+                            && !*halt_seen.borrow()
+                    };
+                    async move {
+                        let outcome = match &tool {
+                            Some(tool) => {
+                                let at = CallRef {
+                                    response_id,
+                                    idempotency_key: &key,
+                                };
+                                let span = super::spans::tool_call(tool, &call);
+                                let execution = engine.tools.execute(tool, &call, at, may_send);
+                                let outcome =
+                                    tracing::Instrument::instrument(execution, span.clone()).await;
+                                if let Some(outcome) = &outcome {
+                                    super::spans::tool_ended(&span, outcome);
+                                }
+                                outcome
+                            }
+                            None => Some(ToolOutcome::error(format!(
+                                "Tool '{}' is no longer available.",
+                                call.name
+                            ))),
+                        };
+                        (index, outcome)
+                    }
+                })
+                .buffer_unordered(engine.limits.tool_concurrency.max(1));
+            while let Some(result) = results.next().await {
+                if ended.send(result).is_err() {
+                    return;
+                }
+            }
+        };
+        let mut task = JoinSet::new();
+        // The calls' spans stay children of the run's.
+        task.spawn(tracing::Instrument::instrument(
+            calls,
+            tracing::Span::current(),
+        ));
+        (Calling { task, halted }, results)
     }
 
     /// Records the calls `seqs` as started, their notes rendered, on disk before any request goes out (a
@@ -162,6 +204,23 @@ impl Engine {
         sink.report(Progress::ToolsStarted { steps: &started })
             .await;
         Ok(())
+    }
+}
+
+/// The calls of a batch, running on a task of their own ([`Engine::spawn_calls`]).
+struct Calling {
+    task: JoinSet<()>,
+    /// Set once the run stops the batch: a call still waiting for its place then never goes out, even if its
+    /// task is polled once more before it is aborted.
+    halted: watch::Sender<bool>,
+}
+
+impl Calling {
+    /// Stops the batch's calls: none that has not gone out goes out, and those running are dropped (the run
+    /// may stop because the store told it, which its calls' stop signal does not carry).
+    fn halt(&mut self) {
+        self.halted.send_replace(true);
+        self.task.abort_all();
     }
 }
 
