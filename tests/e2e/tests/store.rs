@@ -3258,3 +3258,44 @@ async fn a_deleted_responses_queued_event_is_sent_only_when_its_ending_was_writt
         "nothing queued for a deleted response: {listed:?}"
     );
 }
+
+/// Errors of Postgres that say the moment is bad, not the data: a statement cancelled by an operator's
+/// `statement_timeout`, a lock not had within `lock_timeout`. A response whose read back met one is tried again
+/// later rather than ended as unreadable.
+#[tokio::test]
+async fn a_statement_cancelled_by_its_timeout_or_a_lock_not_had_in_time_is_a_passing_failure() {
+    let db = ScratchDatabase::postgres().await.expect("database");
+    let pool = sqlx::PgPool::connect(db.url()).await.expect("connect");
+    sqlx::query("CREATE TABLE held (id int)")
+        .execute(&pool)
+        .await
+        .expect("create");
+    let mut held = pool.begin().await.expect("begin");
+    sqlx::query("LOCK TABLE held IN ACCESS EXCLUSIVE MODE")
+        .execute(&mut *held)
+        .await
+        .expect("lock");
+    let mut other = pool.acquire().await.expect("a second connection");
+
+    sqlx::query("SET statement_timeout = 1")
+        .execute(&mut *other)
+        .await
+        .expect("set");
+    let cancelled = sqlx::query("SELECT pg_sleep(1)")
+        .execute(&mut *other)
+        .await
+        .expect_err("cancelled");
+    for set in ["SET statement_timeout = 0", "SET lock_timeout = 1"] {
+        sqlx::query(set).execute(&mut *other).await.expect("set");
+    }
+    let not_locked = sqlx::query("SELECT * FROM held")
+        .execute(&mut *other)
+        .await
+        .expect_err("not locked in time");
+
+    for (what, error) in [("cancelled", cancelled), ("lock timeout", not_locked)] {
+        let error = StoreError::from(error);
+        assert!(error.is_transient(), "{what}: {error:?}");
+    }
+    drop(held);
+}

@@ -199,11 +199,24 @@ impl StoreError {
                 | sqlx::Error::WorkerCrashed => true,
                 sqlx::Error::Database(db) => db.code().is_some_and(|code| {
                     // Connection exceptions (08…), an administrator shutdown or restart (57P01–57P03), a
-                    // serialization failure or deadlock (40001, 40P01), SQLite's busy and locked (5, 6).
+                    // serialization failure or deadlock (40001, 40P01), a statement cancelled (57014: an
+                    // operator's `statement_timeout` or `pg_cancel_backend`) or a lock not had in time (55P03:
+                    // `lock_timeout`), the server short of resources (53…: disk full, out of memory, too many
+                    // connections), SQLite's busy and locked (5, 6). None says the data is wrong: a running
+                    // response that met one is read again later rather than ended as unreadable.
                     code.starts_with("08")
+                        || code.starts_with("53")
                         || matches!(
                             &*code,
-                            "57P01" | "57P02" | "57P03" | "40001" | "40P01" | "5" | "6"
+                            "57P01"
+                                | "57P02"
+                                | "57P03"
+                                | "57014"
+                                | "55P03"
+                                | "40001"
+                                | "40P01"
+                                | "5"
+                                | "6"
                         )
                 }),
                 _ => false,
