@@ -56,6 +56,10 @@ impl Worker {
                 let (engine, ownership) = (engine.clone(), ownership.clone());
                 move || claim(engine.clone(), ownership.clone())
             }),
+            duty::spawn("reclaim_counts", crate::metrics::duty_restarted, {
+                let engine = engine.clone();
+                move || reclaim_counts(engine.clone())
+            }),
             duty::spawn("deliver_webhooks", crate::metrics::duty_restarted, {
                 let deliverer = engine.deliverer.clone();
                 move || deliverer.clone().run()
@@ -222,7 +226,6 @@ async fn claim(engine: Engine, ownership: Store) {
     let replica = Arc::clone(&engine.replica);
     let mut unrun = HashSet::new();
     let mut next_look = tokio::time::Instant::now();
-    let mut next_prune = tokio::time::Instant::now();
     loop {
         tokio::select! {
             () = tokio::time::sleep(replica.sweep_interval) => {}
@@ -235,22 +238,6 @@ async fn claim(engine: Engine, ownership: Store) {
             next_look = tokio::time::Instant::now() + replica.sweep_interval;
             if hand_over_unrun(&engine, &ownership, &mut unrun).await {
                 let _ = ownership.notify(&Notification::Work).await;
-            }
-        }
-        // The `max_concurrent` places of replicas that stopped beating go back to their counts (SPEC 13).
-        if let Err(e) = engine.governor.reclaim_running(replica.lease_ms()).await {
-            tracing::warn!(error = %e, "could not take back the running places of stopped replicas");
-        }
-        if tokio::time::Instant::now() >= next_prune {
-            next_prune = tokio::time::Instant::now() + PRUNE_EVERY;
-            match engine.governor.prune_windows().await {
-                Ok(0) => {}
-                Ok(pruned) => {
-                    tracing::debug!(pruned, "deleted counted windows that ended long ago")
-                }
-                Err(e) => {
-                    tracing::warn!(error = %e, "could not delete the counted windows that ended long ago")
-                }
             }
         }
         // As many as there is room for now; each takes its place when it starts. Holding places before knowing
@@ -299,6 +286,33 @@ async fn claim(engine: Engine, ownership: Store) {
                     engine.replica.release_later(&id, epoch);
                 }
             });
+        }
+    }
+}
+
+/// Gives the `max_concurrent` places of replicas that stopped beating back to their counts (SPEC 13), every sweep
+/// interval, and deletes counted windows that ended long ago, every ten minutes. A duty of its own, on the
+/// requests' pool: a full pool or a silent connection delays these, never the claims of dead replicas'
+/// responses.
+async fn reclaim_counts(engine: Engine) {
+    let replica = Arc::clone(&engine.replica);
+    let mut next_prune = tokio::time::Instant::now();
+    loop {
+        tokio::time::sleep(replica.sweep_interval).await;
+        if let Err(e) = engine.governor.reclaim_running(replica.lease_ms()).await {
+            tracing::warn!(error = %e, "could not take back the running places of stopped replicas");
+        }
+        if tokio::time::Instant::now() >= next_prune {
+            next_prune = tokio::time::Instant::now() + PRUNE_EVERY;
+            match engine.governor.prune_windows().await {
+                Ok(0) => {}
+                Ok(pruned) => {
+                    tracing::debug!(pruned, "deleted counted windows that ended long ago")
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "could not delete the counted windows that ended long ago")
+                }
+            }
         }
     }
 }
