@@ -413,10 +413,24 @@ pub enum InputItem {
     },
 }
 
+/// The longest `id` a client may give an item: ids are kept in indexes, and read back by path and query
+/// parameters, which take at most as many characters.
+pub const MAX_ITEM_ID_LEN: usize = 256;
+
 /// Reads one input item as clients send it: messages may omit `type`, item references too.
 pub fn parse_input_item(value: Value) -> Result<InputItem, ItemError> {
     let value = match value {
         Value::Object(mut map) => {
+            if let Some(Value::String(id)) = map.get("id") {
+                if id.chars().count() > MAX_ITEM_ID_LEN {
+                    return Err(ItemError {
+                        message: format!(
+                            "an item's 'id' is at most {MAX_ITEM_ID_LEN} characters; this one has {}",
+                            id.chars().count()
+                        ),
+                    });
+                }
+            }
             if !map.contains_key("type") || map.get("type") == Some(&Value::Null) {
                 if map.contains_key("role") {
                     map.insert("type".into(), Value::String("message".into()));

@@ -604,6 +604,14 @@ fn create_cases() -> Vec<Case> {
             json!({"model": "mock", "input": [{"type": "item_reference"}]}),
         )
         .param("input[0]"),
+        // Random, so that it does not compress under an index's size limit.
+        create(
+            "an item id longer than an id may be",
+            json!({"model": "mock", "input": [
+                {"type": "message", "role": "user", "content": "x"},
+                {"type": "message", "id": long_random_id(), "role": "user", "content": "x"}]}),
+        )
+        .param("input[1]"),
         create(
             "custom output without a call",
             json!({"model": "mock", "input": [{"type": "custom_tool_call_output", "call_id": "c", "output": "x"}]}),
@@ -971,6 +979,12 @@ fn conversation_cases() -> Vec<Case> {
             "conversation item without type",
             "/v1/conversations",
             json!({"items": [{"content": "x", "extra": 1}]}),
+        )
+        .param("items[0]"),
+        post(
+            "conversation item with an id longer than an id may be",
+            "/v1/conversations",
+            json!({"items": [{"type": "message", "id": long_random_id(), "role": "user", "content": "x"}]}),
         )
         .param("items[0]"),
         post(
@@ -1541,4 +1555,12 @@ async fn a_url_or_head_too_large_to_parse_gets_an_openai_error_and_the_gateway_s
     assert_eq!(body["error"]["type"], "invalid_request_error", "{body}");
     let (status, _) = raw_request(&gw, get("/healthz".to_owned(), String::new())).await;
     assert_eq!(status, 200, "the gateway serves on");
+}
+
+/// An item id of 3,008 random characters: over what an id may be (and, before ids were bounded, over what a
+/// B-tree index takes once it does not compress enough).
+fn long_random_id() -> String {
+    (0..94)
+        .map(|_| uuid::Uuid::new_v4().simple().to_string())
+        .collect()
 }
