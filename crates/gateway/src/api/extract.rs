@@ -208,8 +208,8 @@ impl<T: DeserializeOwned + Send, S: Send + Sync> FromRequestParts<S> for ApiPath
     }
 }
 
-/// A query string: each field at most once, values checked like ids, then typed; each failure a 400 naming
-/// the field.
+/// A query string: each field at most once (but a list's, repeated), values checked like ids, then typed; each
+/// failure a 400 naming the field.
 pub struct ApiQuery<T>(pub T);
 
 impl<T: DeserializeOwned, S: Send + Sync> FromRequestParts<S> for ApiQuery<T> {
@@ -226,7 +226,10 @@ impl<T: DeserializeOwned, S: Send + Sync> FromRequestParts<S> for ApiQuery<T> {
         })?;
         let mut seen = std::collections::HashSet::new();
         for (name, value) in &pairs {
-            if !seen.insert(name.as_str()) {
+            // A list is sent as its name repeated (`include=a&include=b`, or `include[]=…` as openai-python
+            // writes it); any other parameter is given at most once.
+            let a_list = name == "include" || name.ends_with("[]");
+            if !a_list && !seen.insert(name.as_str()) {
                 return Err(ApiError::invalid(
                     format!("Query parameter '{name}' is given more than once."),
                     Some(name),

@@ -665,3 +665,47 @@ async fn items_a_turn_cannot_use_are_named_as_the_conversations() {
     .await;
     assert_eq!(held["data"].as_array().map(Vec::len), Some(1), "{held:#}");
 }
+
+#[tokio::test]
+async fn a_list_parameter_may_be_repeated_as_sdks_send_it() {
+    let (gw, tenant) = gateway().await;
+    let key = &tenant.key;
+    let created = call_ok(
+        &gw,
+        key,
+        Method::POST,
+        "/conversations",
+        Some(json!({"items": [{"role": "user", "content": "one"}]})),
+    )
+    .await;
+    let id = id_of(&created);
+
+    for query in [
+        "include[]=reasoning.encrypted_content&include[]=message.output_text.logprobs",
+        "include=reasoning.encrypted_content&include=message.output_text.logprobs",
+    ] {
+        let page = call_ok(
+            &gw,
+            key,
+            Method::GET,
+            &format!("/conversations/{id}/items?{query}"),
+            None,
+        )
+        .await;
+        assert_eq!(
+            texts(page["data"].as_array().expect("data")),
+            ["user:one"],
+            "{query}"
+        );
+    }
+    // Any other parameter still once.
+    let twice = call(
+        &gw,
+        key,
+        Method::GET,
+        &format!("/conversations/{id}/items?limit=1&limit=2"),
+        None,
+    )
+    .await;
+    assert_error(&twice, 400, Some("limit"), Some("duplicate_parameter"));
+}
