@@ -1896,3 +1896,63 @@ async fn a_projects_resolution_names_the_deployment_and_every_tool_a_create_is_t
         None,
     );
 }
+
+#[tokio::test]
+async fn a_deployment_renamed_stays_the_fallback_of_those_that_named_it() {
+    let gw = TestGateway::start().await;
+    let tenant = gw.tenant("acme").await;
+    let backup = id_of(
+        &admin(
+            &gw,
+            Method::POST,
+            "/deployments",
+            Some(mock_deployment(&gw, "backup")),
+        )
+        .await
+        .body,
+    );
+    gw.admin_ok(
+        Method::PATCH,
+        &format!("/deployments/{}", tenant.deployment_id),
+        Some(json!({"fallbacks": ["backup"]})),
+    )
+    .await;
+
+    let renamed = admin(
+        &gw,
+        Method::PATCH,
+        &format!("/deployments/{backup}"),
+        Some(json!({"name": "standby"})),
+    )
+    .await;
+    assert_eq!(renamed.status, StatusCode::OK, "{}", renamed.text);
+
+    let primary = gw
+        .admin_ok(
+            Method::GET,
+            &format!("/deployments/{}", tenant.deployment_id),
+            None,
+        )
+        .await;
+    assert_eq!(primary["fallbacks"], json!(["standby"]), "{primary:#}");
+    // Still referred to under its new name: its delete is refused as before.
+    let refused = admin(&gw, Method::DELETE, &format!("/deployments/{backup}"), None).await;
+    assert_error(&refused, 409, None);
+    assert_eq!(refused.body["error"]["code"], "in_use");
+    // A deployment made later under the old name is nobody's fallback.
+    admin(
+        &gw,
+        Method::POST,
+        "/deployments",
+        Some(mock_deployment(&gw, "backup")),
+    )
+    .await;
+    let primary = gw
+        .admin_ok(
+            Method::GET,
+            &format!("/deployments/{}", tenant.deployment_id),
+            None,
+        )
+        .await;
+    assert_eq!(primary["fallbacks"], json!(["standby"]), "{primary:#}");
+}

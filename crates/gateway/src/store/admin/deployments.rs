@@ -125,15 +125,23 @@ impl Store {
         get_deployment
     }
 
-    /// Applies changes to a deployment; `Ok(None)` when there is no such deployment.
+    /// Applies changes to a deployment; `Ok(None)` when there is no such deployment. A deployment renamed keeps
+    /// its place among the fallbacks of the others: they name it by its new name from the same transaction on.
     pub async fn update_deployment(
         &self,
         id: &str,
         changes: &DeploymentChanges<'_>,
     ) -> Result<Option<DeploymentRow>, StoreError> {
         let pricing = changes.pricing.flatten();
-        with_pool!(self, |pool| sqlx::query_as::<_, DeploymentRow>(concat!(
-            "UPDATE deployments SET
+        with_pool!(self, |pool| async {
+            let mut tx = pool.begin().await?;
+            let before: Option<String> =
+                sqlx::query_scalar("SELECT name FROM deployments WHERE id = $1")
+                    .bind(id)
+                    .fetch_optional(&mut *tx)
+                    .await?;
+            let Some(row) = sqlx::query_as::<_, DeploymentRow>(concat!(
+                "UPDATE deployments SET
                 name = COALESCE($2, name),
                 provider_kind = COALESCE($3, provider_kind),
                 base_url = COALESCE($4, base_url),
@@ -148,27 +156,61 @@ impl Store {
                 unsupported_params = COALESCE($18, unsupported_params)
              WHERE id = $1
              RETURNING ",
-            deployment_columns!()
-        ))
-        .bind(id)
-        .bind(changes.name.map(EntityName::as_str))
-        .bind(changes.provider_kind.map(ProviderKind::as_str))
-        .bind(changes.base_url.map(HttpUrl::as_str))
-        .bind(changes.upstream_model)
-        .bind(changes.api_key.is_some())
-        .bind(changes.api_key.flatten())
-        .bind(changes.fallbacks.map(fallbacks_json))
-        .bind(changes.unsupported_tools.map(UnsupportedTools::as_str))
-        .bind(changes.max_tokens.is_some())
-        .bind(changes.max_tokens.flatten().map(i64::from))
-        .bind(changes.pricing.is_some())
-        .bind(pricing.map(|p| p.input_per_mtok))
-        .bind(changes.pricing.is_some())
-        .bind(pricing.and_then(|p| p.cached_input_per_mtok))
-        .bind(changes.pricing.is_some())
-        .bind(pricing.map(|p| p.output_per_mtok))
-        .bind(changes.unsupported_params.map(UnsupportedTools::as_str))
-        .fetch_optional(pool)
+                deployment_columns!()
+            ))
+            .bind(id)
+            .bind(changes.name.map(EntityName::as_str))
+            .bind(changes.provider_kind.map(ProviderKind::as_str))
+            .bind(changes.base_url.map(HttpUrl::as_str))
+            .bind(changes.upstream_model)
+            .bind(changes.api_key.is_some())
+            .bind(changes.api_key.flatten())
+            .bind(changes.fallbacks.map(fallbacks_json))
+            .bind(changes.unsupported_tools.map(UnsupportedTools::as_str))
+            .bind(changes.max_tokens.is_some())
+            .bind(changes.max_tokens.flatten().map(i64::from))
+            .bind(changes.pricing.is_some())
+            .bind(pricing.map(|p| p.input_per_mtok))
+            .bind(changes.pricing.is_some())
+            .bind(pricing.and_then(|p| p.cached_input_per_mtok))
+            .bind(changes.pricing.is_some())
+            .bind(pricing.map(|p| p.output_per_mtok))
+            .bind(changes.unsupported_params.map(UnsupportedTools::as_str))
+            .fetch_optional(&mut *tx)
+            .await?
+            else {
+                return Ok(None);
+            };
+            if let Some(before) = before.filter(|before| *before != row.name) {
+                let referring: Vec<(String, String)> =
+                    sqlx::query_as("SELECT id, fallbacks FROM deployments WHERE fallbacks <> '[]'")
+                        .fetch_all(&mut *tx)
+                        .await?;
+                for (referring_id, fallbacks) in referring {
+                    let names: Vec<String> = serde_json::from_str(&fallbacks).unwrap_or_default();
+                    if !names.contains(&before) {
+                        continue;
+                    }
+                    let renamed: Vec<String> = names
+                        .into_iter()
+                        .map(|name| {
+                            if name == before {
+                                row.name.clone()
+                            } else {
+                                name
+                            }
+                        })
+                        .collect();
+                    sqlx::query("UPDATE deployments SET fallbacks = $2 WHERE id = $1")
+                        .bind(&referring_id)
+                        .bind(fallbacks_json(&renamed))
+                        .execute(&mut *tx)
+                        .await?;
+                }
+            }
+            tx.commit().await?;
+            Ok::<_, sqlx::Error>(Some(row))
+        }
         .await)
         .map_err(|e| StoreError::from_write(e, &taken(changes.name.map_or("", EntityName::as_str))))
     }
