@@ -16,11 +16,15 @@ use super::server_tools::{
 };
 use super::{Engine, EventSink, Origin, Run};
 use crate::clock::now;
-use crate::governance::Payer;
+use crate::governance::{Payer, StartRefused};
 use crate::store::ownership::Claimed;
 use crate::store::responses::{Durability, StepWrite, StoredRun};
 use crate::store::StoreError;
 use crate::tools::ServerTools;
+
+/// How long a queued response whose key or project runs as many as `max_concurrent` allows waits before it is
+/// tried again (as the `Retry-After` of a create refused for it).
+const START_RETRY_MS: i64 = 1000;
 
 impl Engine {
     /// Resumes (or starts) a response this replica claimed, on its own task, in the place `admitted` holds and
@@ -74,6 +78,31 @@ impl Engine {
         } else {
             Origin::Resumed
         };
+        let payer = self.payer_of(&stored).await?;
+        // A queued response gave its place back when it was left queued: it takes one again within the counts,
+        // as a create does, or waits queued (not counted as a start) until a place may be free.
+        let queued_place = match origin {
+            Origin::Queued => match self.governor.take_running_to_start(&payer).await {
+                Ok(place) => Some(place),
+                Err(refused) => {
+                    match refused {
+                        StartRefused::Full { scope, owner } => tracing::debug!(
+                            response.id = %claimed.id, scope = scope.as_str(), owner = %owner,
+                            "a queued response waits for a running place"
+                        ),
+                        StartRefused::Store(e) => tracing::warn!(
+                            response.id = %claimed.id, error = %e,
+                            "could not take a running place for a queued response; it waits"
+                        ),
+                    }
+                    return self
+                        .store
+                        .defer_start(&claimed.id, &self.replica.id, claimed.epoch, START_RETRY_MS)
+                        .await;
+                }
+            },
+            Origin::Resumed | Origin::New => None,
+        };
         // Every start from the store is counted (a resume that failed before this point is not): a response whose
         // runs keep dying where they run (a crash or a panic each time, or hand-overs without end) ends here
         // rather than be resumed again (SPEC 9).
@@ -126,9 +155,11 @@ impl Engine {
         // The time left was read off the database's clock, as the deadline was set (SPEC 9).
         let remaining_ms = stored.deadline_in_ms.map_or(0, |left| left.max(0));
         let sink = EventSink::for_followers(&stored.record, &stored.steps);
-        let payer = self.payer_of(&stored).await?;
-        // It was admitted when it was created: it runs whatever the counts say, and counts while it runs.
-        let running = self.governor.hold_running(&payer).await;
+        // A resumed one was admitted, and ran: it runs whatever the counts say, and counts while it runs.
+        let running = match queued_place {
+            Some(place) => place,
+            None => self.governor.hold_running(&payer).await,
+        };
         let run = Run {
             limits: self.limits_for(stored.record.params.max_tool_calls),
             project_id: stored.project_id,

@@ -100,6 +100,17 @@ impl From<StoreError> for Refusal {
     }
 }
 
+/// Why a queued background response is not started now: it waits queued, and is tried again.
+#[derive(Debug)]
+pub enum StartRefused {
+    /// A `max_concurrent` count of its key or project is full.
+    Full {
+        scope: Scope,
+        owner: String,
+    },
+    Store(StoreError),
+}
+
 /// The key and project a run's usage counts against, and what they are held to.
 #[derive(Debug, Clone)]
 pub struct Payer {
@@ -354,10 +365,35 @@ impl Governor {
         })
     }
 
-    /// Places for a response admitted before that now runs here (resumed after its replica stopped, or a queued
-    /// background response started): taken whatever the counts stand at, since it was admitted already, so that
-    /// the counts keep saying how many run and new creates wait for it. `None` when no `max_concurrent` applies;
-    /// a store that does not answer leaves the response running without a place (logged).
+    /// Places for a queued background response a replica is about to start: it gave its place back when it was
+    /// left queued, and takes one again within the counts, as a create does. `Ok(None)` when no `max_concurrent`
+    /// applies; `Err` when a count is full or the store did not answer (it stays queued, and is tried again).
+    pub async fn take_running_to_start(
+        &self,
+        payer: &Payer,
+    ) -> Result<Option<RunningPlace>, StartRefused> {
+        let mut running = self.places.place();
+        for (scope, owner, governance, names) in self.counted_scopes(payer) {
+            if let Some(limit) = governance.limits.max_concurrent {
+                match running.take(names.running.clone(), limit).await {
+                    Ok(true) => {}
+                    Ok(false) => {
+                        return Err(StartRefused::Full {
+                            scope,
+                            owner: owner.to_string(),
+                        })
+                    }
+                    Err(e) => return Err(StartRefused::Store(e)),
+                }
+            }
+        }
+        Ok(running.holds_any().then_some(running))
+    }
+
+    /// Places for a response admitted before that now runs here (resumed after its replica stopped): taken
+    /// whatever the counts stand at, since it was admitted already and ran, so that the counts keep saying how
+    /// many run and new creates wait for it. `None` when no `max_concurrent` applies; a store that does not answer
+    /// leaves the response running without a place (logged).
     pub async fn hold_running(&self, payer: &Payer) -> Option<RunningPlace> {
         let mut running = self.places.place();
         for (_, _, governance, names) in self.counted_scopes(payer) {

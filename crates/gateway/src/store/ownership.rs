@@ -147,6 +147,9 @@ impl Store {
                     "WITH candidates AS (
                         SELECT r.id, r.owner FROM responses r
                         WHERE r.status IN ('queued', 'in_progress') AND r.owner IS DISTINCT FROM $1
+                          AND (r.start_after IS NULL OR r.start_after <= ",
+                    pg_now_ms!(),
+                    ")
                           AND (r.owner IS NULL OR NOT EXISTS (
                               SELECT 1 FROM replicas p
                               WHERE p.id = r.owner AND p.heartbeat_at > ",
@@ -172,6 +175,9 @@ impl Store {
                     "SELECT r.id, r.project_id, r.owner IS NOT NULL AS taken_over, r.claim_epoch + 1 AS epoch
                      FROM responses r
                      WHERE r.status IN ('queued', 'in_progress') AND r.owner IS NOT $3
+                       AND (r.start_after IS NULL OR r.start_after <= ",
+                    sqlite_now_ms!(),
+                    ")
                        AND (r.owner IS NULL OR NOT EXISTS (
                            SELECT 1 FROM replicas p WHERE p.id = r.owner AND p.heartbeat_at > ",
                     sqlite_now_ms!(),
@@ -252,6 +258,31 @@ impl Store {
         .await
         .map(|done| done.rows_affected())
         })?;
+        Ok(())
+    }
+
+    /// Gives back a queued response that `replica` claimed under `epoch` and could not start, to be taken again
+    /// (by any replica) no sooner than `wait_ms` from now, by the database's clock.
+    pub async fn defer_start(
+        &self,
+        id: &str,
+        replica: &str,
+        epoch: i64,
+        wait_ms: i64,
+    ) -> Result<(), StoreError> {
+        let sql = with_clock!(
+            self,
+            "UPDATE responses SET owner = NULL, start_after = ",
+            " + $4 WHERE id = $1 AND owner = $2 AND claim_epoch = $3 AND status = 'queued'"
+        );
+        with_pool!(self, |pool| sqlx::query(sql)
+            .bind(id)
+            .bind(replica)
+            .bind(epoch)
+            .bind(wait_ms)
+            .execute(pool)
+            .await
+            .map(drop))?;
         Ok(())
     }
 

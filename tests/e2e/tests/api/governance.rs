@@ -445,3 +445,93 @@ async fn a_compaction_is_admitted_and_counted_like_a_create() {
     assert!((cost - expected).abs() < 1e-12, "{cost} vs {expected}");
     assert!(id.starts_with("resp_"), "{id}");
 }
+
+#[tokio::test]
+async fn queued_background_responses_start_within_their_keys_max_concurrent() {
+    // Two responses run at once on this gateway; the key may run one.
+    let gw = TestGateway::start_with(|config| config.server.max_active_responses = 2).await;
+    let tenant = gw.tenant("acme").await;
+    let other = gw.tenant("other").await;
+    gw.attach_tool(&tenant.group_id, "gate").await;
+    gw.attach_tool(&tenant.group_id, "barrier").await;
+    patch_key(&gw, &tenant, json!({"limits": {"max_concurrent": 1}})).await;
+
+    // Another project's two responses fill the gateway, held in the barrier.
+    for _ in 0..2 {
+        let held = gw
+            .create(
+                &other.key,
+                json!({"model": "mock", "input": "!call barrier {\"n\": 3}", "background": true}),
+            )
+            .await;
+        assert_eq!(held.status, 200, "{:#}", held.body);
+    }
+    gw.tools
+        .wait_for_calls("barrier", 2, std::time::Duration::from_secs(30))
+        .await
+        .expect("both held");
+    // The key's three are admitted (none of its runs), and wait queued for room.
+    let mut queued = Vec::new();
+    for _ in 0..3 {
+        let created = gw
+            .create(
+                &tenant.key,
+                json!({"model": "mock", "input": "!call gate {}", "background": true}),
+            )
+            .await;
+        assert_eq!(created.body["status"], "queued", "{:#}", created.body);
+        queued.push(id_of(&created.body));
+    }
+
+    // Room for two: one of the key's starts, the other two are tried and wait for its place.
+    release_barrier(&gw, 3).await;
+    gw.tools
+        .wait_for_calls("gate", 1, std::time::Duration::from_secs(30))
+        .await
+        .expect("one started");
+    let waiting = async {
+        loop {
+            let deferred = gw
+                .fetch_i64(
+                    "SELECT count(*) FROM responses WHERE status = 'queued' AND start_after IS NOT NULL",
+                )
+                .await;
+            if deferred == 2 {
+                return;
+            }
+            // Polling the database: the condition is the gateway's, in the store.
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+    };
+    tokio::time::timeout(std::time::Duration::from_secs(30), waiting)
+        .await
+        .expect("the other two wait for the place");
+    let gates = |gw: &TestGateway| {
+        gw.tools
+            .calls()
+            .iter()
+            .filter(|call| call.tool == "gate")
+            .count()
+    };
+    assert_eq!(gates(&gw), 1, "only one of the key's runs");
+
+    // Each runs once the one before it gave its place back.
+    gw.tools.open_gate();
+    for id in &queued {
+        let ended = async {
+            loop {
+                let answer = gw
+                    .call(gw.public(Method::GET, &format!("/responses/{id}"), &tenant.key))
+                    .await;
+                if answer.body["status"] == "completed" {
+                    return;
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            }
+        };
+        tokio::time::timeout(std::time::Duration::from_secs(30), ended)
+            .await
+            .expect("it ends");
+    }
+    assert_eq!(gates(&gw), 3);
+}
