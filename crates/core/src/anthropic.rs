@@ -249,11 +249,14 @@ fn messages(instructions: Option<&str>, conversation: &[Item]) -> (String, Vec<V
             let result = results.get(id);
             // Images and PDFs a client's output holds go as blocks of the result, which Messages takes; an output
             // of text alone goes as its text.
-            let content = match result.and_then(|r| r.parts) {
-                Some(parts) if parts.iter().any(ContentPart::is_media) => {
-                    json!(content_blocks_of(parts, Role::User))
-                }
-                _ => json!(result.map(|r| r.text.as_str()).unwrap_or_default()),
+            let blocks = result
+                .and_then(|r| r.parts)
+                .filter(|parts| parts.iter().any(ContentPart::is_media))
+                .map(|parts| content_blocks_of(parts, Role::User))
+                .filter(|blocks| !blocks.is_empty());
+            let content = match blocks {
+                Some(blocks) => json!(blocks),
+                None => json!(result.map(|r| r.text.as_str()).unwrap_or_default()),
             };
             let mut block = json!({"type": "tool_result", "tool_use_id": id, "content": content});
             if result.is_some_and(|r| r.failed) {

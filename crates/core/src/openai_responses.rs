@@ -14,7 +14,7 @@ use serde_json::{json, Map, Value};
 use crate::chat::{normalise_arguments, scrub_nul, AnswerError, IdSource, ParseError};
 use crate::context::ModelInput;
 use crate::event_stream::TypedEventStream;
-use crate::items::{Item, MessageItem, Role};
+use crate::items::{ContentPart, Item, MessageItem, Role};
 use crate::reasoning::{self, Replay};
 use crate::steps::{AssistantMessage, Finish, ModelDelta, ModelOutput, ToolCall, Usage};
 use crate::toolset::{model_tool_choice, OfferedTool, ToolInput};
@@ -106,6 +106,17 @@ fn tool_json(tool: &OfferedTool) -> Value {
     Value::Object(out)
 }
 
+/// A part of a tool's output as the Responses API takes it: text as `input_text` (a client may send what the
+/// model wrote, `output_text` or a `refusal`), images and files as sent.
+fn output_part(part: &ContentPart) -> Value {
+    match part {
+        ContentPart::OutputText { text, .. } | ContentPart::Refusal { refusal: text } => {
+            json!({"type": "input_text", "text": text})
+        }
+        other => json!(other),
+    }
+}
+
 /// The `input` items of a conversation. Each run of calls is followed by their outputs, in call order, paired by
 /// `call_id` (not in the order a client sent them), as every provider gets them.
 fn input(conversation: &[Item]) -> Vec<Value> {
@@ -120,7 +131,7 @@ fn input(conversation: &[Item]) -> Vec<Value> {
             let output = match result {
                 Some(CallResult {
                     parts: Some(parts), ..
-                }) => json!(parts),
+                }) => Value::Array(parts.iter().map(output_part).collect()),
                 result => json!(result.map(|r| r.text.as_str()).unwrap_or_default()),
             };
             let kind = if result.is_some_and(|r| r.custom) {

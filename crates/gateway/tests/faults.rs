@@ -537,6 +537,10 @@ async fn through_fault_proxy(cluster: &Cluster, seed: u64) -> (FaultProxy, Strin
     through_proxy
         .set_port(Some(proxy.addr().port()))
         .expect("port");
+    // The proxy finds the replies it swallows by what they carry: the protocol goes through it in the clear.
+    through_proxy
+        .query_pairs_mut()
+        .append_pair("sslmode", "disable");
     (proxy, through_proxy.to_string())
 }
 
@@ -1758,18 +1762,21 @@ async fn a_tool_answer_that_arrives_while_a_step_write_waits_is_read_not_taken_f
                    "url": cluster.tools.url("slow")}),
         )
         .await;
-    // The testkit's gate, offered as a tool whose calls time out after a second.
+    // The testkit's gate, offered as a tool whose calls time out after three seconds.
     cluster
         .attach_tool_source(
             &replica,
             json!({"name": "held", "description": "Held until the test opens the gate.",
-                   "parameters": {"type": "object"}, "url": cluster.tools.url("gate"), "timeout_ms": 1000}),
+                   "parameters": {"type": "object"}, "url": cluster.tools.url("gate"), "timeout_ms": 3000}),
         )
         .await;
+    let pool = sqlx::PgPool::connect(cluster.db.url())
+        .await
+        .expect("connect");
     let created = cluster
         .create(
             &replica,
-            json!({"model": "mock", "input": "!call slow {\"ms\": 300} !call held {}", "background": true}),
+            json!({"model": "mock", "input": "!call slow {\"ms\": 1000} !call held {}", "background": true}),
         )
         .await;
     let id = created["id"].as_str().expect("id").to_owned();
@@ -1780,11 +1787,8 @@ async fn a_tool_answer_that_arrives_while_a_step_write_waits_is_read_not_taken_f
         .await
         .expect("the slow call went out");
 
-    // The response's row locked: the write that records the slow call's end waits behind it, with the held
-    // call still out.
-    let pool = sqlx::PgPool::connect(cluster.db.url())
-        .await
-        .expect("connect");
+    // The response's row locked (within the second the slow call takes): the write that records the slow call's
+    // end waits behind it, with the held call still out.
     let mut lock = pool.begin().await.expect("begin");
     sqlx::query("SELECT 1 FROM responses WHERE id = $1 FOR UPDATE")
         .bind(&id)
@@ -1793,10 +1797,10 @@ async fn a_tool_answer_that_arrives_while_a_step_write_waits_is_read_not_taken_f
         .expect("lock");
     a_statement_waits_on_a_lock(&pool, "%UNNEST%", PATIENCE).await;
 
-    // The held call is answered at once; the write goes on waiting past that call's timeout (the fault's
-    // length, not a wait for anything).
+    // The held call is answered at once; the write goes on waiting past that call's timeout, three seconds
+    // after it went out (the fault's length, not a wait for anything).
     cluster.tools.open_gate();
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    tokio::time::sleep(Duration::from_millis(2500)).await;
     lock.rollback().await.expect("unlock");
 
     let ended = cluster.ended(&replica, &id).await;

@@ -25,7 +25,8 @@ fn images_and_pdfs_of_a_tools_output_go_as_blocks_of_its_result() {
             {"type": "input_image", "image_url": "data:image/png;base64,iVBOR"},
             {"type": "input_file", "file_data": "data:application/pdf;base64,JVBER"},
             {"type": "input_file", "file_id": "file-1"}]},
-        {"type": "function_call_output", "call_id": "toolu_2", "output": [{"type": "input_text", "text": "plain"}]}
+        {"type": "function_call_output", "call_id": "toolu_2", "output": [
+            {"type": "input_text", "text": "plain"}, {"type": "input_image", "file_id": "file-2"}]}
     ]));
 
     let body = build_request(
@@ -41,7 +42,7 @@ fn images_and_pdfs_of_a_tools_output_go_as_blocks_of_its_result() {
                 {"type": "text", "text": "the page"},
                 {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBOR"}},
                 {"type": "document", "source": {"type": "base64", "media_type": "application/pdf", "data": "JVBER"}}]},
-            {"type": "tool_result", "tool_use_id": "toolu_2", "content": "plain", "cache_control": {"type": "ephemeral"}}
+            {"type": "tool_result", "tool_use_id": "toolu_2", "content": [{"type": "text", "text": "plain"}], "cache_control": {"type": "ephemeral"}}
         ]),
         "{body:#}"
     );

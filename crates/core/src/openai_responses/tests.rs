@@ -62,6 +62,7 @@ fn a_tools_output_of_parts_goes_as_its_parts() {
         {"type": "function_call", "call_id": "call_p", "name": "shot", "arguments": "{}"},
         {"type": "function_call_output", "call_id": "call_p", "output": [
             {"type": "input_text", "text": "the page"},
+            {"type": "output_text", "text": "as written"},
             {"type": "input_image", "image_url": "https://x/p.png", "detail": "low"},
             {"type": "input_file", "file_id": "file-1"}]}
     ]));
@@ -75,6 +76,7 @@ fn a_tools_output_of_parts_goes_as_its_parts() {
         body["input"][1],
         json!({"type": "function_call_output", "call_id": "call_p", "output": [
             {"type": "input_text", "text": "the page"},
+            {"type": "input_text", "text": "as written"},
             {"type": "input_image", "image_url": "https://x/p.png", "detail": "low"},
             {"type": "input_file", "file_id": "file-1"}]})
     );

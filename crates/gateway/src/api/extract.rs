@@ -228,7 +228,7 @@ impl<T: DeserializeOwned, S: Send + Sync> FromRequestParts<S> for ApiQuery<T> {
         for (name, value) in &pairs {
             // A list is sent as its name repeated (`include=a&include=b`, or `include[]=…` as openai-python
             // writes it); any other parameter is given at most once.
-            let a_list = name == "include" || name.ends_with("[]");
+            let a_list = name == "include" || name == "include[]";
             if !a_list && !seen.insert(name.as_str()) {
                 return Err(ApiError::invalid(
                     format!("Query parameter '{name}' is given more than once."),

@@ -16,8 +16,8 @@ use super::server_tools::{
 };
 use super::{Engine, EventSink, Origin, Run};
 use crate::clock::now;
-use crate::governance::{Payer, StartRefused};
-use crate::store::ownership::Claimed;
+use crate::governance::{Payer, Scope, StartRefused};
+use crate::store::ownership::{Alike, Claimed};
 use crate::store::responses::{Durability, StepWrite, StoredRun};
 use crate::store::StoreError;
 use crate::tools::ServerTools;
@@ -85,20 +85,43 @@ impl Engine {
             Origin::Queued => match self.governor.take_running_to_start(&payer).await {
                 Ok(place) => Some(place),
                 Err(refused) => {
-                    match refused {
-                        StartRefused::Full { scope, owner } => tracing::debug!(
-                            response.id = %claimed.id, scope = scope.as_str(), owner = %owner,
-                            "a queued response waits for a running place"
-                        ),
-                        StartRefused::Store(e) => tracing::warn!(
-                            response.id = %claimed.id, error = %e,
-                            "could not take a running place for a queued response; it waits"
-                        ),
-                    }
-                    return self
+                    let alike = match &refused {
+                        StartRefused::Full { scope, owner } => {
+                            tracing::debug!(
+                                response.id = %claimed.id, scope = scope.as_str(), owner = %owner,
+                                "a queued response waits for a running place"
+                            );
+                            Some(match scope {
+                                Scope::Key => Alike::Key(owner),
+                                Scope::Project => Alike::Project(owner),
+                            })
+                        }
+                        StartRefused::Store(e) => {
+                            tracing::warn!(
+                                response.id = %claimed.id, error = %e,
+                                "could not take a running place for a queued response; it waits"
+                            );
+                            None
+                        }
+                    };
+                    let deferred = self
                         .store
-                        .defer_start(&claimed.id, &self.replica.id, claimed.epoch, START_RETRY_MS)
-                        .await;
+                        .defer_start(
+                            &claimed.id,
+                            &self.replica.id,
+                            claimed.epoch,
+                            START_RETRY_MS,
+                            alike,
+                        )
+                        .await?;
+                    if deferred {
+                        // Its room is free again: another queued response may be taken at once.
+                        self.replica.work.notify_one();
+                        return Ok(());
+                    }
+                    // Asked to cancel meanwhile (or no longer this claim's): it starts without a place, and its
+                    // start finds the cancel and ends it at once.
+                    Some(None)
                 }
             },
             Origin::Resumed | Origin::New => None,

@@ -71,6 +71,12 @@ impl Engine {
                 next = results.recv() => next,
             };
             let Some((index, outcome)) = next else {
+                if ended < calls {
+                    // The calls' task ended before every call did: it panicked. The run goes down with it, as
+                    // when the calls ran on its own task, and is handed over and resumed (or ended, once it was
+                    // started too often).
+                    calling.rethrow_panic().await;
+                }
                 break;
             };
             let Some(outcome) = outcome else {
@@ -150,7 +156,9 @@ impl Engine {
                 })
                 .buffer_unordered(engine.limits.tool_concurrency.max(1));
             while let Some(result) = results.next().await {
-                if ended.send(result).is_err() {
+                // A call kept from going out stops the batch: the others are dropped with the stream.
+                let kept_from_going_out = result.1.is_none();
+                if ended.send(result).is_err() || kept_from_going_out {
                     return;
                 }
             }
@@ -221,6 +229,15 @@ impl Calling {
     fn halt(&mut self) {
         self.halted.send_replace(true);
         self.task.abort_all();
+    }
+
+    /// Unwinds with the panic of the calls' task, if it panicked.
+    async fn rethrow_panic(&mut self) {
+        if let Some(Err(ended)) = self.task.join_next().await {
+            if ended.is_panic() {
+                std::panic::resume_unwind(ended.into_panic());
+            }
+        }
     }
 }
 

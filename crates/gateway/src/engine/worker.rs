@@ -297,8 +297,12 @@ async fn claim(engine: Engine, ownership: Store) {
 async fn reclaim_counts(engine: Engine) {
     let replica = Arc::clone(&engine.replica);
     let mut next_prune = tokio::time::Instant::now();
+    // The first pass at once: a replica that starts after others died takes their places back before it waits.
+    let mut first = true;
     loop {
-        tokio::time::sleep(replica.sweep_interval).await;
+        if !std::mem::take(&mut first) {
+            tokio::time::sleep(replica.sweep_interval).await;
+        }
         if let Err(e) = engine.governor.reclaim_running(replica.lease_ms()).await {
             tracing::warn!(error = %e, "could not take back the running places of stopped replicas");
         }

@@ -31,6 +31,13 @@ pub struct Claim {
     pub running: bool,
 }
 
+/// The key or project whose `max_concurrent` count a queued response waits for.
+#[derive(Debug, Clone, Copy)]
+pub enum Alike<'a> {
+    Key(&'a str),
+    Project(&'a str),
+}
+
 /// What a heartbeat found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Beat {
@@ -129,7 +136,8 @@ impl Store {
         Ok(owned)
     }
 
-    /// Takes up to `limit` running responses that no live replica drives, oldest first: queued ones nobody took,
+    /// Takes up to `limit` running responses that no live replica drives, oldest first (a queued one put off to wait
+    /// for a running place counts from when it may start, so that those queued meanwhile go before it): queued ones nobody took,
     /// and those whose owner has not beaten for `lease_ms`. Two replicas never take the same one, and a replica
     /// never takes its own: a process paused past its lease (or whose clock jumped) that comes back runs them
     /// still, and would otherwise start them again beside those runs (what it owns but runs nowhere it hands
@@ -155,7 +163,7 @@ impl Store {
                               WHERE p.id = r.owner AND p.heartbeat_at > ",
                     pg_now_ms!(),
                     " - $2))
-                        ORDER BY r.created_at, r.id
+                        ORDER BY COALESCE(r.start_after, r.created_at * 1000), r.id
                         LIMIT $3
                         FOR UPDATE OF r SKIP LOCKED)
                     UPDATE responses r SET owner = $1, claim_epoch = r.claim_epoch + 1
@@ -182,7 +190,7 @@ impl Store {
                            SELECT 1 FROM replicas p WHERE p.id = r.owner AND p.heartbeat_at > ",
                     sqlite_now_ms!(),
                     " - $1))
-                     ORDER BY r.created_at, r.id LIMIT $2"
+                     ORDER BY COALESCE(r.start_after, r.created_at * 1000), r.id LIMIT $2"
                 ))
                 .bind(lease_ms)
                 .bind(limit)
@@ -261,29 +269,59 @@ impl Store {
         Ok(())
     }
 
-    /// Gives back a queued response that `replica` claimed under `epoch` and could not start, to be taken again
-    /// (by any replica) no sooner than `wait_ms` from now, by the database's clock.
+    /// Gives back a queued response that `replica` claimed under `epoch` and could not start, to be taken again no
+    /// sooner than `wait_ms` from now, by the database's clock. When its key's or project's `max_concurrent` was
+    /// full (`alike` names that key or project), it puts off the other queued responses of that key or project as
+    /// long: each would meet the same full count, and the claims, oldest first by when each may start, take
+    /// others' meanwhile. `false`, and nothing changed, when it was asked to cancel meanwhile (it is started, to end
+    /// at once) or is not this claim's any more.
     pub async fn defer_start(
         &self,
         id: &str,
         replica: &str,
         epoch: i64,
         wait_ms: i64,
-    ) -> Result<(), StoreError> {
-        let sql = with_clock!(
+        alike: Option<Alike<'_>>,
+    ) -> Result<bool, StoreError> {
+        let this = with_clock!(
             self,
             "UPDATE responses SET owner = NULL, start_after = ",
-            " + $4 WHERE id = $1 AND owner = $2 AND claim_epoch = $3 AND status = 'queued'"
+            " + $4 WHERE id = $1 AND owner = $2 AND claim_epoch = $3 AND status = 'queued'
+               AND NOT cancel_requested"
         );
-        with_pool!(self, |pool| sqlx::query(sql)
-            .bind(id)
-            .bind(replica)
-            .bind(epoch)
-            .bind(wait_ms)
-            .execute(pool)
-            .await
-            .map(drop))?;
-        Ok(())
+        let others = alike.map(|alike| match alike {
+            Alike::Key(_) => with_clock!(
+                self,
+                "UPDATE responses SET start_after = ",
+                " + $2 WHERE status = 'queued' AND owner IS NULL AND api_key_id = $1 AND NOT cancel_requested"
+            ),
+            Alike::Project(_) => with_clock!(
+                self,
+                "UPDATE responses SET start_after = ",
+                " + $2 WHERE status = 'queued' AND owner IS NULL AND project_id = $1 AND NOT cancel_requested"
+            ),
+        });
+        let owner = alike.map(|(Alike::Key(owner) | Alike::Project(owner))| owner);
+        let deferred = with_pool!(self, |pool| {
+            let deferred = sqlx::query(this)
+                .bind(id)
+                .bind(replica)
+                .bind(epoch)
+                .bind(wait_ms)
+                .execute(pool)
+                .await?
+                .rows_affected()
+                > 0;
+            if let (true, Some(others)) = (deferred, others) {
+                sqlx::query(others)
+                    .bind(owner)
+                    .bind(wait_ms)
+                    .execute(pool)
+                    .await?;
+            }
+            Ok::<_, sqlx::Error>(deferred)
+        })?;
+        Ok(deferred)
     }
 
     /// The running responses `replica` drives that a cancel (or delete) asked to stop: the fallback for a

@@ -482,13 +482,22 @@ async fn queued_background_responses_start_within_their_keys_max_concurrent() {
         assert_eq!(created.body["status"], "queued", "{:#}", created.body);
         queued.push(id_of(&created.body));
     }
+    // The other project queues one after them.
+    let later = gw
+        .create(
+            &other.key,
+            json!({"model": "mock", "input": "!call gate {}", "background": true}),
+        )
+        .await;
+    assert_eq!(later.body["status"], "queued", "{:#}", later.body);
 
-    // Room for two: one of the key's starts, the other two are tried and wait for its place.
+    // Room for two: one of the key's starts, the other two are tried and wait for its place, and the other
+    // project's, queued after them, takes the room they leave.
     release_barrier(&gw, 3).await;
     gw.tools
-        .wait_for_calls("gate", 1, std::time::Duration::from_secs(30))
+        .wait_for_calls("gate", 2, std::time::Duration::from_secs(30))
         .await
-        .expect("one started");
+        .expect("the key's first and the other project's started");
     let waiting = async {
         loop {
             let deferred = gw
@@ -513,7 +522,11 @@ async fn queued_background_responses_start_within_their_keys_max_concurrent() {
             .filter(|call| call.tool == "gate")
             .count()
     };
-    assert_eq!(gates(&gw), 1, "only one of the key's runs");
+    assert_eq!(
+        gates(&gw),
+        2,
+        "only one of the key's runs, beside the other project's"
+    );
 
     // Each runs once the one before it gave its place back.
     gw.tools.open_gate();
@@ -533,5 +546,5 @@ async fn queued_background_responses_start_within_their_keys_max_concurrent() {
             .await
             .expect("it ends");
     }
-    assert_eq!(gates(&gw), 3);
+    assert_eq!(gates(&gw), 4);
 }

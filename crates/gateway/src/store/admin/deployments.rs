@@ -7,7 +7,7 @@ use gateway_core::toolset::UnsupportedTools;
 
 use crate::clock::now;
 use crate::ids::new_id;
-use crate::store::{Store, StoreError};
+use crate::store::{Backend, Store, StoreError};
 
 /// A deployment, without its upstream credentials.
 #[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
@@ -133,6 +133,13 @@ impl Store {
         changes: &DeploymentChanges<'_>,
     ) -> Result<Option<DeploymentRow>, StoreError> {
         let pricing = changes.pricing.flatten();
+        // Locked on Postgres, so that a change of another's fallbacks made meanwhile is not written over.
+        let referring_sql = match self.backend() {
+            Backend::Postgres(_) => {
+                "SELECT id, fallbacks FROM deployments WHERE fallbacks <> '[]' FOR UPDATE"
+            }
+            Backend::Sqlite(_) => "SELECT id, fallbacks FROM deployments WHERE fallbacks <> '[]'",
+        };
         with_pool!(self, |pool| async {
             let mut tx = pool.begin().await?;
             let before: Option<String> =
@@ -183,9 +190,7 @@ impl Store {
             };
             if let Some(before) = before.filter(|before| *before != row.name) {
                 let referring: Vec<(String, String)> =
-                    sqlx::query_as("SELECT id, fallbacks FROM deployments WHERE fallbacks <> '[]'")
-                        .fetch_all(&mut *tx)
-                        .await?;
+                    sqlx::query_as(referring_sql).fetch_all(&mut *tx).await?;
                 for (referring_id, fallbacks) in referring {
                     let names: Vec<String> = serde_json::from_str(&fallbacks).unwrap_or_default();
                     if !names.contains(&before) {
