@@ -18,11 +18,7 @@ use opentelemetry_sdk::trace::{
 };
 use opentelemetry_sdk::Resource;
 use secrecy::ExposeSecret;
-use tower::{Service, ServiceBuilder};
-use tower_http::request_id::{
-    MakeRequestUuid, PropagateRequestIdLayer, RequestId, SetRequestIdLayer,
-};
-use tower_http::trace::TraceLayer;
+use tower::Service;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 use tracing_subscriber::field::RecordFields;
 use tracing_subscriber::filter::{filter_fn, EnvFilter};
@@ -82,9 +78,20 @@ pub fn init(log: &LogConfig, telemetry: &TelemetryConfig) -> anyhow::Result<Tele
         eprintln!("invalid log filter '{directives}' ({e}); logging at info");
         log_filter("info").unwrap_or_else(|_| EnvFilter::new("info"))
     });
-    // Concrete layers (no boxing): per-layer filters only work when the subscriber can see them.
+    // Concrete layers (no boxing): per-layer filters only work when the subscriber can see them. Without traces
+    // the log filter is the subscriber's own: spans and events it turns away are never made, and those it lets
+    // through skip the per-layer filters' bookkeeping (a few percent of an unstored request's CPU). With traces,
+    // the exporter sees the gateway's spans whatever the log filter says, so the filter is the log lines' own.
     let json = log.format == "json";
-    let json_lines = json.then(|| {
+    let per_layer = telemetry.otlp_endpoint.is_some();
+    let global = (!per_layer).then(|| filter.clone());
+    // (Each layer is made where it is used: its type names the layers under it.)
+    let json_lines = (json && !per_layer).then(|| {
+        tracing_subscriber::fmt::layer()
+            .json()
+            .fmt_fields(SpanFieldsAsJson)
+    });
+    let filtered_json_lines = (json && per_layer).then(|| {
         tracing_subscriber::fmt::layer()
             .json()
             .fmt_fields(SpanFieldsAsJson)
@@ -92,7 +99,9 @@ pub fn init(log: &LogConfig, telemetry: &TelemetryConfig) -> anyhow::Result<Tele
     });
     // Colours only for a terminal: a redirected file gets plain text.
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stdout());
-    let pretty_lines = (!json).then(|| {
+    let pretty_lines =
+        (!json && !per_layer).then(|| tracing_subscriber::fmt::layer().with_ansi(ansi));
+    let filtered_pretty_lines = (!json && per_layer).then(|| {
         tracing_subscriber::fmt::layer()
             .with_ansi(ansi)
             .with_filter(filter)
@@ -116,8 +125,11 @@ pub fn init(log: &LogConfig, telemetry: &TelemetryConfig) -> anyhow::Result<Tele
         None => (None, None),
     };
     let installed = tracing_subscriber::registry()
+        .with(global)
         .with(json_lines)
+        .with(filtered_json_lines)
         .with(pretty_lines)
+        .with(filtered_pretty_lines)
         .with(spans)
         .try_init();
     if installed.is_ok() && provider.is_some() {
@@ -315,72 +327,159 @@ pub fn log_filter(directives: &str) -> Result<EnvFilter, tracing_subscriber::fil
 /// the request's server span, a child of the client's `traceparent` when it sent one, named by its route once
 /// the router matched one ([`name_request_span`]).
 ///
-/// The layers wrap the whole service rather than being added to the `Router`: a router's layer is applied to
-/// every route, each boxed again, so each of them cost a box for the service and one for its future on every
-/// request.
-pub fn with_request_ids<S>(
-    service: S,
-) -> impl Service<
-    Request<Body>,
-    Response = axum::response::Response,
-    Error = Infallible,
-    Future: Send + 'static,
-> + Clone
-       + Send
-       + 'static
+/// Wrapped around the whole service rather than added to the `Router`: a router's layer is applied to every route,
+/// each boxed again, so each of them cost a box for the service and one for its future on every request. One
+/// service of the gateway's own, where tower-http's three (set the id, copy it to the answer, trace) wrapped the
+/// request's future three times and its answer's body once more, in a box.
+pub fn with_request_ids<S>(service: S) -> RequestIds<S>
 where
-    S: Service<Request<Body>, Response = axum::response::Response, Error = Infallible>
-        + Clone
-        + Send
-        + 'static,
-    S::Future: Send + 'static,
+    S: Service<Request<Body>, Response = axum::response::Response, Error = Infallible> + Clone,
+    S::Future: Unpin,
 {
-    let header = HeaderName::from_static("x-request-id");
-    let trace = TraceLayer::new_for_http()
-        .make_span_with(|request: &Request<Body>| {
-            let id = request
-                .extensions()
-                .get::<RequestId>()
-                .and_then(|id| id.header_value().to_str().ok())
-                .unwrap_or_default();
-            let span = tracing::info_span!(
-                "request",
-                request.id = %id,
-                http.method = %request.method(),
-                http.path = %request.uri().path(),
-                response.id = tracing::field::Empty,
-                otel.name = tracing::field::Empty,
-                otel.kind = tracing::field::Empty,
-                http.route = tracing::field::Empty,
-                http.response.status_code = tracing::field::Empty,
+    RequestIds { inner: service }
+}
+
+/// The `x-request-id` header.
+const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+
+/// The service of [`with_request_ids`].
+#[derive(Clone)]
+pub struct RequestIds<S> {
+    inner: S,
+}
+
+impl<S> Service<Request<Body>> for RequestIds<S>
+where
+    S: Service<Request<Body>, Response = axum::response::Response, Error = Infallible>,
+    S::Future: Unpin,
+{
+    type Response = axum::response::Response;
+    type Error = Infallible;
+    type Future = WithRequestId<S::Future>;
+
+    fn poll_ready(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Infallible>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: Request<Body>) -> Self::Future {
+        // The client's id when it sent one that is text, else a new one.
+        let id = request
+            .headers()
+            .get(&REQUEST_ID)
+            .filter(|id| id.to_str().is_ok_and(|id| !id.is_empty()))
+            .cloned()
+            .unwrap_or_else(new_request_id);
+        let span = request_span(&request, id.to_str().unwrap_or_default());
+        let future = span.in_scope(|| self.inner.call(request));
+        WithRequestId {
+            future,
+            span,
+            id: Some(id),
+        }
+    }
+}
+
+/// A fresh request id: a random UUID, hyphenated.
+fn new_request_id() -> axum::http::HeaderValue {
+    let mut text = uuid::Uuid::encode_buffer();
+    let text = uuid::Uuid::new_v4().hyphenated().encode_lower(&mut text);
+    axum::http::HeaderValue::from_str(text)
+        .unwrap_or_else(|_| axum::http::HeaderValue::from_static("unknown"))
+}
+
+/// The span of one request: its id, method and path, and (recorded later) the response it made; with traces on,
+/// the server span of its trace.
+fn request_span(request: &Request<Body>, id: &str) -> tracing::Span {
+    let span = tracing::info_span!(
+        "request",
+        request.id = %id,
+        http.method = %request.method(),
+        http.path = %request.uri().path(),
+        response.id = tracing::field::Empty,
+        otel.name = tracing::field::Empty,
+        otel.kind = tracing::field::Empty,
+        http.route = tracing::field::Empty,
+        http.response.status_code = tracing::field::Empty,
+    );
+    if traces_on() {
+        // Named by the path until the router names it by the route it matched.
+        let path = request.uri().path();
+        span.record("otel.name", format!("{} {path}", request.method()));
+        span.record("otel.kind", "server");
+        span.record("http.route", path);
+        let _ = span.set_parent(context_of(request.headers()));
+    }
+    span
+}
+
+/// A request's answer on its way, polled within its span, and given the request's id when it comes.
+pub struct WithRequestId<F> {
+    future: F,
+    span: tracing::Span,
+    id: Option<axum::http::HeaderValue>,
+}
+
+impl<F> std::future::Future for WithRequestId<F>
+where
+    F: std::future::Future<Output = Result<axum::response::Response, Infallible>> + Unpin,
+{
+    type Output = Result<axum::response::Response, Infallible>;
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Self::Output> {
+        let this = &mut *self;
+        let answered = {
+            let _entered = this.span.enter();
+            std::pin::Pin::new(&mut this.future).poll(cx)
+        };
+        let std::task::Poll::Ready(Ok(mut response)) = answered else {
+            return answered;
+        };
+        if traces_on() {
+            this.span.record(
+                "http.response.status_code",
+                i64::from(response.status().as_u16()),
             );
-            if traces_on() {
-                // Named by the path until the router names it by the route it matched.
-                let path = request.uri().path();
-                span.record("otel.name", format!("{} {path}", request.method()));
-                span.record("otel.kind", "server");
-                span.record("http.route", path);
-                let _ = span.set_parent(context_of(request.headers()));
-            }
-            span
-        })
-        .on_response(
-            |response: &axum::http::Response<Body>, _latency: Duration, span: &tracing::Span| {
-                if traces_on() {
-                    span.record(
-                        "http.response.status_code",
-                        i64::from(response.status().as_u16()),
-                    );
-                }
-            },
-        );
-    // The first layer listed runs first: set the id, copy it to the answer, then trace.
-    ServiceBuilder::new()
-        .map_response(|response: axum::http::Response<_>| response.map(Body::new))
-        .layer(SetRequestIdLayer::new(header.clone(), MakeRequestUuid))
-        .layer(PropagateRequestIdLayer::new(header))
-        .layer(trace)
-        .service(service)
+            // The server span ends with the answer's body (a stream's last event), as tower-http's did.
+            let span = this.span.clone();
+            response = response.map(|body| Body::new(SpanUntilEnd { body, _span: span }));
+        }
+        if let Some(id) = this.id.take() {
+            response.headers_mut().insert(REQUEST_ID, id);
+        }
+        std::task::Poll::Ready(Ok(response))
+    }
+}
+
+/// An answer's body that keeps its request's span open until it is read to its end (or dropped).
+struct SpanUntilEnd {
+    body: Body,
+    _span: tracing::Span,
+}
+
+impl axum::body::HttpBody for SpanUntilEnd {
+    type Data = axum::body::Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<Self::Data>, Self::Error>>> {
+        std::pin::Pin::new(&mut self.body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        self.body.size_hint()
+    }
 }
 
 /// Names the current request's span by the route the router matched (`POST /v1/responses`, not the path with

@@ -96,6 +96,12 @@ async fn each_failed_tool_call_is_one_warn_line_with_its_cause_and_is_counted_by
         ids[0].as_str(),
         "the request's span names its response: {explodes}"
     );
+    assert!(
+        explodes["span"]["request.id"]
+            .as_str()
+            .is_some_and(|id| id.len() == 36),
+        "and its request, by a fresh id: {explodes}"
+    );
     let missing = failure_line(&replica, &ids[1]);
     assert_eq!(missing["fields"]["outcome"], "http_4xx");
     assert_eq!(missing["fields"]["cause"], "HTTP 404");
