@@ -39,7 +39,7 @@ impl Application {
             .await?
             .observed_by(Arc::new(crate::metrics::StoreMetrics))
             .with_group_commit(config.database.group_commit_batches);
-        crate::metrics::install();
+        crate::metrics::install_with_upkeep();
         crate::memory::start();
         store.migrate().await?;
         crate::seed::apply(&store, &config.seed).await?;

@@ -27,8 +27,11 @@ pub async fn run(
     mut config: Config,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
-    let model = MockModel::start().await?;
-    let tools = ToolServer::start().await?;
+    // Nobody inspects what the demo's mocks received: they keep none of it, so that a demo under load stays the
+    // size it started at.
+    let local = std::net::SocketAddr::from(([127, 0, 0, 1], 0));
+    let model = MockModel::start_keeping(local, 0).await?;
+    let tools = ToolServer::start_keeping(local, 0).await?;
     let mcp = McpServer::start().await?;
     add_demo_seed(&mut config, &model.base_url(), |tool| tools.url(tool));
     add_demo_mcp_seed(&mut config, &mcp.url());

@@ -50,6 +50,32 @@ pub fn install() -> Option<PrometheusHandle> {
         .clone()
 }
 
+/// How often the recorder's histograms fold the samples recorded since into their buckets.
+const UPKEEP_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Installs the recorder (once), and its upkeep (once per process): every histogram keeps each sample recorded
+/// until it is folded into its buckets, which only a scrape of `/metrics` or this does. Without it, a gateway
+/// whose metrics nobody scrapes grew by every request's samples for good (about 60 bytes a request).
+pub fn install_with_upkeep() {
+    static UPKEEP: OnceLock<()> = OnceLock::new();
+    let Some(handle) = install() else {
+        return;
+    };
+    UPKEEP.get_or_init(|| {
+        // A thread of its own, for the process's life: not tied to a runtime that may end (a test's), and never
+        // on a request's worker.
+        let spawned = std::thread::Builder::new()
+            .name("metrics-upkeep".into())
+            .spawn(move || loop {
+                std::thread::sleep(UPKEEP_EVERY);
+                handle.run_upkeep();
+            });
+        if let Err(e) = spawned {
+            tracing::warn!(error = %e, "could not start the metrics upkeep; histograms grow until /metrics is read");
+        }
+    });
+}
+
 /// `GET /metrics`, in Prometheus' text format.
 pub async fn render() -> Response {
     let body = install().map(|h| h.render()).unwrap_or_default();

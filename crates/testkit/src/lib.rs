@@ -15,6 +15,7 @@
 //! bound, so a test can start it with `--bind 127.0.0.1:0` and read the port.
 
 pub mod fault_proxy;
+mod kept;
 pub mod mcp_server;
 pub mod mock_model;
 pub mod otlp_receiver;
@@ -25,6 +26,7 @@ pub mod tool_server;
 pub mod webhook_receiver;
 
 pub use fault_proxy::FaultProxy;
+pub use kept::DEFAULT_KEPT;
 pub use mcp_server::McpServer;
 pub use mock_model::{
     anthropic_prompt_cache_usage, mock_input_tokens, Call, MockModel, Reply, ReplySpec, StreamMode,

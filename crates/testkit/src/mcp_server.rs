@@ -33,19 +33,21 @@ use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, Stream
 use rmcp::{ErrorData, RoleServer, ServerHandler};
 use serde_json::{json, Map, Value};
 
+use crate::kept::Kept;
 use crate::server::{self, lock, ServerGuard};
 
 #[derive(Debug, Default)]
 struct Shared {
-    calls: Mutex<Vec<(String, Value)>>,
+    /// The calls received (the latest ones).
+    calls: Mutex<Kept<(String, Value)>>,
     /// The `_meta` of each call in `calls` (an empty object when it had none).
-    metas: Mutex<Vec<Value>>,
+    metas: Mutex<Kept<Value>>,
     lists: AtomicUsize,
     initializes: AtomicUsize,
     late: AtomicBool,
     /// Extra tools listed: how many, and how long each one's description is.
     extra: Mutex<(usize, usize)>,
-    authorization: Mutex<Vec<String>>,
+    authorization: Mutex<Kept<String>>,
     peers: Mutex<Vec<Peer<RoleServer>>>,
     release: tokio::sync::Notify,
 }
@@ -255,12 +257,12 @@ impl McpServer {
 
     /// Every `tools/call` received: `(tool, arguments)`, in arrival order.
     pub fn calls(&self) -> Vec<(String, Value)> {
-        lock(&self.shared.calls).clone()
+        lock(&self.shared.calls).iter().cloned().collect()
     }
 
     /// The `params._meta` of every `tools/call` received, in the order of [`McpServer::calls`].
     pub fn call_metas(&self) -> Vec<Value> {
-        lock(&self.shared.metas).clone()
+        lock(&self.shared.metas).iter().cloned().collect()
     }
 
     /// How many `tools/list` requests were answered.
@@ -275,7 +277,7 @@ impl McpServer {
 
     /// The `Authorization` headers received, one per HTTP request that had one.
     pub fn authorizations(&self) -> Vec<String> {
-        lock(&self.shared.authorization).clone()
+        lock(&self.shared.authorization).iter().cloned().collect()
     }
 
     /// Lists `count` more tools (`extra_0`, ...), each with a description of `description_bytes` bytes.
@@ -302,7 +304,7 @@ impl McpServer {
 
 /// `GET /_mcp/calls`: every `tools/call` received, in arrival order, and how many listings were answered.
 async fn recorded_calls(State(shared): State<Arc<Shared>>) -> Json<Value> {
-    let metas = lock(&shared.metas).clone();
+    let metas: Vec<Value> = lock(&shared.metas).iter().cloned().collect();
     let calls: Vec<Value> = lock(&shared.calls)
         .iter()
         .zip(metas)

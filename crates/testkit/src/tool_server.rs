@@ -23,6 +23,7 @@ use axum::{Json, Router};
 use serde_json::{json, Value};
 use tokio::sync::oneshot;
 
+use crate::kept::{Kept, DEFAULT_KEPT};
 use crate::server::{self, header_pairs, lock, ServerGuard};
 
 /// How long a `gate` call waits for the gate to open before answering 504.
@@ -185,7 +186,8 @@ struct Barrier {
 
 #[derive(Debug)]
 struct Shared {
-    calls: Mutex<Vec<RecordedCall>>,
+    /// The calls received (the latest ones).
+    calls: Mutex<Kept<RecordedCall>>,
     /// Woken by every recorded call.
     called: tokio::sync::Notify,
     in_flight: AtomicUsize,
@@ -264,9 +266,18 @@ impl ToolServer {
         ToolServer::start_on(SocketAddr::from(([127, 0, 0, 1], 0))).await
     }
 
-    /// Starts a server on `addr`.
+    /// Starts a server on `addr`, keeping the latest [`DEFAULT_KEPT`] calls it receives.
     pub async fn start_on(addr: SocketAddr) -> anyhow::Result<ToolServer> {
-        let shared = Arc::new(Shared::default());
+        ToolServer::start_keeping(addr, DEFAULT_KEPT).await
+    }
+
+    /// Starts a server on `addr` that keeps the latest `kept` calls it receives (none with 0: the demo, which
+    /// nobody inspects).
+    pub async fn start_keeping(addr: SocketAddr, kept: usize) -> anyhow::Result<ToolServer> {
+        let shared = Arc::new(Shared {
+            calls: Mutex::new(Kept::new(kept)),
+            ..Shared::default()
+        });
         let router = Router::new()
             .route("/tools/{tool}", post(call_tool))
             .route("/health", get(health))
@@ -290,9 +301,9 @@ impl ToolServer {
         format!("http://{}/tools/{tool}", self.addr())
     }
 
-    /// Every call received, in arrival order.
+    /// Every call received, in arrival order: the latest [`DEFAULT_KEPT`] (or as many as the server keeps).
     pub fn calls(&self) -> Vec<RecordedCall> {
-        lock(&self.shared.calls).clone()
+        lock(&self.shared.calls).iter().cloned().collect()
     }
 
     /// Waits until at least `n` calls of `tool` have been received (recorded before they are answered), and

@@ -614,3 +614,27 @@ async fn rule_based_replies_also_stream() -> TestResult {
     assert_eq!(chunks.last(), Some(&json!("[DONE]")));
     Ok(())
 }
+
+#[tokio::test]
+async fn a_mock_keeps_the_latest_requests_it_was_told_to_and_counts_them_all() -> TestResult {
+    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], 0));
+    let model = MockModel::start_keeping(addr, 2).await?;
+    for text in ["one", "two", "three"] {
+        let (status, _) = complete(&model, &chat(text)).await?;
+        assert_eq!(status, 200);
+    }
+    let kept: Vec<Value> = model
+        .requests()
+        .iter()
+        .map(|request| request["messages"][0]["content"].clone())
+        .collect();
+    assert_eq!(kept, [json!("two"), json!("three")]);
+    assert!(model.wait_for_requests(3, Duration::from_secs(5)).await);
+
+    // Keeping none, as the demo does, it still answers.
+    let quiet = MockModel::start_keeping(addr, 0).await?;
+    let (status, _) = complete(&quiet, &chat("hi")).await?;
+    assert_eq!(status, 200);
+    assert!(quiet.requests().is_empty());
+    Ok(())
+}

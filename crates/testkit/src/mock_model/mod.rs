@@ -49,6 +49,7 @@ use serde_json::{json, Value};
 pub use reply::{Call, Reply, StreamMode};
 pub use spec::{CallSpec, ErrorSpec, ReplySpec};
 
+use crate::kept::{Kept, DEFAULT_KEPT};
 use crate::server::{self, header_pairs, lock, ServerGuard};
 use reply::{error_body, Envelope, Frame};
 
@@ -64,10 +65,10 @@ type Headers = Vec<(String, String)>;
 #[derive(Debug, Default)]
 struct Shared {
     script: Mutex<VecDeque<Reply>>,
-    /// Every request received: body (Null if not JSON) and headers.
-    received: Mutex<Vec<(Value, Headers)>>,
-    /// Every token-counting request received (Anthropic's `count_tokens`, Responses' `input_tokens`).
-    counted: Mutex<Vec<Value>>,
+    /// The requests received (the latest ones): body (Null if not JSON) and headers.
+    received: Mutex<Kept<(Value, Headers)>>,
+    /// The token-counting requests received (Anthropic's `count_tokens`, Responses' `input_tokens`).
+    counted: Mutex<Kept<Value>>,
     /// With Anthropic prompt caching counted: the prefixes written to the cache so far (hashes).
     prompt_cache: Mutex<Option<std::collections::HashSet<u64>>>,
     /// Woken by every request received.
@@ -100,9 +101,19 @@ impl MockModel {
         MockModel::start_on(SocketAddr::from(([127, 0, 0, 1], 0))).await
     }
 
-    /// Starts a server on `addr`.
+    /// Starts a server on `addr`, keeping the latest [`DEFAULT_KEPT`] requests it receives.
     pub async fn start_on(addr: SocketAddr) -> anyhow::Result<MockModel> {
-        let shared = Arc::new(Shared::default());
+        MockModel::start_keeping(addr, DEFAULT_KEPT).await
+    }
+
+    /// Starts a server on `addr` that keeps the latest `kept` requests it receives (none with 0: the demo, which
+    /// nobody inspects).
+    pub async fn start_keeping(addr: SocketAddr, kept: usize) -> anyhow::Result<MockModel> {
+        let shared = Arc::new(Shared {
+            received: Mutex::new(Kept::new(kept)),
+            counted: Mutex::new(Kept::new(kept)),
+            ..Shared::default()
+        });
         let router = Router::new()
             .route("/v1/chat/completions", answer_in(Api::Chat))
             .route("/v1/messages", answer_in(Api::Anthropic))
@@ -147,7 +158,8 @@ impl MockModel {
         lock(&self.shared.script).len()
     }
 
-    /// Every chat completion request body received, in order (`Null` for a body that is not JSON).
+    /// Every chat completion request body received, in order (`Null` for a body that is not JSON): the latest
+    /// [`DEFAULT_KEPT`] (or as many as the server keeps).
     pub fn requests(&self) -> Vec<Value> {
         lock(&self.shared.received)
             .iter()
@@ -165,7 +177,7 @@ impl MockModel {
 
     /// Every token-counting request body received, in order.
     pub fn count_requests(&self) -> Vec<Value> {
-        lock(&self.shared.counted).clone()
+        lock(&self.shared.counted).iter().cloned().collect()
     }
 
     /// Waits until at least `n` chat completion requests have been received (recorded before they are
@@ -174,7 +186,7 @@ impl MockModel {
         let waiting = async {
             loop {
                 let arrived = self.shared.arrived.notified();
-                if lock(&self.shared.received).len() >= n {
+                if lock(&self.shared.received).received() >= n {
                     return;
                 }
                 arrived.await;
