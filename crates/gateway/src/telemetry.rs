@@ -365,14 +365,14 @@ where
     }
 
     fn call(&mut self, request: Request<Body>) -> Self::Future {
-        // The client's id when it sent one that is text, else a new one.
+        // The client's id when it sent one, as it sent it, else a new one; logged as text, any byte that is not
+        // UTF-8 replaced.
         let id = request
             .headers()
             .get(&REQUEST_ID)
-            .filter(|id| id.to_str().is_ok_and(|id| !id.is_empty()))
             .cloned()
             .unwrap_or_else(new_request_id);
-        let span = request_span(&request, id.to_str().unwrap_or_default());
+        let span = request_span(&request, &String::from_utf8_lossy(id.as_bytes()));
         let future = span.in_scope(|| self.inner.call(request));
         WithRequestId {
             future,

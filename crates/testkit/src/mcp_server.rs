@@ -304,10 +304,13 @@ impl McpServer {
 
 /// `GET /_mcp/calls`: every `tools/call` received, in arrival order, and how many listings were answered.
 async fn recorded_calls(State(shared): State<Arc<Shared>>) -> Json<Value> {
-    let metas: Vec<Value> = lock(&shared.metas).iter().cloned().collect();
-    let calls: Vec<Value> = lock(&shared.calls)
+    // Both locks at once, in the order a call takes them: a call recorded meanwhile cannot shift one against the
+    // other.
+    let calls = lock(&shared.calls);
+    let metas = lock(&shared.metas);
+    let calls: Vec<Value> = calls
         .iter()
-        .zip(metas)
+        .zip(metas.iter().cloned())
         .map(
             |((tool, arguments), meta)| json!({"tool": tool, "arguments": arguments, "meta": meta}),
         )

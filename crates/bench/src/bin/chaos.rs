@@ -339,6 +339,14 @@ async fn run(
         .await?
         .json::<Vec<Value>>()
         .await?;
+    // The tool servers keep only their latest calls: an audit of fewer than were sent would pass on what it
+    // cannot see.
+    for (what, kept) in [("tool server", calls.len()), ("MCP server", calm_mcp.len())] {
+        anyhow::ensure!(
+            kept < gateway_testkit::DEFAULT_KEPT,
+            "the {what} kept only its latest {kept} calls: fewer --responses let the audit see every one"
+        );
+    }
     let chaotic_ids: HashSet<&str> = ids.iter().map(String::as_str).collect();
     let http_sends: Vec<Sent> = calls.iter().map(http_send).collect();
     let mcp_sends: Vec<Sent> = chaotic_mcp

@@ -320,27 +320,25 @@ impl Connection {
                 Some("request_too_large"),
             )
         };
-        send_error(out, &error).await?;
-        let close = CloseFrame {
-            code: axum::extract::ws::close_code::SIZE,
-            reason: "message too big".into(),
-        };
-        out.send(Message::Close(Some(close)))
-            .await
-            .map_err(|_| Gone)
+        close_with(
+            out,
+            &error,
+            axum::extract::ws::close_code::SIZE,
+            "message too big",
+        )
+        .await
     }
 
     /// Ends the connection of a key that is no longer valid: its `401` as an error envelope, then a close frame
     /// naming the policy.
     async fn refused(&self, out: &mut Outgoing, error: &ApiError) -> Result<(), Gone> {
-        send_error(out, error).await?;
-        let close = CloseFrame {
-            code: axum::extract::ws::close_code::POLICY,
-            reason: "invalid_api_key".into(),
-        };
-        out.send(Message::Close(Some(close)))
-            .await
-            .map_err(|_| Gone)
+        close_with(
+            out,
+            error,
+            axum::extract::ws::close_code::POLICY,
+            "invalid_api_key",
+        )
+        .await
     }
 
     async fn limit_reached(&self, out: &mut Outgoing) -> Result<(), Gone> {
@@ -349,14 +347,13 @@ impl Connection {
             None,
             Some(LIMIT_REACHED),
         );
-        send_error(out, &error).await?;
-        let close = CloseFrame {
-            code: axum::extract::ws::close_code::NORMAL,
-            reason: LIMIT_REACHED.into(),
-        };
-        out.send(Message::Close(Some(close)))
-            .await
-            .map_err(|_| Gone)
+        close_with(
+            out,
+            &error,
+            axum::extract::ws::close_code::NORMAL,
+            LIMIT_REACHED,
+        )
+        .await
     }
 }
 
@@ -387,6 +384,23 @@ fn json_size(value: &impl serde::Serialize) -> usize {
 }
 
 /// Sends an error envelope: `{"type": "error", "status", "error": {"type", "code", "message", "param"}}`.
+/// Sends `error` as an error envelope, then closes the socket with `code` and `reason`.
+async fn close_with(
+    out: &mut Outgoing,
+    error: &ApiError,
+    code: u16,
+    reason: &'static str,
+) -> Result<(), Gone> {
+    send_error(out, error).await?;
+    let close = CloseFrame {
+        code,
+        reason: reason.into(),
+    };
+    out.send(Message::Close(Some(close)))
+        .await
+        .map_err(|_| Gone)
+}
+
 async fn send_error(out: &mut Outgoing, error: &ApiError) -> Result<(), Gone> {
     let envelope = error_envelope(error);
     out.send(Message::Text(envelope.to_string().into()))

@@ -115,8 +115,13 @@ impl Engine {
                         )
                         .await?;
                     if deferred {
-                        // Its room is free again: another queued response may be taken at once.
-                        self.replica.work.notify_one();
+                        // Its room is free again: another queued response (another key's or project's, since
+                        // this one's were put off with it) may be taken at once. Not after a store that failed:
+                        // the next sweep tries again, rather than every queued response in turn at once.
+                        drop(admitted);
+                        if matches!(refused, StartRefused::Full { .. }) {
+                            self.replica.work.notify_one();
+                        }
                         return Ok(());
                     }
                     // Asked to cancel meanwhile (or no longer this claim's): it starts without a place, and its

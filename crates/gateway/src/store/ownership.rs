@@ -290,15 +290,21 @@ impl Store {
                AND NOT cancel_requested"
         );
         let others = alike.map(|alike| match alike {
+            // Only those not put off already: the first refusal of a round puts the backlog off, and the others
+            // of the same round (a claim takes several at once) touch nothing.
             Alike::Key(_) => with_clock!(
                 self,
                 "UPDATE responses SET start_after = ",
-                " + $2 WHERE status = 'queued' AND owner IS NULL AND api_key_id = $1 AND NOT cancel_requested"
+                " + $2 WHERE status = 'queued' AND owner IS NULL AND api_key_id = $1 AND NOT cancel_requested
+                   AND (start_after IS NULL OR start_after <= ",
+                ")"
             ),
             Alike::Project(_) => with_clock!(
                 self,
                 "UPDATE responses SET start_after = ",
-                " + $2 WHERE status = 'queued' AND owner IS NULL AND project_id = $1 AND NOT cancel_requested"
+                " + $2 WHERE status = 'queued' AND owner IS NULL AND project_id = $1 AND NOT cancel_requested
+                   AND (start_after IS NULL OR start_after <= ",
+                ")"
             ),
         });
         let owner = alike.map(|(Alike::Key(owner) | Alike::Project(owner))| owner);

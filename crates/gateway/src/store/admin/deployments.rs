@@ -133,15 +133,19 @@ impl Store {
         changes: &DeploymentChanges<'_>,
     ) -> Result<Option<DeploymentRow>, StoreError> {
         let pricing = changes.pricing.flatten();
-        // Locked on Postgres, so that a change of another's fallbacks made meanwhile is not written over.
-        let referring_sql = match self.backend() {
-            Backend::Postgres(_) => {
-                "SELECT id, fallbacks FROM deployments WHERE fallbacks <> '[]' FOR UPDATE"
+        // A rename locks every deployment first, in one order, on Postgres: the fallbacks it rewrites cannot change
+        // under it, and two renames wait for each other instead of deadlocking.
+        let lock_all = match (self.backend(), changes.name) {
+            (Backend::Postgres(_), Some(_)) => {
+                Some("SELECT id FROM deployments ORDER BY id FOR UPDATE")
             }
-            Backend::Sqlite(_) => "SELECT id, fallbacks FROM deployments WHERE fallbacks <> '[]'",
+            _ => None,
         };
         with_pool!(self, |pool| async {
             let mut tx = pool.begin().await?;
+            if let Some(lock_all) = lock_all {
+                sqlx::query(lock_all).execute(&mut *tx).await?;
+            }
             let before: Option<String> =
                 sqlx::query_scalar("SELECT name FROM deployments WHERE id = $1")
                     .bind(id)
@@ -190,7 +194,9 @@ impl Store {
             };
             if let Some(before) = before.filter(|before| *before != row.name) {
                 let referring: Vec<(String, String)> =
-                    sqlx::query_as(referring_sql).fetch_all(&mut *tx).await?;
+                    sqlx::query_as("SELECT id, fallbacks FROM deployments WHERE fallbacks <> '[]'")
+                        .fetch_all(&mut *tx)
+                        .await?;
                 for (referring_id, fallbacks) in referring {
                     let names: Vec<String> = serde_json::from_str(&fallbacks).unwrap_or_default();
                     if !names.contains(&before) {
