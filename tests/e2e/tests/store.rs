@@ -50,6 +50,7 @@ macro_rules! on_both_backends {
 
 on_both_backends!(
     a_changed_step_whose_earlier_write_was_lost_is_written_again_whole,
+    a_create_made_again_after_its_row_was_taken_over_writes_nothing_and_says_so,
     the_store_answers_and_its_migrations_are_applied,
     projects_are_created_read_listed_renamed_and_deleted,
     api_keys_are_listed_renamed_and_revoked_once,
@@ -3298,4 +3299,61 @@ async fn a_statement_cancelled_by_its_timeout_or_a_lock_not_had_in_time_is_a_pas
         assert!(error.is_transient(), "{what}: {error:?}");
     }
     drop(held);
+}
+
+/// A create whose reply was lost is made again; meanwhile the response was taken over (its replica's lease ran out):
+/// the repeat writes nothing over the other replica's row, and says the response is no longer its own.
+async fn a_create_made_again_after_its_row_was_taken_over_writes_nothing_and_says_so(store: Store) {
+    let (project_id, deployment_id) = tenant(&store, "acme").await;
+    let first = model_step(0);
+    create(
+        &store,
+        &project_id,
+        &deployment_id,
+        &record("resp_taken"),
+        &context(1),
+        std::slice::from_ref(&first),
+        None,
+    )
+    .await
+    .expect("the first write");
+    // The owner never beat: another replica takes the response.
+    let claimed = store.claim("replica-b", 1_000, 10).await.expect("claim");
+    assert_eq!(claimed.len(), 1);
+    assert_eq!(claimed[0].epoch, 1);
+
+    let mut ended = record("resp_taken");
+    ended.state = ResponseState::Ended {
+        ending: Ending::Completed { handed_back: false },
+        completed_at: 1_700_000_009,
+    };
+    let repeated = create(
+        &store,
+        &project_id,
+        &deployment_id,
+        &ended,
+        &context(1),
+        &[with_state(&first, StepState::Failed)],
+        None,
+    )
+    .await;
+    assert!(
+        matches!(repeated, Err(StoreError::NotOwner)),
+        "{repeated:?}"
+    );
+    let loaded = store
+        .load_response(&project_id, "resp_taken")
+        .await
+        .expect("load")
+        .expect("the response");
+    assert_eq!(
+        loaded.record.status(),
+        ResponseStatus::InProgress,
+        "not ended"
+    );
+    let steps = store
+        .load_steps(&project_id, "resp_taken")
+        .await
+        .expect("steps");
+    assert_eq!(steps, [first], "its step as the first write left it");
 }

@@ -331,6 +331,12 @@ impl Engine {
                 .await;
             if let Err(e) = written {
                 run.journal.in_doubt |= e.may_have_committed();
+                if matches!(e, StoreError::NotOwner) {
+                    // Its first write landed after all (its reply was lost), and another replica took the
+                    // response over since: this run gives it up.
+                    run.journal.unwritten = None;
+                    run.heard(Stop::Abandon);
+                }
                 return Err(e);
             }
             run.journal.unwritten = None;

@@ -350,7 +350,8 @@ impl Engine {
         .map_err(|RowUnwritten { failure, in_doubt }| match failure {
             // Two creates with one Idempotency-Key raced: the other one is running it.
             StoreError::Conflict(_) => EngineError::IdempotencyInProgress,
-            failure if in_doubt => {
+            // Another's already: an earlier try made the row (its reply lost), and another replica took it.
+            failure if in_doubt || matches!(failure, StoreError::NotOwner) => {
                 // A try may have committed with its reply lost, whatever the last one met: the response may be
                 // stored, and is run by whichever replica claims it (once the store answers, this one hands it
                 // over), never left owned by nobody running. Its client is told so, not that nothing was stored.

@@ -99,6 +99,9 @@ impl Write {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Written {
     Created,
+    /// A create whose row was there already (its first write, whose reply was lost, made it) and is another's
+    /// now, or under a later claim: nothing was written.
+    Taken,
     Boundary(Option<bool>),
 }
 
@@ -333,12 +336,18 @@ fn by_kind<'a>(writes: &[&'a Write]) -> (Vec<&'a CreateRows>, Vec<&'a BoundaryRo
     (creates, boundaries)
 }
 
-/// What each write of a batch did, in its order: `owned` holds the responses whose boundaries were written
-/// (their replica still drove them), each with whether a cancel asked it to stop.
-fn answers(writes: &[&Write], owned: &HashMap<String, bool>) -> Vec<Written> {
+/// What each write of a batch did, in its order: `taken` holds the creates whose row was another's already,
+/// `owned` the responses whose boundaries were written (their replica still drove them), each with whether a
+/// cancel asked it to stop.
+fn answers(
+    writes: &[&Write],
+    taken: &HashSet<String>,
+    owned: &HashMap<String, bool>,
+) -> Vec<Written> {
     writes
         .iter()
         .map(|w| match w {
+            Write::Create(rows) if taken.contains(&rows.id) => Written::Taken,
             Write::Create(_) => Written::Created,
             Write::Boundary(rows) => Written::Boundary(owned.get(rows.id.as_str()).copied()),
         })
@@ -348,7 +357,7 @@ fn answers(writes: &[&Write], owned: &HashMap<String, bool>) -> Vec<Written> {
 mod postgres {
     //! A batch on Postgres: the creates in one statement, the step boundaries in another.
 
-    use std::collections::HashMap;
+    use std::collections::{HashMap, HashSet};
 
     use sqlx::postgres::PgPool;
 
@@ -363,7 +372,7 @@ mod postgres {
     /// written earlier); the deadline runs from the database's clock. Response ids are unique (the time, then 74
     /// random bits), so a row already there under the same id is this very write made again after its reply was
     /// lost: it is written over while the same replica still owns it at the first epoch, and left alone
-    /// otherwise; its steps likewise.
+    /// otherwise; its steps likewise. The ids left alone are answered (`taken`): another replica took them.
     const CREATE: &str = concat!(
         "WITH r AS (
     SELECT * FROM UNNEST($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::jsonb[], $7::jsonb[],
@@ -388,6 +397,7 @@ mod postgres {
         error_message = excluded.error_message, incomplete_reason = excluded.incomplete_reason,
         completed_at = excluded.completed_at, updated_at = excluded.updated_at
     WHERE responses.owner IS NOT DISTINCT FROM excluded.owner AND responses.claim_epoch = 0
+    RETURNING id
 ), items AS (
     INSERT INTO response_input_items (response_id, position, item_id, item)
     SELECT * FROM UNNEST($23::text[], $24::int4[], $25::text[], $26::jsonb[])
@@ -408,7 +418,8 @@ mod postgres {
         usage_recordset!("$34"),
         " ON CONFLICT DO NOTHING
 )
-SELECT set_config('synchronous_commit', COALESCE($35, current_setting('synchronous_commit')), true)"
+SELECT set_config('synchronous_commit', COALESCE($35, current_setting('synchronous_commit')), true) AS commit,
+       ARRAY(SELECT r.id FROM r WHERE r.id NOT IN (SELECT id FROM response)) AS taken"
     );
 
     /// Step boundaries of running responses as one statement, each written only while its replica owns the
@@ -513,21 +524,23 @@ FROM owned o"
     ) -> Result<Vec<Written>, StoreError> {
         let (creates, boundaries) = super::by_kind(writes);
         let synchronous_commit = durability.synchronous_commit();
+        let mut taken = HashSet::new();
         if !creates.is_empty() {
-            create(pool, &creates, synchronous_commit).await?;
+            taken = create(pool, &creates, synchronous_commit).await?;
         }
         let mut owned = HashMap::new();
         if !boundaries.is_empty() {
             owned = boundary(pool, &boundaries, synchronous_commit).await?;
         }
-        Ok(super::answers(writes, &owned))
+        Ok(super::answers(writes, &taken, &owned))
     }
 
+    /// Writes the creates; the ids of those whose row was another's already (see [`Written::Taken`]).
     async fn create(
         pool: &PgPool,
         creates: &[&CreateRows],
         synchronous_commit: Option<&str>,
-    ) -> Result<(), StoreError> {
+    ) -> Result<HashSet<String>, StoreError> {
         let column = |f: fn(&CreateRows) -> &str| creates.iter().map(|c| f(c)).collect::<Vec<_>>();
         let optional =
             |f: fn(&CreateRows) -> Option<&str>| creates.iter().map(|c| f(c)).collect::<Vec<_>>();
@@ -596,14 +609,15 @@ FROM owned o"
             .bind(&item_position)
             .bind(&item_id)
             .bind(&item);
-        bind_step_columns!(query, steps)
+        let written = bind_step_columns!(query, steps)
             .bind(super::super::writes::usage_json(usage)?)
             .bind(synchronous_commit)
             .bind(optional(|c| c.idempotency_digest.as_deref()))
-            .execute(pool)
+            .fetch_one(pool)
             .await
             .map_err(|e| StoreError::from_write(e, super::CREATE_CONFLICT))?;
-        Ok(())
+        let taken: Vec<String> = sqlx::Row::try_get(&written, "taken")?;
+        Ok(taken.into_iter().collect())
     }
 
     async fn boundary(
@@ -694,7 +708,7 @@ mod sqlite {
     //! A batch on the embedded store: every write in one transaction, so one commit (and one sync of the file)
     //! for all, and one statement per kind of row for the whole batch (`multirow`).
 
-    use std::collections::HashMap;
+    use std::collections::{HashMap, HashSet};
 
     use sqlx::sqlite::{Sqlite, SqliteConnection, SqlitePool};
     use sqlx::QueryBuilder;
@@ -715,7 +729,7 @@ mod sqlite {
             _ => super::STEP_CONFLICT,
         };
         let (creates, boundaries) = super::by_kind(writes);
-        let owned: Result<HashMap<String, bool>, sqlx::Error> = async {
+        let written: Result<(HashSet<String>, HashMap<String, bool>), sqlx::Error> = async {
             let mut tx = pool.begin().await?;
             // The ownership check writes first, so that the transaction holds the write lock from its first
             // statement; a boundary whose replica no longer owns its response writes nothing else.
@@ -724,7 +738,12 @@ mod sqlite {
                 .into_iter()
                 .filter(|b| owned.contains_key(&b.id))
                 .collect();
-            insert_responses(&mut tx, &creates).await?;
+            let taken = insert_responses(&mut tx, &creates).await?;
+            // Nothing of a create whose row is another's is written: its items and steps neither.
+            let creates: Vec<&CreateRows> = creates
+                .into_iter()
+                .filter(|c| !taken.contains(&c.id))
+                .collect();
             let items: Vec<(&str, &(i32, String, JsonText))> = creates
                 .iter()
                 .flat_map(|c| c.items.iter().map(|item| (c.id.as_str(), item)))
@@ -768,11 +787,11 @@ mod sqlite {
                 .collect();
             end_responses(&mut tx, &endings).await?;
             tx.commit().await?;
-            Ok(owned)
+            Ok((taken, owned))
         }
         .await;
-        let owned = owned.map_err(|e| StoreError::from_write(e, conflict))?;
-        Ok(super::answers(writes, &owned))
+        let (taken, owned) = written.map_err(|e| StoreError::from_write(e, conflict))?;
+        Ok(super::answers(writes, &taken, &owned))
     }
 
     /// Takes the step boundaries whose replica still owns their response under their claim epoch: their rows'
@@ -804,18 +823,22 @@ mod sqlite {
 
     /// The response rows (each written over only by the same write made again: same owner, first epoch). A
     /// deployment deleted meanwhile is recorded as none; the deadline runs from the database's clock.
+    /// New responses' rows; the ids of those whose row was another's already (see [`Written::Taken`]), which are
+    /// left alone.
     async fn insert_responses(
         tx: &mut SqliteConnection,
         creates: &[&CreateRows],
-    ) -> Result<(), sqlx::Error> {
-        in_statements(tx, creates, 25, |query, part| {
+    ) -> Result<HashSet<String>, sqlx::Error> {
+        let mut written = HashSet::with_capacity(creates.len());
+        for part in parts(creates, 25) {
+            let mut query = QueryBuilder::<Sqlite>::new("");
             query.push(
                 "INSERT INTO responses (id, project_id, deployment_id, model, status, params, server_tools,
                     previous_response_id, store, background, created_at, updated_at, idempotency_key, usage,
                     handed_back, error_code, error_message, incomplete_reason, completed_at, owner, deadline_at,
                     api_key_id, trace_context, idempotency_digest) ",
             );
-            values(query, part, |row, c| {
+            values(&mut query, part, |row, c| {
                 row.push_bind(&c.id).push_bind(&c.project_id);
                 row.push("(SELECT id FROM deployments WHERE id = ")
                     .push_bind_unseparated(&c.deployment_id)
@@ -845,10 +868,17 @@ mod sqlite {
                     handed_back = excluded.handed_back, error_code = excluded.error_code,
                     error_message = excluded.error_message, incomplete_reason = excluded.incomplete_reason,
                     completed_at = excluded.completed_at, updated_at = excluded.updated_at
-                 WHERE responses.owner IS NOT DISTINCT FROM excluded.owner AND responses.claim_epoch = 0",
+                 WHERE responses.owner IS NOT DISTINCT FROM excluded.owner AND responses.claim_epoch = 0
+                 RETURNING id",
             );
-        })
-        .await
+            let ids: Vec<String> = query.build_query_scalar().fetch_all(&mut *tx).await?;
+            written.extend(ids);
+        }
+        Ok(creates
+            .iter()
+            .filter(|c| !written.contains(&c.id))
+            .map(|c| c.id.clone())
+            .collect())
     }
 
     /// New responses' context items: response, (position, item id, item).

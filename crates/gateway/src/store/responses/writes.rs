@@ -114,9 +114,14 @@ impl Store {
             steps: step_rows(new.steps)?,
             usage_records: new.usage.to_vec(),
         };
-        self.write_grouped(Write::Create(Box::new(rows)), durability)
-            .await?;
-        Ok(())
+        match self
+            .write_grouped(Write::Create(Box::new(rows)), durability)
+            .await?
+        {
+            Written::Created => Ok(()),
+            // Made by this very write, whose reply was lost, and taken over by another replica since.
+            Written::Taken | Written::Boundary(_) => Err(StoreError::NotOwner),
+        }
     }
 
     /// One write through the store's group commit, or alone when it has none.
@@ -287,7 +292,9 @@ impl Store {
             .await?
         {
             Written::Boundary(Some(cancel_requested)) => Ok(WriteOutcome { cancel_requested }),
-            Written::Boundary(None) | Written::Created => Err(StoreError::NotOwner),
+            Written::Boundary(None) | Written::Created | Written::Taken => {
+                Err(StoreError::NotOwner)
+            }
         }
     }
 }
