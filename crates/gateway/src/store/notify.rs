@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use sqlx::postgres::{PgConnectOptions, PgListener, PgNotification, PgPool, PgPoolOptions};
 
-use super::{answered_within, Backend, Store, StoreError};
+use super::{Backend, Store, StoreError};
 
 /// What one replica tells the others.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -29,9 +29,7 @@ mod channel {
     pub const WORK: &str = "gateway_work";
     pub const TENANCY: &str = "gateway_tenancy";
     pub const FOLLOW: &str = "gateway_follow";
-    /// What a quiet listener sends itself to prove its connection alive; nothing acts on it.
-    pub const ALIVE: &str = "gateway_alive";
-    pub const ALL: [&str; 6] = [PROGRESS, CANCEL, WORK, TENANCY, FOLLOW, ALIVE];
+    pub const ALL: [&str; 5] = [PROGRESS, CANCEL, WORK, TENANCY, FOLLOW];
 }
 
 impl Notification {
@@ -79,8 +77,6 @@ pub struct Listener {
     own: PgPool,
     /// How `own` connects.
     options: PgConnectOptions,
-    /// The store's pool, through which the listener sends itself a notification to prove its connection alive.
-    pool: PgPool,
     /// The connection listening, once made.
     connected: Option<PgListener>,
     /// How long the listener waits to connect, how long it stays quiet before it proves its connection alive, and
@@ -95,11 +91,11 @@ const RECONNECT_WAIT: Duration = Duration::from_secs(1);
 
 /// What a wait on the listening connection ended with.
 enum Heard {
-    /// A notification of the gateway's, or one it sent itself.
+    /// A notification.
     Message(PgNotification),
     /// The connection was lost (closed, reset) or the receive failed.
     Lost(String),
-    /// Nothing came, not even the notification it sent itself: the connection fell silent.
+    /// Nothing came, and the connection did not answer the listener's own question: it fell silent.
     Silent,
 }
 
@@ -134,7 +130,7 @@ impl Listener {
             let Some(listener) = self.connected.as_mut() else {
                 continue;
             };
-            let lost = match hear_or_prove_alive(listener, &self.pool, self.reply_wait).await {
+            let lost = match hear_or_prove_alive(listener, self.reply_wait).await {
                 Heard::Message(heard) => {
                     if let Some(notification) =
                         Notification::parse(heard.channel(), heard.payload())
@@ -153,38 +149,36 @@ impl Listener {
     }
 }
 
-/// The next message on `listener`. After `quiet` with none, the listener sends itself one through `pool`; when
-/// that is not heard within `quiet` either, the connection is silent. A message already arrived wins over a timer
-/// that ran out meanwhile (a paused process), and the receive is never abandoned half-way while the connection is
-/// kept: it is dropped only with the connection. While the proof is being sent, arriving messages wait on the
-/// socket.
-async fn hear_or_prove_alive(listener: &mut PgListener, pool: &PgPool, quiet: Duration) -> Heard {
-    let receive = listener.try_recv();
-    tokio::pin!(receive);
-    let mut proof_sent = false;
+/// The next message on `listener`. After `quiet` with none, the listener asks its own connection for an answer
+/// (`SELECT 1`); when none comes within `quiet`, the connection is silent. The proof goes over the listening
+/// connection itself, so it needs none of the store's pool: a pool kept full by load (or by a fault) cannot hide a
+/// connection that died. A message already arrived wins over a timer that ran out meanwhile (a paused process).
+/// The wait for a message is given up only between messages, which sqlx's receive allows (it takes nothing off
+/// the socket's buffer until a whole message is there); a notification that arrives while the proof is answered
+/// is kept by sqlx and returned by the next receive.
+async fn hear_or_prove_alive(listener: &mut PgListener, quiet: Duration) -> Heard {
     loop {
-        tokio::select! {
-            biased;
-            heard = &mut receive => return match heard {
-                Ok(Some(heard)) => Heard::Message(heard),
-                Ok(None) => Heard::Lost("the connection was closed".to_owned()),
-                Err(e) => Heard::Lost(e.to_string()),
-            },
-            () = tokio::time::sleep(quiet) => {
-                if proof_sent {
-                    return Heard::Silent;
-                }
-                let sent = answered_within(quiet, async {
-                    sqlx::query("SELECT pg_notify($1, '')")
-                        .bind(channel::ALIVE)
-                        .execute(pool)
-                        .await
-                })
-                .await;
-                // A proof that could not be sent (the database unreachable for every connection, or the pool
-                // full) says nothing about this connection: it is tried again after the next quiet spell.
-                proof_sent = sent.is_ok();
+        let heard = {
+            let receive = listener.try_recv();
+            tokio::pin!(receive);
+            tokio::select! {
+                biased;
+                heard = &mut receive => Some(heard),
+                () = tokio::time::sleep(quiet) => None,
             }
+        };
+        match heard {
+            Some(Ok(Some(heard))) => return Heard::Message(heard),
+            Some(Ok(None)) => return Heard::Lost("the connection was closed".to_owned()),
+            Some(Err(e)) => return Heard::Lost(e.to_string()),
+            None => {}
+        }
+        let proof =
+            tokio::time::timeout(quiet, sqlx::query("SELECT 1").execute(&mut *listener)).await;
+        match proof {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => return Heard::Lost(e.to_string()),
+            Err(_) => return Heard::Silent,
         }
     }
 }
@@ -230,7 +224,6 @@ impl Store {
             Backend::Postgres(pool) => Some(Listener {
                 own: own_pool(&pool.connect_options()),
                 options: (*pool.connect_options()).clone(),
-                pool: pool.clone(),
                 connected: None,
                 reply_wait: self.reply_wait,
                 was_connected: false,
@@ -275,9 +268,9 @@ mod tests {
         }
         assert_eq!(Notification::parse("another_channel", ""), None);
         assert_eq!(
-            Notification::parse(super::channel::ALIVE, ""),
+            Notification::parse("gateway_alive", ""),
             None,
-            "a listener's proof of life is acted on by nobody"
+            "the proof of life older replicas send themselves is acted on by nobody"
         );
     }
 }
