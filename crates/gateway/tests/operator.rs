@@ -1,6 +1,7 @@
 //! What an operator sees when tools fail, tried with the real binary: one `WARN` line per failed call naming the
 //! response, the tool, its source and the cause, and `gateway_tool_calls_total` split by why the call failed; and
-//! a database reached over TLS, or refused at once when its TLS settings cannot be met.
+//! a database reached over TLS, or refused at once when its TLS settings cannot be met; and admin deletes that
+//! race another operator's write to what they delete.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -344,4 +345,232 @@ async fn a_replica_whose_database_fails_its_tls_check_exits_at_once_instead_of_w
         error.to_lowercase().contains("certificate"),
         "the error names the certificate: {error}"
     );
+}
+
+/// What an operator's delete races with in `a_delete_*` tests: a write of another operator's, begun on the
+/// database and not yet committed.
+#[derive(Debug, Clone, Copy)]
+enum RacingWrite {
+    /// A project attached to the group being deleted.
+    MemberAttached,
+    /// The deployment being deleted named as another's fallback.
+    FallbackNamed,
+}
+
+#[tokio::test]
+async fn a_group_delete_racing_an_attach_is_refused_instead_of_dropping_the_new_member() {
+    a_delete_racing(RacingWrite::MemberAttached).await;
+}
+
+#[tokio::test]
+async fn a_deployment_delete_racing_a_fallback_naming_it_is_refused_instead_of_leaving_it_dangling()
+{
+    a_delete_racing(RacingWrite::FallbackNamed).await;
+}
+
+/// An unforced delete whose entity gains a referrer in a transaction still open when the delete starts: the
+/// delete waits for it (or, without the lock, would answer at once) and, once it commits, is refused `409`
+/// `in_use`, the referrer kept, rather than deleting what the other write now refers to.
+async fn a_delete_racing(write: RacingWrite) {
+    let mut cluster = Cluster::postgres().await;
+    let replica = cluster.replica(&[]);
+    cluster.configure(&replica).await;
+    let (path, racing_sql, bind) = match write {
+        RacingWrite::MemberAttached => {
+            let group = cluster
+                .admin(
+                    &replica,
+                    reqwest::Method::POST,
+                    "/deployment_groups",
+                    Some(json!({"name": "doomed"})),
+                )
+                .await["id"]
+                .as_str()
+                .expect("group")
+                .to_owned();
+            let project = cluster
+                .admin(&replica, reqwest::Method::GET, "/projects", None)
+                .await["data"][0]["id"]
+                .as_str()
+                .expect("project")
+                .to_owned();
+            (
+                format!("/deployment_groups/{group}"),
+                "INSERT INTO group_projects (group_id, project_id) VALUES ($1, $2)",
+                (group, project),
+            )
+        }
+        RacingWrite::FallbackNamed => {
+            let backup = cluster
+                .admin(
+                    &replica,
+                    reqwest::Method::POST,
+                    "/deployments",
+                    Some(json!({"name": "backup", "provider": {"kind": "openai_chat",
+                    "base_url": cluster.model.base_url(), "model": "mock-model"}})),
+                )
+                .await["id"]
+                .as_str()
+                .expect("deployment")
+                .to_owned();
+            (
+                format!("/deployments/{backup}"),
+                "UPDATE deployments SET fallbacks = '[\"backup\"]' WHERE name = 'mock' AND $1 <> $2",
+                (backup, String::new()),
+            )
+        }
+    };
+
+    let db = sqlx::PgPool::connect(cluster.db.url())
+        .await
+        .expect("connect");
+    let mut racing = db.begin().await.expect("begin");
+    sqlx::query(racing_sql)
+        .bind(&bind.0)
+        .bind(&bind.1)
+        .execute(&mut *racing)
+        .await
+        .expect("the racing write");
+    let delete = tokio::spawn(
+        cluster
+            .http
+            .delete(format!("{}/admin/v1{path}", replica.base_url))
+            .bearer_auth(&cluster.admin_token)
+            .send(),
+    );
+    // The delete either answers at once (it did not wait for the racing write) or waits for a lock it holds.
+    answered_or_waiting(&db, &delete).await;
+    racing.commit().await.expect("commit");
+
+    let answer = delete.await.expect("task").expect("delete");
+    let status = answer.status().as_u16();
+    let body: Value = answer.json().await.expect("json");
+    assert_eq!(status, 409, "{body}");
+    assert_eq!(body["error"]["code"], "in_use", "{body}");
+    match write {
+        RacingWrite::MemberAttached => {
+            let members: i64 =
+                sqlx::query_scalar("SELECT count(*) FROM group_projects WHERE group_id = $1")
+                    .bind(&bind.0)
+                    .fetch_one(&db)
+                    .await
+                    .expect("members");
+            assert_eq!(members, 1, "the member attached meanwhile was dropped");
+            assert!(
+                body["error"]["message"]
+                    .as_str()
+                    .unwrap()
+                    .contains("project 'acme'"),
+                "{body}"
+            );
+        }
+        RacingWrite::FallbackNamed => {
+            let left: i64 = sqlx::query_scalar("SELECT count(*) FROM deployments WHERE id = $1")
+                .bind(&bind.0)
+                .fetch_one(&db)
+                .await
+                .expect("deployments");
+            assert_eq!(left, 1, "the fallback named meanwhile points at nothing");
+            assert!(
+                body["error"]["message"]
+                    .as_str()
+                    .unwrap()
+                    .contains("deployment 'mock' (fallbacks)"),
+                "{body}"
+            );
+        }
+    }
+}
+
+/// A fallback named while its deployment's delete is in a transaction not yet committed: the write waits for the
+/// delete and is refused `409`, instead of naming a deployment that no longer exists.
+#[tokio::test]
+async fn a_fallback_named_while_its_deployment_is_being_deleted_is_refused() {
+    let mut cluster = Cluster::postgres().await;
+    let replica = cluster.replica(&[]);
+    cluster.configure(&replica).await;
+    let create = |name: &'static str| {
+        cluster.admin(
+            &replica,
+            reqwest::Method::POST,
+            "/deployments",
+            Some(json!({"name": name, "provider": {"kind": "openai_chat",
+                "base_url": cluster.model.base_url(), "model": "mock-model"}})),
+        )
+    };
+    let backup = create("backup").await["id"]
+        .as_str()
+        .expect("id")
+        .to_owned();
+    let primary = create("primary").await["id"]
+        .as_str()
+        .expect("id")
+        .to_owned();
+
+    let db = sqlx::PgPool::connect(cluster.db.url())
+        .await
+        .expect("connect");
+    let mut deleting = db.begin().await.expect("begin");
+    sqlx::query("DELETE FROM deployments WHERE id = $1")
+        .bind(&backup)
+        .execute(&mut *deleting)
+        .await
+        .expect("the racing delete");
+    let patch = tokio::spawn(
+        cluster
+            .http
+            .patch(format!(
+                "{}/admin/v1/deployments/{primary}",
+                replica.base_url
+            ))
+            .bearer_auth(&cluster.admin_token)
+            .json(&json!({"fallbacks": ["backup"]}))
+            .send(),
+    );
+    answered_or_waiting(&db, &patch).await;
+    deleting.commit().await.expect("commit");
+
+    let answer = patch.await.expect("task").expect("patch");
+    let status = answer.status().as_u16();
+    let body: Value = answer.json().await.expect("json");
+    assert_eq!(status, 409, "{body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("'backup'"),
+        "{body}"
+    );
+    let fallbacks: String = sqlx::query_scalar("SELECT fallbacks FROM deployments WHERE id = $1")
+        .bind(&primary)
+        .fetch_one(&db)
+        .await
+        .expect("fallbacks");
+    assert_eq!(
+        fallbacks, "[]",
+        "a fallback names a deployment that is gone"
+    );
+}
+
+/// Returns once `request` has answered or a statement on `db` waits for a lock (another's, held by the test).
+async fn answered_or_waiting<T>(db: &sqlx::PgPool, request: &tokio::task::JoinHandle<T>) {
+    let give_up = tokio::time::Instant::now() + common::PATIENCE;
+    loop {
+        let waiting: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity
+             WHERE datname = current_database() AND wait_event_type = 'Lock' AND pid <> pg_backend_pid()",
+        )
+        .fetch_one(db)
+        .await
+        .expect("pg_stat_activity");
+        if waiting > 0 || request.is_finished() {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < give_up,
+            "the request neither answered nor waited"
+        );
+        // Polling the database: the request reaches its lock on the gateway's own time.
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
 }

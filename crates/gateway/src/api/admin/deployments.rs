@@ -332,8 +332,8 @@ pub async fn check_deployment(
 delete_by_id! {
     /// `DELETE /deployments/{deployment_id}`: refused while a deployment names it as a fallback or a group holds
     /// it, unless forced; forced, it leaves their fallbacks and groups.
-    delete_deployment: delete_deployment, "deployment", "deployment", deployment.id,
-    referred to by deployment_referrers
+    delete_deployment: remove_deployment, "deployment", "deployment", deployment.id,
+    unless referred to
 }
 
 #[cfg(test)]

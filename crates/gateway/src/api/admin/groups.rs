@@ -84,8 +84,8 @@ list_and_get! {
 delete_by_id! {
     /// `DELETE /deployment_groups/{group_id}`: refused while it holds projects, deployments or tool sources,
     /// unless forced; forced, it removes its memberships, not its members.
-    delete_group: delete_group, "deployment group", "deployment_group", group.id,
-    referred to by group_referrers
+    delete_group: remove_group, "deployment group", "deployment_group", group.id,
+    unless referred to
 }
 
 /// The answer to attaching or detaching a member: `{"group_id", "<kind>_id", "attached"}`.

@@ -88,25 +88,24 @@ macro_rules! delete_by_id {
             Ok(super::deleted(id, $object))
         }
     };
-    // With what refers to it (`$referrers` names it): refused with `409` while anything does, unless
-    // `?force=true`, which detaches them.
+    // With what refers to it: `$remove` refuses, answered `409`, while anything does, unless `?force=true`, which
+    // detaches them; it looks and deletes in one transaction.
     ($(#[$doc:meta])* $handler:ident: $remove:ident, $what:literal, $object:literal, $($field:ident).+,
-     referred to by $referrers:ident) => {
+     unless referred to) => {
         $(#[$doc])*
         pub async fn $handler(
             axum::extract::State(state): axum::extract::State<crate::api::AppState>,
             super::ApiPath(id): super::ApiPath<String>,
             crate::api::extract::ApiQuery(force): crate::api::extract::ApiQuery<super::Force>,
         ) -> Result<axum::Json<super::Deleted>, crate::api::error::ApiError> {
-            let referrers = state.store.$referrers(&id).await?;
-            if !referrers.is_empty() && !force.force {
-                return Err(super::in_use($what, &id, &referrers));
+            match state.store.$remove(&id, force.force).await? {
+                crate::store::admin::Removal::Missing => Err(super::not_found($what, &id)),
+                crate::store::admin::Removal::InUse(referrers) => Err(super::in_use($what, &id, &referrers)),
+                crate::store::admin::Removal::Deleted(referrers) => {
+                    tracing::info!($($field).+ = %id, detached = ?referrers, "{} deleted", $what);
+                    Ok(super::deleted(id, $object))
+                }
             }
-            if !state.store.$remove(&id).await? {
-                return Err(super::not_found($what, &id));
-            }
-            tracing::info!($($field).+ = %id, detached = ?referrers, "{} deleted", $what);
-            Ok(super::deleted(id, $object))
         }
     };
 }

@@ -421,8 +421,8 @@ pub async fn update_tool_source(
 delete_by_id! {
     /// `DELETE /tool_sources/{tool_source_id}`: refused while a group holds it, unless forced; forced, it is
     /// detached from every group.
-    delete_tool_source: delete_tool_source, "tool source", "tool_source", tool_source.id,
-    referred to by tool_source_referrers
+    delete_tool_source: remove_tool_source, "tool source", "tool_source", tool_source.id,
+    unless referred to
 }
 
 #[cfg(test)]

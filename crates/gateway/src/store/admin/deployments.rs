@@ -5,6 +5,7 @@ use gateway_core::entity::{EntityName, HttpUrl, ProviderKind};
 use gateway_core::governance::{Change, Pricing};
 use gateway_core::toolset::UnsupportedTools;
 
+use super::references::LOCK_ALL_DEPLOYMENTS;
 use crate::clock::now;
 use crate::ids::new_id;
 use crate::store::{Backend, Store, StoreError};
@@ -84,13 +85,40 @@ macro_rules! deployment_columns {
     };
 }
 
+/// The first of `$fallbacks` (a `&[String]`) that no deployment is named, read in `$tx`'s transaction (after the
+/// lock on Postgres; on the embedded store its one writer orders the writes); a macro, since the transaction is
+/// of either backend.
+macro_rules! missing_fallback {
+    ($tx:ident, $fallbacks:expr) => {{
+        let fallbacks: &[String] = $fallbacks;
+        if fallbacks.is_empty() {
+            None
+        } else {
+            let names: Vec<String> = sqlx::query_scalar("SELECT name FROM deployments")
+                .fetch_all(&mut *$tx)
+                .await?;
+            fallbacks.iter().find(|name| !names.contains(name)).cloned()
+        }
+    }};
+}
+
 impl Store {
-    /// Creates a deployment; `Conflict` when the name is taken.
+    /// Creates a deployment; `Conflict` when the name is taken, or when a fallback it names was deleted since the
+    /// caller checked (its fallbacks are checked again under the deployments' lock, in the same transaction).
     pub async fn create_deployment(
         &self,
         new: &NewDeployment<'_>,
     ) -> Result<DeploymentRow, StoreError> {
-        with_pool!(self, |pool| sqlx::query_as::<_, DeploymentRow>(concat!(
+        let lock_all = self.lock_for_fallbacks(!new.fallbacks.is_empty());
+        let created = with_pool!(self, |pool| async {
+            let mut tx = pool.begin().await?;
+            if let Some(lock_all) = lock_all {
+                sqlx::query(lock_all).execute(&mut *tx).await?;
+            }
+            if let Some(missing) = missing_fallback!(tx, new.fallbacks) {
+                return Ok(Err(missing));
+            }
+            let row = sqlx::query_as::<_, DeploymentRow>(concat!(
             "INSERT INTO deployments (id, name, provider_kind, base_url, upstream_model, api_key, created_at,
                                       fallbacks, unsupported_tools, max_tokens, input_per_mtok,
                                       cached_input_per_mtok, output_per_mtok, unsupported_params)
@@ -112,9 +140,14 @@ impl Store {
         .bind(new.pricing.and_then(|p| p.cached_input_per_mtok))
         .bind(new.pricing.map(|p| p.output_per_mtok))
         .bind(new.unsupported_params.as_str())
-        .fetch_one(pool)
+        .fetch_one(&mut *tx)
+        .await?;
+            tx.commit().await?;
+            Ok::<_, sqlx::Error>(Ok(row))
+        }
         .await)
-        .map_err(|e| StoreError::from_write(e, &taken(new.name.as_str())))
+        .map_err(|e| StoreError::from_write(e, &taken(new.name.as_str())))?;
+        created.map_err(fallback_gone)
     }
 
     rows_by_name_and_id! {
@@ -133,18 +166,18 @@ impl Store {
         changes: &DeploymentChanges<'_>,
     ) -> Result<Option<DeploymentRow>, StoreError> {
         let pricing = changes.pricing.flatten();
-        // A rename locks every deployment first, in one order, on Postgres: the fallbacks it rewrites cannot change
-        // under it, and two renames wait for each other instead of deadlocking.
-        let lock_all = match (self.backend(), changes.name) {
-            (Backend::Postgres(_), Some(_)) => {
-                Some("SELECT id FROM deployments ORDER BY id FOR UPDATE")
-            }
-            _ => None,
-        };
-        with_pool!(self, |pool| async {
+        // A rename, or new fallbacks, lock every deployment first, in one order, on Postgres: the fallbacks a
+        // rename rewrites cannot change under it, a fallback named cannot be deleted before this commits, and two
+        // such writes wait for each other instead of deadlocking.
+        let names_fallbacks = changes.fallbacks.is_some_and(|names| !names.is_empty());
+        let lock_all = self.lock_for_fallbacks(changes.name.is_some() || names_fallbacks);
+        let updated = with_pool!(self, |pool| async {
             let mut tx = pool.begin().await?;
             if let Some(lock_all) = lock_all {
                 sqlx::query(lock_all).execute(&mut *tx).await?;
+            }
+            if let Some(missing) = missing_fallback!(tx, changes.fallbacks.unwrap_or_default()) {
+                return Ok(Err(missing));
             }
             let before: Option<String> =
                 sqlx::query_scalar("SELECT name FROM deployments WHERE id = $1")
@@ -190,7 +223,7 @@ impl Store {
             .fetch_optional(&mut *tx)
             .await?
             else {
-                return Ok(None);
+                return Ok(Ok(None));
             };
             if let Some(before) = before.filter(|before| *before != row.name) {
                 let referring: Vec<(String, String)> =
@@ -220,11 +253,29 @@ impl Store {
                 }
             }
             tx.commit().await?;
-            Ok::<_, sqlx::Error>(Some(row))
+            Ok::<_, sqlx::Error>(Ok(Some(row)))
         }
         .await)
-        .map_err(|e| StoreError::from_write(e, &taken(changes.name.map_or("", EntityName::as_str))))
+        .map_err(|e| {
+            StoreError::from_write(e, &taken(changes.name.map_or("", EntityName::as_str)))
+        })?;
+        updated.map_err(fallback_gone)
     }
+
+    /// The lock a write that renames deployments or names fallbacks takes first on Postgres (`when`).
+    fn lock_for_fallbacks(&self, when: bool) -> Option<&'static str> {
+        match self.backend() {
+            Backend::Postgres(_) if when => Some(LOCK_ALL_DEPLOYMENTS),
+            _ => None,
+        }
+    }
+}
+
+/// A write refused because fallback `name` was deleted after the caller checked it.
+fn fallback_gone(name: String) -> StoreError {
+    StoreError::Conflict(format!(
+        "No deployment named '{name}' remains to be a fallback: it was deleted meanwhile."
+    ))
 }
 
 fn fallbacks_json(names: &[String]) -> String {

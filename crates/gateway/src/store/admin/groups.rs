@@ -168,12 +168,6 @@ impl Store {
         self.get_group(id).await
     }
 
-    /// Deletes a group and its memberships (not the members); `false` when there was none.
-    pub async fn delete_group(&self, id: &str) -> Result<bool, StoreError> {
-        self.delete_by_id("DELETE FROM deployment_groups WHERE id = $1", id)
-            .await
-    }
-
     /// Adds a member to a group; attaching twice is not an error.
     pub async fn attach_member(
         &self,

@@ -116,6 +116,7 @@ pub use deployments::{DeploymentChanges, DeploymentRow, NewDeployment};
 pub use governed::{GovernanceChanges, GovernanceColumns};
 pub use groups::{GroupRow, Member, Membership};
 pub use projects::{ProjectChanges, ProjectRow};
+pub use references::Removal;
 pub use tool_calls::{AuditedResponse, StepAttempts};
 pub use tool_sources::{NewToolSource, ToolSourceChanges, ToolSourceRow};
 
@@ -156,15 +157,5 @@ impl Store {
             .bind(id)
             .fetch_optional(pool)
             .await)?)
-    }
-
-    /// Runs a `DELETE ... WHERE id = $1`; whether it deleted a row.
-    async fn delete_by_id(&self, sql: &'static str, id: &str) -> Result<bool, StoreError> {
-        let deleted = with_pool!(self, |pool| sqlx::query(sql)
-            .bind(id)
-            .execute(pool)
-            .await?
-            .rows_affected());
-        Ok(deleted > 0)
     }
 }

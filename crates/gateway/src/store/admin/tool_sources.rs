@@ -196,12 +196,6 @@ impl Store {
         .await)
         .map_err(|e| StoreError::from_write(e, &taken(changes.name.map_or("", ToolName::as_str))))
     }
-
-    /// Deletes a tool source and its group attachments; `false` when there was none.
-    pub async fn delete_tool_source(&self, id: &str) -> Result<bool, StoreError> {
-        self.delete_by_id("DELETE FROM tool_sources WHERE id = $1", id)
-            .await
-    }
 }
 
 /// A timeout as the `BIGINT` column keeps it.
