@@ -50,7 +50,7 @@ async fn home(State(state): State<AppState>, headers: HeaderMap) -> Response {
 
 /// `POST /console` with `token=<admin token>` (a form): a session cookie and back to the console, or the
 /// sign-in page again, saying why, with no cookie.
-async fn sign_in(State(state): State<AppState>, body: Bytes) -> Response {
+async fn sign_in(State(state): State<AppState>, headers: HeaderMap, body: Bytes) -> Response {
     let Some(expected) = state.admin_token.as_deref() else {
         return sign_in_page(
             StatusCode::UNAUTHORIZED,
@@ -72,12 +72,12 @@ async fn sign_in(State(state): State<AppState>, body: Bytes) -> Response {
         );
     };
     tracing::info!("console session started");
-    redirect_with_cookie(&session::set_cookie(&cookie))
+    redirect_with_cookie(&session::set_cookie(&cookie, session::over_https(&headers)))
 }
 
 /// `POST /console/sign-out`: the cookie cleared, back to sign-in.
-async fn sign_out() -> Response {
-    redirect_with_cookie(&session::clear_cookie())
+async fn sign_out(headers: HeaderMap) -> Response {
+    redirect_with_cookie(&session::clear_cookie(session::over_https(&headers)))
 }
 
 /// `GET /console/responses/{id}`: one response as a timeline.

@@ -72,14 +72,54 @@ pub fn signed_in(headers: &HeaderMap, admin_token: Option<&SecretString>, now: i
     }
 }
 
-/// The `Set-Cookie` value that starts a session.
-pub fn set_cookie(value: &str) -> String {
-    format!("{COOKIE}={value}; HttpOnly; SameSite=Strict; Path=/; Max-Age={LIFETIME_SECS}")
+/// The `Set-Cookie` value that starts a session; `Secure` when the sign-in came over HTTPS (`over_https`), so
+/// that the browser never sends it in the clear afterwards.
+pub fn set_cookie(value: &str, secure: bool) -> String {
+    format!(
+        "{COOKIE}={value}; HttpOnly; SameSite=Strict; Path=/; Max-Age={LIFETIME_SECS}{}",
+        secure_attribute(secure)
+    )
 }
 
 /// The `Set-Cookie` value that ends one.
-pub fn clear_cookie() -> String {
-    format!("{COOKIE}=; HttpOnly; SameSite=Strict; Path=/; Max-Age=0")
+pub fn clear_cookie(secure: bool) -> String {
+    format!(
+        "{COOKIE}=; HttpOnly; SameSite=Strict; Path=/; Max-Age=0{}",
+        secure_attribute(secure)
+    )
+}
+
+fn secure_attribute(secure: bool) -> &'static str {
+    if secure {
+        "; Secure"
+    } else {
+        ""
+    }
+}
+
+/// Whether the browser reached the gateway over HTTPS, as the proxy that ended TLS says (`X-Forwarded-Proto`, or
+/// `Forwarded`'s `proto`; the gateway itself serves plain HTTP). A cookie marked `Secure` on a plain-HTTP console
+/// would not be kept by the browser (but on `localhost`), so the mark follows the scheme; a client that claims
+/// HTTPS falsely only makes its own cookie stricter.
+pub fn over_https(headers: &HeaderMap) -> bool {
+    let first = |name| {
+        headers
+            .get(name)
+            .and_then(|value| value.to_str().ok())
+            .and_then(|value| value.split(',').next())
+            .map(str::trim)
+    };
+    if let Some(proto) = first("x-forwarded-proto") {
+        return proto.eq_ignore_ascii_case("https");
+    }
+    first("forwarded").is_some_and(|element| {
+        element.split(';').any(|pair| {
+            pair.split_once('=').is_some_and(|(key, value)| {
+                key.trim().eq_ignore_ascii_case("proto")
+                    && value.trim().trim_matches('"').eq_ignore_ascii_case("https")
+            })
+        })
+    })
 }
 
 #[cfg(test)]
@@ -97,6 +137,27 @@ mod tests {
         assert!(verify(&token("admin"), &value, 1000));
         assert!(!verify(&token("admin"), &value, 1000 + LIFETIME_SECS));
         assert!(!verify(&token("other"), &value, 1000));
+    }
+
+    #[test]
+    fn the_cookie_is_secure_when_a_proxy_says_the_browser_came_over_https() {
+        let with = |pairs: &[(&'static str, &'static str)]| {
+            let mut headers = HeaderMap::new();
+            for (name, value) in pairs {
+                headers.append(*name, axum::http::HeaderValue::from_static(value));
+            }
+            over_https(&headers)
+        };
+        assert!(!with(&[]));
+        assert!(with(&[("x-forwarded-proto", "https")]));
+        assert!(with(&[("x-forwarded-proto", "HTTPS, http")]));
+        assert!(!with(&[("x-forwarded-proto", "http")]));
+        assert!(with(&[("forwarded", "for=192.0.2.1;proto=https;by=proxy")]));
+        assert!(with(&[("forwarded", "proto=\"https\", proto=http")]));
+        assert!(!with(&[("forwarded", "for=192.0.2.1;proto=http")]));
+        assert!(set_cookie("v", true).ends_with("; Secure"));
+        assert!(!set_cookie("v", false).contains("Secure"));
+        assert!(clear_cookie(true).contains("Max-Age=0; Secure"));
     }
 
     #[test]
