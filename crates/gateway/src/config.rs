@@ -203,8 +203,10 @@ pub struct DurabilityConfig {
     /// How many times one running response may be started from its stored steps (taken over from a replica that
     /// stopped beating, resumed after a hand-over; a queued background response's first start counts too) before
     /// it ends `failed` (`resumed_too_often`) instead of running again: a response whose run crashes or panics its
-    /// replica every time stops here rather than loop for ever (SPEC 9). A resume that fails before its run starts
-    /// (the database busy) does not count; a rolling restart hands a long response over once.
+    /// replica every time stops here rather than loop for ever (SPEC 9). A read-back of its stored state that fails
+    /// for a passing reason counts too, once the database answers the count (so one that fails every time ends,
+    /// `unreadable_state`); a database that answers nothing counts nothing. A rolling restart hands a long response
+    /// over once.
     #[default(25)]
     pub max_resumes: u32,
 }

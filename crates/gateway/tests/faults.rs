@@ -350,6 +350,49 @@ async fn a_replica_with_a_full_pool_and_hundreds_of_followers_keeps_its_leases()
     }
 }
 
+/// A response whose read-back fails for a passing reason every time (its steps locked by another session, so
+/// that each read outlasts the reply timeout), while the database answers everything else: each failed try counts
+/// as a start, and past `durability.max_resumes` it ends `unreadable_state` instead of being claimed and given back
+/// for as long as the lock is held.
+#[tokio::test]
+async fn a_response_whose_read_back_fails_every_time_for_a_passing_reason_ends_failed() {
+    let mut cluster = Cluster::postgres().await;
+    let mut first = cluster.replica(&[]);
+    cluster.configure(&first).await;
+    let id = cluster.background_gate_call(&first).await;
+    cluster.gate_calls(1).await;
+    first.kill();
+
+    let pool = sqlx::PgPool::connect(cluster.db.url())
+        .await
+        .expect("connect");
+    let mut locked = pool.begin().await.expect("begin");
+    sqlx::query("LOCK TABLE steps IN ACCESS EXCLUSIVE MODE")
+        .execute(&mut *locked)
+        .await
+        .expect("lock");
+    let _second = cluster.replica(&[
+        ("GATEWAY__DATABASE__REPLY_TIMEOUT_MS", "1000"),
+        ("GATEWAY__DATABASE__SERVER_KEEPALIVE_SECS", "0"),
+        ("GATEWAY__DURABILITY__MAX_RESUMES", "2"),
+    ]);
+    all_ended(cluster.db.url(), PATIENCE).await;
+    let (status, code, resumes): (String, Option<String>, i64) = sqlx::query_as(
+        "SELECT status, error_code, CAST(resumes AS BIGINT) FROM responses WHERE id = $1",
+    )
+    .bind(&id)
+    .fetch_one(&pool)
+    .await
+    .expect("read");
+    locked.rollback().await.expect("unlock");
+    assert_eq!(
+        (status.as_str(), code.as_deref()),
+        ("failed", Some("unreadable_state"))
+    );
+    assert_eq!(resumes, 3, "two tries allowed, the third ends it");
+    cluster.tools.open_gate();
+}
+
 #[tokio::test]
 async fn running_responses_that_cannot_be_resumed_end_failed_with_a_code_instead_of_being_claimed_for_ever(
 ) {

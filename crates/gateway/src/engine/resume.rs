@@ -42,33 +42,37 @@ impl Engine {
             // released for ever (SPEC 9).
             Err(e) if !e.is_transient() => {
                 tracing::warn!(response.id = %claimed.id, error = %e, "a running response cannot be read back; ending it failed");
-                // Its ending is told to the project's webhooks as any other is, queued before it is written: best
-                // effort, as on a run's store-error path, so that a queue that keeps failing cannot keep the
-                // response from ending.
-                let queued = self
-                    .queue_unreadable_failure(&claimed)
-                    .await
-                    .unwrap_or_else(|error| {
-                        tracing::warn!(response.id = %claimed.id, %error, "could not queue the webhook event of the failure");
-                        false
-                    });
-                self.store
-                    .end_failed_without_steps(
-                        &claimed.id,
-                        &self.replica.id,
-                        claimed.epoch,
-                        &FailureCode::UnreadableState,
+                return self
+                    .end_unreadable(
+                        &claimed,
                         "What the gateway stored of this response cannot be read back; it cannot be resumed.",
-                        now(),
                     )
-                    .await?;
-                self.replica.progressed(&claimed.id);
-                if queued {
-                    self.wake_deliverer();
-                }
-                return Ok(());
+                    .await;
             }
-            Err(e) => return Err(e),
+            // A read that failed for a passing reason is given back, and the next claim tries again. Each such
+            // failure counts as a start when the database answers the count (it is up, so the failure is this
+            // response's read, a statement that times out every time, say): one that fails more often than
+            // `durability.max_resumes` ends rather than being claimed and released for ever (SPEC 9). A database
+            // that answers nothing counts nothing.
+            Err(e) => {
+                let counted = self
+                    .store
+                    .count_resume(&claimed.id, &self.replica.id, claimed.epoch)
+                    .await;
+                return match counted {
+                    Ok(resumes) if resumes > self.replica.max_resumes => {
+                        tracing::warn!(response.id = %claimed.id, error = %e, resumes, "a running response failed to be read back too often; ending it failed");
+                        let message = format!(
+                            "What the gateway stored of this response could not be read back, try after try \
+                             ({resumes} starts and tries in all, more than the gateway allows); it is not resumed \
+                             again."
+                        );
+                        self.end_unreadable(&claimed, &message).await
+                    }
+                    Err(StoreError::NotOwner) => Ok(()), // taken by another replica, or ended, meanwhile
+                    _ => Err(e),
+                };
+            }
         };
         if stored.record.ending().is_some() {
             return Ok(());
@@ -247,6 +251,34 @@ impl Engine {
             Some(grant) => Payer::of(&grant),
             None => Payer::project_only(&stored.project_id, Default::default()),
         })
+    }
+
+    /// Ends a claimed response whose stored state could not be read back, failed (`unreadable_state`) with
+    /// `message`, its webhooks told first (best effort, as on a run's store-error path, so that a queue that keeps
+    /// failing cannot keep the response from ending).
+    async fn end_unreadable(&self, claimed: &Claimed, message: &str) -> Result<(), StoreError> {
+        let queued = self
+            .queue_unreadable_failure(claimed)
+            .await
+            .unwrap_or_else(|error| {
+                tracing::warn!(response.id = %claimed.id, %error, "could not queue the webhook event of the failure");
+                false
+            });
+        self.store
+            .end_failed_without_steps(
+                &claimed.id,
+                &self.replica.id,
+                claimed.epoch,
+                &FailureCode::UnreadableState,
+                message,
+                now(),
+            )
+            .await?;
+        self.replica.progressed(&claimed.id);
+        if queued {
+            self.wake_deliverer();
+        }
+        Ok(())
     }
 
     /// Queues the `response.failed` event of a claimed response whose stored state cannot be read, when it runs
