@@ -6,7 +6,7 @@
 
 use gateway::store::admin::{
     ApiKeyChanges, DeploymentChanges, Member, Membership, NewApiKey, NewDeployment, NewToolSource,
-    ProjectChanges, ToolSourceChanges,
+    ProjectChanges, Removal, ToolSourceChanges,
 };
 use gateway::store::responses::{Durability, IdempotencyKey, NewResponse, Order, StepWrite};
 use gateway::store::stored_tools::StoredTool;
@@ -612,8 +612,17 @@ async fn deployments_never_read_back_their_api_key(store: Store) {
         "the provider kind is checked: {bad_kind:?}"
     );
 
-    assert!(store.delete_deployment(&id).await.expect("delete"));
-    assert!(!store.delete_deployment(&id).await.expect("delete again"));
+    assert!(matches!(
+        store.remove_deployment(&id, false).await.expect("delete"),
+        Removal::Deleted(_)
+    ));
+    assert_eq!(
+        store
+            .remove_deployment(&id, false)
+            .await
+            .expect("delete again"),
+        Removal::Missing
+    );
 }
 
 async fn tool_sources_keep_their_parameters_and_never_read_back_their_secret(store: Store) {
@@ -661,7 +670,10 @@ async fn tool_sources_keep_their_parameters_and_never_read_back_their_secret(sto
             .expect("update"),
         None
     );
-    assert!(store.delete_tool_source(&id).await.expect("delete"));
+    assert!(matches!(
+        store.remove_tool_source(&id, false).await.expect("delete"),
+        Removal::Deleted(_)
+    ));
     assert_eq!(store.get_tool_source(&id).await.expect("get"), None);
 }
 
@@ -893,11 +905,28 @@ async fn deleting_a_member_removes_it_from_its_groups_and_deleting_a_group_keeps
     let tool_id = tool(&store, "add").await;
     attach(&store, &group_id, Member::ToolSource, &tool_id).await;
 
-    assert!(store.delete_tool_source(&tool_id).await.expect("delete"));
-    assert!(store
-        .delete_deployment(&deployment_id)
-        .await
-        .expect("delete"));
+    assert_eq!(
+        store
+            .remove_tool_source(&tool_id, false)
+            .await
+            .expect("refuse"),
+        Removal::InUse(vec!["group 'acme-group'".to_owned()]),
+        "a held tool source is refused unless forced"
+    );
+    assert!(matches!(
+        store
+            .remove_tool_source(&tool_id, true)
+            .await
+            .expect("delete"),
+        Removal::Deleted(_)
+    ));
+    assert!(matches!(
+        store
+            .remove_deployment(&deployment_id, true)
+            .await
+            .expect("delete"),
+        Removal::Deleted(_)
+    ));
     let group = store
         .get_group(&group_id)
         .await
@@ -906,8 +935,21 @@ async fn deleting_a_member_removes_it_from_its_groups_and_deleting_a_group_keeps
     assert!(group.tool_source_ids.is_empty() && group.deployment_ids.is_empty());
     assert_eq!(group.project_ids, [project_id.as_str()]);
 
-    assert!(store.delete_group(&group_id).await.expect("delete"));
-    assert!(!store.delete_group(&group_id).await.expect("delete again"));
+    assert!(matches!(
+        store.remove_group(&group_id, false).await.expect("refuse"),
+        Removal::InUse(_)
+    ));
+    assert_eq!(
+        store.remove_group(&group_id, true).await.expect("delete"),
+        Removal::Deleted(vec!["project 'acme'".to_owned()])
+    );
+    assert_eq!(
+        store
+            .remove_group(&group_id, true)
+            .await
+            .expect("delete again"),
+        Removal::Missing
+    );
     assert!(store.get_project(&project_id).await.expect("get").is_some());
 }
 
