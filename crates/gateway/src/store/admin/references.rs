@@ -20,8 +20,11 @@ pub enum Removal {
 
 /// Locks every deployment, in one order, on Postgres: what renames, fallback changes and deletes of deployments
 /// take first, so that none of them sees the fallbacks change under it and two of them wait instead of
-/// deadlocking.
-pub(super) const LOCK_ALL_DEPLOYMENTS: &str = "SELECT id FROM deployments ORDER BY id FOR UPDATE";
+/// deadlocking. `NO KEY UPDATE`: the responses written meanwhile, whose foreign key to their deployment takes a
+/// `KEY SHARE` lock on its row, do not wait for it (an operator's transaction paused half-way would otherwise hold
+/// up every create until the database ends its session). A delete locks its own row `FOR UPDATE` after it.
+pub(super) const LOCK_ALL_DEPLOYMENTS: &str =
+    "SELECT id FROM deployments ORDER BY id FOR NO KEY UPDATE";
 
 /// The statements of a removal, per backend: the entity's name (its row locked on Postgres), who refers to it
 /// (`(kind, name)` rows, kind `group` for a group, `deployment` for a member), and its delete.
@@ -54,9 +57,10 @@ const GROUP: RemovalSql = RemovalSql {
     delete: "DELETE FROM deployment_groups WHERE id = $1",
 };
 
-/// A deployment's statements; its row is locked with all the others first (`LOCK_ALL_DEPLOYMENTS`).
+/// A deployment's statements; every deployment is locked first (`LOCK_ALL_DEPLOYMENTS`), then its own row for
+/// good, so that a group attaching it meanwhile waits.
 const DEPLOYMENT: RemovalSql = RemovalSql {
-    find_postgres: "SELECT name FROM deployments WHERE id = $1",
+    find_postgres: "SELECT name FROM deployments WHERE id = $1 FOR UPDATE",
     find_sqlite: "SELECT name FROM deployments WHERE id = $1",
     referrers: "SELECT 'group', g.name FROM group_deployments m JOIN deployment_groups g ON g.id = m.group_id
                 WHERE m.deployment_id = $1 ORDER BY 2",
