@@ -27,8 +27,10 @@ pub(super) const LOCK_ALL_DEPLOYMENTS: &str =
     "SELECT id FROM deployments ORDER BY id FOR NO KEY UPDATE";
 
 /// The statements of a removal, per backend: the entity's name (its row locked on Postgres), who refers to it
-/// (`(kind, name)` rows, kind `group` for a group, `deployment` for a member), and its delete.
+/// (`(kind, name)` rows, kind `group` for a group, `deployment` for a member), and its delete; and whether other
+/// deployments may name it among their fallbacks (a deployment's removal).
 struct RemovalSql {
+    fallbacks: bool,
     find_postgres: &'static str,
     find_sqlite: &'static str,
     referrers: &'static str,
@@ -36,6 +38,7 @@ struct RemovalSql {
 }
 
 const TOOL_SOURCE: RemovalSql = RemovalSql {
+    fallbacks: false,
     find_postgres: "SELECT name FROM tool_sources WHERE id = $1 FOR UPDATE",
     find_sqlite: "SELECT name FROM tool_sources WHERE id = $1",
     referrers: "SELECT 'group', g.name FROM group_tool_sources m JOIN deployment_groups g ON g.id = m.group_id
@@ -44,6 +47,7 @@ const TOOL_SOURCE: RemovalSql = RemovalSql {
 };
 
 const GROUP: RemovalSql = RemovalSql {
+    fallbacks: false,
     find_postgres: "SELECT name FROM deployment_groups WHERE id = $1 FOR UPDATE",
     find_sqlite: "SELECT name FROM deployment_groups WHERE id = $1",
     referrers:
@@ -60,6 +64,7 @@ const GROUP: RemovalSql = RemovalSql {
 /// A deployment's statements; every deployment is locked first (`LOCK_ALL_DEPLOYMENTS`), then its own row for
 /// good, so that a group attaching it meanwhile waits.
 const DEPLOYMENT: RemovalSql = RemovalSql {
+    fallbacks: true,
     find_postgres: "SELECT name FROM deployments WHERE id = $1 FOR UPDATE",
     find_sqlite: "SELECT name FROM deployments WHERE id = $1",
     referrers: "SELECT 'group', g.name FROM group_deployments m JOIN deployment_groups g ON g.id = m.group_id
@@ -70,30 +75,25 @@ const DEPLOYMENT: RemovalSql = RemovalSql {
 impl Store {
     /// Deletes tool source `id` unless a group holds it; `force` detaches it from them instead.
     pub async fn remove_tool_source(&self, id: &str, force: bool) -> Result<Removal, StoreError> {
-        self.remove(&TOOL_SOURCE, id, force, false).await
+        self.remove(&TOOL_SOURCE, id, force).await
     }
 
     /// Deletes group `id` unless it holds projects, deployments or tool sources; `force` removes its memberships
     /// (never its members).
     pub async fn remove_group(&self, id: &str, force: bool) -> Result<Removal, StoreError> {
-        self.remove(&GROUP, id, force, false).await
+        self.remove(&GROUP, id, force).await
     }
 
     /// Deletes deployment `id` unless another names it among its fallbacks or a group holds it; `force` takes its
     /// name out of those fallbacks and its memberships with it.
     pub async fn remove_deployment(&self, id: &str, force: bool) -> Result<Removal, StoreError> {
-        self.remove(&DEPLOYMENT, id, force, true).await
+        self.remove(&DEPLOYMENT, id, force).await
     }
 
     /// One removal, in one transaction: the entity found (and locked), who refers to it read, then refused, or
-    /// deleted after the deployments naming it as their fallback (when `fallbacks`) have let go of its name.
-    async fn remove(
-        &self,
-        sql: &RemovalSql,
-        id: &str,
-        force: bool,
-        fallbacks: bool,
-    ) -> Result<Removal, StoreError> {
+    /// deleted after the deployments naming it as their fallback (for a deployment) have let go of its name.
+    async fn remove(&self, sql: &RemovalSql, id: &str, force: bool) -> Result<Removal, StoreError> {
+        let fallbacks = sql.fallbacks;
         let (lock_all, find) = match &self.backend {
             Backend::Postgres(_) => (fallbacks.then_some(LOCK_ALL_DEPLOYMENTS), sql.find_postgres),
             Backend::Sqlite(_) => (None, sql.find_sqlite),
