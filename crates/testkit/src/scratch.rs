@@ -67,6 +67,23 @@ impl ScratchDatabase {
     }
 }
 
+/// Polls until at least `n` statements of `pool`'s database wait on a lock (a test that holds one from another
+/// transaction then knows what it holds up), or the database fails to say.
+pub async fn until_statements_wait_on_a_lock(pool: &sqlx::PgPool, n: i64) -> sqlx::Result<()> {
+    loop {
+        let waiting: i64 = sqlx::query_scalar(
+            "SELECT COUNT(*) FROM pg_stat_activity
+             WHERE datname = current_database() AND wait_event_type = 'Lock'",
+        )
+        .fetch_one(pool)
+        .await?;
+        if waiting >= n {
+            return Ok(());
+        }
+        tokio::task::yield_now().await;
+    }
+}
+
 impl Drop for ScratchDatabase {
     fn drop(&mut self) {
         match &self.place {

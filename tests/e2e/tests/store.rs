@@ -2680,13 +2680,13 @@ async fn additions_to_counted_windows_in_one_statement_answer_each_its_windows_t
     // Out of order, one window twice, one new, one of the next minute: each answer is its window's total after
     // the whole statement, and the same window named twice got both amounts.
     let totals = store
-        .add_to_windows(&[
+        .add_to_windows(&untokened(&[
             ("project:tpm", MINUTE, 7),
             ("key:tpm", MINUTE, 10),
             ("key:spend", MINUTE, 0),
             ("key:tpm", MINUTE, 1),
             ("key:tpm", MINUTE + 60, 3),
-        ])
+        ]))
         .await
         .unwrap();
     assert_eq!(totals, vec![7, 16, 0, 16, 3]);
@@ -2706,6 +2706,23 @@ async fn additions_to_counted_windows_in_one_statement_answer_each_its_windows_t
     assert_eq!(store.add_to_windows(&[]).await.unwrap(), Vec::<u64>::new());
 }
 
+/// `(scope, window start, amount)`s as additions without tokens, each counted however often it is sent.
+fn untokened<'a>(
+    additions: &[(&'a str, i64, u64)],
+) -> Vec<gateway::store::governance::WindowAddition<'a>> {
+    additions
+        .iter()
+        .map(
+            |&(scope, window_start, amount)| gateway::store::governance::WindowAddition {
+                token: None,
+                scope,
+                window_start,
+                amount,
+            },
+        )
+        .collect()
+}
+
 async fn an_amount_beyond_what_a_window_holds_fills_it_and_fails_no_other_window_of_its_batch(
     store: Store,
 ) {
@@ -2720,12 +2737,12 @@ async fn an_amount_beyond_what_a_window_holds_fills_it_and_fails_no_other_window
         FULL
     );
     let totals = store
-        .add_to_windows(&[
+        .add_to_windows(&untokened(&[
             ("key:tpm", MINUTE, 5),
             ("project:tpm", MINUTE, u64::MAX),
             ("project:tpm", MINUTE, u64::MAX),
             ("key:spend", MINUTE, 7),
-        ])
+        ]))
         .await
         .expect("the batch is written whole");
     assert_eq!(totals, vec![FULL, FULL, FULL, 7]);
@@ -2988,7 +3005,10 @@ async fn counted_windows_that_ended_long_ago_are_pruned_and_the_others_kept(stor
         .iter()
         .map(|&(scope, start, _)| (scope, start, 5))
         .collect();
-    store.add_to_windows(&added).await.expect("counted");
+    store
+        .add_to_windows(&untokened(&added))
+        .await
+        .expect("counted");
 
     assert_eq!(store.prune_windows().await.expect("pruned"), 4);
     assert_eq!(store.prune_windows().await.expect("pruned again"), 0);
@@ -2998,7 +3018,7 @@ async fn counted_windows_that_ended_long_ago_are_pruned_and_the_others_kept(stor
         .iter()
         .map(|&(scope, start, _)| (scope, start, 0))
         .collect();
-    let held = store.add_to_windows(&read).await.expect("read");
+    let held = store.add_to_windows(&untokened(&read)).await.expect("read");
     for ((scope, start, kept), held) in windows.iter().zip(held) {
         assert_eq!(held, if *kept { 5 } else { 0 }, "{scope} at {start}");
     }

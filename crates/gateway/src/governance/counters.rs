@@ -1,6 +1,7 @@
 //! The shared counts of `rpm`, `tpm` and budgets, kept per replica between trips to the store: requests are taken
 //! from slices leased from a shared minute that never passes its limit; tokens (per minute) and spend (per budget
-//! period, in nano-dollars) are added to a shared window and the other replicas' read back, at most every `sync`.
+//! period, in nano-dollars) are added to a shared window and the other replicas' read back, at most every `sync`,
+//! each part once: it goes under a token, and a part whose write failed is sent again under the same one.
 
 use foldhash::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -11,6 +12,7 @@ use tokio::sync::{mpsc, oneshot, Notify};
 use gateway_core::governance::{window_start, Standing, WINDOW_SECS};
 
 use crate::duty;
+use crate::store::governance::{addition_token, WindowAddition};
 use crate::store::{Store, StoreError};
 
 /// The requests of a window leased at once: a twentieth of the limit, between 1 and 100.
@@ -92,6 +94,11 @@ struct Window {
     unsynced: u64,
     /// Tokens on their way to the shared window: counted here until the write that adds them answers.
     syncing: u64,
+    /// Parts whose write failed (each may have been added, or not), with the token each was sent under: counted
+    /// here, and sent again under their tokens, which the store adds once, before anything else is.
+    in_doubt: Vec<Part>,
+    /// The parts in doubt are being sent again.
+    resending: bool,
     synced_at: Option<Instant>,
     /// A write of the unsynced part is scheduled.
     flushing: bool,
@@ -105,7 +112,26 @@ impl Window {
     /// Whether nothing of this window is on its way to or from the store, or owed to it: letting it go loses
     /// nothing the store does not hold.
     fn idle(&self) -> bool {
-        self.unsynced == 0 && self.syncing == 0 && !self.flushing && !self.reading && !self.leasing
+        self.unsynced == 0
+            && self.syncing == 0
+            && self.in_doubt.is_empty()
+            && !self.resending
+            && !self.flushing
+            && !self.reading
+            && !self.leasing
+    }
+
+    /// What the window holds as this replica knows it: the shared count as last read, and its own part not yet
+    /// known to be in it.
+    fn used(&self) -> u64 {
+        let in_doubt = self
+            .in_doubt
+            .iter()
+            .fold(0u64, |sum, part| sum.saturating_add(part.amount));
+        self.shared
+            .saturating_add(self.unsynced)
+            .saturating_add(self.syncing)
+            .saturating_add(in_doubt)
     }
 
     fn at(&mut self, start: i64) -> &mut Window {
@@ -181,8 +207,26 @@ pub(super) struct Counters {
     additions: Arc<OnceLock<mpsc::UnboundedSender<Addition>>>,
 }
 
+/// A part of one replica's count of a window, as it is sent to the shared window.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Part {
+    /// What makes the part count once however often it is sent (none for a read, which adds nothing).
+    token: Option<String>,
+    amount: u64,
+}
+
+impl Part {
+    /// Adds nothing: the shared window's total is read.
+    const READ: Part = Part {
+        token: None,
+        amount: 0,
+    };
+}
+
 /// A part of a count on its way to its shared window, and who waits for the window's total.
 struct Addition {
+    /// What makes the part count once however often it is sent (none for a read, which adds nothing).
+    token: Option<String>,
     name: Arc<str>,
     start: i64,
     amount: u64,
@@ -198,9 +242,14 @@ const MAX_ADDITIONS: usize = 256;
 async fn write_additions(store: Store, pending: &mut mpsc::UnboundedReceiver<Addition>) {
     let mut batch = Vec::new();
     while pending.recv_many(&mut batch, MAX_ADDITIONS).await > 0 {
-        let rows: Vec<(&str, i64, u64)> = batch
+        let rows: Vec<WindowAddition<'_>> = batch
             .iter()
-            .map(|addition| (&*addition.name, addition.start, addition.amount))
+            .map(|addition| WindowAddition {
+                token: addition.token.as_deref(),
+                scope: &addition.name,
+                window_start: addition.start,
+                amount: addition.amount,
+            })
             .collect();
         let written = store.add_to_windows(&rows).await;
         drop(rows);
@@ -242,14 +291,15 @@ impl Counters {
         }
     }
 
-    /// Adds `amount` to the shared window of `name` that starts at `start`, in the next statement of the writer
-    /// of additions, and answers what the window holds then.
+    /// Adds each of `parts` to the shared window of `name` that starts at `start`, in the next statement of the
+    /// writer of additions (one part in one statement, the next in another, when a batch splits them), each once
+    /// per token, and answers each part with what the window held then.
     async fn add_to_shared(
         &self,
         name: &Arc<str>,
         start: i64,
-        amount: u64,
-    ) -> Result<u64, StoreError> {
+        parts: Vec<Part>,
+    ) -> Vec<(Part, Result<u64, StoreError>)> {
         let additions = self.additions.get_or_init(|| {
             let (sender, receiver) = mpsc::unbounded_channel();
             let (store, queue) = (self.store.clone(), duty::Queue::new(receiver));
@@ -263,18 +313,30 @@ impl Counters {
             );
             sender
         });
-        let (answer, total) = oneshot::channel();
-        let addition = Addition {
-            name: Arc::clone(name),
-            start,
-            amount,
-            answer,
-        };
-        if additions.send(addition).is_err() {
-            return Err(StoreError::Busy);
+        let mut answers = Vec::with_capacity(parts.len());
+        for part in parts {
+            let (answer, total) = oneshot::channel();
+            let addition = Addition {
+                token: part.token.clone(),
+                name: Arc::clone(name),
+                start,
+                amount: part.amount,
+                answer,
+            };
+            let total = additions.send(addition).is_ok().then_some(total);
+            answers.push((part, total));
         }
-        // A writer stopped by the runtime's shutdown drops the answer: the store is as good as busy.
-        total.await.unwrap_or(Err(StoreError::Busy))
+        let mut added = Vec::with_capacity(answers.len());
+        for (part, total) in answers {
+            // A writer gone, or stopped by the runtime's shutdown (it drops the answer): the store is as good as
+            // busy.
+            let total = match total {
+                Some(total) => total.await.unwrap_or(Err(StoreError::Busy)),
+                None => Err(StoreError::Busy),
+            };
+            added.push((part, total));
+        }
+        added
     }
 
     /// The counter `name`: the same window for every caller that names it.
@@ -439,10 +501,7 @@ impl Counters {
         at: Instant,
     ) -> Result<u64, StoreError> {
         let read = self.with(counter, start, |window| {
-            let used = window
-                .shared
-                .saturating_add(window.unsynced)
-                .saturating_add(window.syncing);
+            let used = window.used();
             let due = read_due(
                 window
                     .synced_at
@@ -468,34 +527,63 @@ impl Counters {
                 joined(reading).await??;
             }
         }
-        Ok(self.with(counter, start, |window| {
-            window
-                .shared
-                .saturating_add(window.unsynced)
-                .saturating_add(window.syncing)
-        }))
+        Ok(self.with(counter, start, |window| window.used()))
     }
 
-    /// Adds this replica's unsynced part to the shared window and reads back what it holds.
+    /// Adds this replica's unsynced part to the shared window and reads back what it holds. A part whose write
+    /// failed is in doubt from then on (it may have been added, or not), and is sent again under its token, which
+    /// the store adds once. While parts are in doubt, they alone are sent, one sync at a time: the unsynced part
+    /// follows, in a second write, once they are settled; a sync that finds them being sent only reads.
     async fn sync(&self, counter: &Counter, start: i64) -> Result<(), StoreError> {
-        let pending = self.with(counter, start, |window| {
-            let pending = std::mem::take(&mut window.unsynced);
-            window.syncing = window.syncing.saturating_add(pending);
-            pending
-        });
-        let added = self.add_to_shared(&counter.name, start, pending).await;
-        self.with(counter, start, |window| {
-            window.syncing -= pending.min(window.syncing);
-            match &added {
-                // What the shared window holds now includes this part.
-                Ok(used) => {
-                    window.shared = window.shared.max(*used);
-                    window.synced_at = Some(Instant::now());
+        loop {
+            let (parts, resent) = self.with(counter, start, |window| {
+                if window.resending {
+                    return (vec![Part::READ], false);
                 }
-                Err(_) => window.unsynced = window.unsynced.saturating_add(pending),
+                if !window.in_doubt.is_empty() {
+                    window.resending = true;
+                    let parts = std::mem::take(&mut window.in_doubt);
+                    for part in &parts {
+                        window.syncing = window.syncing.saturating_add(part.amount);
+                    }
+                    return (parts, true);
+                }
+                let amount = std::mem::take(&mut window.unsynced);
+                window.syncing = window.syncing.saturating_add(amount);
+                let token = (amount > 0).then(addition_token);
+                (vec![Part { token, amount }], false)
+            });
+            let added = self.add_to_shared(&counter.name, start, parts).await;
+            let (more, failed) = self.with(counter, start, |window| {
+                if resent {
+                    window.resending = false;
+                }
+                let mut failed = None;
+                for (part, added) in added {
+                    window.syncing -= part.amount.min(window.syncing);
+                    match added {
+                        // What the shared window holds now includes this part.
+                        Ok(used) => {
+                            window.shared = window.shared.max(used);
+                            window.synced_at = Some(Instant::now());
+                        }
+                        Err(e) => {
+                            if part.token.is_some() {
+                                window.in_doubt.push(part);
+                            }
+                            failed.get_or_insert(e);
+                        }
+                    }
+                }
+                (resent && failed.is_none() && window.unsynced > 0, failed)
+            });
+            if let Some(e) = failed {
+                return Err(e);
             }
-        });
-        added.map(drop)
+            if !more {
+                return Ok(());
+            }
+        }
     }
 
     /// Counts `tokens` a model call used in the minute of `now` against `limit` (see [`Counters::add`]).
@@ -531,7 +619,7 @@ impl Counters {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use gateway_testkit::scratch::ScratchDatabase;
+    use gateway_testkit::scratch::{until_statements_wait_on_a_lock, ScratchDatabase};
 
     #[test]
     fn slices_are_a_twentieth_of_the_limit_within_bounds() {
@@ -733,5 +821,156 @@ mod tests {
             (next.start, next.leased, next.shared, next.unsynced),
             (120, 0, 0, 0)
         );
+    }
+
+    /// Adds `amount` to `scope`'s window at `NOW` under `token` (none: an addition that counts every time).
+    async fn add_under(store: &Store, token: Option<&str>, scope: &str, amount: u64) -> u64 {
+        let addition = WindowAddition {
+            token,
+            scope,
+            window_start: window_start(NOW),
+            amount,
+        };
+        store.add_to_windows(&[addition]).await.expect("added")[0]
+    }
+
+    async fn an_addition_sent_again_under_its_token_counts_once_on(db: ScratchDatabase) {
+        let store = Store::connect(db.url(), 2).await.expect("store");
+        store.migrate().await.expect("migrate");
+        assert_eq!(add_under(&store, Some("t1"), "tpm", 5).await, 5);
+        // Sent again (its reply was lost): answered the total, adding nothing.
+        assert_eq!(add_under(&store, Some("t1"), "tpm", 5).await, 5);
+        assert_eq!(add_under(&store, Some("t2"), "tpm", 7).await, 12);
+        // Without a token, every sending counts.
+        assert_eq!(add_under(&store, None, "tpm", 1).await, 13);
+        assert_eq!(add_under(&store, None, "tpm", 1).await, 14);
+        // In one batch, the new part counts and the old one does not, for the same window and for another.
+        let batch = [
+            WindowAddition {
+                token: Some("t2"),
+                scope: "tpm",
+                window_start: window_start(NOW),
+                amount: 7,
+            },
+            WindowAddition {
+                token: Some("t3"),
+                scope: "tpm",
+                window_start: window_start(NOW),
+                amount: 3,
+            },
+            WindowAddition {
+                token: Some("t1"),
+                scope: "spend",
+                window_start: window_start(NOW),
+                amount: 9,
+            },
+        ];
+        assert_eq!(
+            store.add_to_windows(&batch).await.expect("added"),
+            [17, 17, 0]
+        );
+    }
+
+    #[tokio::test]
+    async fn an_addition_sent_again_under_its_token_counts_once() {
+        an_addition_sent_again_under_its_token_counts_once_on(ScratchDatabase::sqlite()).await;
+        let postgres = ScratchDatabase::postgres().await.expect("database");
+        an_addition_sent_again_under_its_token_counts_once_on(postgres).await;
+    }
+
+    #[tokio::test]
+    async fn the_tokens_of_additions_are_kept_a_day() {
+        let (_db, store, _counters) = counters().await;
+        let old = crate::store::governance::addition_token_at(
+            std::time::SystemTime::now() - Duration::from_secs(86_400 + 60),
+        );
+        let new = addition_token();
+        for token in [&old, &new] {
+            add_under(&store, Some(token), "tpm", 1).await;
+        }
+        store.prune_windows().await.expect("pruned");
+        let crate::store::Backend::Sqlite(pool) = store.backend() else {
+            unreachable!("the embedded store")
+        };
+        let kept: Vec<String> = sqlx::query_scalar("SELECT token FROM counter_additions")
+            .fetch_all(pool)
+            .await
+            .expect("tokens");
+        assert_eq!(kept, [new]);
+    }
+
+    /// Waits until no statement of the scratch database but this one runs.
+    async fn until_no_other_statement_runs(pool: &sqlx::PgPool) {
+        loop {
+            let running: i64 = sqlx::query_scalar(
+                "SELECT COUNT(*) FROM pg_stat_activity
+                 WHERE datname = current_database() AND state = 'active' AND pid <> pg_backend_pid()",
+            )
+            .fetch_one(pool)
+            .await
+            .expect("activity");
+            if running == 0 {
+                return;
+            }
+            tokio::task::yield_now().await;
+        }
+    }
+
+    #[tokio::test]
+    async fn a_part_whose_reply_was_lost_is_counted_once_when_it_was_added_meanwhile() {
+        // A sync left waiting for ever would hang the test rather than fail it: a minute is far beyond need.
+        tokio::time::timeout(Duration::from_secs(60), a_part_whose_reply_was_lost())
+            .await
+            .expect("the part settled within a minute");
+    }
+
+    async fn a_part_whose_reply_was_lost() {
+        let db = ScratchDatabase::postgres().await.expect("database");
+        let store = Store::connect(db.url(), 4).await.expect("store");
+        store.migrate().await.expect("migrate");
+        let crate::store::Backend::Postgres(pool) = store.backend().clone() else {
+            unreachable!("Postgres")
+        };
+        // Replies are waited for a fifth of a second: a statement that waits longer is given up, not cancelled.
+        let store = store.with_reply_wait(Duration::from_millis(200));
+        let counters = Counters::new(store.clone(), Duration::from_secs(3600));
+        let tpm = counters.counter("tpm".into());
+        let start = window_start(NOW);
+        counters.with(&tpm, start, |window| window.unsynced = 1);
+        counters.sync(&tpm, start).await.expect("synced");
+        counters.with(&tpm, start, |window| window.unsynced = 100);
+
+        // Another transaction holds the window's row: the addition waits for it past the reply's wait, and so does
+        // the addition sent again; both statements stay (each was sent whole: the database has all it needs to
+        // run it and commit), and run once the row is let go.
+        let mut holder = pool.begin().await.expect("begin");
+        sqlx::query("SELECT used FROM rate_windows WHERE scope = 'tpm' FOR UPDATE")
+            .execute(&mut *holder)
+            .await
+            .expect("lock");
+        counters
+            .sync(&tpm, start)
+            .await
+            .expect_err("the reply was not waited for");
+        until_statements_wait_on_a_lock(&pool, 1)
+            .await
+            .expect("activity");
+        counters
+            .sync(&tpm, start)
+            .await
+            .expect_err("the reply was not waited for");
+        until_statements_wait_on_a_lock(&pool, 2)
+            .await
+            .expect("activity");
+        // Counted here meanwhile, once.
+        assert_eq!(counters.with(&tpm, start, |window| window.used()), 101);
+        holder.commit().await.expect("commit");
+        until_no_other_statement_runs(&pool).await;
+
+        // Both statements ran: the part was added once, and a third sending settles it without adding it again.
+        counters.sync(&tpm, start).await.expect("synced");
+        assert_eq!(shared(&store, "tpm", NOW).await, 101);
+        let window = counters.with(&tpm, start, |window| (window.used(), window.idle()));
+        assert_eq!(window, (101, true));
     }
 }

@@ -223,7 +223,7 @@ impl Drop for RunningPlace {
 mod tests {
     use super::*;
     use crate::store::Backend;
-    use gateway_testkit::scratch::ScratchDatabase;
+    use gateway_testkit::scratch::{until_statements_wait_on_a_lock, ScratchDatabase};
 
     const COUNT: &str = "key:k:running";
 
@@ -274,23 +274,6 @@ mod tests {
         holder
     }
 
-    /// Polls until a statement of `pool`'s database waits on a lock.
-    async fn until_a_statement_waits_on_a_lock(pool: &sqlx::PgPool) {
-        loop {
-            let waiting: i64 = sqlx::query_scalar(
-                "SELECT COUNT(*) FROM pg_stat_activity
-                 WHERE datname = current_database() AND wait_event_type = 'Lock'",
-            )
-            .fetch_one(pool)
-            .await
-            .expect("activity");
-            if waiting > 0 {
-                return;
-            }
-            tokio::task::yield_now().await;
-        }
-    }
-
     /// A fresh Postgres store and the places of `replica_a` on it (whose reconciler stays idle).
     async fn replica_a() -> (ScratchDatabase, Store, sqlx::PgPool, Places) {
         let db = ScratchDatabase::postgres().await.expect("database");
@@ -327,7 +310,9 @@ mod tests {
             let take = place.take(COUNT.into(), 1);
             tokio::pin!(take);
             assert!(futures::poll!(&mut take).is_pending());
-            until_a_statement_waits_on_a_lock(&pool).await;
+            until_statements_wait_on_a_lock(&pool, 1)
+                .await
+                .expect("activity");
         }
         drop(place);
         holder.rollback().await.expect("rollback");
@@ -358,7 +343,9 @@ mod tests {
             let places = places.clone();
             async move { places.reconcile().await }
         });
-        until_a_statement_waits_on_a_lock(&pool).await;
+        until_statements_wait_on_a_lock(&pool, 1)
+            .await
+            .expect("activity");
         // Meanwhile a take starts and ends, and a give-back: the books hold what they held before, but whether
         // each landed before or after the rewrite, nobody here knows.
         places.with(COUNT, |part| {

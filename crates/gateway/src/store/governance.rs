@@ -76,6 +76,34 @@ pub struct Lease {
     pub used: u64,
 }
 
+/// How long the token of an addition to a counted window is kept after it was made.
+const ADDITION_TOKENS_KEPT: std::time::Duration = std::time::Duration::from_secs(86_400);
+
+/// A new token for an addition to a counted window: a UUIDv7 as 32 lowercase hex digits, which sort by the time
+/// it was made (so that old ones are pruned by comparison).
+pub fn addition_token() -> String {
+    uuid::Uuid::now_v7().simple().to_string()
+}
+
+/// A token as [`addition_token`] would have made it at `at`: every token made a millisecond or more before `at`
+/// sorts before it.
+pub(crate) fn addition_token_at(at: std::time::SystemTime) -> String {
+    let since = at.duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    let timestamp = uuid::Timestamp::from_unix(uuid::NoContext, since.as_secs(), 0);
+    uuid::Uuid::new_v7(timestamp).simple().to_string()
+}
+
+/// An amount to add to a counted window, under the token that makes it count once (`Store::add_to_windows`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WindowAddition<'a> {
+    /// Made by the replica for this part of its count, and sent again with it after a lost reply. `None` for an
+    /// addition that may count more than once (reading a window by adding nothing).
+    pub token: Option<&'a str>,
+    pub scope: &'a str,
+    pub window_start: i64,
+    pub amount: u64,
+}
+
 /// A window's count plus the amount added to it, held at the most a `BIGINT` holds: an amount no limit can reach
 /// (an upstream that reported absurd usage) fills its window instead of failing the statement, and with it every
 /// other window written in the same batch. Amounts are never negative ([`column_amount`]).
@@ -333,38 +361,56 @@ impl Store {
         Ok(u64::try_from(used).unwrap_or(0))
     }
 
-    /// Adds each `(scope, window_start, amount)` to its counted window in one statement, and answers what each
-    /// window holds now, in the order given. The same window named twice gets both amounts, and both answers are
-    /// its total. On Postgres, rows are taken in one order (scope, then window), so that two replicas' batches
-    /// over the same windows wait for each other instead of deadlocking; the embedded store's one writer runs the
-    /// additions in one transaction.
+    /// Adds each addition to its counted window in one statement (or, on the embedded store, one transaction), and
+    /// answers what each window holds now, in the order given. The same window named twice gets both amounts, and
+    /// both answers are its total. An addition with a token is applied once: its token is recorded with it, and an
+    /// addition whose token is already recorded (sent again after its reply was lost) adds nothing, but is answered
+    /// its window's total; one that waits for the first sending of its token to commit adds nothing once it has.
+    /// On Postgres, rows are taken in one order (tokens, then scope and window), so that two replicas' batches over
+    /// the same windows wait for each other instead of deadlocking.
     pub async fn add_to_windows(
         &self,
-        additions: &[(&str, i64, u64)],
+        additions: &[WindowAddition<'_>],
     ) -> Result<Vec<u64>, StoreError> {
-        let mut totals: std::collections::BTreeMap<(&str, i64), u64> =
-            std::collections::BTreeMap::new();
-        for &(scope, window_start, amount) in additions {
-            let total = totals.entry((scope, window_start)).or_default();
-            *total = total.saturating_add(amount);
-        }
         let mut used: std::collections::HashMap<(String, i64), u64> =
-            std::collections::HashMap::with_capacity(totals.len());
+            std::collections::HashMap::with_capacity(additions.len());
         match &self.backend {
             Backend::Postgres(pool) => answered!(self, {
-                let (scopes, (starts, amounts)): (Vec<&str>, (Vec<i64>, Vec<i64>)) = totals
-                    .iter()
-                    .map(|(&(scope, start), &amount)| (scope, (start, column_amount(amount))))
-                    .unzip();
+                let mut tokens = Vec::with_capacity(additions.len());
+                let mut scopes = Vec::with_capacity(additions.len());
+                let mut starts = Vec::with_capacity(additions.len());
+                let mut amounts = Vec::with_capacity(additions.len());
+                for addition in additions {
+                    tokens.push(addition.token);
+                    scopes.push(addition.scope);
+                    starts.push(addition.window_start);
+                    amounts.push(column_amount(addition.amount));
+                }
                 let rows: Vec<(String, i64, i64)> = sqlx::query_as(concat!(
-                    "INSERT INTO rate_windows (scope, window_start, used)
-                     SELECT scope, window_start, amount
-                     FROM UNNEST($1::text[], $2::bigint[], $3::bigint[]) AS added(scope, window_start, amount)
+                    "WITH added AS (
+                        SELECT * FROM UNNEST($1::text[], $2::text[], $3::bigint[], $4::bigint[])
+                            AS added(token, scope, window_start, amount)
+                     ), applied AS (
+                        INSERT INTO counter_additions (token)
+                        SELECT token FROM added WHERE token IS NOT NULL ORDER BY token
+                        ON CONFLICT (token) DO NOTHING
+                        RETURNING token
+                     ), sums AS (
+                        SELECT added.scope, added.window_start,
+                               LEAST(SUM(CASE WHEN added.token IS NULL OR applied.token IS NOT NULL
+                                              THEN added.amount ELSE 0 END),
+                                     9223372036854775807)::bigint AS amount
+                        FROM added LEFT JOIN applied ON applied.token = added.token
+                        GROUP BY added.scope, added.window_start
+                     )
+                     INSERT INTO rate_windows (scope, window_start, used)
+                     SELECT scope, window_start, amount FROM sums
                      ORDER BY scope, window_start
                      ON CONFLICT (scope, window_start) DO UPDATE SET used = ",
                     saturating_sum!(),
                     " RETURNING scope, window_start, used"
                 ))
+                .bind(&tokens)
                 .bind(&scopes)
                 .bind(&starts)
                 .bind(&amounts)
@@ -375,7 +421,31 @@ impl Store {
                 }
             }),
             Backend::Sqlite(pool) => {
+                let mut totals: std::collections::BTreeMap<(&str, i64), u64> =
+                    std::collections::BTreeMap::new();
                 let mut transaction = pool.begin().await?;
+                for addition in additions {
+                    let applied = match addition.token {
+                        None => true,
+                        Some(token) => {
+                            sqlx::query(
+                                "INSERT INTO counter_additions (token) VALUES ($1)
+                                 ON CONFLICT (token) DO NOTHING",
+                            )
+                            .bind(token)
+                            .execute(&mut *transaction)
+                            .await?
+                            .rows_affected()
+                                == 1
+                        }
+                    };
+                    let total = totals
+                        .entry((addition.scope, addition.window_start))
+                        .or_default();
+                    if applied {
+                        *total = total.saturating_add(addition.amount);
+                    }
+                }
                 for (&(scope, start), &amount) in &totals {
                     let total: i64 = sqlx::query_scalar(ADD_TO_WINDOW)
                         .bind(scope)
@@ -390,12 +460,13 @@ impl Store {
         }
         additions
             .iter()
-            .map(|&(scope, start, _)| {
-                used.get(&(scope.to_owned(), start))
+            .map(|addition| {
+                used.get(&(addition.scope.to_owned(), addition.window_start))
                     .copied()
                     .ok_or_else(|| {
                         StoreError::Corrupt(format!(
-                            "no total answered for the window {scope} at {start}"
+                            "no total answered for the window {} at {}",
+                            addition.scope, addition.window_start
                         ))
                     })
             })
@@ -540,7 +611,8 @@ impl Store {
     /// Deletes the counted windows that ended long ago: a minute of `rpm` or `tpm` an hour after it ended, a day of
     /// spend two days after it began, a month of spend 62 days after. Counts that never end (`running`, spend in
     /// `total`, at window 0) are kept. Deletes at most `PRUNE_BATCH` rows a statement, until none is left, so that
-    /// no statement holds many locks; nobody writes such old windows any more. Answers how many it deleted.
+    /// no statement holds many locks; nobody writes such old windows any more. Then, the same way, the tokens of
+    /// additions made more than a day ago. Answers how many rows it deleted.
     pub async fn prune_windows(&self) -> Result<u64, StoreError> {
         let _timer = self.timed("prune_windows");
         let delete = match &self.backend {
@@ -559,6 +631,31 @@ impl Store {
         loop {
             let done = with_pool!(self, |pool| sqlx::query(delete)
                 .bind(PRUNE_BATCH)
+                .execute(pool)
+                .await
+                .map(|done| done.rows_affected()))?;
+            deleted += done;
+            if done < PRUNE_BATCH as u64 {
+                break;
+            }
+        }
+        // The tokens of additions made more than a day ago: an addition is sent again within its window's
+        // sync, or once the store answers again, and a day is far beyond either.
+        let before = addition_token_at(std::time::SystemTime::now() - ADDITION_TOKENS_KEPT);
+        let delete = match &self.backend {
+            Backend::Postgres(_) => {
+                "DELETE FROM counter_additions WHERE token = ANY(ARRAY(
+                    SELECT token FROM counter_additions WHERE token < $2 LIMIT $1))"
+            }
+            Backend::Sqlite(_) => {
+                "DELETE FROM counter_additions WHERE token IN (
+                    SELECT token FROM counter_additions WHERE token < $2 LIMIT $1)"
+            }
+        };
+        loop {
+            let done = with_pool!(self, |pool| sqlx::query(delete)
+                .bind(PRUNE_BATCH)
+                .bind(&before)
                 .execute(pool)
                 .await
                 .map(|done| done.rows_affected()))?;
