@@ -291,7 +291,8 @@ async fn claim(engine: Engine, ownership: Store) {
 }
 
 /// Gives the `max_concurrent` places of replicas that stopped beating back to their counts (SPEC 13), every sweep
-/// interval, and deletes counted windows that ended long ago, every ten minutes. A duty of its own, on the
+/// interval, and deletes counted windows that ended long ago and the sign-outs of console sessions that expired,
+/// every ten minutes. A duty of its own, on the
 /// requests' pool: a full pool or a silent connection delays these, never the claims of dead replicas'
 /// responses.
 async fn reclaim_counts(engine: Engine) {
@@ -316,6 +317,13 @@ async fn reclaim_counts(engine: Engine) {
                 Err(e) => {
                     tracing::warn!(error = %e, "could not delete the counted windows that ended long ago")
                 }
+            }
+            if let Err(e) = engine
+                .store
+                .prune_console_sign_outs(crate::clock::now())
+                .await
+            {
+                tracing::warn!(error = %e, "could not forget the sign-outs of expired console sessions");
             }
         }
     }

@@ -353,6 +353,36 @@ async fn sign_in_sets_an_http_only_strict_cookie_that_never_holds_the_token() {
 }
 
 #[tokio::test]
+async fn a_signed_out_session_is_refused_though_a_copy_of_its_cookie_still_verifies() {
+    let (gw, _tenant) = gateway().await;
+    let (left, stays) = (session_cookie(&gw).await, session_cookie(&gw).await);
+    assert_ne!(left, stays);
+    let out = with_cookie(&gw, Method::POST, "/console/sign-out", &left).await;
+    assert_eq!(out.status, StatusCode::SEE_OTHER);
+    // Sent again, as a copy kept before the sign-out would be: every page and read refuses it.
+    for path in [
+        "/console/responses/resp_1",
+        "/console/tools",
+        "/console/usage",
+    ] {
+        let answer = with_cookie(&gw, Method::GET, path, &left).await;
+        assert_eq!(answer.status, StatusCode::SEE_OTHER, "{path}");
+        assert_eq!(answer.headers["location"], "/console");
+    }
+    let home = with_cookie(&gw, Method::GET, "/console", &left).await;
+    assert!(home.body.as_str().unwrap().contains(r#"type="password""#));
+    let read = with_cookie(&gw, Method::GET, "/admin/v1/responses", &left).await;
+    assert_error(&read, 401, None, None);
+    // Signing it out again is no error; another session goes on.
+    let again = with_cookie(&gw, Method::POST, "/console/sign-out", &left).await;
+    assert_eq!(again.status, StatusCode::SEE_OTHER);
+    let other = with_cookie(&gw, Method::GET, "/admin/v1/responses", &stays).await;
+    assert_eq!(other.status, StatusCode::OK, "{:#}", other.body);
+    let page = with_cookie(&gw, Method::GET, "/console/tools", &stays).await;
+    assert_eq!(page.status, StatusCode::OK);
+}
+
+#[tokio::test]
 async fn console_pages_without_a_valid_session_redirect_to_sign_in() {
     let (gw, _tenant) = gateway().await;
     let forged = "gateway_console=00.4102444800.00";

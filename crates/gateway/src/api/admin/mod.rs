@@ -275,11 +275,7 @@ async fn require_admin_token(
     };
     let Some(given) = bearer(request.headers()) else {
         if request.method() == Method::GET
-            && super::console::session::signed_in(
-                request.headers(),
-                Some(expected),
-                crate::clock::now(),
-            )
+            && super::console::signed_in(&state, request.headers()).await
         {
             return Ok(next.run(request).await);
         }

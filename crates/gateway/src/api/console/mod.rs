@@ -1,7 +1,8 @@
 //! The console at `/console`: a read-only web page for operators, served from the binary (HTML, CSS and a
 //! little JS; no CDN). Sign-in posts the admin token through an HTML form and gets a session cookie
-//! ([`session`]); the pages then read the admin API with that cookie (GET only). Pages: responses with
-//! filters, one response as a timeline, tool sources, usage.
+//! ([`session`]); the pages then read the admin API with that cookie (GET only), until a sign-out, which the
+//! store records so that no replica takes the cookie again. Pages: responses with filters, one response as a
+//! timeline, tool sources, usage.
 
 pub mod session;
 
@@ -35,7 +36,7 @@ pub fn routes() -> Router<AppState> {
 
 /// `GET /console`: the responses page when signed in, else the sign-in page.
 async fn home(State(state): State<AppState>, headers: HeaderMap) -> Response {
-    if !signed_in(&state, &headers) {
+    if !signed_in(&state, &headers).await {
         return sign_in_page(StatusCode::OK, None);
     }
     html(
@@ -75,9 +76,33 @@ async fn sign_in(State(state): State<AppState>, headers: HeaderMap, body: Bytes)
     redirect_with_cookie(&session::set_cookie(&cookie, session::over_https(&headers)))
 }
 
-/// `POST /console/sign-out`: the cookie cleared, back to sign-in.
-async fn sign_out(headers: HeaderMap) -> Response {
-    redirect_with_cookie(&session::clear_cookie(session::over_https(&headers)))
+/// `POST /console/sign-out`: the session recorded as signed out, so that no replica takes its cookie again, and
+/// the cookie cleared, back to sign-in. When the store cannot record it, the page says so (the cookie is cleared
+/// all the same, and a copy of it would stay valid until it expires).
+async fn sign_out(State(state): State<AppState>, headers: HeaderMap) -> Response {
+    let clear = session::clear_cookie(session::over_https(&headers));
+    if let Some(session) = session::of_request(&headers, state.admin_token.as_deref(), now()) {
+        if let Err(e) = state
+            .store
+            .sign_out_console_session(session.id, session.expires_at)
+            .await
+        {
+            tracing::warn!(error = %e, "a console sign-out could not be recorded");
+            let mut page = sign_in_page(
+                StatusCode::SERVICE_UNAVAILABLE,
+                Some(
+                    "Signed out in this browser, but the gateway could not record it: the session stays valid \
+                     elsewhere until it expires. Try signing out again.",
+                ),
+            );
+            if let Ok(value) = HeaderValue::from_str(&clear) {
+                page.headers_mut().insert(header::SET_COOKIE, value);
+            }
+            return page;
+        }
+        tracing::info!("console session signed out");
+    }
+    redirect_with_cookie(&clear)
 }
 
 /// `GET /console/responses/{id}`: one response as a timeline.
@@ -86,7 +111,7 @@ async fn timeline(
     headers: HeaderMap,
     ApiPath(id): ApiPath<String>,
 ) -> Response {
-    if !signed_in(&state, &headers) {
+    if !signed_in(&state, &headers).await {
         return to_sign_in();
     }
     let main = format!(
@@ -98,18 +123,18 @@ async fn timeline(
 
 /// `GET /console/tools`: tool sources with their health.
 async fn tools(State(state): State<AppState>, headers: HeaderMap) -> Response {
-    section(&state, &headers, "Tool sources", "tools")
+    section(&state, &headers, "Tool sources", "tools").await
 }
 
 /// `GET /console/usage`: usage per project, key and day.
 async fn usage(State(state): State<AppState>, headers: HeaderMap) -> Response {
-    section(&state, &headers, "Usage", "usage")
+    section(&state, &headers, "Usage", "usage").await
 }
 
 /// A section of the console that its script fills (`data-page`), for a signed-in operator; else the way to
 /// sign in.
-fn section(state: &AppState, headers: &HeaderMap, title: &str, name: &str) -> Response {
-    if !signed_in(state, headers) {
+async fn section(state: &AppState, headers: &HeaderMap, title: &str, name: &str) -> Response {
+    if !signed_in(state, headers).await {
         return to_sign_in();
     }
     let main = format!(r#"<main id="page" data-page="{name}"></main>"#);
@@ -124,8 +149,19 @@ async fn js() -> Response {
     asset("text/javascript; charset=utf-8", JS)
 }
 
-fn signed_in(state: &AppState, headers: &HeaderMap) -> bool {
-    session::signed_in(headers, state.admin_token.as_deref(), now())
+/// Whether the request carries a session cookie that verifies with the admin token and was not signed out. A
+/// store that cannot say refuses it: a session is taken only when it is known not to have ended.
+pub(crate) async fn signed_in(state: &AppState, headers: &HeaderMap) -> bool {
+    let Some(session) = session::of_request(headers, state.admin_token.as_deref(), now()) else {
+        return false;
+    };
+    match state.store.console_session_signed_out(session.id).await {
+        Ok(signed_out) => !signed_out,
+        Err(e) => {
+            tracing::warn!(error = %e, "could not read whether a console session was signed out; refused");
+            false
+        }
+    }
 }
 
 fn asset(content_type: &'static str, body: &'static str) -> Response {

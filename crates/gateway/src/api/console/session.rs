@@ -1,6 +1,6 @@
 //! The console's session cookie: a random id and an expiry, signed with an HMAC keyed by a hash of the admin
 //! token. It never holds the token; any replica with the same token accepts it, and it stops working when the
-//! token changes or the expiry passes.
+//! token changes, the expiry passes, or it is signed out (the store records its id).
 
 use axum::http::HeaderMap;
 use hmac::{Hmac, Mac};
@@ -35,23 +35,23 @@ pub fn issue(admin_token: &SecretString, now: i64) -> Option<String> {
     Some(format!("{payload}.{signature}"))
 }
 
-/// Whether `value` is a cookie `issue` made with this admin token that has not expired at `now`.
-pub fn verify(admin_token: &SecretString, value: &str, now: i64) -> bool {
-    let Some((payload, signature)) = value.rsplit_once('.') else {
-        return false;
-    };
-    let Some(expires) = payload
-        .split_once('.')
-        .and_then(|(_, expires)| expires.parse::<i64>().ok())
-    else {
-        return false;
-    };
-    let Ok(signature) = hex::decode(signature) else {
-        return false;
-    };
+/// A session whose cookie verified: its id and when it expires (Unix seconds).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Session<'a> {
+    pub id: &'a str,
+    pub expires_at: i64,
+}
+
+/// The session of `value`, when it is a cookie `issue` made with this admin token that has not expired at `now`.
+pub fn verified<'a>(admin_token: &SecretString, value: &'a str, now: i64) -> Option<Session<'a>> {
+    let (payload, signature) = value.rsplit_once('.')?;
+    let (id, expires) = payload.split_once('.')?;
+    let expires_at = expires.parse::<i64>().ok()?;
+    let signature = hex::decode(signature).ok()?;
     // `verify_slice` compares in constant time.
-    expires > now
-        && mac(admin_token, payload).is_some_and(|mac| mac.verify_slice(&signature).is_ok())
+    let genuine = expires_at > now
+        && mac(admin_token, payload).is_some_and(|mac| mac.verify_slice(&signature).is_ok());
+    genuine.then_some(Session { id, expires_at })
 }
 
 /// The session cookie's value among a request's cookies, if it sent one.
@@ -64,12 +64,14 @@ pub fn cookie(headers: &HeaderMap) -> Option<&str> {
         .find_map(|pair| pair.trim().strip_prefix(COOKIE)?.strip_prefix('='))
 }
 
-/// Whether the request carries a valid session for this admin token.
-pub fn signed_in(headers: &HeaderMap, admin_token: Option<&SecretString>, now: i64) -> bool {
-    match (admin_token, cookie(headers)) {
-        (Some(token), Some(value)) => verify(token, value, now),
-        _ => false,
-    }
+/// The session the request's cookie carries, when it verifies with this admin token at `now` (whether it was
+/// signed out is the store's to say).
+pub fn of_request<'a>(
+    headers: &'a HeaderMap,
+    admin_token: Option<&SecretString>,
+    now: i64,
+) -> Option<Session<'a>> {
+    verified(admin_token?, cookie(headers)?, now)
 }
 
 /// The `Set-Cookie` value that starts a session; `Secure` when the sign-in came over HTTPS (`over_https`), so
@@ -134,9 +136,12 @@ mod tests {
     fn an_issued_session_verifies_until_it_expires_and_only_with_its_token() {
         let value = issue(&token("admin"), 1000).unwrap();
         assert!(!value.contains("admin"));
-        assert!(verify(&token("admin"), &value, 1000));
-        assert!(!verify(&token("admin"), &value, 1000 + LIFETIME_SECS));
-        assert!(!verify(&token("other"), &value, 1000));
+        let session = verified(&token("admin"), &value, 1000).expect("verified");
+        assert_eq!(session.expires_at, 1000 + LIFETIME_SECS);
+        assert_eq!(session.id.len(), 32);
+        assert!(value.starts_with(session.id));
+        assert!(verified(&token("admin"), &value, 1000 + LIFETIME_SECS).is_none());
+        assert!(verified(&token("other"), &value, 1000).is_none());
     }
 
     #[test]
@@ -167,7 +172,7 @@ mod tests {
         let (id, _) = payload.split_once('.').unwrap();
         let longer = format!("{id}.{}.{signature}", 1000 + 10 * LIFETIME_SECS);
         for bad in [longer.as_str(), "", "x", "a.b", "a.1.zz", "..", "a.1."] {
-            assert!(!verify(&token("admin"), bad, 1000), "{bad}");
+            assert!(verified(&token("admin"), bad, 1000).is_none(), "{bad}");
         }
     }
 

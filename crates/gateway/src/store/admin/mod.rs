@@ -102,6 +102,7 @@ macro_rules! bind_governance_changes {
 
 mod api_keys;
 mod browse;
+mod console_sessions;
 mod deployments;
 mod governed;
 mod groups;
