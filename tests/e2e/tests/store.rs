@@ -68,6 +68,7 @@ on_both_backends!(
     another_projects_response_loads_as_none_and_cannot_be_deleted,
     input_items_pages_walk_both_orders_with_after_and_has_more,
     step_writes_add_change_and_end_all_or_nothing,
+    a_start_made_again_is_one_attempt_and_a_takeovers_start_another,
     every_ending_round_trips_through_the_response_row,
     deleting_a_response_removes_its_items_and_steps,
     an_idempotency_key_finds_its_response_and_cannot_be_used_twice_in_a_project,
@@ -1252,6 +1253,53 @@ async fn input_items_pages_walk_both_orders_with_after_and_has_more(store: Store
     assert_eq!((items.len(), more), (0, false));
 }
 
+async fn a_start_made_again_is_one_attempt_and_a_takeovers_start_another(store: Store) {
+    let (project_id, deployment_id) = tenant(&store, "acme").await;
+    let call = tool_step(1, 0);
+    create(
+        &store,
+        &project_id,
+        &deployment_id,
+        &record("resp_resent"),
+        &context(1),
+        &[model_step(0), call.clone()],
+        None,
+    )
+    .await
+    .expect("create");
+    let started = with_state(&call, StepState::Running);
+    let changed = [&started];
+    let start = |epoch| StepWrite {
+        response_id: "resp_resent",
+        added: &[],
+        changed: &changed,
+        ended: None,
+        at: 1_700_000_050,
+        durability: Durability::Flush,
+        owner: OWNER,
+        epoch,
+        notify: false,
+        usage: &[],
+    };
+    store.write_steps(&start(0)).await.expect("started");
+    // Made again after its reply was lost: the same start, no new attempt.
+    store.write_steps(&start(0)).await.expect("started again");
+    assert_eq!(attempts(&store, "resp_resent").await, [(0, 1), (1, 1)]);
+
+    // The response is claimed again (epoch 1) and its run sends the call again: a second attempt.
+    let sql = "UPDATE responses SET claim_epoch = 1 WHERE id = 'resp_resent'";
+    match store.backend() {
+        Backend::Postgres(pool) => drop(sqlx::query(sql).execute(pool).await.expect("claimed")),
+        Backend::Sqlite(pool) => drop(sqlx::query(sql).execute(pool).await.expect("claimed")),
+    }
+    store.write_steps(&start(1)).await.expect("sent again");
+    store
+        .write_steps(&start(1))
+        .await
+        .expect("sent again, made again");
+    assert_eq!(attempts(&store, "resp_resent").await, [(0, 1), (1, 2)]);
+}
+
 async fn step_writes_add_change_and_end_all_or_nothing(store: Store) {
     let (project_id, deployment_id) = tenant(&store, "acme").await;
     let running_model = with_state(&model_step(0), StepState::Running);
@@ -1332,6 +1380,21 @@ async fn step_writes_add_change_and_end_all_or_nothing(store: Store) {
     assert_eq!(
         attempts(&store, "resp_steps").await,
         [(0, 1), (1, 1), (2, 0), (3, 1)]
+    );
+    // The same start made again (its reply was lost after it committed): no new attempt.
+    write_steps(
+        &store,
+        "resp_steps",
+        &[],
+        &[&one, &three],
+        Durability::Flush,
+    )
+    .await
+    .expect("start two again");
+    assert_eq!(
+        attempts(&store, "resp_steps").await,
+        [(0, 1), (1, 1), (2, 0), (3, 1)],
+        "a start made again under the same claim is the same attempt"
     );
 
     // A result, and the next model step, in one write.

@@ -403,9 +403,10 @@ mod postgres {
     SELECT * FROM UNNEST($23::text[], $24::int4[], $25::text[], $26::jsonb[])
     ON CONFLICT DO NOTHING
 ), added AS (
-    INSERT INTO steps (response_id, seq, kind, state, body, call_id, tool_name, attempts, created_at, updated_at)
+    INSERT INTO steps (response_id, seq, kind, state, body, call_id, tool_name, attempts, created_at, updated_at,
+        started_epoch)
     SELECT s.response_id, s.seq, s.kind, s.state, s.body, s.call_id, s.tool_name,
-           CASE WHEN s.state = 'pending' THEN 0 ELSE 1 END, r.created_at, COALESCE(r.completed_at, r.created_at)
+           CASE WHEN s.state = 'pending' THEN 0 ELSE 1 END, r.created_at, COALESCE(r.completed_at, r.created_at), 0
     FROM UNNEST($27::text[], $28::int4[], $29::text[], $30::text[], $31::jsonb[], $32::text[], $33::text[])
         AS s(response_id, seq, kind, state, body, call_id, tool_name)
     JOIN r ON r.id = s.response_id
@@ -427,7 +428,8 @@ SELECT set_config('synchronous_commit', COALESCE($35, current_setting('synchrono
     /// them, so the two never deadlock, and a takeover waits for it): a run that lost its response writes nothing, and learns it from its response missing among the
     /// rows answered, even when the response came back to its replica under a later claim. A step already
     /// there is the run's own write made again (its reply was lost): it is written over, never a conflict.
-    /// Changed steps count an attempt when they start running; a response row changes only when it ends. The
+    /// Changed steps count an attempt when they start running, but for a step stored running under the same
+    /// epoch (the same start made again after a lost reply); a response row changes only when it ends. The
     /// followers of the responses that ask for it are told they progressed.
     const BOUNDARIES: &str = concat!(
         "WITH w AS (
@@ -440,20 +442,25 @@ SELECT set_config('synchronous_commit', COALESCE($35, current_setting('synchrono
         AND r.claim_epoch = w.epoch
     ORDER BY r.created_at, r.id FOR UPDATE OF r
 ), changed AS (
-    INSERT INTO steps (response_id, seq, kind, state, body, call_id, tool_name, attempts, created_at, updated_at)
+    INSERT INTO steps (response_id, seq, kind, state, body, call_id, tool_name, attempts, created_at, updated_at,
+        started_epoch)
     SELECT u.response_id, u.seq, u.kind, u.state, u.body, u.call_id, u.tool_name,
-           CASE WHEN u.state = 'pending' THEN 0 ELSE 1 END, w.at, w.at
+           CASE WHEN u.state = 'pending' THEN 0 ELSE 1 END, w.at, w.at, w.epoch
     FROM UNNEST($13::text[], $14::int4[], $15::text[], $16::text[], $17::jsonb[], $18::text[], $19::text[])
         AS u(response_id, seq, kind, state, body, call_id, tool_name)
     JOIN w ON w.id = u.response_id
     WHERE u.response_id IN (SELECT id FROM owned)
     ON CONFLICT (response_id, seq) DO UPDATE SET state = excluded.state, body = excluded.body,
         updated_at = excluded.updated_at,
-        attempts = steps.attempts + CASE WHEN excluded.state = 'running' THEN 1 ELSE 0 END
+        attempts = steps.attempts + CASE WHEN excluded.state = 'running' AND (steps.state <> 'running'
+            OR steps.started_epoch IS DISTINCT FROM excluded.started_epoch) THEN 1 ELSE 0 END,
+        started_epoch = CASE WHEN excluded.state = 'running' THEN excluded.started_epoch
+            ELSE steps.started_epoch END
 ), added AS (
-    INSERT INTO steps (response_id, seq, kind, state, body, call_id, tool_name, attempts, created_at, updated_at)
+    INSERT INTO steps (response_id, seq, kind, state, body, call_id, tool_name, attempts, created_at, updated_at,
+        started_epoch)
     SELECT s.response_id, s.seq, s.kind, s.state, s.body, s.call_id, s.tool_name,
-           CASE WHEN s.state = 'pending' THEN 0 ELSE 1 END, w.at, w.at
+           CASE WHEN s.state = 'pending' THEN 0 ELSE 1 END, w.at, w.at, w.epoch
     FROM UNNEST($20::text[], $21::int4[], $22::text[], $23::text[], $24::jsonb[], $25::text[], $26::text[])
         AS s(response_id, seq, kind, state, body, call_id, tool_name)
     JOIN w ON w.id = s.response_id
@@ -762,6 +769,7 @@ mod sqlite {
                         row,
                         created_at: c.created_at,
                         updated_at: c.updated_at(),
+                        epoch: 0,
                     })
                 })
                 .chain(boundaries.iter().flat_map(|b| {
@@ -770,6 +778,7 @@ mod sqlite {
                         row,
                         created_at: b.at,
                         updated_at: b.at,
+                        epoch: b.epoch,
                     })
                 }))
                 .collect();
@@ -900,15 +909,15 @@ mod sqlite {
     }
 
     /// Stored steps changed at a boundary, written whole (one missing is written again); one that starts running
-    /// counts an attempt.
+    /// counts an attempt, unless it is stored running under the same epoch already.
     async fn update_steps(
         tx: &mut SqliteConnection,
         changed: &[(&BoundaryRows, &StepRow)],
     ) -> Result<(), sqlx::Error> {
-        in_statements(tx, changed, 10, |query, part| {
+        in_statements(tx, changed, 11, |query, part| {
             query.push(
                 "INSERT INTO steps (response_id, seq, kind, state, body, call_id, tool_name, attempts, created_at,
-                    updated_at) ",
+                    updated_at, started_epoch) ",
             );
             values(query, part, |row, (b, step)| {
                 row.push_bind(&b.id)
@@ -920,12 +929,16 @@ mod sqlite {
                     .push_bind(&step.tool_name)
                     .push_bind(step.attempts())
                     .push_bind(b.at)
-                    .push_bind(b.at);
+                    .push_bind(b.at)
+                    .push_bind(b.epoch);
             });
             query.push(
                 " ON CONFLICT (response_id, seq) DO UPDATE SET state = excluded.state, body = excluded.body,
                     updated_at = excluded.updated_at,
-                    attempts = steps.attempts + CASE WHEN excluded.state = 'running' THEN 1 ELSE 0 END",
+                    attempts = steps.attempts + CASE WHEN excluded.state = 'running' AND (steps.state <> 'running'
+                        OR steps.started_epoch IS NOT excluded.started_epoch) THEN 1 ELSE 0 END,
+                    started_epoch = CASE WHEN excluded.state = 'running' THEN excluded.started_epoch
+                        ELSE steps.started_epoch END",
             );
         })
         .await
@@ -937,6 +950,8 @@ mod sqlite {
         row: &'a StepRow,
         created_at: i64,
         updated_at: i64,
+        /// The claim epoch it is written under (a create's: 0).
+        epoch: i64,
     }
 
     /// New steps; one already there is the same write made again (its reply was lost) and is written over.
@@ -944,10 +959,10 @@ mod sqlite {
         tx: &mut SqliteConnection,
         steps: &[AddedStep<'_>],
     ) -> Result<(), sqlx::Error> {
-        in_statements(tx, steps, 10, |query, part| {
+        in_statements(tx, steps, 11, |query, part| {
             query.push(
                 "INSERT INTO steps (response_id, seq, kind, state, body, call_id, tool_name, attempts, created_at,
-                    updated_at) ",
+                    updated_at, started_epoch) ",
             );
             values(query, part, |row, step| {
                 row.push_bind(step.response_id)
@@ -959,7 +974,8 @@ mod sqlite {
                     .push_bind(&step.row.tool_name)
                     .push_bind(step.row.attempts())
                     .push_bind(step.created_at)
-                    .push_bind(step.updated_at);
+                    .push_bind(step.updated_at)
+                    .push_bind(step.epoch);
             });
             query.push(
                 " ON CONFLICT (response_id, seq) DO UPDATE SET state = excluded.state, body = excluded.body,
