@@ -99,6 +99,8 @@ struct Window {
     in_doubt: Vec<Part>,
     /// The parts in doubt are being sent again.
     resending: bool,
+    /// A task sends the parts in doubt again until they are settled (`Counters::settle_in_doubt`).
+    settling: bool,
     synced_at: Option<Instant>,
     /// A write of the unsynced part is scheduled.
     flushing: bool,
@@ -116,6 +118,7 @@ impl Window {
             && self.syncing == 0
             && self.in_doubt.is_empty()
             && !self.resending
+            && !self.settling
             && !self.flushing
             && !self.reading
             && !self.leasing
@@ -520,6 +523,7 @@ impl Counters {
                 counters.with(&owned, start, |window| window.reading = false);
                 if let Err(e) = &read {
                     tracing::warn!(counter = %owned.name, error = %e, "could not read a shared count");
+                    counters.settle_in_doubt(&owned, start);
                 }
                 read
             });
@@ -611,10 +615,50 @@ impl Counters {
             counters.with(&counter, start, |window| window.flushing = false);
             if let Err(e) = counters.sync(&counter, start).await {
                 tracing::warn!(counter = %counter.name, error = %e, "could not add to a shared count");
+                counters.settle_in_doubt(&counter, start);
+            }
+        });
+    }
+
+    /// Sends the parts of the window in doubt again, on a task of its own, until none is left (or the window has
+    /// moved on): waiting first `sync`, then twice as long after each failure, at most `MAX_SETTLE_WAIT`. A part
+    /// left in doubt would otherwise wait for the counter's next use, which may come after its token was pruned.
+    /// One such task per window at a time.
+    fn settle_in_doubt(&self, counter: &Counter, start: i64) {
+        let due = self.with(counter, start, |window| {
+            !window.in_doubt.is_empty() && !std::mem::replace(&mut window.settling, true)
+        });
+        if !due {
+            return;
+        }
+        let counters = self.clone();
+        let counter = counter.clone();
+        tokio::spawn(async move {
+            let mut wait = counters.sync.max(MIN_SETTLE_WAIT);
+            loop {
+                tokio::time::sleep(wait).await;
+                let left = counters.with(&counter, start, |window| {
+                    let left = !window.in_doubt.is_empty() || window.resending;
+                    if !left {
+                        window.settling = false;
+                    }
+                    left
+                });
+                if !left {
+                    return;
+                }
+                if let Err(e) = counters.sync(&counter, start).await {
+                    tracing::warn!(counter = %counter.name, error = %e, "could not settle a shared count's part in doubt");
+                    wait = (wait * 2).min(MAX_SETTLE_WAIT);
+                }
             }
         });
     }
 }
+
+/// The least and the most a part in doubt waits before it is sent again.
+const MIN_SETTLE_WAIT: Duration = Duration::from_millis(200);
+const MAX_SETTLE_WAIT: Duration = Duration::from_secs(30);
 
 #[cfg(test)]
 mod tests {
@@ -972,5 +1016,51 @@ mod tests {
         assert_eq!(shared(&store, "tpm", NOW).await, 101);
         let window = counters.with(&tpm, start, |window| (window.used(), window.idle()));
         assert_eq!(window, (101, true));
+    }
+
+    #[tokio::test]
+    async fn a_part_left_in_doubt_is_settled_without_the_counter_being_used_again() {
+        tokio::time::timeout(Duration::from_secs(60), a_part_left_in_doubt())
+            .await
+            .expect("the part settled within a minute");
+    }
+
+    async fn a_part_left_in_doubt() {
+        let db = ScratchDatabase::postgres().await.expect("database");
+        let store = Store::connect(db.url(), 4).await.expect("store");
+        store.migrate().await.expect("migrate");
+        let crate::store::Backend::Postgres(pool) = store.backend().clone() else {
+            unreachable!("Postgres")
+        };
+        let store = store.with_reply_wait(Duration::from_millis(200));
+        let counters = Counters::new(store.clone(), Duration::from_millis(100));
+        let tpm = counters.counter("tpm".into());
+        let start = window_start(NOW);
+        counters.with(&tpm, start, |window| window.unsynced = 1);
+        counters.sync(&tpm, start).await.expect("synced");
+
+        // A slice of the limit counted at once, while another transaction holds the window's row: its write is
+        // given up, and the part is in doubt.
+        let mut holder = pool.begin().await.expect("begin");
+        sqlx::query("SELECT used FROM rate_windows WHERE scope = 'tpm' FOR UPDATE")
+            .execute(&mut *holder)
+            .await
+            .expect("lock");
+        counters.add(&tpm, 100, 1000, start);
+        until_statements_wait_on_a_lock(&pool, 2)
+            .await
+            .expect("activity");
+        holder.commit().await.expect("commit");
+
+        // Nobody uses the counter again: the part is sent again on its own, and settled once.
+        loop {
+            let window = counters.with(&tpm, start, |window| (window.idle(), window.used()));
+            if window.0 {
+                assert_eq!(window.1, 101);
+                break;
+            }
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(shared(&store, "tpm", NOW).await, 101);
     }
 }
