@@ -318,11 +318,10 @@ async fn reclaim_counts(engine: Engine) {
                     tracing::warn!(error = %e, "could not delete the counted windows that ended long ago")
                 }
             }
-            if let Err(e) = engine
-                .store
-                .prune_console_sign_outs(crate::clock::now())
-                .await
-            {
+            // An hour late, so that a replica whose clock runs behind this one's never takes a session that
+            // expired here but not yet there.
+            let expired_before = crate::clock::now() - 3600;
+            if let Err(e) = engine.store.prune_console_sign_outs(expired_before).await {
                 tracing::warn!(error = %e, "could not forget the sign-outs of expired console sessions");
             }
         }

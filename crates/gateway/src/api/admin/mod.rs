@@ -275,7 +275,7 @@ async fn require_admin_token(
     };
     let Some(given) = bearer(request.headers()) else {
         if request.method() == Method::GET
-            && super::console::signed_in(&state, request.headers()).await
+            && super::console::signed_in(&state, request.headers()).await?
         {
             return Ok(next.run(request).await);
         }

@@ -17,6 +17,7 @@ use super::admin::same_secret;
 use super::extract::ApiPath;
 use super::AppState;
 use crate::clock::now;
+use crate::store::StoreError;
 use secrecy::ExposeSecret;
 
 const CSS: &str = include_str!("console.css");
@@ -36,8 +37,10 @@ pub fn routes() -> Router<AppState> {
 
 /// `GET /console`: the responses page when signed in, else the sign-in page.
 async fn home(State(state): State<AppState>, headers: HeaderMap) -> Response {
-    if !signed_in(&state, &headers).await {
-        return sign_in_page(StatusCode::OK, None);
+    match signed_in(&state, &headers).await {
+        Ok(true) => {}
+        Ok(false) => return sign_in_page(StatusCode::OK, None),
+        Err(_) => return store_unavailable(),
     }
     html(
         StatusCode::OK,
@@ -111,8 +114,10 @@ async fn timeline(
     headers: HeaderMap,
     ApiPath(id): ApiPath<String>,
 ) -> Response {
-    if !signed_in(&state, &headers).await {
-        return to_sign_in();
+    match signed_in(&state, &headers).await {
+        Ok(true) => {}
+        Ok(false) => return to_sign_in(),
+        Err(_) => return store_unavailable(),
     }
     let main = format!(
         r#"<main id="page" data-page="timeline" data-id="{}"></main>"#,
@@ -134,8 +139,10 @@ async fn usage(State(state): State<AppState>, headers: HeaderMap) -> Response {
 /// A section of the console that its script fills (`data-page`), for a signed-in operator; else the way to
 /// sign in.
 async fn section(state: &AppState, headers: &HeaderMap, title: &str, name: &str) -> Response {
-    if !signed_in(state, headers).await {
-        return to_sign_in();
+    match signed_in(state, headers).await {
+        Ok(true) => {}
+        Ok(false) => return to_sign_in(),
+        Err(_) => return store_unavailable(),
     }
     let main = format!(r#"<main id="page" data-page="{name}"></main>"#);
     html(StatusCode::OK, &page(title, name, &main))
@@ -149,19 +156,33 @@ async fn js() -> Response {
     asset("text/javascript; charset=utf-8", JS)
 }
 
-/// Whether the request carries a session cookie that verifies with the admin token and was not signed out. A
-/// store that cannot say refuses it: a session is taken only when it is known not to have ended.
-pub(crate) async fn signed_in(state: &AppState, headers: &HeaderMap) -> bool {
+/// Whether the request carries a session cookie that verifies with the admin token and was not signed out; the
+/// store's failure when it cannot say (the session is then neither taken nor ended: the caller answers that the
+/// gateway cannot tell now, so that the operator is not signed out by a passing failure).
+pub(crate) async fn signed_in(state: &AppState, headers: &HeaderMap) -> Result<bool, StoreError> {
     let Some(session) = session::of_request(headers, state.admin_token.as_deref(), now()) else {
-        return false;
+        return Ok(false);
     };
     match state.store.console_session_signed_out(session.id).await {
-        Ok(signed_out) => !signed_out,
+        Ok(signed_out) => Ok(!signed_out),
         Err(e) => {
-            tracing::warn!(error = %e, "could not read whether a console session was signed out; refused");
-            false
+            tracing::warn!(error = %e, "could not read whether a console session was signed out");
+            Err(e)
         }
     }
+}
+
+/// 503: whether the session was signed out could not be read; the page asks to try again.
+fn store_unavailable() -> Response {
+    let mut page = html(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>Console unavailable</title></head>\n\
+         <body><main><p role=\"alert\">The gateway's store did not answer; reload the page to try again.</p>\
+         </main></body></html>\n",
+    );
+    page.headers_mut()
+        .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+    page
 }
 
 fn asset(content_type: &'static str, body: &'static str) -> Response {
