@@ -968,30 +968,60 @@ mod tests {
             .expect("the part settled within a minute");
     }
 
-    async fn a_part_whose_reply_was_lost() {
+    /// A Postgres store whose replies are waited for a fifth of a second (a statement that waits longer is given
+    /// up, not cancelled), counters syncing every `sync` on it with `tpm` at 1 already in the shared window, and
+    /// another transaction holding that window's row.
+    struct HeldWindow {
+        _db: ScratchDatabase,
+        store: Store,
+        pool: sqlx::PgPool,
+        counters: Counters,
+        tpm: Counter,
+        holder: sqlx::Transaction<'static, sqlx::Postgres>,
+    }
+
+    async fn held_window(sync: Duration) -> HeldWindow {
         let db = ScratchDatabase::postgres().await.expect("database");
         let store = Store::connect(db.url(), 4).await.expect("store");
         store.migrate().await.expect("migrate");
         let crate::store::Backend::Postgres(pool) = store.backend().clone() else {
             unreachable!("Postgres")
         };
-        // Replies are waited for a fifth of a second: a statement that waits longer is given up, not cancelled.
         let store = store.with_reply_wait(Duration::from_millis(200));
-        let counters = Counters::new(store.clone(), Duration::from_secs(3600));
+        let counters = Counters::new(store.clone(), sync);
         let tpm = counters.counter("tpm".into());
         let start = window_start(NOW);
         counters.with(&tpm, start, |window| window.unsynced = 1);
         counters.sync(&tpm, start).await.expect("synced");
-        counters.with(&tpm, start, |window| window.unsynced = 100);
-
-        // Another transaction holds the window's row: the addition waits for it past the reply's wait, and so does
-        // the addition sent again; both statements stay (each was sent whole: the database has all it needs to
-        // run it and commit), and run once the row is let go.
         let mut holder = pool.begin().await.expect("begin");
         sqlx::query("SELECT used FROM rate_windows WHERE scope = 'tpm' FOR UPDATE")
             .execute(&mut *holder)
             .await
             .expect("lock");
+        HeldWindow {
+            _db: db,
+            store,
+            pool,
+            counters,
+            tpm,
+            holder,
+        }
+    }
+
+    async fn a_part_whose_reply_was_lost() {
+        // The addition waits for the held row past the reply's wait, and so does the addition sent again; both
+        // statements stay (each was sent whole: the database has all it needs to run it and commit), and run once
+        // the row is let go.
+        let HeldWindow {
+            _db,
+            store,
+            pool,
+            counters,
+            tpm,
+            holder,
+        } = held_window(Duration::from_secs(3600)).await;
+        let start = window_start(NOW);
+        counters.with(&tpm, start, |window| window.unsynced = 100);
         counters
             .sync(&tpm, start)
             .await
@@ -1026,26 +1056,17 @@ mod tests {
     }
 
     async fn a_part_left_in_doubt() {
-        let db = ScratchDatabase::postgres().await.expect("database");
-        let store = Store::connect(db.url(), 4).await.expect("store");
-        store.migrate().await.expect("migrate");
-        let crate::store::Backend::Postgres(pool) = store.backend().clone() else {
-            unreachable!("Postgres")
-        };
-        let store = store.with_reply_wait(Duration::from_millis(200));
-        let counters = Counters::new(store.clone(), Duration::from_millis(100));
-        let tpm = counters.counter("tpm".into());
+        // A slice of the limit counted at once while the row is held: its write is given up, and the part is in
+        // doubt.
+        let HeldWindow {
+            _db,
+            store,
+            pool,
+            counters,
+            tpm,
+            holder,
+        } = held_window(Duration::from_millis(100)).await;
         let start = window_start(NOW);
-        counters.with(&tpm, start, |window| window.unsynced = 1);
-        counters.sync(&tpm, start).await.expect("synced");
-
-        // A slice of the limit counted at once, while another transaction holds the window's row: its write is
-        // given up, and the part is in doubt.
-        let mut holder = pool.begin().await.expect("begin");
-        sqlx::query("SELECT used FROM rate_windows WHERE scope = 'tpm' FOR UPDATE")
-            .execute(&mut *holder)
-            .await
-            .expect("lock");
         counters.add(&tpm, 100, 1000, start);
         until_statements_wait_on_a_lock(&pool, 2)
             .await
