@@ -913,6 +913,17 @@ mod tests {
             store.add_to_windows(&batch).await.expect("added"),
             [17, 17, 0]
         );
+        // A token named twice in one batch counts once, and both are answered the window's total.
+        let twice = WindowAddition {
+            token: Some("t4"),
+            scope: "tpm",
+            window_start: window_start(NOW),
+            amount: 2,
+        };
+        assert_eq!(
+            store.add_to_windows(&[twice, twice]).await.expect("added"),
+            [19, 19]
+        );
     }
 
     #[tokio::test]

@@ -364,8 +364,9 @@ impl Store {
     /// Adds each addition to its counted window in one statement (or, on the embedded store, one transaction), and
     /// answers what each window holds now, in the order given. The same window named twice gets both amounts, and
     /// both answers are its total. An addition with a token is applied once: its token is recorded with it, and an
-    /// addition whose token is already recorded (sent again after its reply was lost) adds nothing, but is answered
-    /// its window's total; one that waits for the first sending of its token to commit adds nothing once it has.
+    /// addition whose token is already recorded (sent again after its reply was lost, or named earlier in the same
+    /// batch) adds nothing, but is answered its window's total; one that waits for the first sending of its token
+    /// to commit adds nothing once it has.
     /// On Postgres, rows are taken in one order (tokens, then scope and window), so that two replicas' batches over
     /// the same windows wait for each other instead of deadlocking.
     pub async fn add_to_windows(
@@ -380,11 +381,19 @@ impl Store {
                 let mut scopes = Vec::with_capacity(additions.len());
                 let mut starts = Vec::with_capacity(additions.len());
                 let mut amounts = Vec::with_capacity(additions.len());
+                // A token named twice in one batch counts once, as on the embedded store: its later additions
+                // are sent without their amount, so that their windows are still answered.
+                let mut seen = std::collections::HashSet::with_capacity(additions.len());
                 for addition in additions {
-                    tokens.push(addition.token);
+                    let again = addition.token.is_some_and(|token| !seen.insert(token));
+                    tokens.push(if again { None } else { addition.token });
                     scopes.push(addition.scope);
                     starts.push(addition.window_start);
-                    amounts.push(column_amount(addition.amount));
+                    amounts.push(if again {
+                        0
+                    } else {
+                        column_amount(addition.amount)
+                    });
                 }
                 let rows: Vec<(String, i64, i64)> = sqlx::query_as(concat!(
                     "WITH added AS (
