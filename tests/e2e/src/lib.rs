@@ -136,6 +136,16 @@ impl TestGateway {
         done.expect("fixture statement")
     }
 
+    /// Runs a fixture script of one or more statements without parameters, the one written for whichever
+    /// database the gateway uses (DDL, say: a table renamed, a trigger that refuses writes).
+    pub async fn run_script(&self, postgres: &str, sqlite: &str) {
+        let done = match self.store.backend() {
+            Backend::Postgres(pool) => sqlx::raw_sql(postgres).execute(pool).await.map(drop),
+            Backend::Sqlite(pool) => sqlx::raw_sql(sqlite).execute(pool).await.map(drop),
+        };
+        done.expect("fixture script");
+    }
+
     /// The single integer a query answers (e.g. a `count(*)`), on whichever database the gateway uses.
     pub async fn fetch_i64(&self, sql: &str) -> i64 {
         let value = match self.store.backend() {

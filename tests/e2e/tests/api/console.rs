@@ -383,6 +383,72 @@ async fn a_signed_out_session_is_refused_though_a_copy_of_its_cookie_still_verif
 }
 
 #[tokio::test]
+async fn a_sign_out_the_store_cannot_record_keeps_the_session_to_sign_out_again() {
+    let (gw, _tenant) = gateway().await;
+    let cookie = session_cookie(&gw).await;
+    gw.run_script(
+        "CREATE FUNCTION refuse_sign_outs() RETURNS trigger LANGUAGE plpgsql AS
+             $$ BEGIN RAISE EXCEPTION 'sign-outs refused by the test'; END $$;
+         CREATE TRIGGER refuse_sign_outs BEFORE INSERT ON console_sign_outs
+             FOR EACH ROW EXECUTE FUNCTION refuse_sign_outs();",
+        "CREATE TRIGGER refuse_sign_outs BEFORE INSERT ON console_sign_outs
+             BEGIN SELECT RAISE(ABORT, 'sign-outs refused by the test'); END;",
+    )
+    .await;
+    let refused = with_cookie(&gw, Method::POST, "/console/sign-out", &cookie).await;
+    assert_eq!(refused.status, StatusCode::SERVICE_UNAVAILABLE);
+    // The cookie is kept, and the page offers to sign out again.
+    assert!(refused.headers.get("set-cookie").is_none());
+    let html = refused.body.as_str().unwrap();
+    assert!(html.contains("could not record the sign-out"), "{html}");
+    assert!(html.contains(r#"action="/console/sign-out""#), "{html}");
+    let still = with_cookie(&gw, Method::GET, "/console/tools", &cookie).await;
+    assert_eq!(still.status, StatusCode::OK);
+
+    gw.run_script(
+        "DROP TRIGGER refuse_sign_outs ON console_sign_outs; DROP FUNCTION refuse_sign_outs();",
+        "DROP TRIGGER refuse_sign_outs;",
+    )
+    .await;
+    let out = with_cookie(&gw, Method::POST, "/console/sign-out", &cookie).await;
+    assert_eq!(out.status, StatusCode::SEE_OTHER);
+    assert!(out.headers["set-cookie"]
+        .to_str()
+        .unwrap()
+        .contains("Max-Age=0"));
+    let refused = with_cookie(&gw, Method::GET, "/console/tools", &cookie).await;
+    assert_eq!(refused.status, StatusCode::SEE_OTHER);
+}
+
+#[tokio::test]
+async fn a_session_the_store_cannot_check_is_answered_unavailable_and_kept() {
+    let (gw, _tenant) = gateway().await;
+    let cookie = session_cookie(&gw).await;
+    gw.run_script(
+        "ALTER TABLE console_sign_outs RENAME TO console_sign_outs_away",
+        "ALTER TABLE console_sign_outs RENAME TO console_sign_outs_away",
+    )
+    .await;
+    for path in ["/console", "/console/tools", "/console/usage"] {
+        let page = with_cookie(&gw, Method::GET, path, &cookie).await;
+        assert_eq!(page.status, StatusCode::SERVICE_UNAVAILABLE, "{path}");
+        assert_eq!(page.headers["retry-after"], "1", "{path}");
+        assert!(page.headers.get("set-cookie").is_none(), "{path}");
+    }
+    let read = with_cookie(&gw, Method::GET, "/admin/v1/responses", &cookie).await;
+    assert!(read.status.is_server_error(), "{:#}", read.body);
+    assert_ne!(read.status, StatusCode::UNAUTHORIZED);
+
+    gw.run_script(
+        "ALTER TABLE console_sign_outs_away RENAME TO console_sign_outs",
+        "ALTER TABLE console_sign_outs_away RENAME TO console_sign_outs",
+    )
+    .await;
+    let page = with_cookie(&gw, Method::GET, "/console/tools", &cookie).await;
+    assert_eq!(page.status, StatusCode::OK);
+}
+
+#[tokio::test]
 async fn console_pages_without_a_valid_session_redirect_to_sign_in() {
     let (gw, _tenant) = gateway().await;
     let forged = "gateway_console=00.4102444800.00";

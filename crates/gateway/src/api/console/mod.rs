@@ -80,10 +80,10 @@ async fn sign_in(State(state): State<AppState>, headers: HeaderMap, body: Bytes)
 }
 
 /// `POST /console/sign-out`: the session recorded as signed out, so that no replica takes its cookie again, and
-/// the cookie cleared, back to sign-in. When the store cannot record it, the page says so (the cookie is cleared
-/// all the same, and a copy of it would stay valid until it expires).
+/// the cookie cleared, back to sign-in. When the store cannot record it, the session stays signed in and the
+/// cookie is kept, so that signing out again (the page offers it) can record it: a cookie cleared unrecorded
+/// would leave the session valid wherever a copy of it is, with nothing left in this browser to end it with.
 async fn sign_out(State(state): State<AppState>, headers: HeaderMap) -> Response {
-    let clear = session::clear_cookie(session::over_https(&headers));
     if let Some(session) = session::of_request(&headers, state.admin_token.as_deref(), now()) {
         if let Err(e) = state
             .store
@@ -91,21 +91,19 @@ async fn sign_out(State(state): State<AppState>, headers: HeaderMap) -> Response
             .await
         {
             tracing::warn!(error = %e, "a console sign-out could not be recorded");
-            let mut page = sign_in_page(
-                StatusCode::SERVICE_UNAVAILABLE,
-                Some(
-                    "Signed out in this browser, but the gateway could not record it: the session stays valid \
-                     elsewhere until it expires. Try signing out again.",
-                ),
+            let main = concat!(
+                r#"<main id="page"><p class="error" role="alert">The gateway could not record the sign-out, "#,
+                "so this session is still signed in. Try signing out again.</p></main>"
             );
-            if let Ok(value) = HeaderValue::from_str(&clear) {
-                page.headers_mut().insert(header::SET_COOKIE, value);
-            }
-            return page;
+            let mut answer = html(StatusCode::SERVICE_UNAVAILABLE, &page("Sign out", "", main));
+            answer
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+            return answer;
         }
         tracing::info!("console session signed out");
     }
-    redirect_with_cookie(&clear)
+    redirect_with_cookie(&session::clear_cookie(session::over_https(&headers)))
 }
 
 /// `GET /console/responses/{id}`: one response as a timeline.
