@@ -54,10 +54,9 @@ pub async fn create_response(
         ));
     }
     if let Some(key) = idempotency_key {
-        if let Some(first) = state
-            .store
-            .response_for_idempotency_key(&project, key.key)
-            .await?
+        // Boxed, as the lookup below: a create without a key should not carry the query's future.
+        if let Some(first) =
+            Box::pin(state.store.response_for_idempotency_key(&project, key.key)).await?
         {
             // Boxed, as `submit` below: a rare path's future would make every create's kilobytes larger.
             return Box::pin(repeat(&state, &project, key, first)).await;
@@ -71,10 +70,8 @@ pub async fn create_response(
             let Some(key) = idempotency_key else {
                 return Err(error);
             };
-            let Some(first) = state
-                .store
-                .response_for_idempotency_key(&project, key.key)
-                .await?
+            let Some(first) =
+                Box::pin(state.store.response_for_idempotency_key(&project, key.key)).await?
             else {
                 return Err(error);
             };

@@ -134,9 +134,10 @@ impl Engine {
         let Some(event) = WebhookEvent::of_status(run.record.status()) else {
             return Ok(false);
         };
-        self.while_leased(run, "queueing a webhook event", || {
+        // Boxed: a foreground response, which never gets here, should not carry the queueing's future.
+        Box::pin(self.while_leased(run, "queueing a webhook event", || {
             self.queue_ending_event(&run.project_id, &run.record.id, event)
-        })
+        }))
         .await
     }
 

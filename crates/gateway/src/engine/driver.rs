@@ -353,7 +353,8 @@ impl Engine {
         if keeps_turn {
             // Before the ending is written: should this replica stop in between, the run resumed elsewhere
             // appends again, and what is there already is skipped.
-            self.append_to_conversation(run, handed_back).await?;
+            // Boxed: a response outside a conversation should not carry this future's size.
+            Box::pin(self.append_to_conversation(run, handed_back)).await?;
         }
         // Likewise before the ending: its event is queued once whoever writes the ending, and delivered only once
         // the ending is there to be read.

@@ -473,7 +473,8 @@ impl Engine {
     ) -> Result<Vec<Item>, EngineError> {
         let mut found = HashMap::new();
         for id in referenced_ids(&input) {
-            if let Some(item) = self.store.find_item(project_id, id).await? {
+            // Boxed: a request without references (most) should not carry the query's kilobytes of future.
+            if let Some(item) = Box::pin(self.store.find_item(project_id, id)).await? {
                 found.insert(id.to_owned(), item);
             }
         }

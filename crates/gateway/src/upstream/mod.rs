@@ -413,19 +413,24 @@ impl Upstream {
     }
 
     /// `attempt` (sending and reading a whole answer) bounded by the whole-answer timeout; past it, a `Transport`
-    /// failure, retried like any other.
-    async fn within_whole_answer_timeout<T>(
+    /// failure, retried like any other. Not an `async fn`: one would hold `whole` both as its argument and inside
+    /// the timeout it is moved into, twice its size in every caller's future.
+    fn within_whole_answer_timeout<T>(
         &self,
         attempt: u32,
         whole: impl Future<Output = Result<T, UpstreamError>>,
-    ) -> Result<T, UpstreamError> {
+    ) -> impl Future<Output = Result<T, UpstreamError>> {
+        use futures::FutureExt as _;
         let timeout = self.whole_answer_timeout();
-        tokio::time::timeout(timeout, whole)
-            .await
-            .map_err(|_| UpstreamError::Transport {
+        // A combinator, not an `async` block either: one would hold the timeout's future as its capture and again
+        // as what it awaits.
+        tokio::time::timeout(timeout, whole).map(move |bounded| match bounded {
+            Ok(answer) => answer,
+            Err(_) => Err(UpstreamError::Transport {
                 attempts: attempt,
                 detail: format!("no whole answer within {} ms", timeout.as_millis()),
-            })?
+            }),
+        })
     }
 
     /// The whole of a non-streaming answer must arrive within this.

@@ -132,9 +132,16 @@ impl Store {
     ) -> Result<Written, StoreError> {
         match &self.group {
             Some(group) => group.write(write, durability).await,
-            None => group::write_batch(&self.backend, &[&write], durability, self.reply_wait)
-                .await
-                .map(|mut written| written.remove(0)),
+            // Boxed: the statements' futures are kilobytes, which every write's caller, up to the run's, would
+            // otherwise hold (and move) though a store with a writer never takes this way.
+            None => Box::pin(group::write_batch(
+                &self.backend,
+                &[&write],
+                durability,
+                self.reply_wait,
+            ))
+            .await
+            .map(|mut written| written.remove(0)),
         }
     }
 
