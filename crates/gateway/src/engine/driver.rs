@@ -364,6 +364,11 @@ impl Engine {
         if queued_events {
             self.deliverer.wake();
         }
+        // Its places are free before anyone can know it ended: a client that waited for it and creates the next
+        // response finds them given back.
+        if let Some(running) = run.running.take() {
+            running.give_back().await;
+        }
         let output = render_output(&run.steps, handed_back);
         crate::metrics::response_finished(run.record.status().as_str(), &run.steps);
         sink.report(Progress::Ended {

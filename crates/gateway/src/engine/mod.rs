@@ -142,8 +142,8 @@ pub struct Run {
     payer: Payer,
     /// Usage of its calls not yet written: it goes with the next step write.
     unrecorded_usage: Vec<UsageRecord>,
-    /// Its places under `max_concurrent` limits; given back when the run ends.
-    _running: Option<RunningPlace>,
+    /// Its places under `max_concurrent` limits; given back once its ending is written, before it is reported.
+    running: Option<RunningPlace>,
     /// The W3C `traceparent` of the trace it was created in (SPEC 14): its run's spans continue that trace.
     trace_context: Option<String>,
 }

@@ -200,7 +200,14 @@ impl Engine {
             Some((permit, registration)) => {
                 Ok(Prepared::Run(self.start(plan, permit, registration)))
             }
-            None => Ok(Prepared::Queued(plan.record)),
+            None => {
+                // Left queued, it gives its places back before it is answered (it takes them again to start), so
+                // that its key's next create finds them free.
+                if let Some(running) = plan.governed.running {
+                    running.give_back().await;
+                }
+                Ok(Prepared::Queued(plan.record))
+            }
         }
     }
 
@@ -397,7 +404,7 @@ impl Engine {
             _admitted: admitted,
             payer: plan.governed.payer,
             unrecorded_usage: Vec::new(),
-            _running: plan.governed.running,
+            running: plan.governed.running,
             trace_context: crate::telemetry::current_traceparent(),
         }
     }

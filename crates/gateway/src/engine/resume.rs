@@ -209,7 +209,7 @@ impl Engine {
             _admitted: admitted,
             payer,
             unrecorded_usage: Vec::new(),
-            _running: running,
+            running,
             trace_context: stored.trace_context,
         };
         self.spawn(run, sink);

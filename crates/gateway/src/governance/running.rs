@@ -183,15 +183,25 @@ impl RunningPlace {
     }
 }
 
-impl Drop for RunningPlace {
-    fn drop(&mut self) {
+impl RunningPlace {
+    /// Gives the places back and waits for the store to have them, so that whatever follows (a client told its
+    /// response ended or was left queued, who then creates another) finds them free. The give-back runs on a task
+    /// of its own, as a drop's does: a caller dropped meanwhile leaves it to land all the same.
+    pub async fn give_back(mut self) {
+        if let Some(given) = self.start_give_back() {
+            // A give-back the store did not get leaves the count in doubt (written again); a task that did not
+            // end (the runtime is shutting down) leaves nothing to wait for.
+            let _ = given.await;
+        }
+    }
+
+    /// Starts giving the places back: the books say so at once, the store once the task has written it.
+    fn start_give_back(&mut self) -> Option<tokio::task::JoinHandle<()>> {
         if self.counts.is_empty() {
-            return;
+            return None;
         }
         let counts = std::mem::take(&mut self.counts);
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
+        let runtime = tokio::runtime::Handle::try_current().ok()?;
         for count in &counts {
             self.places.with(count, |part| {
                 part.held = part.held.saturating_sub(1);
@@ -200,7 +210,7 @@ impl Drop for RunningPlace {
             });
         }
         let places = self.places.clone();
-        runtime.spawn(async move {
+        Some(runtime.spawn(async move {
             for count in counts {
                 let given = places
                     .store
@@ -215,7 +225,14 @@ impl Drop for RunningPlace {
                     part.in_doubt |= given.is_err();
                 });
             }
-        });
+        }))
+    }
+}
+
+impl Drop for RunningPlace {
+    fn drop(&mut self) {
+        // Dropped without waiting: the give-back lands on its own task.
+        drop(self.start_give_back());
     }
 }
 
