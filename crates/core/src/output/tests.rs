@@ -969,3 +969,54 @@ proptest::proptest! {
         proptest::prop_assert_eq!(&bare[..], &expected[1..expected.len() - 1]);
     }
 }
+
+/// What the echoes wrote when they were built as JSON objects: the given keys, and the defaults of those not given.
+fn echo_built(given: &Value, defaults: Value) -> Value {
+    let mut built = defaults;
+    if let (Value::Object(given), Value::Object(target)) = (given, &mut built) {
+        for (key, value) in given {
+            target.insert(key.clone(), value.clone());
+        }
+    }
+    built
+}
+
+#[test]
+fn echoed_reasoning_and_text_are_written_as_the_objects_built_from_them_would_be() {
+    let givens = [
+        json!({}),
+        json!({"effort": "low"}),
+        json!({"summary": "auto", "effort": "high", "generate_summary": "concise"}),
+        json!({"a": 1}),
+        json!({"zz": [1, {"b": 2}], "effort": null}),
+        json!({"format": {"type": "json_schema", "name": "x"}, "verbosity": "low"}),
+        json!({"verbosity": "high"}),
+        json!({"aaa": true, "summary": "detailed", "zzz": "z"}),
+    ];
+    for given in &givens {
+        let reasoning = serde_json::to_string(&echoed_reasoning(Some(given))).unwrap();
+        let expected = echo_built(given, json!({"effort": null, "summary": null}));
+        assert_eq!(reasoning, expected.to_string(), "reasoning {given}");
+        let text = serde_json::to_string(&echoed_text(given)).unwrap();
+        let mut expected = given.clone();
+        expected
+            .as_object_mut()
+            .unwrap()
+            .entry("format")
+            .or_insert_with(|| json!({"type": "text"}));
+        assert_eq!(text, expected.to_string(), "text {given}");
+    }
+    // No reasoning asked for, and a `text` that is not an object (echoed as given).
+    assert_eq!(
+        serde_json::to_string(&echoed_reasoning(None)).unwrap(),
+        r#"{"effort":null,"summary":null}"#
+    );
+    assert_eq!(
+        serde_json::to_string(&echoed_reasoning(Some(&json!("high")))).unwrap(),
+        r#"{"effort":null,"summary":null}"#
+    );
+    assert_eq!(
+        serde_json::to_string(&echoed_text(&Value::Null)).unwrap(),
+        "null"
+    );
+}

@@ -3,7 +3,7 @@
 use axum::body::Bytes;
 use axum::extract::{FromRequest, FromRequestParts, Path, RawPathParams, Request};
 use axum::http::request::Parts;
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use serde::de::DeserializeOwned;
 
 use super::error::ApiError;
@@ -23,10 +23,12 @@ impl<T: DeserializeOwned> FromRequest<AppState> for ApiJson<T> {
     }
 }
 
-/// A JSON body read as [`ApiJson`] reads it, with the digest of its bytes (SHA-256, hex) when the request
-/// carries an `Idempotency-Key`: a repeat under the key must send the same body.
+/// A JSON body read as [`ApiJson`] reads it, with the request's `Idempotency-Key` header and, when it carries one,
+/// the digest of the body's bytes (SHA-256, hex): a repeat under the key must send the same body. (The header is
+/// taken here so that a create does not copy every header to read one.)
 pub struct KeyedJson<T> {
     pub body: T,
+    pub idempotency_key: Option<HeaderValue>,
     pub digest: Option<String>,
 }
 
@@ -35,11 +37,17 @@ impl<T: DeserializeOwned> FromRequest<AppState> for KeyedJson<T> {
 
     async fn from_request(req: Request, state: &AppState) -> Result<Self, ApiError> {
         use sha2::Digest;
-        let keyed = req.headers().contains_key("idempotency-key");
+        let idempotency_key = req.headers().get("idempotency-key").cloned();
         let bytes = read_body(req, state).await?;
-        let digest = keyed.then(|| hex::encode(sha2::Sha256::digest(&bytes)));
+        let digest = idempotency_key
+            .is_some()
+            .then(|| hex::encode(sha2::Sha256::digest(&bytes)));
         let body = parse_json(&bytes)?;
-        Ok(KeyedJson { body, digest })
+        Ok(KeyedJson {
+            body,
+            idempotency_key,
+            digest,
+        })
     }
 }
 

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use axum::extract::State;
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::{HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use gateway_core::output::{listed_input_item, render_output, response_object};
@@ -36,11 +36,14 @@ const WAIT_POLL: Duration = Duration::from_millis(500);
 pub async fn create_response(
     State(state): State<AppState>,
     ProjectKey(project, grant): ProjectKey,
-    headers: HeaderMap,
-    KeyedJson { body, digest }: KeyedJson<CreateResponseBody>,
+    KeyedJson {
+        body,
+        idempotency_key: key_header,
+        digest,
+    }: KeyedJson<CreateResponseBody>,
 ) -> Result<Response, ApiError> {
     let request = validate(body)?;
-    let idempotency_key = idempotency_key(&headers)?
+    let idempotency_key = idempotency_key(key_header.as_ref())?
         .filter(|_| !request.stream)
         .map(|key| IdempotencyKey {
             key,
@@ -296,8 +299,8 @@ async fn response_json(
 }
 
 /// The `Idempotency-Key` header, when present: 1 to 255 visible ASCII characters.
-fn idempotency_key(headers: &HeaderMap) -> Result<Option<&str>, ApiError> {
-    let Some(value) = headers.get("idempotency-key") else {
+fn idempotency_key(header: Option<&HeaderValue>) -> Result<Option<&str>, ApiError> {
+    let Some(value) = header else {
         return Ok(None);
     };
     match value.to_str() {
