@@ -199,12 +199,12 @@ pub struct ResponseObject<'a> {
     parallel_tool_calls: bool,
     previous_response_id: Option<&'a str>,
     prompt_cache_key: Option<&'a str>,
-    reasoning: Echoed<'a>,
+    reasoning: Value,
     safety_identifier: Option<&'a str>,
     service_tier: &'a str,
     store: bool,
     temperature: f64,
-    text: Echoed<'a>,
+    text: Value,
     tool_choice: &'a Value,
     tools: Vec<Value>,
     top_logprobs: u32,
@@ -350,94 +350,24 @@ impl<'a> ResponseObject<'a> {
 
 /// `reasoning` as echoed: `effort` and `summary` always present (Open Responses requires both keys, even
 /// when the client sent only one), with the client's values kept.
-fn echoed_reasoning(reasoning: Option<&Value>) -> Echoed<'_> {
-    match reasoning {
-        Some(Value::Object(given)) => Echoed::Merged {
-            given: Some(given),
-            defaults: REASONING_DEFAULTS,
-        },
-        _ => Echoed::Merged {
-            given: None,
-            defaults: REASONING_DEFAULTS,
-        },
+fn echoed_reasoning(reasoning: Option<&Value>) -> Value {
+    let mut echoed = json!({"effort": null, "summary": null});
+    if let (Some(Value::Object(given)), Value::Object(target)) = (reasoning, &mut echoed) {
+        for (key, value) in given {
+            target.insert(key.clone(), value.clone());
+        }
     }
+    echoed
 }
-
-/// The keys a `reasoning` echo always names, null unless given (in key order).
-const REASONING_DEFAULTS: &[(&str, EchoDefault)] = &[
-    ("effort", EchoDefault::Null),
-    ("summary", EchoDefault::Null),
-];
 
 /// `text` as echoed: a client may send only `verbosity`, but the response must name a `format`.
-fn echoed_text(text: &Value) -> Echoed<'_> {
-    match text {
-        Value::Object(given) => Echoed::Merged {
-            given: Some(given),
-            defaults: &[("format", EchoDefault::TextFormat)],
-        },
-        other => Echoed::AsGiven(other),
+fn echoed_text(text: &Value) -> Value {
+    let mut echoed = text.clone();
+    if let Value::Object(map) = &mut echoed {
+        map.entry("format")
+            .or_insert_with(|| json!({"type": "text"}));
     }
-}
-
-/// An object of the request echoed in the response: what was given, with the keys it must name and did not
-/// given their defaults, written in key order as the object built from them would be (borrowed, not built).
-#[derive(Debug)]
-enum Echoed<'a> {
-    AsGiven(&'a Value),
-    Merged {
-        given: Option<&'a serde_json::Map<String, Value>>,
-        /// In key order.
-        defaults: &'static [(&'static str, EchoDefault)],
-    },
-}
-
-/// The value of a key an echoed object names when the request did not.
-#[derive(Debug, Clone, Copy)]
-enum EchoDefault {
-    Null,
-    /// `{"type": "text"}`.
-    TextFormat,
-}
-
-impl Serialize for EchoDefault {
-    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        use serde::ser::SerializeMap;
-        match self {
-            EchoDefault::Null => serializer.serialize_unit(),
-            EchoDefault::TextFormat => {
-                let mut map = serializer.serialize_map(Some(1))?;
-                map.serialize_entry("type", "text")?;
-                map.end()
-            }
-        }
-    }
-}
-
-impl Serialize for Echoed<'_> {
-    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        use serde::ser::SerializeMap;
-        let (given, defaults) = match self {
-            Echoed::AsGiven(value) => return value.serialize(serializer),
-            Echoed::Merged { given, defaults } => (*given, *defaults),
-        };
-        let mut map = serializer.serialize_map(None)?;
-        let mut defaults = defaults.iter().peekable();
-        // The given keys come in key order (a JSON object's map is ordered by key): each default goes before the
-        // first given key after it, and is left out when the key was given.
-        for (key, value) in given.into_iter().flatten() {
-            while let Some((name, default)) = defaults.next_if(|(name, _)| *name <= key.as_str()) {
-                if *name != key.as_str() {
-                    map.serialize_entry(name, default)?;
-                }
-            }
-            map.serialize_entry(key, value)?;
-        }
-        for (name, default) in defaults {
-            map.serialize_entry(name, default)?;
-        }
-        map.end()
-    }
+    echoed
 }
 
 /// The Responses API `usage` object, written straight out (its keys in the order they always had). OpenAI's schema
