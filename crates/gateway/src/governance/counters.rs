@@ -50,10 +50,13 @@ enum Take {
     Taken(Standing, bool),
     /// None is left here and the window is full.
     Refused(Standing),
-    /// None is left here and a lease is on its way: wait for it.
-    Wait(tokio::sync::futures::OwnedNotified),
+    /// None is left here and a lease is on its way: wait for it (the window's leases ended so far, to tell
+    /// whether it failed).
+    Wait(tokio::sync::futures::OwnedNotified, u64),
     /// None is left here: lease a slice.
     Lease,
+    /// The lease waited for failed.
+    Failed,
 }
 
 /// The standing of a `limit` of requests as `window` knows it at `now`.
@@ -106,9 +109,16 @@ struct Window {
     /// Requests leased from the shared window, and taken of those.
     leased: u64,
     taken: u64,
-    /// The size of the last slice asked for (see [`next_slice`]), and when the last lease was granted.
+    /// The size of the last slice granted (see [`next_slice`]), when it was granted, and the limit it was
+    /// asked for under: a limit lowered since lets go of what is left of it.
     slice: u64,
     granted_at: Option<Instant>,
+    leased_under: u64,
+    /// Leases ended (granted or failed), and which of them last failed (0: none): a request that waited for a
+    /// lease that failed answers with the failure rather than asking the store again itself, so that requests
+    /// waiting together on a store that does not answer fail together, not one timeout after another.
+    leases_ended: u64,
+    failed_lease: u64,
     /// The shared window's count as last read (every replica's leases or tokens).
     shared: u64,
     /// Tokens counted here and not yet added to the shared window.
@@ -408,8 +418,19 @@ impl Counters {
         now: i64,
     ) -> Result<Result<Standing, Standing>, StoreError> {
         let start = window_start(now);
+        // The leases this request found ended when it began to wait for one.
+        let mut waited: Option<u64> = None;
         loop {
             let next = self.with(counter, start, |window| {
+                if waited.is_some_and(|ended| window.failed_lease > ended) {
+                    return Take::Failed;
+                }
+                // A limit lowered within the minute: what is left of slices leased under the higher one is not
+                // this replica's to give any more (it stays counted in the shared window).
+                if limit < window.leased_under {
+                    window.leased = window.taken;
+                    window.leased_under = limit;
+                }
                 if window.taken < window.leased {
                     window.taken += 1;
                     let ahead = window.slice.max(slice(limit)) / 4;
@@ -425,7 +446,10 @@ impl Counters {
                     return Take::Refused(standing(window, limit, now));
                 }
                 if window.leasing {
-                    return Take::Wait(Arc::clone(&self.leased).notified_owned());
+                    return Take::Wait(
+                        Arc::clone(&self.leased).notified_owned(),
+                        window.leases_ended,
+                    );
                 }
                 window.leasing = true;
                 Take::Lease
@@ -444,7 +468,12 @@ impl Counters {
                     return Ok(Ok(standing));
                 }
                 Take::Refused(standing) => return Ok(Err(standing)),
-                Take::Wait(leased) => leased.await,
+                // The lease waited for failed: the store did not answer it in time, or at all.
+                Take::Failed => return Err(StoreError::Busy),
+                Take::Wait(leased, ended) => {
+                    leased.await;
+                    waited = Some(ended);
+                }
                 Take::Lease => {
                     if let Some(taken) =
                         joined(self.spawn_lease(counter, start, limit, now, true)).await??
@@ -472,8 +501,7 @@ impl Counters {
         let counter = counter.clone();
         tokio::spawn(async move {
             let size = counters.with(&counter, start, |window| {
-                window.slice = next_slice(limit, window.slice, window.granted_at, Instant::now());
-                window.slice
+                next_slice(limit, window.slice, window.granted_at, Instant::now())
             });
             let lease = counters
                 .store
@@ -481,7 +509,14 @@ impl Counters {
                 .await;
             let taken = counters.with(&counter, start, |window| {
                 window.leasing = false;
-                let lease = lease.as_ref().ok()?;
+                window.leases_ended += 1;
+                let Ok(lease) = &lease else {
+                    window.failed_lease = window.leases_ended;
+                    return None;
+                };
+                // Only a granted slice sizes the next: failures in a row do not grow it.
+                window.slice = size;
+                window.leased_under = limit;
                 window.granted_at = Some(Instant::now());
                 window.leased += lease.granted;
                 window.shared = window.shared.max(lease.used.min(limit));
@@ -835,6 +870,89 @@ mod tests {
             .await
             .expect("no trip to the store");
         assert_eq!(refused.expect_err("refused").remaining, 0);
+    }
+
+    #[tokio::test]
+    async fn a_limit_lowered_within_the_minute_lets_go_of_what_is_left_of_the_slices() {
+        let (_db, store, counters) = counters().await;
+        let rpm = counters.counter("rpm".into());
+        // At a limit of 4,000 the first request leases a slice of 100 and takes one of it.
+        let first = counters.request(&rpm, 4000, NOW).await.expect("store");
+        assert!(first.is_ok());
+        assert_eq!(shared(&store, "rpm", NOW).await, 100);
+        // Lowered to 50, below what the shared minute already holds: the 99 left here are not given.
+        let lowered = counters.request(&rpm, 50, NOW).await.expect("store");
+        assert_eq!(lowered.expect_err("refused").remaining, 0);
+        assert_eq!(shared(&store, "rpm", NOW).await, 100);
+        // Raised to 150: a slice of 7 is leased from the 50 below it, and one taken.
+        let raised = counters.request(&rpm, 150, NOW).await.expect("store");
+        assert_eq!(raised.expect("admitted").remaining, 150 - 107 + 6);
+        assert_eq!(shared(&store, "rpm", NOW).await, 107);
+    }
+
+    #[tokio::test]
+    async fn a_lease_that_fails_does_not_size_the_next() {
+        let (_db, store, counters) = counters().await;
+        let rpm = counters.counter("rpm".into());
+        // A slice of 100 just granted: the next, asked for soon, would be 200 once granted.
+        counters.with(&rpm, window_start(NOW), |window| {
+            window.slice = 100;
+            window.granted_at = Some(Instant::now());
+        });
+        store.close().await;
+        counters
+            .request(&rpm, 1_000_000, NOW)
+            .await
+            .expect_err("the store is closed");
+        let slice = counters.with(&rpm, window_start(NOW), |window| window.slice);
+        assert_eq!(slice, 100);
+    }
+
+    #[tokio::test]
+    async fn requests_waiting_for_a_lease_that_fails_fail_with_it() {
+        // Failing one reply's wait after another, the last of ten would take seconds; a minute is far beyond need.
+        tokio::time::timeout(
+            Duration::from_secs(60),
+            requests_waiting_for_a_failed_lease(),
+        )
+        .await
+        .expect("every request answered within a minute");
+    }
+
+    async fn requests_waiting_for_a_failed_lease() {
+        let db = ScratchDatabase::postgres().await.expect("database");
+        let store = Store::connect(db.url(), 4).await.expect("store");
+        store.migrate().await.expect("migrate");
+        let start = window_start(NOW);
+        store
+            .lease_window("rpm", start, 1, 1000)
+            .await
+            .expect("the window's row");
+        let store = store.with_reply_wait(Duration::from_millis(200));
+        let counters = Counters::new(store, Duration::from_secs(3600));
+        // Another transaction holds the window's row: a lease waits for it past the reply's wait, and is given up.
+        let observer = sqlx::PgPool::connect(db.url()).await.expect("observer");
+        let mut holder = observer.begin().await.expect("begin");
+        sqlx::query("SELECT used FROM rate_windows WHERE scope = 'rpm' FOR UPDATE")
+            .execute(&mut *holder)
+            .await
+            .expect("lock");
+        let handles: Vec<Counter> = (0..10).map(|_| counters.counter("rpm".into())).collect();
+        let requests = handles.iter().map(|rpm| counters.request(rpm, 1000, NOW));
+        for taken in futures::future::join_all(requests).await {
+            taken.expect_err("the store did not answer the lease");
+        }
+        // One lease was sent (it still waits for the row): the nine that waited for it failed with it rather
+        // than each sending its own.
+        let waiting: i64 = sqlx::query_scalar(
+            "SELECT COUNT(*) FROM pg_stat_activity
+             WHERE datname = current_database() AND wait_event_type = 'Lock'",
+        )
+        .fetch_one(&observer)
+        .await
+        .expect("activity");
+        assert_eq!(waiting, 1);
+        holder.commit().await.expect("commit");
     }
 
     #[tokio::test]
