@@ -198,12 +198,13 @@ impl ToolExecutor {
         {
             None => None,
             Some(slots) => {
-                let waiting =
-                    metrics::gauge!("gateway_tool_calls_waiting", "tool" => tool.metric_label());
-                waiting.increment(1.0);
+                let waiting = Waiting::start(metrics::gauge!(
+                    "gateway_tool_calls_waiting",
+                    "tool" => tool.metric_label()
+                ));
                 let acquired =
                     tokio::time::timeout_at(deadline.into(), slots.acquire_owned()).await;
-                waiting.decrement(1.0);
+                drop(waiting);
                 match acquired {
                     Ok(Ok(slot)) => Some(slot),
                     _ => {
@@ -229,9 +230,8 @@ impl ToolExecutor {
         }
         // A request's own server is not the operator's: no breaker state is shared between requests over it.
         let guarded = tool.endpoint().map(|e| e.source_id.as_str());
-        if let Some(policy::Admission::Refuse { retry_in }) =
-            guarded.map(|id| self.policies.admit(id, Instant::now()))
-        {
+        let admission = guarded.map(|id| (id, self.policies.admit(id, Instant::now())));
+        if let Some((_, policy::Admission::Refuse { retry_in })) = admission {
             let message = format!(
                 "Tool '{}' is failing: after {} consecutive failed calls the gateway stopped calling it \
                  for a while (circuit breaker open); try again in about {} s.",
@@ -245,6 +245,14 @@ impl ToolExecutor {
             );
             return Some((ToolOutcome::error(message), Some(failure)));
         }
+        // The breaker's trial, given back undecided if this call is dropped before it ends.
+        let trial = match admission {
+            Some((id, policy::Admission::Trial)) => Some(Trial {
+                policies: &self.policies,
+                source_id: id,
+            }),
+            _ => None,
+        };
         let remaining = deadline
             .saturating_duration_since(Instant::now())
             .max(Duration::from_millis(1));
@@ -301,7 +309,8 @@ impl ToolExecutor {
             .as_ref()
             .is_some_and(|f| f.kind != FailureKind::Http4xx);
         if let Some(id) = guarded {
-            self.record_for_breaker(tool, id, &policy, failed);
+            let trial = trial.map(Trial::decided).is_some();
+            self.record_for_breaker(tool, id, &policy, failed, trial);
         }
         Some((outcome, failure))
     }
@@ -313,11 +322,12 @@ impl ToolExecutor {
         source_id: &str,
         policy: &gateway_core::entity::ToolPolicy,
         failed: bool,
+        trial: bool,
     ) {
         let was_open = self.policies.is_open(source_id);
         let open = self
             .policies
-            .record(source_id, policy, Instant::now(), failed);
+            .record(source_id, policy, Instant::now(), failed, trial);
         metrics::gauge!("gateway_tool_breaker_open", "tool" => tool.metric_label()).set(if open {
             1.0
         } else {
@@ -387,6 +397,43 @@ impl ToolExecutor {
                 (ToolOutcome::error(message), Some(failure))
             }
         }
+    }
+}
+
+/// A call counted in `gateway_tool_calls_waiting` while it waits for a slot: counted out when it stops waiting,
+/// or when it is dropped waiting (its response cancelled).
+struct Waiting(metrics::Gauge);
+
+impl Waiting {
+    fn start(gauge: metrics::Gauge) -> Waiting {
+        gauge.increment(1.0);
+        Waiting(gauge)
+    }
+}
+
+impl Drop for Waiting {
+    fn drop(&mut self) {
+        self.0.decrement(1.0);
+    }
+}
+
+/// A call that is its source's breaker trial: dropped before it ends (its response cancelled, its lease lost), it
+/// gives the trial back undecided, so that the next call after the cool-down is the trial rather than none ever.
+struct Trial<'a> {
+    policies: &'a policy::Policies,
+    source_id: &'a str,
+}
+
+impl Trial<'_> {
+    /// The call ended with a result, which the breaker records as the trial's.
+    fn decided(self) {
+        std::mem::forget(self);
+    }
+}
+
+impl Drop for Trial<'_> {
+    fn drop(&mut self) {
+        self.policies.abandon_trial(self.source_id);
     }
 }
 

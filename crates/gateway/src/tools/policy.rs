@@ -51,17 +51,37 @@ impl Breaker {
         Admission::Trial
     }
 
-    /// Records how an admitted call ended.
-    pub fn record(&mut self, now: Instant, failed: bool, threshold: u32, cooldown: Duration) {
-        let was_trial = std::mem::take(&mut self.trial_running);
+    /// Records how an admitted call ended; `trial` when it was the trial [`admit`](Breaker::admit) let through.
+    /// A call admitted before the breaker opened that ends during the trial leaves the trial to decide.
+    pub fn record(
+        &mut self,
+        now: Instant,
+        failed: bool,
+        trial: bool,
+        threshold: u32,
+        cooldown: Duration,
+    ) {
+        if trial {
+            self.trial_running = false;
+        }
         if !failed {
-            *self = Breaker::default();
+            let trial_running = self.trial_running;
+            *self = Breaker {
+                trial_running,
+                ..Breaker::default()
+            };
             return;
         }
         self.consecutive_failures = self.consecutive_failures.saturating_add(1);
-        if was_trial || self.consecutive_failures >= threshold.max(1) {
+        if trial || self.consecutive_failures >= threshold.max(1) {
             self.open_until = Some(now + cooldown);
         }
+    }
+
+    /// The trial let through ended without a result (its call was dropped: the response cancelled, its lease
+    /// lost): the next call after the cool-down is the trial.
+    pub fn abandon_trial(&mut self) {
+        self.trial_running = false;
     }
 
     pub fn is_open(&self) -> bool {
@@ -113,12 +133,25 @@ impl Policies {
             .is_some_and(|state| state.breaker.is_open())
     }
 
-    /// Records a call's end; answers whether the breaker is open afterwards.
-    pub fn record(&self, source_id: &str, policy: &ToolPolicy, now: Instant, failed: bool) -> bool {
+    /// The source's trial call ended without a result (see [`Breaker::abandon_trial`]).
+    pub fn abandon_trial(&self, source_id: &str) {
+        self.with(source_id, |state| state.breaker.abandon_trial());
+    }
+
+    /// Records a call's end (`trial`: the breaker's trial); answers whether the breaker is open afterwards.
+    pub fn record(
+        &self,
+        source_id: &str,
+        policy: &ToolPolicy,
+        now: Instant,
+        failed: bool,
+        trial: bool,
+    ) -> bool {
         self.with(source_id, |state| {
             state.breaker.record(
                 now,
                 failed,
+                trial,
                 policy.breaker_failures(),
                 Duration::from_millis(policy.breaker_cooldown_ms()),
             );
@@ -141,7 +174,7 @@ mod tests {
             ..ToolPolicy::default()
         };
         assert!(!policies.is_open("tool_a"));
-        assert!(policies.record("tool_a", &policy, Instant::now(), true));
+        assert!(policies.record("tool_a", &policy, Instant::now(), true, false));
         assert!(policies.is_open("tool_a"));
         assert!(!policies.is_open("tool_b"));
     }
@@ -152,11 +185,11 @@ mod tests {
         let mut breaker = Breaker::default();
         for _ in 0..2 {
             assert_eq!(breaker.admit(t0), Admission::Call);
-            breaker.record(t0, true, 3, COOL);
+            breaker.record(t0, true, false, 3, COOL);
         }
         assert!(!breaker.is_open());
         assert_eq!(breaker.admit(t0), Admission::Call);
-        breaker.record(t0, true, 3, COOL);
+        breaker.record(t0, true, false, 3, COOL);
         assert!(breaker.is_open());
         assert_eq!(
             breaker.admit(t0 + Duration::from_secs(10)),
@@ -170,11 +203,11 @@ mod tests {
     fn a_success_resets_the_count_of_consecutive_failures() {
         let t0 = Instant::now();
         let mut breaker = Breaker::default();
-        breaker.record(t0, true, 2, COOL);
-        breaker.record(t0, false, 2, COOL);
-        breaker.record(t0, true, 2, COOL);
+        breaker.record(t0, true, false, 2, COOL);
+        breaker.record(t0, false, false, 2, COOL);
+        breaker.record(t0, true, false, 2, COOL);
         assert!(!breaker.is_open());
-        breaker.record(t0, true, 2, COOL);
+        breaker.record(t0, true, false, 2, COOL);
         assert!(breaker.is_open());
     }
 
@@ -182,12 +215,12 @@ mod tests {
     fn after_the_cool_down_one_trial_decides_and_others_fail_fast_meanwhile() {
         let t0 = Instant::now();
         let mut breaker = Breaker::default();
-        breaker.record(t0, true, 1, COOL);
+        breaker.record(t0, true, false, 1, COOL);
         let later = t0 + COOL;
         assert_eq!(breaker.admit(later), Admission::Trial);
         assert!(matches!(breaker.admit(later), Admission::Refuse { .. }));
         // The trial fails: open again for a whole cool-down.
-        breaker.record(later, true, 5, COOL);
+        breaker.record(later, true, true, 5, COOL);
         assert!(matches!(
             breaker.admit(later + Duration::from_secs(1)),
             Admission::Refuse { .. }
@@ -195,7 +228,7 @@ mod tests {
         // The next trial succeeds: closed.
         let again = later + COOL;
         assert_eq!(breaker.admit(again), Admission::Trial);
-        breaker.record(again, false, 5, COOL);
+        breaker.record(again, false, true, 5, COOL);
         assert!(!breaker.is_open());
         assert_eq!(breaker.admit(again), Admission::Call);
     }
@@ -226,5 +259,33 @@ mod tests {
                 .available_permits(),
             3
         );
+    }
+    #[test]
+    fn a_trial_whose_call_was_dropped_leaves_the_next_call_the_trial() {
+        let t0 = Instant::now();
+        let mut breaker = Breaker::default();
+        breaker.record(t0, true, false, 1, COOL);
+        let later = t0 + COOL;
+        assert_eq!(breaker.admit(later), Admission::Trial);
+        breaker.abandon_trial();
+        assert_eq!(breaker.admit(later), Admission::Trial);
+    }
+
+    #[test]
+    fn a_call_admitted_before_the_breaker_opened_does_not_end_the_trial() {
+        let t0 = Instant::now();
+        let mut breaker = Breaker::default();
+        breaker.record(t0, true, false, 1, COOL);
+        let later = t0 + COOL;
+        assert_eq!(breaker.admit(later), Admission::Trial);
+        // A late failure of an earlier call: the trial still runs, and no second one starts.
+        breaker.record(later, true, false, 1, COOL);
+        assert!(matches!(
+            breaker.admit(later + COOL),
+            Admission::Refuse { .. }
+        ));
+        // The trial succeeds: closed.
+        breaker.record(later + COOL, false, true, 1, COOL);
+        assert_eq!(breaker.admit(later + COOL), Admission::Call);
     }
 }

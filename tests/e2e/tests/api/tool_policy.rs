@@ -355,3 +355,122 @@ async fn after_consecutive_failures_the_breaker_fails_calls_fast_without_calling
         1.0
     );
 }
+
+#[tokio::test]
+async fn a_breaker_trial_whose_response_was_cancelled_leaves_the_next_call_the_trial() {
+    let (gw, tenant) = gateway().await;
+    // One failure opens the breaker for a millisecond; a call held at the gate for 300 ms fails (a timeout).
+    gw.attach_tool_with(
+        &tenant.group_id,
+        "gate",
+        json!({"timeout_ms": 300, "breaker_failures": 1, "breaker_cooldown_ms": 1}),
+    )
+    .await;
+    let call_gate = json!({"model": "mock", "input": "!call gate {}"});
+    let timed_out = create_ok(&gw, &tenant.key, call_gate.clone()).await;
+    assert_eq!(
+        items_of(&timed_out, "mcp_call")[0]["status"],
+        "failed",
+        "{timed_out:#}"
+    );
+    assert_eq!(
+        sample(
+            &metrics_text(&gw).await,
+            "gateway_tool_breaker_open",
+            &["tool=\"gate\""]
+        ),
+        1.0
+    );
+
+    // The cool-down is over: a background response's call is the trial; it is held at the gate, and the response
+    // cancelled, so the trial never ends with a result.
+    let mut background = call_gate.clone();
+    background["background"] = json!(true);
+    let trial = create_ok(&gw, &tenant.key, background).await;
+    let patience = std::time::Duration::from_secs(10);
+    gw.tools
+        .wait_for_calls("gate", 2, patience)
+        .await
+        .expect("the trial call reached the tool");
+    let cancelled = gw
+        .call(gw.public(
+            Method::POST,
+            &format!("/responses/{}/cancel", id_of(&trial)),
+            &tenant.key,
+        ))
+        .await;
+    assert_eq!(
+        cancelled.body["status"], "cancelled",
+        "{:#}",
+        cancelled.body
+    );
+
+    // Once the trial's call is dropped, the next call is the trial, reaches the tool and closes the breaker.
+    gw.tools.open_gate();
+    let reached = async {
+        loop {
+            let body = create_ok(&gw, &tenant.key, call_gate.clone()).await;
+            if items_of(&body, "mcp_call")[0]["status"] == "completed" {
+                return;
+            }
+        }
+    };
+    tokio::time::timeout(patience, reached)
+        .await
+        .expect("a call reached the tool after the abandoned trial");
+    assert_eq!(gw.tools.calls().len(), 3);
+    assert_eq!(
+        sample(
+            &metrics_text(&gw).await,
+            "gateway_tool_breaker_open",
+            &["tool=\"gate\""]
+        ),
+        0.0
+    );
+}
+
+#[tokio::test]
+async fn a_call_waiting_for_a_slot_whose_response_is_cancelled_stops_counting_as_waiting() {
+    let (gw, tenant) = gateway().await;
+    gw.attach_tool_with(&tenant.group_id, "gate", json!({"max_in_flight": 1}))
+        .await;
+    let background = json!({"model": "mock", "input": "!call gate {}", "background": true});
+    // The first holds the one slot at the gate; the second's call waits for it.
+    create_ok(&gw, &tenant.key, background.clone()).await;
+    let patience = std::time::Duration::from_secs(10);
+    gw.tools
+        .wait_for_calls("gate", 1, patience)
+        .await
+        .expect("the first call holds the slot");
+    let second = create_ok(&gw, &tenant.key, background).await;
+    let gw = &gw;
+    let waiting = |expected: f64| async move {
+        loop {
+            let text = metrics_text(gw).await;
+            if sample(&text, "gateway_tool_calls_waiting", &["tool=\"gate\""]) == expected {
+                return;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+    };
+    tokio::time::timeout(patience, waiting(1.0))
+        .await
+        .expect("the second call waits for the slot");
+
+    let cancelled = gw
+        .call(gw.public(
+            Method::POST,
+            &format!("/responses/{}/cancel", id_of(&second)),
+            &tenant.key,
+        ))
+        .await;
+    assert_eq!(
+        cancelled.body["status"], "cancelled",
+        "{:#}",
+        cancelled.body
+    );
+    tokio::time::timeout(patience, waiting(0.0))
+        .await
+        .expect("the cancelled call no longer counts as waiting");
+    gw.tools.open_gate();
+}
