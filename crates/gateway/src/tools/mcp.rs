@@ -99,9 +99,19 @@ struct Session {
     listed: tokio::sync::Mutex<Option<(Instant, Arc<Vec<Tool>>)>>,
 }
 
-/// The MCP sessions of this replica, by source id.
+/// One source's session on this replica: opened by one caller at a time, the others waiting for that one.
+#[derive(Default)]
+struct SessionSlot {
+    session: Option<Arc<Session>>,
+    /// When the last open failed, and how: callers that waited for that open fail with it, rather than each
+    /// opening again in turn, one timeout after another.
+    failed: Option<(Instant, String)>,
+}
+
+/// The MCP sessions of this replica, by source id: each source's behind a lock of its own, so that a server
+/// that does not answer holds up only its own callers.
 pub struct McpClients {
-    sessions: tokio::sync::Mutex<HashMap<String, Arc<Session>>>,
+    sessions: std::sync::Mutex<HashMap<String, Arc<tokio::sync::Mutex<SessionSlot>>>>,
     /// The last tools each source listed successfully since the process started, by source id: kept while its
     /// server is down, so that its tools stay server tools (their calls end with error outputs) and are never
     /// handed to the client as its own functions.
@@ -132,7 +142,7 @@ fn opened_for(source: &Endpoint) -> (String, String) {
 impl McpClients {
     pub fn new(ttl: Duration, timeout: Duration) -> McpClients {
         McpClients {
-            sessions: tokio::sync::Mutex::default(),
+            sessions: std::sync::Mutex::default(),
             last_known: std::sync::Mutex::default(),
             ttl,
             timeout,
@@ -142,13 +152,47 @@ impl McpClients {
     /// The source's open session, opened if there is none (or it closed, or the source changed); a failure
     /// names the server by `named` (the source, or the tool being called).
     async fn session(&self, source: &Endpoint, named: &str) -> Result<Arc<Session>, String> {
-        let mut sessions = self.sessions.lock().await;
+        let asked = Instant::now();
+        let slot = self.slot(&source.source_id);
+        let mut slot = slot.lock().await;
         let wanted = opened_for(source);
-        if let Some(session) = sessions.get(&source.source_id) {
+        if let Some(session) = &slot.session {
             if session.opened_for == wanted && !session.service.is_closed() {
                 return Ok(Arc::clone(session));
             }
         }
+        if let Some((at, message)) = &slot.failed {
+            if *at >= asked {
+                return Err(message.clone());
+            }
+        }
+        let opened = self.open(source, named, wanted).await;
+        match &opened {
+            Ok(session) => {
+                slot.session = Some(Arc::clone(session));
+                slot.failed = None;
+            }
+            Err(message) => slot.failed = Some((Instant::now(), message.clone())),
+        }
+        opened
+    }
+
+    /// The slot of the source `source_id`, made on its first use.
+    fn slot(&self, source_id: &str) -> Arc<tokio::sync::Mutex<SessionSlot>> {
+        let mut sessions = self
+            .sessions
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        Arc::clone(sessions.entry(source_id.to_owned()).or_default())
+    }
+
+    /// Opens a session with the source's server, within the connect timeout.
+    async fn open(
+        &self,
+        source: &Endpoint,
+        named: &str,
+        wanted: (String, String),
+    ) -> Result<Arc<Session>, String> {
         let mut config = StreamableHttpClientTransportConfig::with_uri(source.url.clone());
         if let Some(secret) = &source.secret {
             config = config.auth_header(secret.expose_secret().to_owned());
@@ -169,19 +213,17 @@ impl McpClients {
                 ))
             }
         };
-        let session = Arc::new(Session {
+        Ok(Arc::new(Session {
             opened_for: wanted,
             service,
             stale,
             listed: tokio::sync::Mutex::default(),
-        });
-        sessions.insert(source.source_id.clone(), Arc::clone(&session));
-        Ok(session)
+        }))
     }
 
     /// Forgets a source's session after a transport error, so that the next use opens a new one.
     async fn forget(&self, source: &Endpoint) {
-        self.sessions.lock().await.remove(&source.source_id);
+        self.slot(&source.source_id).lock().await.session = None;
     }
 
     /// The tools of an MCP source as the server lists them (cached); when it cannot list them now, the last

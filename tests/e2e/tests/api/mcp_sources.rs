@@ -401,3 +401,83 @@ async fn a_listing_past_the_tool_limit_offers_nothing_and_the_request_still_succ
         "1003 tools are over the limit of 1000"
     );
 }
+
+#[tokio::test]
+async fn a_server_that_never_answers_holds_up_only_its_own_source() {
+    // Opening a session may take a minute: the hung server's open lasts the whole test.
+    let gw = TestGateway::start_with(|c| c.tools.mcp_connect_timeout_ms = 60_000).await;
+    let (hung_tenant, healthy_tenant) = (gw.tenant("hung").await, gw.tenant("healthy").await);
+    // A server that takes connections and, once it holds them, never answers a byte; until then it closes them
+    // at once (so that attaching the source, which lists its tools, finds it down rather than waiting).
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("listener");
+    let address = listener.local_addr().expect("address");
+    let holding = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (accepted, mut connected) = tokio::sync::mpsc::unbounded_channel();
+    let holder = tokio::spawn({
+        let holding = std::sync::Arc::clone(&holding);
+        async move {
+            let mut held = Vec::new();
+            while let Ok((socket, _)) = listener.accept().await {
+                if holding.load(std::sync::atomic::Ordering::SeqCst) {
+                    held.push(socket);
+                    let _ = accepted.send(());
+                }
+            }
+        }
+    });
+    // The hung source in a group of its own, which only the first project is granted.
+    let group = gw
+        .admin_ok(
+            Method::POST,
+            "/deployment_groups",
+            Some(json!({"name": "hung"})),
+        )
+        .await;
+    let group_id = id_of(&group);
+    let hung = json!({"kind": "mcp", "name": "hung", "url": format!("http://{address}/mcp")});
+    let source = gw.admin_ok(Method::POST, "/tool_sources", Some(hung)).await;
+    for member in [
+        format!("deployments/{}", hung_tenant.deployment_id),
+        format!("projects/{}", hung_tenant.project_id),
+        format!("tool_sources/{}", id_of(&source)),
+    ] {
+        gw.admin_ok(
+            Method::PUT,
+            &format!("/deployment_groups/{group_id}/{member}"),
+            None,
+        )
+        .await;
+    }
+    let mcp = McpServer::start().await.expect("mcp server");
+    attach_mcp(&gw, &healthy_tenant.group_id, &mcp, json!({})).await;
+    let (body, _) = round(&gw, &healthy_tenant.key, "add", json!({"a": 1, "b": 2})).await;
+    assert_eq!(items_of(&body, "mcp_call")[0]["status"], "completed");
+
+    holding.store(true, std::sync::atomic::Ordering::SeqCst);
+    // A create of the hung source's project waits for its session to open...
+    let waiting = {
+        let request = gw
+            .public(Method::POST, "/responses", &hung_tenant.key)
+            .json(&json!({"model": "mock", "input": "hi"}));
+        tokio::spawn(request.send())
+    };
+    connected
+        .recv()
+        .await
+        .expect("the session's open reached the server");
+
+    // ...while the healthy source's calls and listings go on.
+    let (body, seen) = tokio::time::timeout(
+        std::time::Duration::from_secs(30),
+        round(&gw, &healthy_tenant.key, "add", json!({"a": 2, "b": 3})),
+    )
+    .await
+    .expect("the healthy source is not held up by the hung one");
+    assert_eq!(items_of(&body, "mcp_call")[0]["status"], "completed");
+    assert!(seen.contains('5'), "{seen}");
+    assert!(!waiting.is_finished(), "the hung source's open still waits");
+    waiting.abort();
+    holder.abort();
+}
