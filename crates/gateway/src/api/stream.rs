@@ -12,7 +12,7 @@ use tokio::sync::{broadcast, mpsc};
 
 use super::error::ApiError;
 use super::shared_reads::SharedReads;
-use crate::engine::{Engine, EventSink, Run};
+use crate::engine::{Engine, EventSink, Run, STREAM_STALL_TIMEOUT};
 
 /// Events waiting for a slow client: the loop waits when this many are queued (backpressure).
 pub const STREAM_BUFFER: usize = 64;
@@ -169,7 +169,7 @@ pub fn follow(
             }
         };
         let event = error_event(follower.next, &untold);
-        let _ = follower.tx.send(event).await;
+        let _ = tokio::time::timeout(STREAM_STALL_TIMEOUT, follower.tx.send(event)).await;
     }));
     sse(rx, None, keep_alive)
 }
@@ -331,10 +331,14 @@ impl Follower {
         }
     }
 
-    /// Sends `event` and moves on; `false` when the client left.
+    /// Sends `event` and moves on; `false` when the client left, or took nothing for a whole stall timeout (its
+    /// socket's window shut): such a follower holds its place among the followers no longer.
     async fn send(&mut self, event: Event) -> bool {
         self.next = event.sequence_number() + 1;
-        self.tx.send(event).await.is_ok()
+        matches!(
+            tokio::time::timeout(STREAM_STALL_TIMEOUT, self.tx.send(event)).await,
+            Ok(Ok(()))
+        )
     }
 }
 

@@ -33,7 +33,7 @@ use super::extract::{bearer, valid_grant, ProjectKey};
 use super::governance::admit;
 use super::stream::{STREAM_BUFFER, TERMINAL};
 use super::AppState;
-use crate::engine::{EventSink, Finished};
+use crate::engine::{EventSink, Finished, STREAM_STALL_TIMEOUT};
 
 /// `response.create` messages a client may send ahead of the one running; reading the socket waits beyond it.
 const QUEUED_MESSAGES: usize = 16;
@@ -246,10 +246,9 @@ impl Connection {
                     Some(event) => {
                         told_the_end |= TERMINAL.contains(&event.kind);
                         let text = event.data.to_string();
-                        if out.send(Message::Text(text.into())).await.is_err() {
-                            // The run stops at its next step boundary once nobody reads its events.
-                            return Err(Gone);
-                        }
+                        // The run stops at its next step boundary once nobody reads its events: a client
+                        // that left, or one that has read nothing for a whole stall timeout.
+                        send_within(out, Message::Text(text.into())).await?;
                     }
                     None => break,
                 },
@@ -396,16 +395,21 @@ async fn close_with(
         code,
         reason: reason.into(),
     };
-    out.send(Message::Close(Some(close)))
-        .await
-        .map_err(|_| Gone)
+    send_within(out, Message::Close(Some(close))).await
 }
 
 async fn send_error(out: &mut Outgoing, error: &ApiError) -> Result<(), Gone> {
     let envelope = error_envelope(error);
-    out.send(Message::Text(envelope.to_string().into()))
-        .await
-        .map_err(|_| Gone)
+    send_within(out, Message::Text(envelope.to_string().into())).await
+}
+
+/// Sends `message`; a client that takes nothing of it for [`STREAM_STALL_TIMEOUT`] (its socket's window shut)
+/// is gone as much as one that closed, so that it holds neither this connection's task nor its key's place.
+async fn send_within(out: &mut Outgoing, message: Message) -> Result<(), Gone> {
+    match tokio::time::timeout(STREAM_STALL_TIMEOUT, out.send(message)).await {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(_)) | Err(_) => Err(Gone),
+    }
 }
 
 #[cfg(test)]
