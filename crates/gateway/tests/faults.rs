@@ -1790,6 +1790,54 @@ async fn a_cancel_whose_notification_was_lost_keeps_the_next_batch_from_going_ou
 }
 
 #[tokio::test]
+async fn a_cancel_asked_for_while_the_owner_was_dead_is_heeded_before_the_model_is_called_again() {
+    use gateway_testkit::{Call, Reply};
+    let mut cluster = Cluster::postgres().await;
+    let mut first = cluster.replica(&[]);
+    cluster.configure(&first).await;
+    cluster
+        .model
+        .push(Reply::tool_calls(vec![Call::new("gate", json!({}))]));
+    cluster
+        .model
+        .push(Reply::text("Never delivered.").with_delay(Duration::from_secs(300)));
+    let created = cluster
+        .create(
+            &first,
+            json!({"model": "mock", "input": "Hi", "background": true}),
+        )
+        .await;
+    let id = created["id"].as_str().expect("id").to_owned();
+    cluster.gate_calls(1).await;
+    cluster.tools.open_gate();
+    // The tool's answer is stored; the model call after it is in flight.
+    assert!(cluster.model.wait_for_requests(2, PATIENCE).await);
+
+    // The owner dies mid model call; a cancel is asked for while no replica runs the response (only the store
+    // knows of it).
+    first.kill();
+    let pool = sqlx::PgPool::connect(cluster.db.url())
+        .await
+        .expect("connect");
+    sqlx::query("UPDATE responses SET cancel_requested = TRUE WHERE id = $1")
+        .bind(&id)
+        .execute(&pool)
+        .await
+        .expect("request the cancel");
+    pool.close().await;
+
+    // The replica that resumes it ends it cancelled, without calling the model again.
+    let restarted = cluster.replica(&[]);
+    let ended = cluster.ended(&restarted, &id).await;
+    assert_eq!(ended["status"], "cancelled", "{ended:#}");
+    assert_eq!(
+        cluster.model.requests().len(),
+        2,
+        "the model was called again"
+    );
+}
+
+#[tokio::test]
 async fn a_tool_answer_that_arrives_while_a_step_write_waits_is_read_not_taken_for_a_timeout() {
     let mut cluster = Cluster::postgres().await;
     let replica = cluster.replica(&[]);

@@ -259,10 +259,12 @@ impl Engine {
     }
 
     /// What a write that went through means for the run: followers on this replica are told, and a cancel is
-    /// heeded. (Followers elsewhere were told by the write itself, when there were any.)
+    /// heeded, by a model call under way too (the write may land while one runs). (Followers elsewhere were told
+    /// by the write itself, when there were any.)
     fn took(&self, run: &mut Run, outcome: WriteOutcome) {
         if outcome.cancel_requested {
             run.heard(Stop::Cancel);
+            self.replica.runs.stop(&run.record.id, Stop::Cancel);
         }
         self.replica.progressed(&run.record.id);
     }

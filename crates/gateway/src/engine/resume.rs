@@ -14,11 +14,11 @@ use super::runs::Registration;
 use super::server_tools::{
     bind_hosted_tools, restored, source_of, stored_remote_tools, stored_source_ids,
 };
-use super::{Engine, EventSink, Origin, Run};
+use super::{Engine, EventSink, Origin, Run, Stop};
 use crate::clock::now;
 use crate::governance::{Payer, Scope, StartRefused};
 use crate::store::ownership::{Alike, Claimed};
-use crate::store::responses::{Durability, StepWrite, StoredRun};
+use crate::store::responses::{Durability, Started, StepWrite, StoredRun};
 use crate::store::StoreError;
 use crate::tools::ServerTools;
 
@@ -59,7 +59,7 @@ impl Engine {
                     .store
                     .count_resume(&claimed.id, &self.replica.id, claimed.epoch)
                     .await;
-                return match counted {
+                return match counted.map(|started| started.starts) {
                     Ok(resumes) if resumes > self.replica.max_resumes => {
                         tracing::warn!(response.id = %claimed.id, error = %e, resumes, "a running response failed to be read back too often; ending it failed");
                         let message = format!(
@@ -138,12 +138,15 @@ impl Engine {
         // Every start from the store is counted (a resume that failed before this point is not): a response whose
         // runs keep dying where they run (a crash or a panic each time, or hand-overs without end) ends here
         // rather than be resumed again (SPEC 9).
-        let resumes = match self
+        let Started {
+            starts: resumes,
+            cancel_requested,
+        } = match self
             .store
             .count_resume(&claimed.id, &self.replica.id, claimed.epoch)
             .await
         {
-            Ok(resumes) => resumes,
+            Ok(started) => started,
             Err(StoreError::NotOwner) => return Ok(()), // taken by another replica meanwhile
             Err(e) => return Err(e),
         };
@@ -192,6 +195,7 @@ impl Engine {
             Some(place) => place,
             None => self.governor.hold_running(&payer).await,
         };
+        let heed_cancel = cancel_requested && !stored.steps.is_empty();
         let run = Run {
             limits: self.limits_for(stored.record.params.max_tool_calls),
             project_id: stored.project_id,
@@ -205,7 +209,12 @@ impl Engine {
             record: stored.record,
             origin,
             registration,
-            store_says: None,
+            // A cancel asked for while no replica ran the response (its owner dead, the cancel's word to it
+            // lost): heeded before the run sends anything again, not at its first write. Not for a response with
+            // no step stored: ended so, its stored account would read as one that never ran (a queued response
+            // cancelled), while its followers saw it start; its first write, a moment into its model call, brings
+            // the cancel, and stops the call.
+            store_says: heed_cancel.then_some(Stop::Cancel),
             _admitted: admitted,
             payer,
             unrecorded_usage: Vec::new(),

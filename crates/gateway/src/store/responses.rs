@@ -4,6 +4,7 @@
 mod group;
 mod rows;
 mod writes;
+pub use writes::Started;
 
 pub(crate) use group::GroupCommit;
 

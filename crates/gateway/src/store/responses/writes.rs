@@ -72,6 +72,15 @@ pub(super) fn usage_json<'a>(
     to_json(&records.into_iter().collect::<Vec<_>>())
 }
 
+/// A start of a response from its stored steps, counted ([`Store::count_resume`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Started {
+    /// The starts there were, this one included.
+    pub starts: i64,
+    /// A cancel was asked for before this start.
+    pub cancel_requested: bool,
+}
+
 impl Store {
     /// Writes a new response, its context items and first steps at once, in one batch of group commit. The
     /// record may already carry its ending (a response written when it ended).
@@ -203,15 +212,21 @@ impl Store {
     }
 
     /// Counts one more start of running response `id` from its stored steps (a resume, or a queued response's
-    /// first start) by `owner` under claim `epoch`, and answers how many there were, this one included.
+    /// first start) by `owner` under claim `epoch`, and answers how many there were, this one included, and
+    /// whether a cancel was asked for (before this start: a cancel that no replica ran when it came).
     /// `StoreError::NotOwner` when the claim no longer holds.
-    pub async fn count_resume(&self, id: &str, owner: &str, epoch: i64) -> Result<i64, StoreError> {
+    pub async fn count_resume(
+        &self,
+        id: &str,
+        owner: &str,
+        epoch: i64,
+    ) -> Result<Started, StoreError> {
         let _timer = self.timed("count_resume");
-        let resumes: Option<i64> = with_pool!(self, |pool| {
-            sqlx::query_scalar(
+        let started: Option<(i64, bool)> = with_pool!(self, |pool| {
+            sqlx::query_as(
             "UPDATE responses SET resumes = resumes + 1
              WHERE id = $1 AND owner = $2 AND claim_epoch = $3 AND status IN ('queued', 'in_progress')
-             RETURNING CAST(resumes AS BIGINT)",
+             RETURNING CAST(resumes AS BIGINT), cancel_requested",
         )
         .bind(id)
         .bind(owner)
@@ -219,7 +234,11 @@ impl Store {
         .fetch_optional(pool)
         .await
         })?;
-        resumes.ok_or(StoreError::NotOwner)
+        let (starts, cancel_requested) = started.ok_or(StoreError::NotOwner)?;
+        Ok(Started {
+            starts,
+            cancel_requested,
+        })
     }
 
     /// Ends as `cancelled` a queued background response of `project_id` that no replica took: nobody else will.
