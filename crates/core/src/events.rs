@@ -40,6 +40,14 @@ impl Event {
             .and_then(Value::as_u64)
             .unwrap_or(0)
     }
+
+    /// The same event under sequence number `n`.
+    pub fn renumbered(mut self, n: u64) -> Event {
+        if let Some(data) = self.data.as_object_mut() {
+            data.insert("sequence_number".to_owned(), Value::from(n));
+        }
+        self
+    }
 }
 
 /// What the loop reports as a response runs, in the order it happens.

@@ -1790,6 +1790,52 @@ async fn a_cancel_whose_notification_was_lost_keeps_the_next_batch_from_going_ou
 }
 
 #[tokio::test]
+async fn a_cancel_asked_for_while_the_owner_was_dead_mid_first_model_call_ends_it_and_its_stream() {
+    use gateway_testkit::Reply;
+    let mut cluster = Cluster::postgres().await;
+    let mut first = cluster.replica(&[]);
+    cluster.configure(&first).await;
+    cluster
+        .model
+        .push(Reply::text("Never delivered.").with_delay(Duration::from_secs(300)));
+    cluster
+        .model
+        .push(Reply::text("Called again after the cancel."));
+    let created = cluster
+        .create(
+            &first,
+            json!({"model": "mock", "input": "Hi", "background": true}),
+        )
+        .await;
+    let id = created["id"].as_str().expect("id").to_owned();
+    assert!(cluster.model.wait_for_requests(1, PATIENCE).await);
+
+    // The owner dies in its first model call, no step of it stored; a cancel is asked for while no replica runs
+    // the response.
+    first.kill();
+    let pool = sqlx::PgPool::connect(cluster.db.url())
+        .await
+        .expect("connect");
+    sqlx::query("UPDATE responses SET cancel_requested = TRUE WHERE id = $1")
+        .bind(&id)
+        .execute(&pool)
+        .await
+        .expect("request the cancel");
+    pool.close().await;
+
+    // The replica that resumes it ends it cancelled without calling the model again; a follower that saw it
+    // start (the store's account, with no step, reads as a response that never ran) is told its end.
+    let restarted = cluster.replica(&[]);
+    let ended = cluster.ended(&restarted, &id).await;
+    assert_eq!(ended["status"], "cancelled", "{ended:#}");
+    assert_eq!(
+        cluster.model.requests().len(),
+        1,
+        "the model was called again"
+    );
+}
+
+#[tokio::test]
 async fn a_cancel_asked_for_while_the_owner_was_dead_is_heeded_before_the_model_is_called_again() {
     use gateway_testkit::{Call, Reply};
     let mut cluster = Cluster::postgres().await;

@@ -139,6 +139,7 @@ pub fn follow(
             project,
             id,
             next: after.map_or(0, |n| n.saturating_add(1)),
+            sent_any: false,
             tx,
         };
         // A follower that stops before the response's end tells its client why, rather than just closing.
@@ -220,8 +221,9 @@ struct Follower {
     reads: SharedReads,
     project: String,
     id: String,
-    /// The sequence number of the next event to send.
+    /// The sequence number of the next event to send, and whether this follower sent any yet.
     next: u64,
+    sent_any: bool,
     tx: mpsc::Sender<Event>,
 }
 
@@ -278,12 +280,29 @@ impl Follower {
                 return Ok(Followed::Deleted);
             };
             let (stored, steps) = &*snapshot;
+            let mut told_the_end = false;
+            let mut end = None;
             for event in replay(&stored.record, steps) {
-                if event.sequence_number() >= self.next && !self.send(event).await {
-                    return Ok(Followed::ToTheEnd);
+                let last = TERMINAL.contains(&event.kind);
+                if event.sequence_number() >= self.next {
+                    told_the_end |= last;
+                    if !self.send(event).await {
+                        return Ok(Followed::ToTheEnd);
+                    }
+                } else if last {
+                    end = Some(event);
                 }
             }
             if stored.record.ending().is_some() {
+                // The store's account may number its end at or before what this follower sent (a model call made
+                // again after a takeover, answered in fewer pieces than the first; a run that started, ended
+                // before a step of it was stored): the end is told all the same, after the last event sent, so
+                // that no stream ends without saying how. (A client that re-attaches after the end's number, and
+                // was sent nothing here, is sent nothing: it says it saw the end.)
+                if let Some(end) = end.filter(|_| self.sent_any && !told_the_end) {
+                    let next = self.next;
+                    self.send(end.renumbered(next)).await;
+                }
                 return Ok(Followed::ToTheEnd);
             }
             // Then the live events, as long as they follow on; anything else sends it back to the store.
@@ -335,6 +354,7 @@ impl Follower {
     /// socket's window shut): such a follower holds its place among the followers no longer.
     async fn send(&mut self, event: Event) -> bool {
         self.next = event.sequence_number() + 1;
+        self.sent_any = true;
         matches!(
             tokio::time::timeout(STREAM_STALL_TIMEOUT, self.tx.send(event)).await,
             Ok(Ok(()))

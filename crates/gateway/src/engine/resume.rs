@@ -195,7 +195,6 @@ impl Engine {
             Some(place) => place,
             None => self.governor.hold_running(&payer).await,
         };
-        let heed_cancel = cancel_requested && !stored.steps.is_empty();
         let run = Run {
             limits: self.limits_for(stored.record.params.max_tool_calls),
             project_id: stored.project_id,
@@ -210,11 +209,10 @@ impl Engine {
             origin,
             registration,
             // A cancel asked for while no replica ran the response (its owner dead, the cancel's word to it
-            // lost): heeded before the run sends anything again, not at its first write. Not for a response with
-            // no step stored: ended so, its stored account would read as one that never ran (a queued response
-            // cancelled), while its followers saw it start; its first write, a moment into its model call, brings
-            // the cancel, and stops the call.
-            store_says: heed_cancel.then_some(Stop::Cancel),
+            // lost): heeded before the run sends anything again, not at its first write. (One with no step stored
+            // then reads, in the store, as a response that never ran; a follower that saw it start is told its
+            // end all the same, `stream.rs`.)
+            store_says: cancel_requested.then_some(Stop::Cancel),
             _admitted: admitted,
             payer,
             unrecorded_usage: Vec::new(),
