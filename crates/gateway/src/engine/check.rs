@@ -49,6 +49,7 @@ impl Engine {
             params: &params,
             conversation: &conversation,
             tools: &[],
+            resend: None,
         };
         let started = Instant::now();
         let result = self
@@ -76,6 +77,8 @@ impl Engine {
                     UpstreamError::Transport { .. } => ("unreachable", None),
                     UpstreamError::Broken { .. } => ("broken", None),
                     UpstreamError::Parse(_) => ("unreadable", None),
+                    // A check is made without a gate: never withheld.
+                    UpstreamError::Withheld { .. } => ("unreachable", None),
                 };
                 check.failure = Some(failure);
                 check.status = status;

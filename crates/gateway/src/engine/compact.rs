@@ -62,6 +62,7 @@ impl Engine {
                     params: &params,
                     conversation: &conversation,
                     tools: &[],
+                    resend: None,
                 },
                 None,
             )

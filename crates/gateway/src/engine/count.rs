@@ -43,6 +43,7 @@ impl Engine {
             params: &request.params,
             conversation: &conversation,
             tools: &tools,
+            resend: None,
         };
         let (tokens, counted_by) = self
             .upstream

@@ -43,11 +43,16 @@ impl Engine {
         let mut conversation = model_conversation(&run.context, &run.steps[..index]);
         flatten_namespaces(&mut conversation);
         let tools = offered_tools(&run.record.params.tools, &run.server_tools);
+        let resend = HeldAndNotStopped {
+            replica: &self.replica,
+            stop: run.registration.stop.clone(),
+        };
         let request = ModelRequest {
             response_id: &run.record.id,
             params: &run.record.params,
             conversation: &conversation,
             tools: &tools,
+            resend: Some(&resend),
         };
         // The text a reader was shown while the call ran, as it was cut.
         let mut shown = Shown {
@@ -110,10 +115,15 @@ impl Engine {
         let mut result = self.call_deployment(primary, request, sink, shown).await;
         let mut answered_by = None;
         for name in &primary.fallbacks {
-            let may_fall_back = matches!(&result, Err(e) if e.failure_code() != FailureCode::UpstreamRejected)
+            let may_fall_back = matches!(&result, Err(e) if e.failure_code() != FailureCode::UpstreamRejected && !matches!(e, UpstreamError::Withheld { .. }))
                 && shown.text.is_empty();
             if !may_fall_back {
                 break;
+            }
+            if let Some(resend) = request.resend {
+                if !resend.may_resend().await {
+                    break;
+                }
             }
             let fallback = match self.store.deployment_by_name(name).await {
                 Ok(Some(fallback)) => fallback,
@@ -342,5 +352,19 @@ pub(super) fn target(deployment: &Deployment) -> Target<'_> {
         model: &deployment.upstream_model,
         api_key: deployment.api_key.as_ref(),
         max_tokens: deployment.max_tokens,
+    }
+}
+
+/// A model call of a run is made again (a retry, a fallback) only while this replica holds its lease (waiting,
+/// after a pause, for the next beat, which first tells the runs whose response another replica took) and the run
+/// was not told to stop: a paused process must not send a paid call for a response that is no longer its own.
+struct HeldAndNotStopped<'a> {
+    replica: &'a super::Replica,
+    stop: tokio::sync::watch::Receiver<Option<Stop>>,
+}
+
+impl crate::upstream::Resend for HeldAndNotStopped<'_> {
+    fn may_resend(&self) -> futures::future::BoxFuture<'_, bool> {
+        Box::pin(async move { self.replica.hold_lease().await && self.stop.borrow().is_none() })
     }
 }

@@ -57,6 +57,10 @@ pub enum UpstreamError {
     Rejected { status: u16, message: String },
     #[error("upstream answer unreadable: {0}")]
     Parse(String),
+    /// A failed attempt that was not made again: whoever asked for the call may no longer send it (its replica's
+    /// hold on the response lapsed, or its run was told to stop).
+    #[error("not sent again after attempt {attempts}: the caller may no longer send it")]
+    Withheld { attempts: u32 },
 }
 
 impl UpstreamError {
@@ -83,6 +87,9 @@ impl UpstreamError {
                 format!("The upstream model rejected the request: {message}")
             }
             UpstreamError::Parse(_) => "The upstream model's answer could not be read.".into(),
+            UpstreamError::Withheld { attempts } => format!(
+                "The upstream model call failed and was not made again (after {attempts} attempt(s))."
+            ),
         }
     }
 
@@ -94,7 +101,9 @@ impl UpstreamError {
                 matches!(*status, 408 | 409 | 429) || (500..=599).contains(status)
             }
             UpstreamError::Transport { .. } | UpstreamError::Broken { .. } => true,
-            UpstreamError::Rejected { .. } | UpstreamError::Parse(_) => false,
+            UpstreamError::Rejected { .. }
+            | UpstreamError::Parse(_)
+            | UpstreamError::Withheld { .. } => false,
         }
     }
 
@@ -122,8 +131,13 @@ pub struct Target<'a> {
     pub max_tokens: u32,
 }
 
+/// Asked before a failed model call is made again (a retry, a fallback): whether its caller may still send it.
+pub trait Resend: Sync {
+    fn may_resend(&self) -> futures::future::BoxFuture<'_, bool>;
+}
+
 /// What one model call sends, whatever the provider.
-#[derive(Debug, Clone, Copy)]
+#[derive(Clone, Copy)]
 pub struct ModelRequest<'a> {
     /// The response the call is for: its output items carry its id in theirs.
     pub response_id: &'a str,
@@ -132,6 +146,28 @@ pub struct ModelRequest<'a> {
     pub conversation: &'a [Item],
     /// Client tools and server tools, as offered to the model.
     pub tools: &'a [OfferedTool],
+    /// Asked before each attempt after the first; `None`: every attempt may go.
+    pub resend: Option<&'a dyn Resend>,
+}
+
+impl std::fmt::Debug for ModelRequest<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ModelRequest")
+            .field("response_id", &self.response_id)
+            .field("conversation", &self.conversation.len())
+            .field("tools", &self.tools.len())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Whether attempt `attempt` of a call may go: the first always, a later one when `resend` says so.
+async fn may_attempt(resend: Option<&dyn Resend>, attempt: u32) -> Result<(), UpstreamError> {
+    match resend {
+        Some(resend) if attempt > 1 && !resend.may_resend().await => Err(UpstreamError::Withheld {
+            attempts: attempt - 1,
+        }),
+        _ => Ok(()),
+    }
 }
 
 impl ModelRequest<'_> {
@@ -301,8 +337,7 @@ impl Upstream {
             url: &url,
             headers: &headers,
         };
-        self.call_over(&call, wire, body, request.response_id, live)
-            .await
+        self.call_over(&call, wire, body, request, live).await
     }
 
     /// Runs the attempts of one model call (`attempt` is given each one's number, from 1): a retryable failure is
@@ -374,9 +409,10 @@ impl Upstream {
         call: &Call<'_>,
         wire: &Wire,
         mut body: Body<'_>,
-        response_id: &str,
+        request: &ModelRequest<'_>,
         live: Option<Live<'_>>,
     ) -> Result<ModelOutput, UpstreamError> {
+        let (response_id, resend) = (request.response_id, request.resend);
         let (parse, read_stream) = (wire.parse, wire.read_stream);
         let Call {
             target,
@@ -387,6 +423,7 @@ impl Upstream {
             let body = &encode(&body)?;
             return self
                 .with_retries(target, None, |attempt| async move {
+                    may_attempt(resend, attempt).await?;
                     let answer = self
                         .within_whole_answer_timeout(attempt, async {
                             let answer = self.send(target, url, headers, body, attempt).await?;
@@ -405,6 +442,7 @@ impl Upstream {
         let body = &encode(&body)?;
         let out = &Forwarder::new(live);
         self.with_retries(target, Some(out), |attempt| async move {
+            may_attempt(resend, attempt).await?;
             let answer = self.send(target, url, headers, body, attempt).await?;
             let events = Box::pin(sse::upstream_events(answer.parts(), attempt));
             read_stream(events, attempt, out, response_id).await
@@ -746,6 +784,65 @@ fn redact_secrets(text: &str, api_key: Option<&str>) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A gate that answers `may` every time, counting the times it was asked.
+    struct Gate {
+        may: bool,
+        asked: std::sync::atomic::AtomicU32,
+    }
+
+    impl Resend for Gate {
+        fn may_resend(&self) -> futures::future::BoxFuture<'_, bool> {
+            self.asked.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            Box::pin(std::future::ready(self.may))
+        }
+    }
+
+    #[tokio::test]
+    async fn a_failed_call_is_made_again_only_when_its_gate_says_it_may() {
+        for (may, expected_requests) in [(false, 1), (true, 2)] {
+            let mock = gateway_testkit::MockModel::start().await.expect("mock");
+            mock.push(gateway_testkit::Reply::error(503, "busy"));
+            mock.push(gateway_testkit::Reply::text("again"));
+            let upstream = Upstream::new(UpstreamConfig {
+                backoff_ms: 1,
+                ..UpstreamConfig::default()
+            })
+            .expect("upstream");
+            let base_url = mock.base_url();
+            let target = Target {
+                name: "mock",
+                kind: ProviderKind::OpenaiChat,
+                base_url: &base_url,
+                model: "mock-model",
+                api_key: None,
+                max_tokens: 1024,
+            };
+            let gate = Gate {
+                may,
+                asked: Default::default(),
+            };
+            let params = ResponseParams::default();
+            let request = ModelRequest {
+                response_id: "resp_gate",
+                params: &params,
+                conversation: &[],
+                tools: &[],
+                resend: Some(&gate),
+            };
+            let answer = upstream.call(&target, &request, None).await;
+            assert_eq!(mock.requests().len(), expected_requests, "may: {may}");
+            assert_eq!(gate.asked.load(std::sync::atomic::Ordering::SeqCst), 1);
+            if may {
+                assert!(answer.is_ok(), "{answer:?}");
+            } else {
+                assert!(
+                    matches!(answer, Err(UpstreamError::Withheld { attempts: 1 })),
+                    "{answer:?}"
+                );
+            }
+        }
+    }
 
     #[test]
     fn only_client_problems_are_rejections() {
