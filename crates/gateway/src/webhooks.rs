@@ -194,8 +194,7 @@ impl Deliverer {
             Ok(answer) => {
                 let status = answer.status().as_u16();
                 let redirect = answer.status().is_redirection();
-                let text = answer.text().await.unwrap_or_default();
-                let excerpt: String = text.chars().take(ERROR_EXCERPT).collect();
+                let excerpt = excerpt_of(answer).await;
                 let error = if redirect {
                     format!("HTTP {status}: redirects are not followed")
                 } else {
@@ -219,6 +218,24 @@ impl Deliverer {
             }
         }
     }
+}
+
+/// The start of a failed delivery's answer body, for its record: read only as far as the excerpt needs (a few
+/// bytes per character at most), whatever the endpoint sends after it.
+async fn excerpt_of(mut answer: reqwest::Response) -> String {
+    let wanted = ERROR_EXCERPT * 4;
+    let mut bytes = Vec::new();
+    while bytes.len() < wanted {
+        match answer.chunk().await {
+            Ok(Some(chunk)) => bytes.extend_from_slice(&chunk),
+            Ok(None) | Err(_) => break,
+        }
+    }
+    bytes.truncate(wanted);
+    String::from_utf8_lossy(&bytes)
+        .chars()
+        .take(ERROR_EXCERPT)
+        .collect()
 }
 
 #[cfg(test)]
