@@ -1740,6 +1740,19 @@ async fn a_lapse_whose_check_failed_is_checked_again_at_the_next_beat() {
     assert_gate_round(&finished);
 }
 
+/// Asks for response `id`'s cancel in the store alone, as a cancel whose notification reached no replica.
+async fn cancel_in_store(cluster: &Cluster, id: &str) {
+    let pool = sqlx::PgPool::connect(cluster.db.url())
+        .await
+        .expect("connect");
+    sqlx::query("UPDATE responses SET cancel_requested = TRUE WHERE id = $1")
+        .bind(id)
+        .execute(&pool)
+        .await
+        .expect("request the cancel");
+    pool.close().await;
+}
+
 #[tokio::test]
 async fn a_cancel_whose_notification_was_lost_keeps_the_next_batch_from_going_out() {
     use gateway_testkit::{Call, Reply};
@@ -1765,15 +1778,7 @@ async fn a_cancel_whose_notification_was_lost_keeps_the_next_batch_from_going_ou
     cluster.gate_calls(1).await;
 
     // Cancelled while its first call is in flight, its notification lost: only the store knows.
-    let pool = sqlx::PgPool::connect(cluster.db.url())
-        .await
-        .expect("connect");
-    sqlx::query("UPDATE responses SET cancel_requested = TRUE WHERE id = $1")
-        .bind(&id)
-        .execute(&pool)
-        .await
-        .expect("request the cancel");
-    pool.close().await;
+    cancel_in_store(&cluster, &id).await;
     cluster.tools.open_gate();
 
     // The run learns of the cancel from its next write (the model call's, or the one recording the next batch
@@ -1813,15 +1818,7 @@ async fn a_cancel_asked_for_while_the_owner_was_dead_mid_first_model_call_ends_i
     // The owner dies in its first model call, no step of it stored; a cancel is asked for while no replica runs
     // the response.
     first.kill();
-    let pool = sqlx::PgPool::connect(cluster.db.url())
-        .await
-        .expect("connect");
-    sqlx::query("UPDATE responses SET cancel_requested = TRUE WHERE id = $1")
-        .bind(&id)
-        .execute(&pool)
-        .await
-        .expect("request the cancel");
-    pool.close().await;
+    cancel_in_store(&cluster, &id).await;
 
     // The replica that resumes it ends it cancelled without calling the model again; a follower that saw it
     // start (the store's account, with no step, reads as a response that never ran) is told its end.
@@ -1862,15 +1859,7 @@ async fn a_cancel_asked_for_while_the_owner_was_dead_is_heeded_before_the_model_
     // The owner dies mid model call; a cancel is asked for while no replica runs the response (only the store
     // knows of it).
     first.kill();
-    let pool = sqlx::PgPool::connect(cluster.db.url())
-        .await
-        .expect("connect");
-    sqlx::query("UPDATE responses SET cancel_requested = TRUE WHERE id = $1")
-        .bind(&id)
-        .execute(&pool)
-        .await
-        .expect("request the cancel");
-    pool.close().await;
+    cancel_in_store(&cluster, &id).await;
 
     // The replica that resumes it ends it cancelled, without calling the model again.
     let restarted = cluster.replica(&[]);

@@ -54,12 +54,6 @@ async fn follow(gw: &TestGateway, key: &str, id: &str, after: Option<u64>) -> Ve
     parse_frames(&body)
 }
 
-/// `POST /v1/responses/{id}/cancel`.
-async fn cancel(gw: &TestGateway, key: &str, id: &str) -> gateway_e2e::Answer {
-    gw.call(gw.public(Method::POST, &format!("/responses/{id}/cancel"), key))
-        .await
-}
-
 #[tokio::test]
 async fn a_background_response_answers_queued_at_once_then_runs_to_its_end() {
     let (gw, tenant) = gateway_with_tools(&["gate"]).await;

@@ -392,13 +392,7 @@ async fn a_breaker_trial_whose_response_was_cancelled_leaves_the_next_call_the_t
         .wait_for_calls("gate", 2, patience)
         .await
         .expect("the trial call reached the tool");
-    let cancelled = gw
-        .call(gw.public(
-            Method::POST,
-            &format!("/responses/{}/cancel", id_of(&trial)),
-            &tenant.key,
-        ))
-        .await;
+    let cancelled = cancel(&gw, &tenant.key, &id_of(&trial)).await;
     assert_eq!(
         cancelled.body["status"], "cancelled",
         "{:#}",
@@ -457,13 +451,7 @@ async fn a_call_waiting_for_a_slot_whose_response_is_cancelled_stops_counting_as
         .await
         .expect("the second call waits for the slot");
 
-    let cancelled = gw
-        .call(gw.public(
-            Method::POST,
-            &format!("/responses/{}/cancel", id_of(&second)),
-            &tenant.key,
-        ))
-        .await;
+    let cancelled = cancel(gw, &tenant.key, &id_of(&second)).await;
     assert_eq!(
         cancelled.body["status"], "cancelled",
         "{:#}",

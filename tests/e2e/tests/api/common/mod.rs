@@ -184,6 +184,12 @@ pub async fn get_response(gw: &TestGateway, key: &str, id: &str) -> Answer {
         .await
 }
 
+/// `POST /v1/responses/{id}/cancel`.
+pub async fn cancel(gw: &TestGateway, key: &str, id: &str) -> Answer {
+    gw.call(gw.public(Method::POST, &format!("/responses/{id}/cancel"), key))
+        .await
+}
+
 /// `DELETE /v1/responses/{id}` with `key`.
 pub async fn delete_response(gw: &TestGateway, key: &str, id: &str) -> Answer {
     gw.call(gw.public(Method::DELETE, &format!("/responses/{id}"), key))
