@@ -356,6 +356,20 @@ async fn a_replica_with_a_full_pool_and_hundreds_of_followers_keeps_its_leases()
 /// for as long as the lock is held.
 #[tokio::test]
 async fn a_response_whose_read_back_fails_every_time_for_a_passing_reason_ends_failed() {
+    ends_unreadable_while_locked("steps").await;
+}
+
+/// The same when what fails is the read of who pays for it (its key's row locked): the response was read back,
+/// its payer was not, and that counts as a failed start too rather than a claim given back for ever.
+#[tokio::test]
+async fn a_response_whose_payer_cannot_be_read_back_ends_failed_instead_of_being_claimed_for_ever()
+{
+    ends_unreadable_while_locked("api_keys").await;
+}
+
+/// A background response whose replica died is taken over by one that cannot read `table` (another session
+/// holds it locked, and reads time out after 1 s): it ends `unreadable_state` after two tries.
+async fn ends_unreadable_while_locked(table: &str) {
     let mut cluster = Cluster::postgres().await;
     let mut first = cluster.replica(&[]);
     cluster.configure(&first).await;
@@ -367,7 +381,7 @@ async fn a_response_whose_read_back_fails_every_time_for_a_passing_reason_ends_f
         .await
         .expect("connect");
     let mut locked = pool.begin().await.expect("begin");
-    sqlx::query("LOCK TABLE steps IN ACCESS EXCLUSIVE MODE")
+    sqlx::query(&format!("LOCK TABLE {table} IN ACCESS EXCLUSIVE MODE"))
         .execute(&mut *locked)
         .await
         .expect("lock");

@@ -35,9 +35,11 @@ impl Engine {
         admitted: OwnedSemaphorePermit,
         registration: Registration,
     ) -> Result<(), StoreError> {
-        let stored = match self.store.load_run(&claimed.project_id, &claimed.id).await {
-            Ok(Some(stored)) => stored,
-            Ok(None) => return Ok(()), // deleted meanwhile
+        // What it stored, and who pays for it, read back together: a failure of either is the same failure to
+        // read the response back.
+        let (stored, payer) = match self.read_back(&claimed).await {
+            Ok(Some(read)) => read,
+            Ok(None) => return Ok(()), // deleted, or ended, meanwhile
             // Whatever holds it cannot be read, and never will be: it ends now rather than being claimed and
             // released for ever (SPEC 9).
             Err(e) if !e.is_transient() => {
@@ -74,15 +76,11 @@ impl Engine {
                 };
             }
         };
-        if stored.record.ending().is_some() {
-            return Ok(());
-        }
         let origin = if stored.record.status() == ResponseStatus::Queued {
             Origin::Queued
         } else {
             Origin::Resumed
         };
-        let payer = self.payer_of(&stored).await?;
         // A queued response gave its place back when it was left queued: it takes one again within the counts,
         // as a create does, or waits queued (not counted as a start) until a place may be free.
         let queued_place = match origin {
@@ -245,6 +243,22 @@ impl Engine {
             &stored.server_tools,
             bound.into_iter().chain(remote).collect(),
         ))
+    }
+
+    /// A claimed response's stored run and who pays for it; `None` when it was deleted or has ended meanwhile.
+    async fn read_back(&self, claimed: &Claimed) -> Result<Option<(StoredRun, Payer)>, StoreError> {
+        let Some(stored) = self
+            .store
+            .load_run(&claimed.project_id, &claimed.id)
+            .await?
+        else {
+            return Ok(None);
+        };
+        if stored.record.ending().is_some() {
+            return Ok(None);
+        }
+        let payer = self.payer_of(&stored).await?;
+        Ok(Some((stored, payer)))
     }
 
     /// Who pays for a resumed response: the key that created it, as it is held now (revoked or not); a response
