@@ -1,7 +1,7 @@
 //! MCP tool sources (SPEC 2, 7): the gateway as an MCP client over streamable HTTP (`rmcp`).
 //!
 //! One session per source and replica, opened on first use and reused (no `initialize` per call); it is opened
-//! again after a transport error, or when the source's URL or secret changed. A source's tool list is cached and
+//! again after a transport error, or when the source's URL, secret or output cap changed. A source's tool list is cached and
 //! listed again after a `notifications/tools/list_changed` from the server or after the TTL. A server that is
 //! down keeps offering the tools it last listed (since the process started), and their calls end with error
 //! outputs: a server tool never becomes a client's function call, and the client never gets a 5xx.
@@ -90,10 +90,26 @@ async fn list_bounded(peer: &Peer<RoleClient>) -> Result<Vec<Tool>, ListingError
     Err(ListingError::TooMany)
 }
 
+/// The most bytes of one answer rmcp reads from a server whatever the cap: its own default, 16 MiB.
+pub const MIN_ANSWER_BYTES: usize = 16 * 1024 * 1024;
+
+/// The most bytes rmcp reads of one answer (a JSON body or an SSE event) from a source whose outputs are cut to
+/// `max_output_bytes`: rmcp refuses a larger answer whole rather than reading a part of it, so the bound leaves
+/// room for an output at the cap twice over (a text and its `structuredContent`, or escapes) and the JSON-RPC
+/// around it; an output up to the cap is then read and kept, a longer one read and cut to it, as an HTTP tool's
+/// is. An answer past the bound is refused: rmcp closes the session it came on, the call fails as one whose
+/// session broke, and the next call opens a new session.
+pub fn answer_limit(max_output_bytes: u64) -> usize {
+    let cap = usize::try_from(max_output_bytes).unwrap_or(usize::MAX);
+    cap.saturating_mul(2)
+        .saturating_add(1024 * 1024)
+        .max(MIN_ANSWER_BYTES)
+}
+
 /// One open MCP session of a source, with its cached tool list.
 struct Session {
-    /// The URL and a digest of the secret it was opened with.
-    opened_for: (String, String),
+    /// The URL, a digest of the secret and the answer bound it was opened with.
+    opened_for: (String, String, usize),
     service: RunningService<RoleClient, Watcher>,
     stale: Arc<AtomicBool>,
     listed: tokio::sync::Mutex<Option<(Instant, Arc<Vec<Tool>>)>>,
@@ -130,13 +146,17 @@ impl std::fmt::Debug for McpClients {
     }
 }
 
-fn opened_for(source: &Endpoint) -> (String, String) {
+fn opened_for(source: &Endpoint) -> (String, String, usize) {
     let secret = source
         .secret
         .as_ref()
         .map(|s| hex::encode(Sha256::digest(s.expose_secret().as_bytes())))
         .unwrap_or_default();
-    (source.url.clone(), secret)
+    (
+        source.url.clone(),
+        secret,
+        answer_limit(source.policy.max_output_bytes()),
+    )
 }
 
 impl McpClients {
@@ -191,12 +211,14 @@ impl McpClients {
         &self,
         source: &Endpoint,
         named: &str,
-        wanted: (String, String),
+        wanted: (String, String, usize),
     ) -> Result<Arc<Session>, String> {
         let mut config = StreamableHttpClientTransportConfig::with_uri(source.url.clone());
         if let Some(secret) = &source.secret {
             config = config.auth_header(secret.expose_secret().to_owned());
         }
+        config.max_json_response_size = wanted.2;
+        config.max_sse_event_size = wanted.2;
         let transport = StreamableHttpClientTransport::from_config(config);
         let watcher = Watcher::default();
         let stale = Arc::clone(&watcher.stale);

@@ -383,6 +383,65 @@ async fn an_is_error_result_is_cut_to_the_source_s_cap_with_the_same_marker() {
     );
 }
 
+/// rmcp reads at most 16 MiB of one answer by default, and refuses a longer one whole: a source whose cap is past
+/// half of that gets a bound that fits it, so its output is cut to the cap like any other, not refused.
+#[tokio::test]
+async fn an_answer_past_16_mib_from_a_source_with_a_larger_cap_is_cut_to_the_cap() {
+    let (gw, tenant) = gateway().await;
+    let mcp = McpServer::start().await.expect("mcp server");
+    let cap = 9 * 1024 * 1024;
+    let sent = 17 * 1024 * 1024;
+    attach_mcp(
+        &gw,
+        &tenant.group_id,
+        &mcp,
+        json!({"max_output_bytes": cap}),
+    )
+    .await;
+
+    let (body, seen) = round(&gw, &tenant.key, "fail", json!({"bytes": sent})).await;
+
+    let call = &items_of(&body, "mcp_call")[0];
+    let message = call["error"]["content"][0]["text"]
+        .as_str()
+        .expect("error text");
+    assert!(message.len() <= cap, "{}", message.len());
+    assert!(message.len() > cap - 1024, "{}", message.len());
+    assert!(message.starts_with("xxx"), "{}", &message[..100]);
+    assert!(
+        message.contains(&format!("the tool's output was {sent} bytes")),
+        "{}",
+        &message[message.len() - 200..]
+    );
+    assert!(seen.contains("truncated"), "the model reads the marker");
+}
+
+/// Past the bound, rmcp refuses the answer and closes its session: the call fails with an error output (the
+/// response still completes), and the next call is answered over a new session.
+#[tokio::test]
+async fn an_answer_past_what_the_gateway_reads_fails_the_call_and_the_next_call_opens_a_new_session(
+) {
+    let (gw, tenant) = gateway().await;
+    let mcp = McpServer::start().await.expect("mcp server");
+    attach_mcp(&gw, &tenant.group_id, &mcp, json!({})).await;
+
+    let (body, seen) = round(&gw, &tenant.key, "fail", json!({"bytes": 17 * 1024 * 1024})).await;
+
+    assert_eq!(body["status"], "completed", "{}", body["status"]);
+    let call = &items_of(&body, "mcp_call")[0];
+    assert_eq!(call["status"], "failed", "{}", call["status"]);
+    assert_eq!(
+        seen,
+        r#"{"error":{"message":"Tool 'fail' (MCP server 'calc') could not be called."}}"#
+    );
+    assert_eq!(mcp.sessions(), 1);
+
+    let (body, seen) = round(&gw, &tenant.key, "add", json!({"a": 2, "b": 3})).await;
+    assert_eq!(body["status"], "completed", "{body:#}");
+    assert_eq!(seen, r#"{"sum":5}"#);
+    assert_eq!(mcp.sessions(), 2, "a new session for the next call");
+}
+
 #[tokio::test]
 async fn a_listing_past_the_tool_limit_offers_nothing_and_the_request_still_succeeds() {
     let (gw, tenant) = gateway().await;
