@@ -53,7 +53,10 @@ impl Application {
             engine,
             admin_token: config.admin.token.clone().map(Arc::new),
             metrics_token: config.admin.metrics_token.clone().map(Arc::new),
-            keep_alive: Duration::from_millis(config.server.keep_alive_ms.max(1)),
+            streams: crate::api::stream::StreamTimings {
+                keep_alive: Duration::from_millis(config.server.keep_alive_ms.max(1)),
+                stall: Duration::from_millis(config.server.stream_stall_timeout_ms.max(1)),
+            },
             websocket_max_age: Duration::from_millis(config.websocket.max_connection_ms),
             websocket_message_limit: config.server.body_limit_bytes,
             websockets: crate::api::ws::OpenSockets::new(config.websocket.max_connections_per_key),

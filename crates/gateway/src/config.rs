@@ -52,6 +52,11 @@ pub struct ServerConfig {
     /// 15 s), so proxies and clients do not time out a stream waiting on a slow model or tool.
     #[default(15_000)]
     pub keep_alive_ms: u64,
+    /// A stream's client (SSE, a follower, a WebSocket) that takes nothing of what is sent to it for this long
+    /// (its socket's window shut: a paused or wedged process) is treated as gone, so that it holds neither its
+    /// response's run, nor a follower's task, nor its connection's place.
+    #[default(60_000)]
+    pub stream_stall_timeout_ms: u64,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]

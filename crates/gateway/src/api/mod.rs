@@ -66,8 +66,9 @@ pub struct Shared {
     pub admin_token: Option<Arc<SecretString>>,
     /// The token `GET /metrics` asks for, when the operator set one.
     pub metrics_token: Option<Arc<SecretString>>,
-    /// How long an event stream may stay silent before a keep-alive comment goes out.
-    pub keep_alive: std::time::Duration,
+    /// How long an event stream may stay silent before a keep-alive comment goes out, and how long its client
+    /// may take nothing of it before it is treated as gone.
+    pub streams: stream::StreamTimings,
     /// How long a WebSocket connection may live (`websocket.max_connection_ms`).
     pub websocket_max_age: std::time::Duration,
     /// The largest WebSocket message, and the most context a connection remembers: the HTTP body limit.

@@ -117,7 +117,7 @@ async fn start(
                 engine,
                 state.reads.clone(),
                 following,
-                state.keep_alive,
+                state.streams,
             ));
         }
         return Ok(Json(response_object(&record, &[])).into_response());
@@ -125,7 +125,7 @@ async fn start(
     if request.stream {
         // Errors found before the stream starts are plain JSON errors (from `prepare`).
         let run = state.engine.prepare(admitted, request, None).await?;
-        return Ok(event_stream(&state.engine, run, state.keep_alive));
+        return Ok(event_stream(&state.engine, run, state.streams));
     }
     let finished = state
         .engine
@@ -373,7 +373,7 @@ pub async fn get_response(
             engine,
             state.reads.clone(),
             following,
-            state.keep_alive,
+            state.streams,
         ));
     }
     Ok(Json(response_json(&state, &project, &id).await?.1).into_response())

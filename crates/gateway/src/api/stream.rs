@@ -12,13 +12,22 @@ use tokio::sync::{broadcast, mpsc};
 
 use super::error::ApiError;
 use super::shared_reads::SharedReads;
-use crate::engine::{Engine, EventSink, Run, STREAM_STALL_TIMEOUT};
+use crate::engine::{Engine, EventSink, Run};
 
 /// Events waiting for a slow client: the loop waits when this many are queued (backpressure).
 pub const STREAM_BUFFER: usize = 64;
 
 /// A follower reads the store again after this long without a sign of progress (a notification may be lost).
 const FOLLOW_POLL: Duration = Duration::from_secs(1);
+
+/// How an event stream is kept: a keep-alive comment after `keep_alive` without an event
+/// (`server.keep_alive_ms`), and its client treated as gone once it takes nothing for `stall`
+/// (`server.stream_stall_timeout_ms`).
+#[derive(Debug, Clone, Copy)]
+pub struct StreamTimings {
+    pub keep_alive: Duration,
+    pub stall: Duration,
+}
 
 /// The terminal events: a follower stops after one.
 pub const TERMINAL: [&str; 4] = [
@@ -30,10 +39,10 @@ pub const TERMINAL: [&str; 4] = [
 
 /// Runs `run` (a foreground stream: it stops when its client leaves) on its own task and answers with its
 /// events as they come.
-pub fn event_stream(engine: &Engine, run: Run, keep_alive: Duration) -> Response {
+pub fn event_stream(engine: &Engine, run: Run, timings: StreamTimings) -> Response {
     let (tx, rx) = mpsc::channel(STREAM_BUFFER);
     let response_id = run.response_id().to_owned();
-    let ran = engine.spawn(run, EventSink::for_client(tx, true));
+    let ran = engine.spawn(run, EventSink::for_client(tx, true, timings.stall));
     sse(
         rx,
         Some(RunOfStream {
@@ -42,7 +51,7 @@ pub fn event_stream(engine: &Engine, run: Run, keep_alive: Duration) -> Response
             next: 0,
             told_the_end: false,
         }),
-        keep_alive,
+        timings.keep_alive,
     )
 }
 
@@ -120,7 +129,7 @@ pub fn follow(
     engine: Engine,
     reads: SharedReads,
     following: Following,
-    keep_alive: Duration,
+    timings: StreamTimings,
 ) -> Response {
     let Following {
         project,
@@ -141,6 +150,7 @@ pub fn follow(
             next: after.map_or(0, |n| n.saturating_add(1)),
             sent_any: false,
             tx,
+            stall: timings.stall,
         };
         // A follower that stops before the response's end tells its client why, rather than just closing.
         let untold = match follower.run(live).await {
@@ -170,9 +180,9 @@ pub fn follow(
             }
         };
         let event = error_event(follower.next, &untold);
-        let _ = tokio::time::timeout(STREAM_STALL_TIMEOUT, follower.tx.send(event)).await;
+        let _ = tokio::time::timeout(follower.stall, follower.tx.send(event)).await;
     }));
-    sse(rx, None, keep_alive)
+    sse(rx, None, timings.keep_alive)
 }
 
 /// The SSE answer carrying `events`, each written whole as `event: <type>\ndata: <one line of JSON>\n\n`, with a
@@ -225,6 +235,8 @@ struct Follower {
     next: u64,
     sent_any: bool,
     tx: mpsc::Sender<Event>,
+    /// How long its client may take nothing before this follower stops.
+    stall: Duration,
 }
 
 /// What woke a waiting follower.
@@ -356,7 +368,7 @@ impl Follower {
         self.next = event.sequence_number() + 1;
         self.sent_any = true;
         matches!(
-            tokio::time::timeout(STREAM_STALL_TIMEOUT, self.tx.send(event)).await,
+            tokio::time::timeout(self.stall, self.tx.send(event)).await,
             Ok(Ok(()))
         )
     }

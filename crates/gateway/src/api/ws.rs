@@ -33,7 +33,7 @@ use super::extract::{bearer, valid_grant, ProjectKey};
 use super::governance::admit;
 use super::stream::{STREAM_BUFFER, TERMINAL};
 use super::AppState;
-use crate::engine::{EventSink, Finished, STREAM_STALL_TIMEOUT};
+use crate::engine::{EventSink, Finished};
 
 /// `response.create` messages a client may send ahead of the one running; reading the socket waits beyond it.
 const QUEUED_MESSAGES: usize = 16;
@@ -128,12 +128,32 @@ struct Connection {
 /// The client went away.
 struct Gone;
 
-type Outgoing = SplitSink<WebSocket, Message>;
+/// The sending half of a client's socket.
+struct Outgoing {
+    sink: SplitSink<WebSocket, Message>,
+    /// How long the client may take nothing of a message (`server.stream_stall_timeout_ms`).
+    stall: Duration,
+}
+
+impl Outgoing {
+    /// Sends `message`; a client that takes nothing of it for the stall timeout (its socket's window shut) is
+    /// gone as much as one that closed, so that it holds neither this connection's task nor its key's place.
+    async fn send(&mut self, message: Message) -> Result<(), Gone> {
+        match tokio::time::timeout(self.stall, self.sink.send(message)).await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(_)) | Err(_) => Err(Gone),
+        }
+    }
+}
 
 impl Connection {
     async fn serve(mut self, socket: WebSocket, max_age: Duration) {
         let limit = Instant::now() + max_age;
-        let (mut out, incoming) = socket.split();
+        let (sink, incoming) = socket.split();
+        let mut out = Outgoing {
+            sink,
+            stall: self.state.streams.stall,
+        };
         let (queue, mut messages) = mpsc::channel(QUEUED_MESSAGES);
         let (left, mut gone) = watch::channel(false);
         let reader = tokio::spawn(read_messages(incoming, queue, left));
@@ -233,9 +253,10 @@ impl Connection {
         let context = (!store).then(|| run.context().to_vec());
         let response_id = run.response_id().to_owned();
         let (events_tx, mut events) = mpsc::channel(STREAM_BUFFER);
+        let stall = out.stall;
         let task = tokio::spawn(tracing::Instrument::in_current_span(async move {
             engine
-                .run(run, EventSink::for_client(events_tx, true))
+                .run(run, EventSink::for_client(events_tx, true, stall))
                 .await
         }));
         // Whether the client was told how the response ended (its terminal event).
@@ -248,7 +269,7 @@ impl Connection {
                         let text = event.data.to_string();
                         // The run stops at its next step boundary once nobody reads its events: a client
                         // that left, or one that has read nothing for a whole stall timeout.
-                        send_within(out, Message::Text(text.into())).await?;
+                        out.send(Message::Text(text.into())).await?;
                     }
                     None => break,
                 },
@@ -395,21 +416,12 @@ async fn close_with(
         code,
         reason: reason.into(),
     };
-    send_within(out, Message::Close(Some(close))).await
+    out.send(Message::Close(Some(close))).await
 }
 
 async fn send_error(out: &mut Outgoing, error: &ApiError) -> Result<(), Gone> {
     let envelope = error_envelope(error);
-    send_within(out, Message::Text(envelope.to_string().into())).await
-}
-
-/// Sends `message`; a client that takes nothing of it for [`STREAM_STALL_TIMEOUT`] (its socket's window shut)
-/// is gone as much as one that closed, so that it holds neither this connection's task nor its key's place.
-async fn send_within(out: &mut Outgoing, message: Message) -> Result<(), Gone> {
-    match tokio::time::timeout(STREAM_STALL_TIMEOUT, out.send(message)).await {
-        Ok(Ok(())) => Ok(()),
-        Ok(Err(_)) | Err(_) => Err(Gone),
-    }
+    out.send(Message::Text(envelope.to_string().into())).await
 }
 
 #[cfg(test)]

@@ -43,7 +43,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 pub use check::DeploymentCheck;
 pub use compact::Compacted;
 pub use error::{EngineError, StartError};
-pub use progress::{EventSink, ProgressSink, Silent, STREAM_STALL_TIMEOUT};
+pub use progress::{EventSink, ProgressSink, Silent};
 pub use replica::Replica;
 pub use runs::Stop;
 pub use worker::Worker;

@@ -11,10 +11,6 @@ use tokio::sync::mpsc;
 
 use super::runs::Hub;
 
-/// A client that takes no event for this long, its connection open, is treated as gone: a foreground response
-/// stops at the next step boundary and gives back its place, instead of holding it for ever.
-pub const STREAM_STALL_TIMEOUT: Duration = Duration::from_secs(60);
-
 /// Takes the progress of one response as its loop runs (see [`Progress`]).
 pub trait ProgressSink: Send {
     /// Takes one report; may wait while a slow reader catches up (backpressure).
@@ -52,6 +48,10 @@ pub struct EventSink {
     projection: EventProjection,
     client: Option<mpsc::Sender<Event>>,
     client_gone: bool,
+    /// A client that takes no event for this long, its connection open, is treated as gone
+    /// (`server.stream_stall_timeout_ms`): a foreground response stops at the next step boundary and gives back
+    /// its place, instead of holding it for ever.
+    stall: Duration,
     /// A foreground stream ends when its client leaves; a background response runs on without it.
     stops_without_client: bool,
     hub: Option<Hub>,
@@ -59,12 +59,13 @@ pub struct EventSink {
 
 impl EventSink {
     /// The events of a new streamed response, sent to its client (`foreground`: the response stops when the
-    /// client leaves).
-    pub fn for_client(client: mpsc::Sender<Event>, foreground: bool) -> EventSink {
+    /// client leaves), who is treated as gone once it takes nothing for `stall`.
+    pub fn for_client(client: mpsc::Sender<Event>, foreground: bool, stall: Duration) -> EventSink {
         EventSink {
             projection: EventProjection::new(),
             client: Some(client),
             client_gone: false,
+            stall,
             stops_without_client: foreground,
             hub: None,
         }
@@ -80,6 +81,8 @@ impl EventSink {
             projection,
             client: None,
             client_gone: true,
+            // No client to wait for.
+            stall: Duration::ZERO,
             stops_without_client: false,
             hub: None,
         }
@@ -94,7 +97,7 @@ impl EventSink {
         if self.client_gone {
             return;
         }
-        match tokio::time::timeout(STREAM_STALL_TIMEOUT, client.send(event)).await {
+        match tokio::time::timeout(self.stall, client.send(event)).await {
             Ok(Ok(())) => {}
             Ok(Err(_)) => self.client_gone = true,
             Err(_) => {
@@ -137,6 +140,9 @@ mod tests {
     /// The events that fit in the buffer of a client that reads nothing.
     const BUFFER: usize = 64;
 
+    /// The default `server.stream_stall_timeout_ms`.
+    const STALL: Duration = Duration::from_secs(60);
+
     fn delta(sink: &mut EventSink, text: &str) -> Option<()> {
         sink.report(Progress::TextDelta {
             item_id: "msg_1",
@@ -148,7 +154,7 @@ mod tests {
     #[tokio::test]
     async fn a_sink_whose_client_reads_nothing_waits_once_its_buffer_is_full() {
         let (tx, mut rx) = mpsc::channel(BUFFER);
-        let mut sink = EventSink::for_client(tx, true);
+        let mut sink = EventSink::for_client(tx, true, STALL);
         // The first delta opens the message: output_item.added, content_part.added and the delta.
         delta(&mut sink, "a");
         for _ in 3..BUFFER {
@@ -169,7 +175,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_client_that_stops_reading_is_treated_as_gone_after_the_stall_timeout() {
         let (tx, _rx) = mpsc::channel(BUFFER);
-        let mut sink = EventSink::for_client(tx, true);
+        let mut sink = EventSink::for_client(tx, true, STALL);
         // The first delta opens the message: three events; then one each, up to a full buffer.
         for _ in 0..BUFFER - 2 {
             sink.report(Progress::TextDelta {
@@ -187,14 +193,14 @@ mod tests {
         })
         .await;
         assert!(sink.is_closed());
-        assert!(started.elapsed() >= STREAM_STALL_TIMEOUT);
+        assert!(started.elapsed() >= STALL);
         assert!(delta(&mut sink, "c").is_some());
     }
 
     #[tokio::test]
     async fn a_sink_whose_client_went_away_is_closed_and_drops_events() {
         let (tx, rx) = mpsc::channel(BUFFER);
-        let mut sink = EventSink::for_client(tx, true);
+        let mut sink = EventSink::for_client(tx, true, STALL);
         drop(rx);
         assert!(sink.is_closed());
         // Nothing blocks, however many events follow.
@@ -214,7 +220,7 @@ mod tests {
     #[test]
     fn a_background_stream_runs_on_when_its_client_leaves() {
         let (tx, rx) = mpsc::channel(BUFFER);
-        let sink = EventSink::for_client(tx, false);
+        let sink = EventSink::for_client(tx, false, STALL);
         drop(rx);
         assert!(!sink.is_closed());
     }
@@ -222,7 +228,7 @@ mod tests {
     #[tokio::test]
     async fn followers_get_the_events_once_one_follows() {
         let (tx, _rx) = mpsc::channel(BUFFER);
-        let mut sink = EventSink::for_client(tx, true);
+        let mut sink = EventSink::for_client(tx, true, STALL);
         let hub: Hub = std::sync::Arc::default();
         sink.follow_with(std::sync::Arc::clone(&hub));
         delta(&mut sink, "unseen");

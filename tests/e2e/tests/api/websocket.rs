@@ -826,3 +826,53 @@ async fn a_key_holding_its_most_connections_gets_429_until_one_closes() {
         );
     }
 }
+
+/// A socket whose receive window is a few KiB: a client that stops reading is felt by the gateway at once.
+async fn connect_with_a_small_window(gw: &TestGateway, key: &str) -> Socket {
+    let address = gw
+        .base_url
+        .trim_start_matches("http://")
+        .parse()
+        .expect("address");
+    let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+    socket.set_recv_buffer_size(4096).expect("buffer size");
+    let stream = socket.connect(address).await.expect("connect");
+    let mut request = ws_url(gw).into_client_request().expect("request");
+    request.headers_mut().insert(
+        "authorization",
+        format!("Bearer {key}").parse().expect("header"),
+    );
+    let (ws, _) = tokio_tungstenite::client_async(request, MaybeTlsStream::Plain(stream))
+        .await
+        .expect("upgrade");
+    Socket { ws }
+}
+
+/// A client that stops reading (its process paused, say) while its turn's events are more than the socket's
+/// buffers hold: after `server.stream_stall_timeout_ms` the gateway treats it as gone and ends the connection,
+/// which gives back its key's place among the connections.
+#[tokio::test]
+async fn a_client_that_stops_reading_gives_back_its_connection_place_after_the_stall_timeout() {
+    let gw = TestGateway::start_with(|config| {
+        config.websocket.max_connections_per_key = 1;
+        config.server.stream_stall_timeout_ms = 500;
+    })
+    .await;
+    let tenant = gw.tenant("acme").await;
+    gw.model.push(Reply::text("x".repeat(4 * 1024 * 1024)));
+    let mut stalled = connect_with_a_small_window(&gw, &tenant.key).await;
+    stalled
+        .send(json!({"type": "response.create", "model": "mock", "input": "go"}))
+        .await;
+    // It reads nothing from here on; its one place is held until the gateway gives up on it.
+    assert!(try_connect(&gw, Some(&tenant.key)).await.is_err());
+
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    while try_connect(&gw, Some(&tenant.key)).await.is_err() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the stalled connection kept its place"
+        );
+    }
+    drop(stalled);
+}
