@@ -97,7 +97,8 @@ pub const MIN_ANSWER_BYTES: usize = 16 * 1024 * 1024;
 /// `max_output_bytes`: rmcp refuses a larger answer whole rather than reading a part of it, so the bound leaves
 /// room for an output at the cap twice over (a text and its `structuredContent`, or escapes) and the JSON-RPC
 /// around it; an output up to the cap is then read and kept, a longer one read and cut to it, as an HTTP tool's
-/// is. An answer past the bound is refused: rmcp closes the session it came on, the call fails as one whose
+/// is (unless its JSON runs past twice its text: escapes all through, or the text given more than twice over).
+/// An answer past the bound is refused: rmcp closes the session it came on, the call fails as one whose
 /// session broke, and the next call opens a new session.
 pub fn answer_limit(max_output_bytes: u64) -> usize {
     let cap = usize::try_from(max_output_bytes).unwrap_or(usize::MAX);
@@ -450,6 +451,10 @@ impl McpClients {
             headers.insert(name, value);
         }
         config = config.custom_headers(headers);
+        // A request's server has the default cap.
+        let bound = answer_limit(gateway_core::entity::ToolPolicy::default().max_output_bytes());
+        config.max_json_response_size = bound;
+        config.max_sse_event_size = bound;
         let transport = StreamableHttpClientTransport::with_client(client, config);
         match tokio::time::timeout(self.timeout, ().serve(transport)).await {
             Ok(Ok(service)) => Ok(service),

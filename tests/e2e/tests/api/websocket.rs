@@ -855,7 +855,7 @@ async fn connect_with_a_small_window(gw: &TestGateway, key: &str) -> Socket {
 async fn a_client_that_stops_reading_gives_back_its_connection_place_after_the_stall_timeout() {
     let gw = TestGateway::start_with(|config| {
         config.websocket.max_connections_per_key = 1;
-        config.server.stream_stall_timeout_ms = 500;
+        config.server.stream_stall_timeout_ms = 2000;
     })
     .await;
     let tenant = gw.tenant("acme").await;
