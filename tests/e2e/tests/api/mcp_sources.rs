@@ -442,6 +442,34 @@ async fn an_answer_past_what_the_gateway_reads_fails_the_call_and_the_next_call_
     assert_eq!(mcp.sessions(), 2, "a new session for the next call");
 }
 
+/// The session is opened for its answer bound: a cap that moves the bound opens a new one at the next call, a
+/// cap whose bound is the same (anything up to 7.5 MiB is bounded at 16 MiB) keeps the session.
+#[tokio::test]
+async fn a_new_cap_opens_a_new_session_only_when_it_moves_the_answer_bound() {
+    let (gw, tenant) = gateway().await;
+    let mcp = McpServer::start().await.expect("mcp server");
+    let source = attach_mcp(&gw, &tenant.group_id, &mcp, json!({})).await;
+    async fn add(gw: &TestGateway, key: &str) {
+        let (body, seen) = round(gw, key, "add", json!({"a": 2, "b": 3})).await;
+        assert_eq!(body["status"], "completed", "{body:#}");
+        assert_eq!(seen, r#"{"sum":5}"#);
+    }
+    add(&gw, &tenant.key).await;
+    assert_eq!(mcp.sessions(), 1);
+
+    // 4 MiB is bounded at 16 MiB, as the default 1 MiB was; 9 MiB at 19 MiB.
+    for (mib, sessions) in [(4, 1), (9, 2)] {
+        gw.admin_ok(
+            Method::PATCH,
+            &format!("/tool_sources/{source}"),
+            Some(json!({"max_output_bytes": mib * 1024 * 1024})),
+        )
+        .await;
+        add(&gw, &tenant.key).await;
+        assert_eq!(mcp.sessions(), sessions, "after a cap of {mib} MiB");
+    }
+}
+
 #[tokio::test]
 async fn a_listing_past_the_tool_limit_offers_nothing_and_the_request_still_succeeds() {
     let (gw, tenant) = gateway().await;
